@@ -1,0 +1,206 @@
+"""Settings for the broker, read from the environment.
+
+Every variable has an embedded default that runs on a fresh machine with no servers (SQLite, a filesystem
+Celery broker, sandbox clouds). A bad value stops start-up with a message that names the variable.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from broker.env import (
+    env_bool,
+    env_broker_url,
+    env_database,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("BROKER_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        if len(key) < 32:
+            raise ImproperlyConfigured("SECRET_KEY is too short: use at least 32 random characters")
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DJANGO_DEBUG is off")
+    # A development key that survives restarts, so sessions and encrypted secrets stay readable.
+    path = VAR_DIR / "dev-secret-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "providers",
+    "ledger",
+    "marketplace",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "broker.urls"
+WSGI_APPLICATION = "broker.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_SQLITE_PATH = VAR_DIR / "broker.sqlite3"
+_SQLITE_DEFAULT = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": str(_SQLITE_PATH),
+}
+DATABASES = {"default": env_database("DATABASE_URL", _SQLITE_DEFAULT)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, worker and beat write at once: WAL lets readers run beside the writer, IMMEDIATE takes the write
+    # lock at BEGIN so two writers queue on the busy timeout instead of failing on lock upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    # A file, not :memory:, so a real worker process started by a test sees the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+DATABASES["default"]["ATOMIC_REQUESTS"] = False
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_REDIS_URL = env_str("REDIS_URL")
+if _REDIS_URL:
+    if not _REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"REDIS_URL={_REDIS_URL!r} is not valid: expected redis://host:port/db")
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "storefront:offers"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "broker" / "static"]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "COERCE_DECIMAL_TO_STRING": True,
+}
+
+# --- Celery -------------------------------------------------------------------------------------------------
+CELERY_DATA_DIR = VAR_DIR / "celery"
+CELERY_BROKER_URL = env_broker_url("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("queue", "processed"):
+        (CELERY_DATA_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_DATA_DIR / "queue"),
+        "data_folder_out": str(CELERY_DATA_DIR / "queue"),
+        "processed_folder": str(CELERY_DATA_DIR / "processed"),
+        "store_processed": False,
+    }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Redis redelivers an unacknowledged task only after this timeout; keep it above the longest task.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=60)}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
+CELERY_BEAT_SCHEDULE = {
+    "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
+    "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
+}
+
+# --- The broker ---------------------------------------------------------------------------------------------
+# Offers not refreshed within this many seconds are not sold (their price may have moved).
+OFFER_MAX_AGE_S = env_int("BROKER_OFFER_MAX_AGE_S", 3600, minimum=60)
+# Seconds between polls of a launching instance, and how many polls before the order is declared stuck.
+PROVISION_POLL_INTERVAL_S = env_float("BROKER_PROVISION_POLL_INTERVAL_S", 2.0, minimum=0.0)
+PROVISION_POLL_LIMIT = env_int("BROKER_PROVISION_POLL_LIMIT", 150, minimum=1)
+PROVISION_TRANSIENT_RETRIES = env_int("BROKER_PROVISION_TRANSIENT_RETRIES", 3, minimum=0)
+# Keys for encrypting provider credentials at rest: comma-separated Fernet keys, newest first.
+SECRETS_KEYS = env_list("BROKER_SECRETS_KEYS", [])
+_keys_file = env_str("BROKER_SECRETS_KEYS_FILE")
+if _keys_file:
+    try:
+        SECRETS_KEYS = [k.strip() for k in Path(_keys_file).read_text().split(",") if k.strip()]
+    except OSError as exc:
+        raise ImproperlyConfigured(f"BROKER_SECRETS_KEYS_FILE={_keys_file!r} cannot be read: {exc}") from None
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("BROKER_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "botocore": {"level": "WARNING"},
+        "urllib3": {"level": "WARNING"},
+        "werkzeug": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,1 @@
+"""The append-only ledger: entries hashed and chained, written only by ``ledger.services``."""

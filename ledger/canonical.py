@@ -1,0 +1,44 @@
+"""Canonical JSON: one byte string per value, so a hash computed anywhere matches ours.
+
+Keys sorted, no insignificant whitespace, UTF-8, and no floats: money and measurements go in as strings
+(``Decimal`` is written as its exact string), because a float's text differs between languages.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _normalise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalise(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise TypeError("naive datetime in a ledger payload; use an aware UTC datetime")
+        return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, float):
+        raise TypeError("float in a ledger payload; pass a Decimal or a string")
+    raise TypeError(f"cannot put {type(value).__name__} in a ledger payload")
+
+
+def canonical_bytes(value: Any) -> bytes:
+    return json.dumps(_normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

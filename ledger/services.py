@@ -1,0 +1,133 @@
+"""Writing and verifying the ledger. The only module that creates ledger rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from ledger.canonical import canonical_bytes, sha256_hex
+from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
+
+
+class LedgerError(Exception):
+    """Raised when an append is attempted outside a transaction or the chain head is inconsistent."""
+
+
+def entry_envelope(
+    *, sequence: int, kind: str, subject: str, created_at: dt.datetime, payload_hash: str, prev_hash: str
+) -> bytes:
+    """The bytes ``entry_hash`` is computed over; also the leaf data for Merkle proofs."""
+    return canonical_bytes(
+        {
+            "sequence": sequence,
+            "kind": kind,
+            "subject": subject,
+            "created_at": created_at,
+            "payload_sha256": payload_hash,
+            "prev": prev_hash,
+        }
+    )
+
+
+def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> LedgerEntry:
+    """Append one entry, chained to the previous one.
+
+    Must run inside the caller's ``transaction.atomic()`` block, so the entry commits or rolls back with the
+    change it records. Concurrent writers serialise on the head row (``SELECT ... FOR UPDATE`` on PostgreSQL,
+    the database write lock on SQLite), so sequences are gapless and the chain never forks.
+    """
+    if not connection.in_atomic_block:
+        raise LedgerError("ledger_append must be called inside the transaction of the change it records")
+    head, _ = LedgerHead.objects.select_for_update().get_or_create(id=1)
+    payload_text = canonical_bytes(payload).decode("utf-8")
+    payload_hash = sha256_hex(payload_text.encode("utf-8"))
+    sequence = head.size + 1
+    # Microseconds are dropped so the timestamp survives every database's datetime precision unchanged.
+    created_at = timezone.now().replace(microsecond=0)
+    envelope = entry_envelope(
+        sequence=sequence,
+        kind=kind,
+        subject=subject,
+        created_at=created_at,
+        payload_hash=payload_hash,
+        prev_hash=head.head_hash,
+    )
+    entry = LedgerEntry.objects.create(
+        sequence=sequence,
+        kind=kind,
+        subject=subject,
+        payload=payload_text,
+        payload_hash=payload_hash,
+        prev_hash=head.head_hash,
+        entry_hash=sha256_hex(envelope),
+        created_at=created_at,
+    )
+    updated = LedgerHead.objects.filter(id=1, size=head.size).update(size=sequence, head_hash=entry.entry_hash)
+    if updated != 1:
+        raise LedgerError("ledger head moved during append")
+    return entry
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of a full chain check. ``first_bad_sequence`` is None when the chain is intact."""
+
+    entries_checked: int
+    first_bad_sequence: int | None
+    problem: str
+
+    @property
+    def ok(self) -> bool:
+        return self.first_bad_sequence is None and not self.problem
+
+
+def _entries(batch: int = 2000) -> Iterator[LedgerEntry]:
+    last = 0
+    while True:
+        rows = list(LedgerEntry.objects.filter(sequence__gt=last).order_by("sequence")[:batch])
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].sequence
+
+
+def ledger_verify() -> VerifyResult:
+    """Recompute every hash from the stored payloads and check the links, the sequence and the head.
+
+    Reports the first entry that does not check out; never modifies anything.
+    """
+    prev_hash = GENESIS_HASH
+    expected = 1
+    count = 0
+    for entry in _entries():
+        count += 1
+        if entry.sequence != expected:
+            return VerifyResult(count, expected, f"sequence gap: expected #{expected}, found #{entry.sequence}")
+        payload_hash = sha256_hex(entry.payload.encode("utf-8"))
+        if payload_hash != entry.payload_hash:
+            return VerifyResult(count, entry.sequence, "payload does not match its stored hash")
+        if entry.prev_hash != prev_hash:
+            return VerifyResult(count, entry.sequence, "prev_hash does not match the previous entry's hash")
+        envelope = entry_envelope(
+            sequence=entry.sequence,
+            kind=entry.kind,
+            subject=entry.subject,
+            created_at=entry.created_at,
+            payload_hash=payload_hash,
+            prev_hash=prev_hash,
+        )
+        if sha256_hex(envelope) != entry.entry_hash:
+            return VerifyResult(count, entry.sequence, "entry_hash does not match its recomputed envelope")
+        prev_hash = entry.entry_hash
+        expected += 1
+    head = LedgerHead.objects.filter(id=1).first()
+    size = head.size if head else 0
+    head_hash = head.head_hash if head else GENESIS_HASH
+    if size != count or head_hash != prev_hash:
+        return VerifyResult(count, None, f"head says size {size} / {head_hash[:12]}, chain has {count} entries")
+    return VerifyResult(count, None, "")

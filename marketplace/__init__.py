@@ -1,0 +1,1 @@
+"""The market: catalogue, matching, orders and provisioning, the API and the storefront."""

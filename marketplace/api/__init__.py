@@ -1,0 +1,1 @@
+"""The REST API for automated procurement."""

@@ -1,0 +1,49 @@
+"""One error shape for the whole API: {"error": {"code", "message", "fields"?}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from marketplace.orders.services import (
+    IdempotencyConflict,
+    OfferNotFound,
+    OfferNotOrderable,
+    OrderError,
+    TransitionRefused,
+)
+
+_STATUS = {
+    OfferNotFound: status.HTTP_404_NOT_FOUND,
+    OfferNotOrderable: status.HTTP_409_CONFLICT,
+    IdempotencyConflict: status.HTTP_409_CONFLICT,
+    TransitionRefused: status.HTTP_409_CONFLICT,
+}
+
+
+def error_response(code: str, message: str, http_status: int, fields: dict[str, Any] | None = None) -> Response:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if fields:
+        body["fields"] = fields
+    return Response({"error": body}, status=http_status)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, OrderError):
+        return error_response(exc.code, str(exc), _STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST))
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        return error_response("invalid", "the request has invalid fields", response.status_code, detail)
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.APIException) and isinstance(exc.detail, str):
+        message = str(exc.detail)
+        code = getattr(exc.detail, "code", code) or code
+    else:
+        message = str(getattr(exc, "detail", exc))
+    return error_response(str(code), message, response.status_code)

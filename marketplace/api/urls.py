@@ -1,0 +1,12 @@
+from django.urls import path
+
+from marketplace.api import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("offers", views.OfferListApi.as_view(), name="offers"),
+    path("orders", views.OrderListCreateApi.as_view(), name="orders"),
+    path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
+    path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
+]

@@ -1,0 +1,1 @@
+"""The catalogue: GPU spec table, offer ingestion (validate, normalise, upsert, quarantine) and reads."""

@@ -1,0 +1,259 @@
+"""Offer ingestion: validate, normalise to USD, bulk upsert by natural key, quarantine what cannot be sold."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
+from providers.errors import ProviderError
+from providers.models import ProviderAccount, SyncStatus
+from providers.services import adapter_for_account
+from providers.types import OfferQuote, PricingModel
+
+log = logging.getLogger(__name__)
+
+MAX_GPUS_PER_OFFER = 16
+# Above this a per-GPU-hour price is a unit mix-up or a sentinel, not a real list price (B200 lists ~14).
+MAX_USD_PER_GPU_HOUR = Decimal("60")
+_MONEY = Decimal("0.000001")
+
+
+@dataclass
+class IngestReport:
+    """What one ingestion did, for logs, the CLI and tests."""
+
+    upserted: int = 0
+    quarantined: int = 0
+    vanished: int = 0
+    price_points: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _memory_problem(quote: OfferQuote, spec: GpuModel) -> str:
+    if quote.gpu_memory_gb == spec.memory_gb:
+        return ""
+    if abs(quote.gpu_memory_gb - spec.memory_gb * 1024) <= spec.memory_gb * 64:
+        return f"GPU memory {quote.gpu_memory_gb} looks like MiB, spec is {spec.memory_gb} GB"
+    # Providers round differently (22 GiB usable on a 24 GB card); only a gross mismatch is a wrong row.
+    if not spec.memory_gb * 0.8 <= quote.gpu_memory_gb <= spec.memory_gb * 1.1:
+        return f"GPU memory {quote.gpu_memory_gb} GB does not match {spec.key}'s {spec.memory_gb} GB"
+    return ""
+
+
+def _validate(
+    quote: OfferQuote,
+    specs: dict[str, GpuModel],
+    fx: dict[str, Decimal],
+    on_demand: dict[tuple[str, str, str], Decimal],
+) -> str:
+    """The reason the row cannot be sold, or '' when it can."""
+    if quote.price <= 0:
+        return f"price {quote.price} is zero or negative"
+    if not 1 <= quote.gpu_count <= MAX_GPUS_PER_OFFER:
+        return f"impossible GPU count {quote.gpu_count}"
+    spec = specs.get(quote.gpu_model)
+    if spec is None:
+        return f"unknown GPU model {quote.gpu_model!r} (no spec sheet)"
+    problem = _memory_problem(quote, spec)
+    if problem:
+        return problem
+    rate = fx.get(quote.currency)
+    if rate is None:
+        return f"no FX rate for currency {quote.currency!r}"
+    if (quote.price * rate) / quote.gpu_count > MAX_USD_PER_GPU_HOUR:
+        return f"implausible price {quote.price} {quote.currency} for {quote.gpu_count} GPU(s)"
+    if quote.pricing_model == PricingModel.SPOT:
+        reference = on_demand.get((quote.region, quote.zone, quote.instance_type))
+        if reference is not None and quote.price >= reference:
+            return f"spot price {quote.price} is not below on-demand {reference}"
+    return ""
+
+
+def _fx_rates() -> dict[str, Decimal]:
+    rates = {row.currency: row.usd_per_unit for row in FxRate.objects.all()}
+    rates["USD"] = Decimal(1)
+    return rates
+
+
+def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt.datetime) -> IngestReport:
+    """Replace the account's offers with ``quotes`` in one transaction.
+
+    Valid rows are upserted in bulk on (account, region, zone, instance type, pricing model); a PricePoint is
+    written for every new offer and every changed price; rows that fail validation go to QuarantinedOffer
+    with the reason; the account's offers missing from ``quotes`` are marked unavailable. Safe to repeat.
+    """
+    specs = {m.key: m for m in GpuModel.objects.all()}
+    fx = _fx_rates()
+    on_demand = {
+        (q.region, q.zone, q.instance_type): q.price for q in quotes if q.pricing_model == PricingModel.ON_DEMAND
+    }
+    report = IngestReport()
+    valid: dict[tuple[str, str, str, str], Offer] = {}
+    refused: dict[tuple[str, str, str, str], QuarantinedOffer] = {}
+    for quote in quotes:
+        key = quote.natural_key
+        reason = _validate(quote, specs, fx, on_demand)
+        if not reason and key in valid:
+            reason = "duplicate row for the same offer in one sync"
+        if reason:
+            report.reasons[reason.split(" ")[0]] = report.reasons.get(reason.split(" ")[0], 0) + 1
+            refused[key] = QuarantinedOffer(
+                account=account,
+                region=quote.region,
+                zone=quote.zone,
+                instance_type=quote.instance_type,
+                pricing_model=quote.pricing_model.value,
+                reason=reason[:255],
+                raw=_raw(quote),
+                last_seen_at=now,
+            )
+            continue
+        rate = fx[quote.currency]
+        valid[key] = Offer(
+            account=account,
+            region=quote.region,
+            zone=quote.zone,
+            instance_type=quote.instance_type,
+            pricing_model=quote.pricing_model.value,
+            gpu_model=specs[quote.gpu_model],
+            gpu_count=quote.gpu_count,
+            gpu_memory_gb=quote.gpu_memory_gb,
+            vcpus=quote.vcpus,
+            memory_gib=quote.memory_gib,
+            price=quote.price,
+            currency=quote.currency,
+            fx_rate=rate,
+            price_usd=(quote.price * rate).quantize(_MONEY),
+            capacity=quote.capacity,
+            interconnect=quote.interconnect,
+            status=OfferStatus.AVAILABLE,
+            extra=quote.extra,
+            first_seen_at=now,
+            last_seen_at=now,
+        )
+    for key in refused:
+        valid.pop(key, None)
+
+    with transaction.atomic():
+        before = {
+            (o.region, o.zone, o.instance_type, o.pricing_model): o.price
+            for o in Offer.objects.filter(account=account).only(
+                "region", "zone", "instance_type", "pricing_model", "price"
+            )
+        }
+        Offer.objects.bulk_create(
+            list(valid.values()),
+            batch_size=1000,
+            update_conflicts=True,
+            unique_fields=["account", "region", "zone", "instance_type", "pricing_model"],
+            update_fields=[
+                "gpu_model",
+                "gpu_count",
+                "gpu_memory_gb",
+                "vcpus",
+                "memory_gib",
+                "price",
+                "currency",
+                "fx_rate",
+                "price_usd",
+                "capacity",
+                "interconnect",
+                "status",
+                "extra",
+                "last_seen_at",
+            ],
+        )
+        changed = {k for k, o in valid.items() if before.get(k) != o.price}
+        if changed:
+            ids = {
+                (o.region, o.zone, o.instance_type, o.pricing_model): o.id
+                for o in Offer.objects.filter(account=account, last_seen_at=now).only(
+                    "id", "region", "zone", "instance_type", "pricing_model"
+                )
+            }
+            points = [
+                PricePoint(
+                    offer_id=ids[k],
+                    observed_at=now,
+                    price=valid[k].price,
+                    currency=valid[k].currency,
+                    price_usd=valid[k].price_usd,
+                )
+                for k in changed
+            ]
+            PricePoint.objects.bulk_create(points, batch_size=1000)
+            report.price_points = len(points)
+        QuarantinedOffer.objects.bulk_create(
+            list(refused.values()),
+            batch_size=1000,
+            update_conflicts=True,
+            unique_fields=["account", "region", "zone", "instance_type", "pricing_model"],
+            update_fields=["reason", "raw", "last_seen_at"],
+        )
+        QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
+        report.vanished = (
+            Offer.objects.filter(account=account, last_seen_at__lt=now)
+            .exclude(status=OfferStatus.UNAVAILABLE)
+            .update(status=OfferStatus.UNAVAILABLE)
+        )
+    report.upserted = len(valid)
+    report.quarantined = len(refused)
+    return report
+
+
+def _raw(quote: OfferQuote) -> dict[str, object]:
+    return {
+        "gpu_model": quote.gpu_model,
+        "gpu_count": quote.gpu_count,
+        "gpu_memory_gb": quote.gpu_memory_gb,
+        "vcpus": quote.vcpus,
+        "memory_gib": str(quote.memory_gib),
+        "price": str(quote.price),
+        "currency": quote.currency,
+    }
+
+
+@dataclass
+class SyncOutcome:
+    account_id: int
+    ok: bool
+    error: str = ""
+    report: IngestReport | None = None
+
+
+def offers_sync(*, account_id: int, now: dt.datetime | None = None) -> SyncOutcome:
+    """Fetch the account's offers through its adapter and ingest them.
+
+    A provider failure (credentials, timeout, malformed answer) marks the account's sync failed with the
+    reason and its offers stale; it never raises, so one account cannot block another.
+    """
+    account = ProviderAccount.objects.select_related("provider").get(pk=account_id)
+    started = now or timezone.now()
+    try:
+        quotes = adapter_for_account(account).list_offers()
+    except ProviderError as exc:
+        log.warning("offer sync failed for account %s: %s", account.pk, exc)
+        with transaction.atomic():
+            ProviderAccount.objects.filter(pk=account.pk).update(
+                sync_status=SyncStatus.FAILED, sync_error=str(exc)[:2000]
+            )
+            Offer.objects.filter(account=account, status=OfferStatus.AVAILABLE).update(status=OfferStatus.STALE)
+        return SyncOutcome(account_id=account.pk, ok=False, error=str(exc))
+    report = offers_ingest(account=account, quotes=quotes, now=started)
+    ProviderAccount.objects.filter(pk=account.pk).update(
+        sync_status=SyncStatus.OK, sync_error="", last_synced_at=started
+    )
+    log.info(
+        "synced account %s: %d offers, %d quarantined, %d vanished",
+        account.pk,
+        report.upserted,
+        report.quarantined,
+        report.vanished,
+    )
+    return SyncOutcome(account_id=account.pk, ok=True, report=report)

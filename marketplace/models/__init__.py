@@ -1,0 +1,21 @@
+from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
+from marketplace.models.orders import Attempt, AttemptOutcome, Instance, Order, OrderState
+from marketplace.models.organizations import Membership, Organization, OrganizationKind, Role
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "FxRate",
+    "GpuModel",
+    "Instance",
+    "Membership",
+    "Offer",
+    "OfferStatus",
+    "Order",
+    "OrderState",
+    "Organization",
+    "OrganizationKind",
+    "PricePoint",
+    "QuarantinedOffer",
+    "Role",
+]

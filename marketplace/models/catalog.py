@@ -1,0 +1,151 @@
+"""The catalogue: GPU specifications, offers, their price history and what ingestion refused."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+
+from providers.models import ProviderAccount
+from providers.types import PricingModel
+
+PRICING_CHOICES = [(p.value, p.value.replace("_", "-")) for p in PricingModel]
+
+
+class GpuModel(models.Model):
+    """One GPU variant's datasheet figures. All compute figures are dense (no 2:4 sparsity), per GPU.
+
+    The ranking reads throughput from here, never from a provider's name. ``verified`` is False where the
+    source table marks a figure as derived or disputed.
+    """
+
+    key = models.CharField(max_length=32, unique=True)
+    vendor = models.CharField(max_length=16)
+    name = models.CharField(max_length=64)
+    memory_gb = models.PositiveIntegerField()
+    memory_bandwidth_gbs = models.PositiveIntegerField()
+    fp16_dense_tflops = models.DecimalField(max_digits=8, decimal_places=1)
+    bf16_supported = models.BooleanField(default=True)
+    fp8_dense_tflops = models.DecimalField(max_digits=8, decimal_places=1, null=True, blank=True)
+    fp32_tflops = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    fp64_tflops = models.DecimalField(max_digits=8, decimal_places=2)
+    int8_dense_tops = models.DecimalField(max_digits=8, decimal_places=1, null=True, blank=True)
+    interconnect = models.CharField(max_length=32)
+    interconnect_gbs = models.PositiveIntegerField()
+    video_encoders = models.PositiveSmallIntegerField(default=0)
+    ecc = models.BooleanField(default=True)
+    tdp_w = models.PositiveIntegerField(null=True, blank=True)
+    verified = models.BooleanField(default=True)
+    notes = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class OfferStatus(models.TextChoices):
+    AVAILABLE = "available", "available"
+    UNAVAILABLE = "unavailable", "no longer listed"
+    STALE = "stale", "stale (last sync failed)"
+
+
+class Offer(models.Model):
+    """One purchasable thing: account + region + zone + instance type + pricing model.
+
+    Upserted in bulk by that natural key on every sync. ``price`` is per hour for the whole instance in
+    ``currency``; ``price_usd`` is the same converted with ``fx_rate`` (1 when the currency is USD).
+    """
+
+    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="offers")
+    region = models.CharField(max_length=64)
+    zone = models.CharField(max_length=64)
+    instance_type = models.CharField(max_length=64)
+    pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="offers")
+    gpu_count = models.PositiveSmallIntegerField()
+    gpu_memory_gb = models.PositiveIntegerField()
+    vcpus = models.PositiveIntegerField()
+    memory_gib = models.DecimalField(max_digits=10, decimal_places=2)
+    price = models.DecimalField(max_digits=14, decimal_places=6)
+    currency = models.CharField(max_length=3)
+    fx_rate = models.DecimalField(max_digits=14, decimal_places=8, default=Decimal(1))
+    price_usd = models.DecimalField(max_digits=14, decimal_places=6)
+    capacity = models.PositiveIntegerField(null=True, blank=True)
+    interconnect = models.CharField(max_length=32, blank=True, default="")
+    status = models.CharField(max_length=16, choices=OfferStatus.choices, default=OfferStatus.AVAILABLE)
+    extra = models.JSONField(default=dict, blank=True)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "region", "zone", "instance_type", "pricing_model"], name="offer_natural_key"
+            ),
+            models.CheckConstraint(condition=models.Q(price__gt=0), name="offer_price_positive"),
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="offer_gpu_count_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "gpu_model", "price_usd"], name="offer_search"),
+            models.Index(fields=["status", "region"], name="offer_region"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_type} {self.pricing_model} {self.zone}"
+
+    @property
+    def price_per_gpu_hour_usd(self) -> Decimal:
+        return self.price_usd / self.gpu_count
+
+
+class PricePoint(models.Model):
+    """An offer's price when it was first seen and whenever it changed."""
+
+    offer = models.ForeignKey(Offer, on_delete=models.CASCADE, related_name="price_points")
+    observed_at = models.DateTimeField()
+    price = models.DecimalField(max_digits=14, decimal_places=6)
+    currency = models.CharField(max_length=3)
+    price_usd = models.DecimalField(max_digits=14, decimal_places=6)
+
+    class Meta:
+        indexes = [models.Index(fields=["offer", "observed_at"], name="pricepoint_offer_time")]
+
+    def __str__(self) -> str:
+        return f"{self.offer_id} {self.price} {self.currency} at {self.observed_at}"
+
+
+class QuarantinedOffer(models.Model):
+    """A row ingestion refused to sell, with the reason, kept for the provider and staff to see."""
+
+    account = models.ForeignKey(ProviderAccount, on_delete=models.CASCADE, related_name="quarantined_offers")
+    region = models.CharField(max_length=64)
+    zone = models.CharField(max_length=64)
+    instance_type = models.CharField(max_length=64)
+    pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)
+    reason = models.CharField(max_length=255)
+    raw = models.JSONField(default=dict)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "region", "zone", "instance_type", "pricing_model"], name="quarantine_natural_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_type} {self.zone}: {self.reason}"
+
+
+class FxRate(models.Model):
+    """USD per unit of a currency, with where the figure came from."""
+
+    currency = models.CharField(max_length=3, unique=True)
+    usd_per_unit = models.DecimalField(max_digits=14, decimal_places=8)
+    source = models.CharField(max_length=255)
+    as_of = models.DateField()
+
+    def __str__(self) -> str:
+        return f"1 {self.currency} = {self.usd_per_unit} USD ({self.as_of})"

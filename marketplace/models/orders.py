@@ -1,0 +1,135 @@
+"""Orders, each provisioning attempt, and the instance an order runs on."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from marketplace.models.catalog import PRICING_CHOICES, GpuModel, Offer
+from marketplace.models.organizations import Organization
+from providers.models import ProviderAccount
+
+
+class OrderState(models.TextChoices):
+    PLACED = "placed", "placed"
+    PROVISIONING = "provisioning", "provisioning"
+    RUNNING = "running", "running"
+    TERMINATING = "terminating", "terminating"
+    TERMINATED = "terminated", "terminated"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class Order(models.Model):
+    """A buyer's purchase. The demand (GPU model, count, regions, pricing, cap) is kept so failover can
+    choose another offer that satisfies it; ``offer`` is the one being tried or running.
+
+    State changes go only through ``marketplace.orders.services.order_transition``; the allowed moves are
+    the ``TRANSITIONS`` table below.
+    """
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        OrderState.PLACED: frozenset({OrderState.PROVISIONING, OrderState.CANCELLED, OrderState.FAILED}),
+        OrderState.PROVISIONING: frozenset({OrderState.RUNNING, OrderState.FAILED, OrderState.TERMINATING}),
+        OrderState.RUNNING: frozenset({OrderState.TERMINATING}),
+        OrderState.TERMINATING: frozenset({OrderState.TERMINATED}),
+        OrderState.TERMINATED: frozenset(),
+        OrderState.FAILED: frozenset(),
+        OrderState.CANCELLED: frozenset(),
+    }
+    FINAL_STATES = frozenset({OrderState.TERMINATED, OrderState.FAILED, OrderState.CANCELLED})
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="orders")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders")
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="orders")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT)
+    gpu_count = models.PositiveSmallIntegerField()
+    pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)
+    regions = models.JSONField(default=list, blank=True, help_text="allowed regions; empty means any")
+    max_price_per_hour = models.DecimalField(max_digits=14, decimal_places=6)
+    allow_failover = models.BooleanField(default=True)
+    price_per_hour = models.DecimalField(max_digits=14, decimal_places=6, help_text="USD, locked at placement")
+    state = models.CharField(max_length=16, choices=OrderState.choices, default=OrderState.PLACED)
+    state_reason = models.TextField(blank=True, default="")
+    state_changed_at = models.DateTimeField()
+    # NULL, not "", for "no key": the partial unique constraint must ignore orders placed without one.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="order_idempotency_key_unique",
+            ),
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="order_gpu_count_positive"),
+        ]
+        indexes = [models.Index(fields=["state", "state_changed_at"], name="order_state_age")]
+
+    def __str__(self) -> str:
+        return f"order {self.public_id} ({self.state})"
+
+    @property
+    def ref(self) -> str:
+        """The reference the broker tags provider instances with."""
+        return f"ord-{self.public_id.hex}"
+
+
+class AttemptOutcome(models.TextChoices):
+    PENDING = "pending", "pending"
+    LAUNCHED = "launched", "launched"
+    FAILED = "failed", "failed"
+
+
+class Attempt(models.Model):
+    """One try at provisioning an order on one offer. Recorded before the provider is called, so a crashed
+    or redelivered task resumes the same attempt with the same client token instead of launching twice."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="attempts")
+    client_token = models.CharField(max_length=64, unique=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.PENDING)
+    error_class = models.CharField(max_length=32, blank=True, default="")
+    provider_code = models.CharField(max_length=128, blank=True, default="")
+    provider_message = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["order", "number"]
+        constraints = [models.UniqueConstraint(fields=["order", "number"], name="attempt_order_number_unique")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.order_id}: {self.outcome}"
+
+
+class Instance(models.Model):
+    """The provider machine an order runs on; at most one per order."""
+
+    order = models.OneToOneField(Order, on_delete=models.PROTECT, related_name="instance")
+    attempt = models.OneToOneField(Attempt, on_delete=models.PROTECT, related_name="instance")
+    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="instances")
+    provider_instance_id = models.CharField(max_length=128)
+    region = models.CharField(max_length=64)
+    zone = models.CharField(max_length=64)
+    instance_type = models.CharField(max_length=64)
+    state = models.CharField(max_length=16)
+    public_ip = models.CharField(max_length=64, blank=True, default="")
+    launched_at = models.DateTimeField()
+    running_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "region", "provider_instance_id"], name="instance_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider_instance_id} ({self.state})"

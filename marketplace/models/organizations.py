@@ -1,0 +1,45 @@
+"""Organisations and their people. Every object a user can see belongs to one organisation."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from providers.models import Provider
+
+
+class OrganizationKind(models.TextChoices):
+    BUYER = "buyer", "buyer"
+    PROVIDER = "provider", "provider"
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "owner"
+    MEMBER = "member", "member"
+    VIEWER = "viewer", "viewer"
+
+
+class Organization(models.Model):
+    """A buyer or provider company."""
+
+    name = models.CharField(max_length=120, unique=True)
+    kind = models.CharField(max_length=16, choices=OrganizationKind.choices)
+    provider = models.OneToOneField(Provider, null=True, blank=True, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A user's role in an organisation."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} as {self.role}"

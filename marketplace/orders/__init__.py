@@ -1,0 +1,1 @@
+"""Orders: placement, the state machine, provisioning with failover, termination."""

@@ -1,0 +1,286 @@
+"""Provisioning: launch the order's offer through its adapter, fail over on capacity, poll until running,
+terminate. Called by thin Celery tasks; every step re-reads the database, so running it twice is safe."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.services import ledger_append
+from marketplace.catalog.selectors import offer_view, offer_views_for
+from marketplace.matching import Demand, Exclusion, rank_offers
+from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState
+from marketplace.orders.services import TransitionRefused, order_transition
+from providers.errors import (
+    CapacityUnavailable,
+    CredentialsRejected,
+    ProviderError,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.services import adapter_for_account
+from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
+
+log = logging.getLogger(__name__)
+
+
+class Step(enum.StrEnum):
+    """What the caller (a task) should do next."""
+
+    POLL = "poll"
+    DONE = "done"
+
+
+def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
+    ledger_append(
+        kind=kind,
+        subject=f"order:{attempt.order.public_id}",
+        payload={
+            "order": str(attempt.order.public_id),
+            "attempt": attempt.number,
+            "offer": attempt.offer_id,
+            "client_token": attempt.client_token,
+            **fields,
+        },
+    )
+
+
+def _exclusion(order: Order) -> Exclusion:
+    """Failed attempts rule out offers at the scope their error implies."""
+    offer_ids: set[int] = set()
+    zone_types: set[tuple[int, str, str]] = set()
+    account_regions: set[tuple[int, str]] = set()
+    accounts: set[int] = set()
+    for attempt in order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED):
+        offer = attempt.offer
+        offer_ids.add(offer.pk)
+        if attempt.error_class == CapacityUnavailable.error_class:
+            zone_types.add((offer.account_id, offer.zone, offer.instance_type))
+        elif attempt.error_class == QuotaExceeded.error_class:
+            account_regions.add((offer.account_id, offer.region))
+        elif attempt.error_class == CredentialsRejected.error_class:
+            accounts.add(offer.account_id)
+    return Exclusion(
+        offer_ids=frozenset(offer_ids),
+        zone_types=frozenset(zone_types),
+        account_regions=frozenset(account_regions),
+        accounts=frozenset(accounts),
+    )
+
+
+def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
+    """The buyer's chosen offer first; after a failure, the best remaining offer for the same demand."""
+    demand = Demand(
+        gpu_count=order.gpu_count,
+        gpu_models=frozenset({order.gpu_model.key}),
+        regions=frozenset(order.regions),
+        pricing_models=frozenset({order.pricing_model}),
+        max_price_per_hour=order.max_price_per_hour,
+    )
+    exclusion = _exclusion(order)
+    max_age = dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
+    if not order.attempts.exists():
+        first = Offer.objects.select_related("gpu_model", "account").get(pk=order.offer_id)
+        if rank_offers(demand, [offer_view(first)], now=now, max_age=max_age).best is not None:
+            return first
+    if order.attempts.exists() and not order.allow_failover:
+        return None
+    candidates = offer_views_for(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)
+    # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for.
+    candidates = [c for c in candidates if c.gpu_count == order.gpu_count]
+    best = rank_offers(demand, candidates, now=now, max_age=max_age, exclusion=exclusion).best
+    return None if best is None else Offer.objects.select_related("account").get(pk=best.offer.offer_id)
+
+
+def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
+    number = (order.attempts.count() or 0) + 1
+    with transaction.atomic():
+        attempt = Attempt.objects.create(
+            order=order,
+            number=number,
+            offer=offer,
+            client_token=f"{order.ref}-a{number}",
+            started_at=now,
+        )
+        _attempt_ledger(attempt, "attempt.started", zone=offer.zone, instance_type=offer.instance_type)
+    return attempt
+
+
+def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
+    """Record a failed attempt (once: the conditional update ignores an attempt already settled)."""
+    with transaction.atomic():
+        updated = Attempt.objects.filter(pk=attempt.pk, outcome=AttemptOutcome.PENDING).update(
+            outcome=AttemptOutcome.FAILED,
+            error_class=error.error_class,
+            provider_code=error.code[:128],
+            provider_message=error.message[:2000],
+            finished_at=timezone.now(),
+        )
+        if updated:
+            _attempt_ledger(attempt, "attempt.failed", error_class=error.error_class, provider_code=error.code)
+
+
+def _failure_summary(order: Order) -> str:
+    parts = [
+        f"{a.offer.instance_type} in {a.offer.zone}: {a.error_class} ({a.provider_code or 'no code'})"
+        for a in order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED)
+    ]
+    if not parts:
+        return "no offer satisfies the order within its price cap"
+    return "no offer left within the price cap after " + "; ".join(parts)
+
+
+def order_provision(*, order_id: int) -> Step:
+    """Launch the order on its best feasible offer, failing over on provider errors.
+
+    Idempotent: an attempt is recorded before the provider is called, and a pending attempt found on entry
+    (a crash or a redelivered task) is resumed with the same client token, so the provider returns the same
+    instance rather than a second one. ``TransientProviderError`` is raised to the caller for a retry with
+    the same attempt; other provider errors fail the attempt and move on to the next offer.
+    """
+    order = Order.objects.select_related("gpu_model", "offer").get(pk=order_id)
+    if order.state == OrderState.PLACED:
+        try:
+            order = order_transition(order=order, to=OrderState.PROVISIONING)
+        except TransitionRefused:
+            order.refresh_from_db()
+    if order.state != OrderState.PROVISIONING:
+        return Step.DONE
+    if Instance.objects.filter(order=order).exists():
+        return Step.POLL
+    while True:
+        now = timezone.now()
+        attempt = order.attempts.select_related("offer__account").filter(outcome=AttemptOutcome.PENDING).first()
+        if attempt is None:
+            offer = _next_offer(order, now)
+            if offer is None:
+                try:
+                    order_transition(order=order, to=OrderState.FAILED, reason=_failure_summary(order))
+                except TransitionRefused:
+                    pass
+                return Step.DONE
+            attempt = _open_attempt(order, offer, now)
+        offer = attempt.offer
+        spec = LaunchSpec(
+            region=offer.region,
+            zone=offer.zone,
+            instance_type=offer.instance_type,
+            pricing_model=PricingModel(offer.pricing_model),
+            client_token=attempt.client_token,
+            order_ref=order.ref,
+            max_price=order.max_price_per_hour if offer.pricing_model == PricingModel.SPOT else None,
+            tags={"broker:attempt": str(attempt.number)},
+        )
+        try:
+            handle = adapter_for_account(offer.account).launch(spec)
+        except TransientProviderError:
+            raise
+        except ProviderError as exc:
+            log.info("order %s attempt %s failed: %s", order.public_id, attempt.number, exc)
+            attempt_fail(attempt=attempt, error=exc)
+            continue
+        _record_launch(order, attempt, handle)
+        order.refresh_from_db(fields=["state"])
+        if order.state != OrderState.PROVISIONING:
+            # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
+            stopped = adapter_for_account(offer.account).terminate(handle.region, handle.instance_id)
+            Instance.objects.filter(order=order).update(state=stopped.state.value, terminated_at=timezone.now())
+            return Step.DONE
+        return Step.POLL
+
+
+def _record_launch(order: Order, attempt: Attempt, handle: InstanceHandle) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        Attempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.LAUNCHED, finished_at=now)
+        Instance.objects.create(
+            order=order,
+            attempt=attempt,
+            account=attempt.offer.account,
+            provider_instance_id=handle.instance_id,
+            region=handle.region,
+            zone=handle.zone,
+            instance_type=handle.instance_type,
+            state=handle.state.value,
+            public_ip=handle.public_ip or "",
+            launched_at=now,
+        )
+        Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=attempt.offer.price_usd)
+        _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone)
+
+
+def order_poll(*, order_id: int) -> Step:
+    """Check the launched instance; move the order to running when the provider says so.
+
+    Returns ``Step.POLL`` while the instance is still starting. An instance that died before running fails
+    the order (there is nothing left to terminate).
+    """
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return Step.DONE
+    instance = Instance.objects.select_related("account").filter(order=order).first()
+    if instance is None:
+        return Step.DONE
+    handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
+    if handle.state == InstanceState.RUNNING:
+        with transaction.atomic():
+            Instance.objects.filter(pk=instance.pk).update(
+                state=handle.state.value, public_ip=handle.public_ip or "", running_at=timezone.now()
+            )
+            order_transition(order=order, to=OrderState.RUNNING, instance=instance.provider_instance_id)
+        return Step.DONE
+    if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
+        with transaction.atomic():
+            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+            order_transition(
+                order=order, to=OrderState.FAILED, reason=f"instance {handle.state.value} before it was running"
+            )
+        return Step.DONE
+    return Step.POLL
+
+
+def order_give_up(*, order_id: int, reason: str) -> None:
+    """The instance never reached running in time: stop it rather than leave it billing."""
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return
+    with transaction.atomic():
+        order_transition(order=order, to=OrderState.TERMINATING, reason=reason)
+        from marketplace.tasks import order_terminate_task
+
+        order_terminate_task.delay_on_commit(order.pk)
+
+
+def order_terminate_instance(*, order_id: int) -> Step:
+    """Terminate the order's instance at the provider and mark the order terminated.
+
+    Idempotent: terminating an already terminated instance is a no-op at the provider. An order that had no
+    recorded instance is checked at the provider by its tag, so an instance launched just before the stop
+    request is not orphaned.
+    """
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.TERMINATING:
+        return Step.DONE
+    instance = Instance.objects.select_related("account").filter(order=order).first()
+    if instance is not None:
+        handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+        Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+        detail = instance.provider_instance_id
+    else:
+        detail = ""
+        pending = order.attempts.select_related("offer__account").filter(outcome=AttemptOutcome.PENDING)
+        for attempt in pending:
+            adapter = adapter_for_account(attempt.offer.account)
+            for found in adapter.find_by_order(order.ref):
+                adapter.terminate(found.region, found.instance_id)
+                detail = found.instance_id
+    try:
+        order_transition(order=order, to=OrderState.TERMINATED, reason=order.state_reason, instance=detail)
+    except TransitionRefused:
+        pass
+    return Step.DONE

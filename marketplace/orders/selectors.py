@@ -1,0 +1,46 @@
+"""Reads of orders, always scoped to the caller's organisation."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
+
+from ledger.selectors import latest_hashes
+from marketplace.models import Membership, Order, Organization, OrganizationKind
+
+
+def buyer_organization(user: AbstractBaseUser | AnonymousUser) -> Organization | None:
+    """The buyer organisation the user acts for (the first one they belong to)."""
+    if not user.is_authenticated:
+        return None
+    membership = (
+        Membership.objects.select_related("organization")
+        .filter(user=user, organization__kind=OrganizationKind.BUYER)
+        .order_by("pk")
+        .first()
+    )
+    return None if membership is None else membership.organization
+
+
+def order_list(*, organization: Organization) -> QuerySet[Order]:
+    return (
+        Order.objects.filter(organization=organization)
+        .select_related("gpu_model", "instance", "offer")
+        .prefetch_related("attempts__offer")
+    )
+
+
+def order_get(*, organization: Organization, public_id: str) -> Order | None:
+    """The order if it belongs to ``organization``; None otherwise (a stranger learns nothing)."""
+    try:
+        uuid.UUID(str(public_id))
+    except ValueError:
+        return None
+    return order_list(organization=organization).filter(public_id=public_id).first()
+
+
+def order_ledger_heads(orders: list[Order]) -> dict[int, str]:
+    by_subject = latest_hashes(f"order:{o.public_id}" for o in orders)
+    return {o.pk: by_subject.get(f"order:{o.public_id}", "") for o in orders}

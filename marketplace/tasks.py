@@ -1,0 +1,103 @@
+"""Celery tasks: thin wrappers that call one service each. Ids in, idempotent, acks late."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+from marketplace.catalog.services import offers_sync
+from marketplace.models import Attempt, AttemptOutcome, Order, OrderState
+from marketplace.orders.provisioning import (
+    Step,
+    attempt_fail,
+    order_give_up,
+    order_poll,
+    order_provision,
+    order_terminate_instance,
+)
+from providers.errors import TransientProviderError
+from providers.models import ProviderAccount
+
+log = logging.getLogger(__name__)
+
+TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+def _backoff(retries: int) -> float:
+    return float(min(60, 2 ** (retries + 1)))
+
+
+@shared_task(name="marketplace.offers_sync_account", **TASK_OPTIONS)
+def offers_sync_account_task(account_id: int) -> bool:
+    """Sync one provider account's offers; a failure is recorded on the account, never raised."""
+    return offers_sync(account_id=account_id).ok
+
+
+@shared_task(name="marketplace.offers_sync_all", **TASK_OPTIONS)
+def offers_sync_all_task() -> int:
+    """Enqueue one sync task per enabled account, so one slow or failing cloud blocks no other."""
+    ids = list(ProviderAccount.objects.filter(enabled=True).values_list("pk", flat=True))
+    for account_id in ids:
+        offers_sync_account_task.delay(account_id)
+    return len(ids)
+
+
+@shared_task(name="marketplace.order_provision", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_provision_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        step = order_provision(order_id=order_id)
+    except TransientProviderError as exc:
+        if self.request.retries < settings.PROVISION_TRANSIENT_RETRIES:
+            raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from None
+        # Out of retries for this offer: fail the attempt so the next run fails over.
+        pending = Attempt.objects.filter(order_id=order_id, outcome=AttemptOutcome.PENDING).first()
+        if pending is not None:
+            attempt_fail(attempt=pending, error=exc)
+        step = order_provision(order_id=order_id)
+    if step == Step.POLL:
+        order_poll_task.apply_async((order_id,), countdown=settings.PROVISION_POLL_INTERVAL_S)
+    return step.value
+
+
+@shared_task(name="marketplace.order_poll", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_poll_task(self, order_id: int, polls: int = 0) -> str:  # type: ignore[no-untyped-def]
+    try:
+        step = order_poll(order_id=order_id)
+    except TransientProviderError:
+        step = Step.POLL
+    if step == Step.POLL:
+        if polls + 1 >= settings.PROVISION_POLL_LIMIT:
+            order_give_up(order_id=order_id, reason=f"instance not running after {polls + 1} polls")
+            return Step.DONE.value
+        order_poll_task.apply_async((order_id, polls + 1), countdown=settings.PROVISION_POLL_INTERVAL_S)
+    return step.value
+
+
+@shared_task(name="marketplace.order_terminate", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return order_terminate_instance(order_id=order_id).value
+    except TransientProviderError as exc:
+        # Termination is never abandoned: a machine left running bills the buyer.
+        raise self.retry(exc=exc, countdown=_backoff(min(self.request.retries, 5))) from None
+
+
+@shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
+def orders_sweep_task() -> int:
+    """Re-enqueue orders whose task was lost (placed or provisioning, or terminating, untouched for a while)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    cutoff = timezone.now() - timedelta(minutes=5)
+    stale = Order.objects.filter(state_changed_at__lt=cutoff)
+    count = 0
+    for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):
+        order_provision_task.delay(order_id)
+        count += 1
+    for order_id in stale.filter(state=OrderState.TERMINATING).values_list("pk", flat=True):
+        order_terminate_task.delay(order_id)
+        count += 1
+    return count

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from marketplace.web import views
+
+app_name = "storefront"
+
+urlpatterns = [
+    path("", views.offers, name="offers"),
+    path("orders/", views.orders, name="orders"),
+    path("orders/place", views.order_place_view, name="order-place"),
+    path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
+]

@@ -1,0 +1,103 @@
+"""Storefront pages: offers with filters and an order button; my orders with state, instance and ledger hash."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from marketplace.catalog.selectors import OfferFilters, offer_list
+from marketplace.models import Organization
+from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
+from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
+from marketplace.web.forms import OfferFilterForm, OrderPlaceForm
+
+PAGE_SIZE = 200
+
+
+def _org_or_404(request: HttpRequest) -> Organization:
+    org = buyer_organization(request.user)
+    if org is None:
+        raise Http404("no buyer organisation")
+    return org
+
+
+def offers(request: HttpRequest) -> HttpResponse:
+    form = OfferFilterForm(request.GET or None)
+    filters = OfferFilters()
+    if form.is_bound and form.is_valid():
+        data = form.cleaned_data
+        filters = OfferFilters(
+            gpu_model=data["gpu"] or "",
+            min_gpu_count=data["count"],
+            region=(data["region"] or "").strip(),
+            pricing_model=data["pricing"] or "",
+            max_price_per_hour=data["max_price"],
+        )
+    qs = offer_list(filters=filters, now=timezone.now())
+    total = qs.count()
+    return render(
+        request,
+        "storefront/offers.html",
+        {"form": form, "offers": qs[:PAGE_SIZE], "total": total, "page_size": PAGE_SIZE},
+    )
+
+
+@login_required
+@require_POST
+def order_place_view(request: HttpRequest) -> HttpResponse:
+    org = _org_or_404(request)
+    form = OrderPlaceForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(f"{field}: {errors[0]}" for field, errors in form.errors.items())
+        messages.error(request, f"Could not place the order: {problems}")
+        return redirect("storefront:offers")
+    data = form.cleaned_data
+    try:
+        result = order_place(
+            organization=org,
+            user=request.user,  # type: ignore[arg-type]
+            request=PlaceRequest(
+                offer_id=data["offer"],
+                max_price_per_hour=data["max_price_per_hour"],
+                allow_failover=data["allow_failover"],
+            ),
+            # The form's hidden nonce makes a double-clicked submit place one order, not two.
+            idempotency_key=request.POST.get("nonce") or None,
+        )
+    except OrderError as exc:
+        messages.error(request, f"Could not place the order: {exc}")
+        return redirect("storefront:offers")
+    messages.success(request, f"Order {result.order.public_id} placed; provisioning has started.")
+    return redirect("storefront:orders")
+
+
+@login_required
+def orders(request: HttpRequest) -> HttpResponse:
+    org = _org_or_404(request)
+    rows = list(order_list(organization=org)[:PAGE_SIZE])
+    heads = order_ledger_heads(rows)
+    return render(
+        request,
+        "storefront/orders.html",
+        {"orders": [(o, heads.get(o.pk, "")) for o in rows], "organization": org},
+    )
+
+
+@login_required
+@require_POST
+def order_terminate_view(request: HttpRequest, order_id: str) -> HttpResponse:
+    org = _org_or_404(request)
+    order = order_get(organization=org, public_id=order_id)
+    if order is None:
+        raise Http404("no such order")
+    try:
+        order_terminate(order=order)
+    except OrderError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Order {order.public_id} is being terminated.")
+    return redirect("storefront:orders")

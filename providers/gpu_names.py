@@ -1,0 +1,55 @@
+"""Canonical GPU model keys shared by every adapter and by the broker's GpuModel spec table.
+
+Adapters map a provider's own naming (``A100`` + 81920 MiB, ``Standard_ND96amsr_A100_v4``, ...) to one of
+these keys; the ranking reads throughput from the spec table by key, never from a provider's name.
+"""
+
+from __future__ import annotations
+
+T4 = "T4"
+A10 = "A10"
+A10G = "A10G"
+L4 = "L4"
+L40S = "L40S"
+V100_16_SXM2 = "V100-16GB-SXM2"
+V100_32_SXM2 = "V100-32GB-SXM2"
+V100_16_PCIE = "V100-16GB-PCIE"
+A100_40_SXM = "A100-40GB-SXM4"
+A100_40_PCIE = "A100-40GB-PCIE"
+A100_80_SXM = "A100-80GB-SXM4"
+A100_80_PCIE = "A100-80GB-PCIE"
+H100_SXM = "H100-SXM5"
+H100_PCIE = "H100-PCIE"
+H100_NVL = "H100-NVL"
+H200_SXM = "H200-SXM"
+H200_NVL = "H200-NVL"
+B200 = "B200"
+GB200 = "GB200"
+MI250X = "MI250X"
+MI300X = "MI300X"
+
+ALL: frozenset[str] = frozenset(
+    {
+        T4,
+        A10,
+        A10G,
+        L4,
+        L40S,
+        V100_16_SXM2,
+        V100_32_SXM2,
+        V100_16_PCIE,
+        A100_40_SXM,
+        A100_40_PCIE,
+        A100_80_SXM,
+        A100_80_PCIE,
+        H100_SXM,
+        H100_PCIE,
+        H100_NVL,
+        H200_SXM,
+        H200_NVL,
+        B200,
+        GB200,
+        MI250X,
+        MI300X,
+    }
+)

@@ -1,0 +1,52 @@
+"""Writes on provider accounts, and building an adapter from one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import transaction
+
+from providers.base import ProviderAdapter
+from providers.models import Provider, ProviderAccount, ProviderKind
+from providers.registry import ADAPTERS, build_adapter
+
+
+class AccountInvalid(ValueError):
+    """The account's settings are wrong; the message names the field."""
+
+
+def adapter_for_account(account: ProviderAccount) -> ProviderAdapter:
+    """A fresh adapter for the account (adapters hold SDK clients; build one per task, not per process)."""
+    return build_adapter(account.kind, account.credentials(), account.regions, account.options)
+
+
+@transaction.atomic
+def provider_account_connect(
+    *,
+    provider_name: str,
+    kind: str,
+    name: str,
+    credentials: dict[str, str],
+    regions: Sequence[str],
+    endpoint_url: str = "",
+    options: dict[str, str] | None = None,
+) -> ProviderAccount:
+    """Create or update a provider's account on a cloud. Idempotent on (provider, account name)."""
+    if kind not in ProviderKind.values:
+        raise AccountInvalid(f"kind: {kind!r} is not one of {', '.join(ProviderKind.values)}")
+    if kind not in ADAPTERS:
+        raise AccountInvalid(f"kind: no adapter for {kind!r} yet")
+    if not regions:
+        raise AccountInvalid("regions: name at least one region")
+    if not credentials:
+        raise AccountInvalid("credentials: none given")
+    provider, _ = Provider.objects.get_or_create(name=provider_name)
+    account, _ = ProviderAccount.objects.get_or_create(provider=provider, name=name, defaults={"kind": kind})
+    account.kind = kind
+    account.regions = list(regions)
+    account.endpoint_url = endpoint_url
+    account.options = dict(options or {})
+    account.enabled = True
+    account.set_credentials(credentials)
+    account.save()
+    return account

@@ -1,0 +1,98 @@
+"""Frozen DTOs that cross the adapter boundary. Nothing from an SDK appears here."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+
+class PricingModel(enum.StrEnum):
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+    RESERVED = "reserved"
+
+
+class InstanceState(enum.StrEnum):
+    """Provider states mapped to the broker's common states at the edge."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What an adapter needs to authenticate; ``secret`` fields never leave the process."""
+
+    kind: str
+    values: dict[str, str]
+    endpoint_url: str | None = None
+
+    def __repr__(self) -> str:  # secrets must never reach a log line
+        return f"Credentials(kind={self.kind!r}, keys={sorted(self.values)}, endpoint_url={self.endpoint_url!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class OfferQuote:
+    """One purchasable thing as the provider describes it, before the broker validates it.
+
+    ``gpu_model`` is the broker's GpuModel key (e.g. ``A100-80GB-SXM``) or the provider's raw name when the
+    adapter could not map it; ingestion quarantines unknown models. ``price`` is per hour for the whole
+    instance, in ``currency``.
+    """
+
+    region: str
+    zone: str
+    instance_type: str
+    pricing_model: PricingModel
+    gpu_model: str
+    gpu_count: int
+    gpu_memory_gb: int
+    vcpus: int
+    memory_gib: Decimal
+    price: Decimal
+    currency: str
+    capacity: int | None = None
+    interconnect: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def natural_key(self) -> tuple[str, str, str, str]:
+        return (self.region, self.zone, self.instance_type, self.pricing_model.value)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What to launch. ``client_token`` is derived from (order, attempt) by the caller and is the
+    provider-side idempotency key: the same token in the same region returns the same instance."""
+
+    region: str
+    zone: str
+    instance_type: str
+    pricing_model: PricingModel
+    client_token: str
+    order_ref: str
+    max_price: Decimal | None = None
+    image: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceHandle:
+    """A provider instance as the broker tracks it."""
+
+    instance_id: str
+    region: str
+    zone: str
+    instance_type: str
+    state: InstanceState
+    public_ip: str | None = None
+    private_ip: str | None = None
+    launched_at: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from marketplace.catalog.services import offers_ingest
+from marketplace.models import Offer, OfferStatus, PricePoint, QuarantinedOffer
+from providers.models import Provider, ProviderAccount
+from providers.types import OfferQuote, PricingModel
+
+T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def account(db) -> ProviderAccount:
+    provider = Provider.objects.create(name="Petra Cloud Resale")
+    return ProviderAccount.objects.create(provider=provider, kind="aws", name="main", regions=["us-east-1"])
+
+
+def quote(itype: str = "p4de.24xlarge", *, zone: str = "us-east-1a", pricing=PricingModel.ON_DEMAND, **kw):
+    fields = {
+        "region": "us-east-1",
+        "zone": zone,
+        "instance_type": itype,
+        "pricing_model": pricing,
+        "gpu_model": "A100-80GB-SXM4",
+        "gpu_count": 8,
+        "gpu_memory_gb": 80,
+        "vcpus": 96,
+        "memory_gib": Decimal("1152"),
+        "price": Decimal("27.44705"),
+        "currency": "USD",
+    }
+    fields.update(kw)
+    return OfferQuote(**fields)
+
+
+def test_valid_rows_are_upserted_with_a_price_point_each(account):
+    report = offers_ingest(
+        account=account,
+        quotes=[quote(), quote(pricing=PricingModel.SPOT, price=Decimal("9.9734"))],
+        now=T0,
+    )
+
+    assert (report.upserted, report.quarantined, report.price_points) == (2, 0, 2)
+    spot = Offer.objects.get(pricing_model="spot")
+    assert (spot.price_usd, spot.gpu_model.key, spot.status) == (Decimal("9.973400"), "A100-80GB-SXM4", "available")
+    assert PricePoint.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"price": Decimal("0")}, "price 0 is zero or negative"),
+        ({"gpu_count": 0}, "impossible GPU count 0"),
+        ({"gpu_count": 64}, "impossible GPU count 64"),
+        ({"gpu_model": "B300"}, "unknown GPU model 'B300' (no spec sheet)"),
+        ({"gpu_memory_gb": 81920}, "GPU memory 81920 looks like MiB, spec is 80 GB"),
+        ({"gpu_memory_gb": 40}, "GPU memory 40 GB does not match A100-80GB-SXM4's 80 GB"),
+        ({"currency": "CNY"}, "no FX rate for currency 'CNY'"),
+        ({"price": Decimal("700")}, "implausible price 700 USD for 8 GPU(s)"),
+    ],
+)
+def test_implausible_rows_are_quarantined_with_the_reason(account, bad, reason):
+    report = offers_ingest(account=account, quotes=[quote(**bad)], now=T0)
+
+    assert (report.upserted, report.quarantined) == (0, 1)
+    assert Offer.objects.count() == 0
+    assert QuarantinedOffer.objects.get().reason == reason
+
+
+def test_spot_at_or_above_on_demand_is_quarantined(account):
+    rows = [
+        quote(price=Decimal("10")),
+        quote(pricing=PricingModel.SPOT, price=Decimal("10")),
+        quote(zone="us-east-1b", price=Decimal("10")),
+        quote(zone="us-east-1b", pricing=PricingModel.SPOT, price=Decimal("11")),
+    ]
+
+    report = offers_ingest(account=account, quotes=rows, now=T0)
+
+    assert (report.upserted, report.quarantined) == (2, 2)
+    reasons = sorted(QuarantinedOffer.objects.values_list("zone", "reason"))
+    assert reasons == [
+        ("us-east-1a", "spot price 10 is not below on-demand 10"),
+        ("us-east-1b", "spot price 11 is not below on-demand 10"),
+    ]
+
+
+def test_resync_updates_in_place_records_changes_and_marks_vanished(account):
+    offers_ingest(account=account, quotes=[quote(), quote("p5.48xlarge", gpu_model="H100-SXM5")], now=T0)
+    first_id = Offer.objects.get(instance_type="p4de.24xlarge").pk
+
+    t1 = T0 + dt.timedelta(minutes=5)
+    report = offers_ingest(account=account, quotes=[quote(price=Decimal("26.00"))], now=t1)
+
+    assert (report.upserted, report.vanished, report.price_points) == (1, 1, 1)
+    p4de = Offer.objects.get(instance_type="p4de.24xlarge")
+    assert (p4de.pk, p4de.price, p4de.first_seen_at, p4de.last_seen_at) == (first_id, Decimal("26.000000"), T0, t1)
+    assert Offer.objects.get(instance_type="p5.48xlarge").status == OfferStatus.UNAVAILABLE
+    assert list(PricePoint.objects.filter(offer=p4de).order_by("observed_at").values_list("price", flat=True)) == [
+        Decimal("27.447050"),
+        Decimal("26.000000"),
+    ]
+
+
+def test_an_unchanged_price_writes_no_new_price_point(account):
+    offers_ingest(account=account, quotes=[quote()], now=T0)
+    report = offers_ingest(account=account, quotes=[quote()], now=T0 + dt.timedelta(minutes=5))
+
+    assert report.price_points == 0
+    assert PricePoint.objects.count() == 1
+
+
+def test_a_row_quarantined_later_leaves_the_market_and_a_fixed_one_returns(account):
+    offers_ingest(account=account, quotes=[quote()], now=T0)
+    offers_ingest(account=account, quotes=[quote(price=Decimal("0"))], now=T0 + dt.timedelta(minutes=1))
+
+    assert Offer.objects.get().status == OfferStatus.UNAVAILABLE
+    assert QuarantinedOffer.objects.count() == 1
+
+    offers_ingest(account=account, quotes=[quote()], now=T0 + dt.timedelta(minutes=2))
+
+    assert Offer.objects.get().status == OfferStatus.AVAILABLE
+    assert QuarantinedOffer.objects.count() == 0
+
+
+def test_ingestion_is_bulk_whatever_the_row_count(account, django_assert_max_num_queries):
+    rows = [quote(f"type-{i}.xlarge", zone=f"us-east-1{z}") for i in range(200) for z in "abc"]
+
+    # Batches, not rows: SQLite caps the variables per statement, so 600 rows take a few dozen queries at most.
+    with django_assert_max_num_queries(40):
+        report = offers_ingest(account=account, quotes=rows, now=T0)
+
+    assert report.upserted == 600
+    assert Offer.objects.count() == 600

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from marketplace.matching import Demand, Exclusion, OfferView, rank_offers
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+HOUR = dt.timedelta(hours=1)
+
+
+def offer(offer_id: int, *, price: str, gpus: int = 1, model: str = "A100-80GB-SXM4", **kw) -> OfferView:
+    fields = {
+        "account_id": 1,
+        "provider_kind": "aws",
+        "region": "us-east-1",
+        "zone": "us-east-1a",
+        "instance_type": f"type-{offer_id}",
+        "pricing_model": "on_demand",
+        "gpu_memory_gb": 80,
+        "observed_at": NOW,
+    }
+    fields.update(kw)
+    return OfferView(offer_id=offer_id, gpu_model=model, gpu_count=gpus, price_usd_per_hour=Decimal(price), **fields)
+
+
+def test_it_ranks_by_price_per_requested_gpu_hour_not_per_machine_gpu():
+    one_gpu = offer(1, price="3.67")
+    eight_gpus = offer(2, price="21.96", gpus=8)  # cheaper per machine GPU, dearer for a 1-GPU job
+
+    result = rank_offers(Demand(gpu_count=1), [eight_gpus, one_gpu], now=NOW, max_age=HOUR)
+
+    assert [r.offer.offer_id for r in result.ranked] == [1, 2]
+    assert result.ranked[0].price_per_gpu_hour == Decimal("3.6700")
+    assert result.ranked[1].price_per_gpu_hour == Decimal("21.9600")
+    assert result.ranked[0].reason.startswith("cheapest feasible: 1x A100-80GB-SXM4")
+
+
+def test_it_filters_every_demand_term_and_counts_the_rejections():
+    offers = [
+        offer(1, price="2", model="H100-SXM5"),
+        offer(2, price="2", gpus=1),  # fine
+        offer(3, price="2", gpu_memory_gb=40),
+        offer(4, price="2", region="eu-west-1"),
+        offer(5, price="2", pricing_model="spot"),
+        offer(6, price="9"),
+        offer(7, price="2", observed_at=NOW - 2 * HOUR),
+        offer(8, price="2", capacity=0),
+    ]
+    demand = Demand(
+        gpu_count=1,
+        gpu_models=frozenset({"A100-80GB-SXM4"}),
+        min_gpu_memory_gb=80,
+        regions=frozenset({"us-east-1"}),
+        pricing_models=frozenset({"on_demand"}),
+        max_price_per_hour=Decimal("5"),
+    )
+
+    result = rank_offers(demand, offers, now=NOW, max_age=HOUR)
+
+    assert [r.offer.offer_id for r in result.ranked] == [2]
+    assert result.rejected == {
+        "gpu model": 1,
+        "gpu memory": 1,
+        "region": 1,
+        "pricing model": 1,
+        "price cap": 1,
+        "stale price": 1,
+        "capacity": 1,
+    }
+
+
+def test_exclusions_apply_at_the_scope_of_the_failure():
+    offers = [
+        offer(1, price="1", zone="us-east-1a", instance_type="p4de"),
+        offer(2, price="2", zone="us-east-1b", instance_type="p4de"),
+        offer(3, price="3", region="us-west-2", zone="us-west-2a"),
+        offer(4, price="4", account_id=2),
+        offer(5, price="5", account_id=3),
+    ]
+    exclusion = Exclusion(
+        zone_types=frozenset({(1, "us-east-1a", "p4de")}),
+        account_regions=frozenset({(1, "us-west-2")}),
+        accounts=frozenset({2}),
+        offer_ids=frozenset({5}),
+    )
+
+    result = rank_offers(Demand(gpu_count=1), offers, now=NOW, max_age=HOUR, exclusion=exclusion)
+
+    assert [r.offer.offer_id for r in result.ranked] == [2]
+    assert result.rejected == {
+        "zone out of capacity": 1,
+        "region quota exhausted": 1,
+        "account blocked": 1,
+        "already tried": 1,
+    }
+
+
+def test_ties_break_on_total_price_then_id():
+    a = offer(5, price="8", gpus=2)
+    b = offer(3, price="8", gpus=2)
+    c = offer(4, price="4", gpus=1)
+
+    result = rank_offers(Demand(gpu_count=1), [a, b, c], now=NOW, max_age=HOUR)
+
+    assert [r.offer.offer_id for r in result.ranked] == [4, 3, 5]
+
+
+def test_no_feasible_offer_gives_an_empty_ranking():
+    result = rank_offers(Demand(gpu_count=16), [offer(1, price="1")], now=NOW, max_age=HOUR)
+
+    assert result.best is None
+    assert result.rejected == {"gpu count": 1}
