@@ -47,3 +47,64 @@ def charlie(db):
     other = Organization.objects.create(name="Charlie Labs", kind=OrganizationKind.BUYER)
     Membership.objects.create(user=user, organization=other, role=Role.OWNER)
     return user
+
+
+# --- Sandbox clouds -----------------------------------------------------------------------------------------
+
+TEST_AWS_REGIONS = ["us-east-1", "eu-west-1"]
+
+
+@pytest.fixture(scope="session")
+def aws_sandbox_server():
+    from providers.sandbox.aws import start_aws_sandbox
+
+    sandbox = start_aws_sandbox()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def aws_sandbox(aws_sandbox_server):
+    """The session's AWS sandbox with no faults and no instances."""
+    aws_sandbox_server.reset()
+    yield aws_sandbox_server
+    aws_sandbox_server.reset()
+
+
+@pytest.fixture(scope="session")
+def _aws_quotes(aws_sandbox_server):
+    """The sandbox catalogue read once per session through the real adapter (it is read-only)."""
+    from providers.aws.adapter import AwsAdapter
+    from providers.types import Credentials
+
+    credentials = Credentials(kind="aws", values=AWS_TEST_CREDENTIALS, endpoint_url=aws_sandbox_server.url)
+    return AwsAdapter(credentials, TEST_AWS_REGIONS).list_offers()
+
+
+AWS_TEST_CREDENTIALS = {"access_key_id": "AKIDPETRA0000001", "secret_access_key": "petra-secret"}
+
+
+@pytest.fixture
+def aws_account(db, aws_sandbox, _aws_quotes):
+    """Petra's AWS account pointed at the sandbox, with its offers ingested."""
+    from django.utils import timezone
+
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
+    from marketplace.catalog.services import offers_ingest
+    from marketplace.models import GpuModel
+    from providers.models import ProviderAccount
+    from providers.services import provider_account_connect
+
+    if not GpuModel.objects.exists():
+        # A transactional test before this one flushed the rows the data migration seeded.
+        gpu_models_upsert(GpuModel)
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="aws",
+        name="aws-sandbox",
+        credentials=AWS_TEST_CREDENTIALS,
+        regions=TEST_AWS_REGIONS,
+        endpoint_url=aws_sandbox.url,
+    )
+    offers_ingest(account=account, quotes=_aws_quotes, now=timezone.now())
+    return ProviderAccount.objects.get(pk=account.pk)

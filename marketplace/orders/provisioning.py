@@ -88,7 +88,7 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
         first = Offer.objects.select_related("gpu_model", "account").get(pk=order.offer_id)
         if rank_offers(demand, [offer_view(first)], now=now, max_age=max_age).best is not None:
             return first
-    if order.attempts.exists() and not order.allow_failover:
+    if not order.allow_failover:
         return None
     candidates = offer_views_for(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)
     # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for.

@@ -1,0 +1,114 @@
+"""The run command: the whole broker on embedded defaults, in the foreground, until Ctrl-C.
+
+Starts the sandbox clouds, migrates, seeds the demo accounts, syncs offers, then runs a real Celery worker
+and beat on the filesystem broker beside the web app. If any part dies, everything stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with code {proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - a fixed 127.0.0.1 URL
+                return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("BROKER_PORT", "8000")))
+    parser.add_argument("--sandbox-port", type=int, default=int(os.environ.get("BROKER_SANDBOX_PORT", "8701")))
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        # Own process group, so Ctrl-C reaches us once and we stop each part in order.
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # noqa: S603
+        children.append((name, proc))
+        return proc
+
+    def stop_all() -> None:
+        for _name, proc in reversed(children):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _name, proc in reversed(children):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        from providers.sandbox import DEMO_REGIONS
+
+        sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
+        sandbox = start(
+            "sandbox",
+            [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port)],
+        )
+        _manage("migrate", "--verbosity", "0")
+        _wait_http(f"{sandbox_url}/_sandbox/health", "the sandbox", sandbox)
+        _manage("demo", "seed", "--aws-endpoint", sandbox_url, "--aws-regions", ",".join(DEMO_REGIONS["aws"]))
+        _manage("offers", "sync")
+        start("worker", [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", "2"])
+        start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
+        web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
+        _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)
+        from marketplace.management.commands.demo import DEMO_PASSWORD
+
+        print(
+            f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"
+            f"  Sign in as alice / {DEMO_PASSWORD} (buyer). API: http://127.0.0.1:{args.port}/api/v1/offers\n"
+            f"  Sandbox clouds: {sandbox_url}. Press Ctrl-C to stop everything.\n",
+            flush=True,
+        )
+        while True:
+            for name, proc in children:
+                if proc.poll() is not None:
+                    print(f"{name} exited with code {proc.returncode}; stopping the broker", file=sys.stderr)
+                    return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nstopping...", file=sys.stderr)
+        return 0
+    except subprocess.CalledProcessError as exc:
+        print(f"start-up step failed: {' '.join(map(str, exc.cmd))} exited {exc.returncode}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""The only module that imports boto3/botocore.
+
+``AwsClient`` builds the SDK clients (explicit timeouts, retry policy per purpose) and runs every call
+through ``_translate``, so callers receive plain dicts or ``ProviderError`` subclasses and never an SDK
+exception.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions as sdk_errors
+import botocore.session
+from botocore.parsers import ResponseParserError
+
+from providers.aws import mapping
+from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
+
+PRICING_REGION = "us-east-1"  # the Price List API is served from us-east-1 (and ap-south-1) only
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 20.0
+DEFAULT_MAX_ATTEMPTS = 3
+
+_loader_lock = threading.Lock()
+_shared_loader: Any = None
+
+
+def _botocore_session() -> Any:
+    """A fresh botocore session that reuses one process-wide data loader.
+
+    Adapters are built per task; without the shared loader each one re-reads the EC2 service model
+    (~0.3 s). The loader only caches the SDK's static JSON models, never credentials.
+    """
+    global _shared_loader
+    session = botocore.session.get_session()
+    with _loader_lock:
+        if _shared_loader is None:
+            _shared_loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _shared_loader)
+    return session
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How to reach AWS. Secrets are excluded from ``repr`` so they never reach a log line."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    endpoint_url: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+def _translate(exc: Exception) -> ProviderError:
+    """SDK exception -> broker error. Classification of AWS errors is by code string only."""
+    if isinstance(exc, sdk_errors.ClientError):
+        error = exc.response.get("Error") or {}
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        code = str(error.get("Code", ""))
+        return mapping.error_from_code(code, str(error.get("Message", "")) or str(exc), status)
+    name = type(exc).__name__
+    if isinstance(exc, sdk_errors.ConnectionError | sdk_errors.HTTPClientError) or name in mapping.TRANSPORT_ERRORS:
+        return mapping.transport_error(name, str(exc))
+    if isinstance(exc, sdk_errors.NoCredentialsError | sdk_errors.PartialCredentialsError):
+        return CredentialsRejected(str(exc), code=name, provider=mapping.PROVIDER)
+    if isinstance(exc, ResponseParserError):
+        return mapping.malformed(f"{name}: {exc}")
+    # Anything else (parameter validation, unknown SDK failure) would fail the same way again.
+    return ProviderRequestRejected(str(exc), code=name, provider=mapping.PROVIDER)
+
+
+@contextmanager
+def _sdk_errors() -> Iterator[None]:
+    try:
+        yield
+    except (sdk_errors.BotoCoreError, sdk_errors.ClientError, ResponseParserError) as exc:
+        raise _translate(exc) from exc
+
+
+class AwsClient:
+    """Lazily built, cached SDK clients for one account.
+
+    ``call``/``pages``/``price_list`` use the read clients (botocore standard retries, ``max_attempts``
+    in total); ``launch`` uses a client with retries off so a capacity error (HTTP 500) reaches the broker
+    on the first answer.
+    """
+
+    def __init__(self, settings: ClientSettings):
+        self.settings = settings
+        self._session = boto3.session.Session(
+            aws_access_key_id=settings.access_key_id,
+            aws_secret_access_key=settings.secret_access_key,
+            aws_session_token=settings.session_token,
+            botocore_session=_botocore_session(),
+        )
+        self._clients: dict[tuple[str, str, bool], Any] = {}
+        self._lock = threading.Lock()  # boto3 sessions are not thread-safe when creating clients
+
+    def _config(self, *, retries: bool) -> botocore.config.Config:
+        retry_policy = (
+            {"mode": "standard", "total_max_attempts": self.settings.max_attempts}
+            if retries
+            else {"mode": "standard", "total_max_attempts": 1}
+        )
+        return botocore.config.Config(
+            connect_timeout=self.settings.connect_timeout,
+            read_timeout=self.settings.read_timeout,
+            retries=retry_policy,
+            user_agent_extra="gpu-broker",
+        )
+
+    def _client(self, service: str, region: str, *, retries: bool = True) -> Any:
+        key = (service, region, retries)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                try:
+                    with _sdk_errors():
+                        client = self._session.client(
+                            service,
+                            region_name=region,
+                            endpoint_url=self.settings.endpoint_url,
+                            config=self._config(retries=retries),
+                        )
+                except ValueError as exc:  # botocore's answer to a malformed endpoint URL or region name
+                    raise ProviderRequestRejected(
+                        f"cannot build the {service} client: {exc}", provider=mapping.PROVIDER
+                    ) from exc
+                self._clients[key] = client
+            return client
+
+    def call(self, region: str, operation: str, **params: Any) -> dict[str, Any]:
+        """One EC2 read (or a safely repeatable write such as terminate) with retries."""
+        method: Callable[..., dict[str, Any]] = getattr(self._client("ec2", region), operation)
+        with _sdk_errors():
+            return method(**params)
+
+    def pages(self, region: str, operation: str, result_key: str, **params: Any) -> list[Any]:
+        """Every item under ``result_key`` across all pages of an EC2 read."""
+        items: list[Any] = []
+        with _sdk_errors():
+            for page in self._client("ec2", region).get_paginator(operation).paginate(**params):
+                items.extend(page.get(result_key) or [])
+        return items
+
+    def launch(self, region: str, **params: Any) -> dict[str, Any]:
+        """``run_instances`` exactly once: no SDK retry, the broker decides on retry or failover."""
+        with _sdk_errors():
+            result: dict[str, Any] = self._client("ec2", region, retries=False).run_instances(**params)
+            return result
+
+    def price_list(self, **params: Any) -> list[Any]:
+        """Every ``PriceList`` item of ``pricing.get_products`` across pages (items are JSON strings)."""
+        items: list[Any] = []
+        with _sdk_errors():
+            for page in self._client("pricing", PRICING_REGION).get_paginator("get_products").paginate(**params):
+                items.extend(page.get("PriceList") or [])
+        return items

@@ -1,0 +1,442 @@
+"""AWS response dicts -> broker DTOs, and AWS error codes -> broker error classes.
+
+Pure functions over plain dicts and strings: nothing here imports boto3 or botocore, so the tables can be
+tested without a network and reused by any code that sees an AWS error code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+from providers import gpu_names
+from providers.errors import (
+    CapacityUnavailable,
+    CredentialsRejected,
+    MalformedProviderResponse,
+    ProviderError,
+    ProviderRequestRejected,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.types import InstanceHandle, InstanceState
+
+PROVIDER = "aws"
+ORDER_TAG = "broker:order"
+CLIENT_TOKEN_MAX_LENGTH = 64
+
+# --------------------------------------------------------------------------------------------- errors
+
+ERROR_CLASSES: dict[str, type[ProviderError]] = {
+    # no capacity: try another zone, type or provider
+    "InsufficientInstanceCapacity": CapacityUnavailable,
+    "InsufficientCapacity": CapacityUnavailable,
+    "InsufficientHostCapacity": CapacityUnavailable,
+    "InsufficientReservedInstanceCapacity": CapacityUnavailable,
+    "Unsupported": CapacityUnavailable,
+    "SpotMaxPriceTooLow": CapacityUnavailable,
+    # quota: skip the region or account
+    "VcpuLimitExceeded": QuotaExceeded,
+    "InstanceLimitExceeded": QuotaExceeded,
+    "MaxSpotInstanceCountExceeded": QuotaExceeded,
+    # transient: retry with backoff
+    "RequestLimitExceeded": TransientProviderError,
+    "Throttling": TransientProviderError,
+    "ThrottlingException": TransientProviderError,
+    "InternalError": TransientProviderError,
+    "InternalFailure": TransientProviderError,
+    "ServiceUnavailable": TransientProviderError,
+    "Unavailable": TransientProviderError,
+    "RequestTimeout": TransientProviderError,
+    "RequestTimeoutException": TransientProviderError,
+    # credentials: block the account. The last four are what STS-signed and JSON-protocol services
+    # (the Price List API) answer for a bad key or signature.
+    "AuthFailure": CredentialsRejected,
+    "UnauthorizedOperation": CredentialsRejected,
+    "InvalidClientTokenId": CredentialsRejected,
+    "SignatureDoesNotMatch": CredentialsRejected,
+    "UnrecognizedClientException": CredentialsRejected,
+    "InvalidSignatureException": CredentialsRejected,
+    "AccessDeniedException": CredentialsRejected,
+    "ExpiredToken": CredentialsRejected,
+}
+
+# Errors raised below the HTTP layer (botocore exception class names): the request may not have reached AWS.
+TRANSPORT_ERRORS: frozenset[str] = frozenset(
+    {
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "SSLError",
+        "HTTPClientError",
+        "ConnectionError",
+    }
+)
+
+
+def error_class_for(code: str, http_status: int | None = None) -> type[ProviderError]:
+    """The broker error class for an AWS error code. Unknown codes are final unless the status is 5xx."""
+    known = ERROR_CLASSES.get(code)
+    if known is not None:
+        return known
+    if http_status is not None and http_status >= 500:
+        return TransientProviderError
+    return ProviderRequestRejected
+
+
+def error_from_code(code: str, message: str, http_status: int | None = None) -> ProviderError:
+    """Build the broker error for an AWS ``Error.Code``; the code and message are kept on the exception."""
+    return error_class_for(code, http_status)(message or code, code=code, provider=PROVIDER, http_status=http_status)
+
+
+def transport_error(name: str, message: str) -> ProviderError:
+    """A connection failure or timeout, named by the SDK exception class; always retryable."""
+    return TransientProviderError(message or name, code=name, provider=PROVIDER)
+
+
+def malformed(message: str) -> MalformedProviderResponse:
+    return MalformedProviderResponse(message, provider=PROVIDER)
+
+
+def validate_client_token(token: str) -> None:
+    """EC2 accepts at most 64 printable ASCII characters; anything else would be rejected after a round trip."""
+    if not token:
+        raise ProviderRequestRejected("client_token is required for an idempotent launch", provider=PROVIDER)
+    if len(token) > CLIENT_TOKEN_MAX_LENGTH:
+        raise ProviderRequestRejected(
+            f"client_token is {len(token)} characters; EC2 allows at most {CLIENT_TOKEN_MAX_LENGTH}", provider=PROVIDER
+        )
+    if not all(" " < ch <= "~" for ch in token):
+        raise ProviderRequestRejected("client_token must be printable ASCII without spaces", provider=PROVIDER)
+
+
+# ------------------------------------------------------------------------------------------------ GPUs
+
+# The family fixes the form factor (SXM vs PCIe) that GpuInfo does not state.
+FAMILY_GPU: dict[str, str] = {
+    "p3": gpu_names.V100_16_SXM2,
+    "p3dn": gpu_names.V100_32_SXM2,
+    "p4d": gpu_names.A100_40_SXM,
+    "p4de": gpu_names.A100_80_SXM,
+    "p5": gpu_names.H100_SXM,
+    "p5e": gpu_names.H200_SXM,
+    "p5en": gpu_names.H200_SXM,
+    "p6-b200": gpu_names.B200,
+    "g4dn": gpu_names.T4,
+    "g5": gpu_names.A10G,
+    "g6": gpu_names.L4,
+    "gr6": gpu_names.L4,
+    "g6e": gpu_names.L40S,
+}
+
+# What GpuInfo must say for each key: (manufacturer, name). Used to confirm the family table and, for GPUs
+# that exist in one form factor only, to map families the table does not list yet.
+GPU_IDENTITY: dict[str, tuple[str, str]] = {
+    gpu_names.T4: ("NVIDIA", "T4"),
+    gpu_names.A10G: ("NVIDIA", "A10G"),
+    gpu_names.L4: ("NVIDIA", "L4"),
+    gpu_names.L40S: ("NVIDIA", "L40S"),
+    gpu_names.V100_16_SXM2: ("NVIDIA", "V100"),
+    gpu_names.V100_32_SXM2: ("NVIDIA", "V100"),
+    gpu_names.A100_40_SXM: ("NVIDIA", "A100"),
+    gpu_names.A100_80_SXM: ("NVIDIA", "A100"),
+    gpu_names.H100_SXM: ("NVIDIA", "H100"),
+    gpu_names.H200_SXM: ("NVIDIA", "H200"),
+    gpu_names.B200: ("NVIDIA", "B200"),
+}
+SINGLE_FORM_FACTOR = frozenset({gpu_names.T4, gpu_names.A10G, gpu_names.L4, gpu_names.L40S, gpu_names.B200})
+
+# Nominal per-GPU memory. AWS reports usable MiB (A10G and L4: 22888 MiB for a 24 GB card).
+NOMINAL_MEMORY_GB: dict[str, int] = {
+    gpu_names.T4: 16,
+    gpu_names.A10G: 24,
+    gpu_names.L4: 24,
+    gpu_names.L40S: 48,
+    gpu_names.V100_16_SXM2: 16,
+    gpu_names.V100_32_SXM2: 32,
+    gpu_names.A100_40_SXM: 40,
+    gpu_names.A100_80_SXM: 80,
+    gpu_names.H100_SXM: 80,
+    gpu_names.H200_SXM: 141,
+    gpu_names.B200: 180,
+}
+MEMORY_TOLERANCE = Decimal("0.10")
+
+NVLINK_FAMILIES = frozenset({"p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en"})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """What one instance type carries, mapped to the broker's vocabulary."""
+
+    model: str
+    count: int
+    memory_gb: int
+    interconnect: str
+    raw_name: str
+    manufacturer: str
+    memory_mib: int
+
+
+def instance_family(instance_type: str) -> str:
+    return instance_type.split(".", 1)[0]
+
+
+def _memory_matches(key: str, memory_mib: int) -> bool:
+    nominal_mib = Decimal(NOMINAL_MEMORY_GB[key] * 1024)
+    return abs(Decimal(memory_mib) - nominal_mib) <= nominal_mib * MEMORY_TOLERANCE
+
+
+def _identity_matches(key: str, manufacturer: str, name: str, memory_mib: int) -> bool:
+    return GPU_IDENTITY.get(key) == (manufacturer, name) and _memory_matches(key, memory_mib)
+
+
+def gpu_model_key(instance_type: str, name: str, manufacturer: str, memory_mib: int) -> str | None:
+    """The canonical key, or None when the GPU is unknown or the catalogue contradicts the family table."""
+    family_key = FAMILY_GPU.get(instance_family(instance_type))
+    if family_key is not None:
+        return family_key if _identity_matches(family_key, manufacturer, name, memory_mib) else None
+    for key in SINGLE_FORM_FACTOR:
+        if _identity_matches(key, manufacturer, name, memory_mib):
+            return key
+    return None
+
+
+def gpu_spec(instance_type: str, gpu_info: Mapping[str, Any]) -> GpuSpec:
+    """Map ``GpuInfo`` of ``describe_instance_types``. Unknown GPUs keep the provider's name for quarantine."""
+    try:
+        gpus = list(gpu_info["Gpus"])
+        if not gpus:
+            raise ValueError("empty Gpus")
+        names = sorted({str(g["Name"]) for g in gpus})
+        manufacturer = str(gpus[0].get("Manufacturer", ""))
+        memory_mib = int(gpus[0]["MemoryInfo"]["SizeInMiB"])
+        count = sum(int(g["Count"]) for g in gpus)
+        partition = Fraction(str(gpus[0].get("GpuPartitionSize", 1))).limit_denominator(64)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise malformed(f"{instance_type}: unreadable GpuInfo ({exc})") from None
+    raw_name = "+".join(names)
+    key: str | None = None
+    if len(names) == 1 and partition == 1:
+        key = gpu_model_key(instance_type, names[0], manufacturer, memory_mib)
+    if key is not None:
+        model, memory_gb = key, NOMINAL_MEMORY_GB[key]
+    else:
+        # A fractional GPU is not the whole card its name suggests; keep it out of the canonical keys.
+        model = raw_name if partition == 1 else f"{raw_name} ({partition} partition)"
+        memory_gb = memory_mib // 1024
+    family = instance_family(instance_type)
+    nvlink = count > 1 and (family in NVLINK_FAMILIES or family.startswith("p6"))
+    return GpuSpec(
+        model=model,
+        count=count,
+        memory_gb=memory_gb,
+        interconnect="nvlink" if nvlink else "pcie",
+        raw_name=raw_name,
+        manufacturer=manufacturer,
+        memory_mib=memory_mib,
+    )
+
+
+# ------------------------------------------------------------------------------------------- catalogue
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceTypeSpec:
+    """One GPU instance type from ``describe_instance_types``."""
+
+    instance_type: str
+    gpu: GpuSpec
+    vcpus: int
+    memory_gib: Decimal
+    extra: dict[str, Any]
+
+
+def instance_type_spec(item: Mapping[str, Any]) -> InstanceTypeSpec | None:
+    """None for types without ``GpuInfo``; raises ``MalformedProviderResponse`` for unreadable entries."""
+    gpu_info = item.get("GpuInfo")
+    if not gpu_info:
+        return None
+    try:
+        name = str(item["InstanceType"])
+        vcpus = int(item["VCpuInfo"]["DefaultVCpus"])
+        memory_gib = Decimal(int(item["MemoryInfo"]["SizeInMiB"])) / Decimal(1024)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise malformed(f"unreadable instance type entry ({exc!r})") from None
+    gpu = gpu_spec(name, gpu_info)
+    network = item.get("NetworkInfo") or {}
+    extra: dict[str, Any] = {
+        "gpu_name": gpu.raw_name,
+        "gpu_manufacturer": gpu.manufacturer,
+        "gpu_memory_mib": gpu.memory_mib,
+        "network_performance": str(network.get("NetworkPerformance", "")),
+        "efa_supported": bool(network.get("EfaSupported", False)),
+        "architectures": list((item.get("ProcessorInfo") or {}).get("SupportedArchitectures", [])),
+    }
+    return InstanceTypeSpec(instance_type=name, gpu=gpu, vcpus=vcpus, memory_gib=memory_gib, extra=extra)
+
+
+def zones_by_type(offerings: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """``describe_instance_type_offerings`` rows -> instance type -> sorted zone names."""
+    zones: dict[str, set[str]] = {}
+    try:
+        for row in offerings:
+            zones.setdefault(str(row["InstanceType"]), set()).add(str(row["Location"]))
+    except (KeyError, TypeError) as exc:
+        raise malformed(f"unreadable instance type offering ({exc!r})") from None
+    return {name: sorted(locations) for name, locations in zones.items()}
+
+
+def on_demand_usd(price_list: Iterable[Any]) -> tuple[Decimal, str] | None:
+    """The hourly USD price and SKU from Price List items (each a JSON string), or None if none is stated.
+
+    With the exact TERM_MATCH filters one product matches; the first priced one wins.
+    """
+    for raw in price_list:
+        try:
+            product = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            terms = product.get("terms", {}).get("OnDemand", {})
+            sku = str(product.get("product", {}).get("sku", ""))
+            for term in terms.values():
+                for dimension in term.get("priceDimensions", {}).values():
+                    usd = dimension.get("pricePerUnit", {}).get("USD")
+                    if usd is not None:
+                        return Decimal(str(usd)), sku
+        except (ValueError, TypeError, AttributeError, InvalidOperation) as exc:
+            raise malformed(f"unreadable Price List item ({exc!r})") from None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SpotPoint:
+    price: Decimal
+    timestamp: datetime
+
+
+def newest_spot_prices(history: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], SpotPoint]:
+    """``SpotPriceHistory`` rows -> (instance type, zone) -> the newest point."""
+    newest: dict[tuple[str, str], SpotPoint] = {}
+    try:
+        for row in history:
+            key = (str(row["InstanceType"]), str(row["AvailabilityZone"]))
+            point = SpotPoint(price=Decimal(str(row["SpotPrice"])), timestamp=row["Timestamp"])
+            if not isinstance(point.timestamp, datetime):
+                raise TypeError("Timestamp is not a datetime")
+            if key not in newest or point.timestamp > newest[key].timestamp:
+                newest[key] = point
+    except (KeyError, TypeError, InvalidOperation) as exc:
+        raise malformed(f"unreadable spot price history row ({exc!r})") from None
+    return newest
+
+
+# ------------------------------------------------------------------------------------------- instances
+
+STATES: dict[str, InstanceState] = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "stopping": InstanceState.STOPPING,
+    # A stopped instance holds no GPU for the buyer and is not billed for compute: for the broker it is gone
+    # from service but not terminated, the same bucket as stopping.
+    "stopped": InstanceState.STOPPING,
+    "shutting-down": InstanceState.STOPPING,
+    "terminated": InstanceState.TERMINATED,
+}
+
+# StateReason codes of an instance that died during launch rather than being terminated on request.
+LAUNCH_FAILURE_REASONS = frozenset(
+    {
+        "Server.InternalError",
+        "Server.InsufficientInstanceCapacity",
+        "Client.InternalError",
+        "Client.VolumeLimitExceeded",
+        "Client.InvalidSnapshot.NotFound",
+    }
+)
+
+
+def instance_state(state_name: str, state_reason_code: str = "") -> InstanceState:
+    state = STATES.get(state_name, InstanceState.UNKNOWN)
+    if state is InstanceState.TERMINATED and state_reason_code in LAUNCH_FAILURE_REASONS:
+        return InstanceState.FAILED
+    return state
+
+
+def tags_dict(tags: Iterable[Mapping[str, Any]] | None) -> dict[str, str]:
+    return {str(t["Key"]): str(t.get("Value", "")) for t in tags or ()}
+
+
+def tag_specifications(order_ref: str, tags: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Tags for the instance and its volumes; the broker's order tag wins over a caller tag of the same key."""
+    merged = {**tags, ORDER_TAG: order_ref}
+    tag_list = [{"Key": k, "Value": v} for k, v in sorted(merged.items())]
+    return [{"ResourceType": kind, "Tags": tag_list} for kind in ("instance", "volume")]
+
+
+def instance_handle(item: Mapping[str, Any], region: str, reservation_id: str = "") -> InstanceHandle:
+    """An ``Instances[]`` entry of ``run_instances``/``describe_instances`` -> ``InstanceHandle``."""
+    try:
+        state = item["State"]
+        state_name = str(state["Name"])
+        reason = item.get("StateReason") or {}
+        launch_time = item.get("LaunchTime")
+        return InstanceHandle(
+            instance_id=str(item["InstanceId"]),
+            region=region,
+            zone=str(item["Placement"]["AvailabilityZone"]),
+            instance_type=str(item["InstanceType"]),
+            state=instance_state(state_name, str(reason.get("Code", ""))),
+            public_ip=item.get("PublicIpAddress") or None,
+            private_ip=item.get("PrivateIpAddress") or None,
+            launched_at=launch_time.isoformat() if isinstance(launch_time, datetime) else None,
+            tags=tags_dict(item.get("Tags")),
+            extra={
+                "state_name": state_name,
+                "state_reason": str(reason.get("Code", "")),
+                "lifecycle": str(item.get("InstanceLifecycle") or "on-demand"),
+                "client_token": str(item.get("ClientToken", "")),
+                "image_id": str(item.get("ImageId", "")),
+                "reservation_id": reservation_id,
+            },
+        )
+    except (KeyError, TypeError) as exc:
+        raise malformed(f"unreadable instance entry ({exc!r})") from None
+
+
+def handles_from_reservations(reservations: Iterable[Mapping[str, Any]], region: str) -> list[InstanceHandle]:
+    handles: list[InstanceHandle] = []
+    try:
+        for reservation in reservations:
+            reservation_id = str(reservation.get("ReservationId", ""))
+            handles.extend(instance_handle(i, region, reservation_id) for i in reservation["Instances"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise malformed(f"unreadable reservation ({exc!r})") from None
+    return handles
+
+
+# ----------------------------------------------------------------------------------------------- images
+
+UBUNTU_OWNER = "099720109477"  # Canonical's AWS account
+UBUNTU_NAME_PATTERN = "ubuntu/images/*ubuntu-*-amd64-server-*"
+_UBUNTU_VERSION = re.compile(r"-(\d+)\.(\d+)-amd64-server-(\d*)")
+
+
+def newest_ubuntu_image(images: Iterable[Mapping[str, Any]]) -> str | None:
+    """The image id of the highest Ubuntu release (then newest build) among ``describe_images`` results."""
+    best: tuple[tuple[int, int, str, str], str] | None = None
+    for image in images:
+        name = str(image.get("Name", ""))
+        match = _UBUNTU_VERSION.search(name)
+        if match is None or image.get("State", "available") != "available":
+            continue
+        key = (int(match.group(1)), int(match.group(2)), match.group(3), str(image.get("CreationDate", "")))
+        if best is None or key > best[0]:
+            best = (key, str(image["ImageId"]))
+    return best[1] if best else None

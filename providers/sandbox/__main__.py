@@ -1,0 +1,64 @@
+"""``python -m providers.sandbox serve [--host H] [--port P] [--only aws,...]``
+
+Starts every registered sandbox in one process: the first on ``--port``, the next ones on the following
+ports, and prints one ``<kind> sandbox listening on <url>`` line each. Ctrl-C (or SIGTERM) stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from providers.sandbox.server import SandboxApp, serve_forever
+
+# kind -> "module:class"; imported lazily so a sandbox's emulator loads only when it is served.
+SANDBOXES: dict[str, str] = {
+    "aws": "providers.sandbox.aws:AwsSandbox",
+}
+
+
+def build(kind: str) -> SandboxApp:
+    module_name, _, class_name = SANDBOXES[kind].partition(":")
+    app = getattr(importlib.import_module(module_name), class_name)()
+    assert isinstance(app, SandboxApp)
+    return app
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m providers.sandbox")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the sandboxes until interrupted")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8701, help="port of the first sandbox; the others follow")
+    serve.add_argument("--only", default=",".join(SANDBOXES), help=f"comma-separated kinds ({', '.join(SANDBOXES)})")
+    serve.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args(argv)
+
+    kinds = [k.strip() for k in args.only.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in SANDBOXES]
+    if unknown:
+        parser.error(f"unknown sandbox kind(s): {', '.join(unknown)}")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
+    # Explicit for SIGINT too: a process started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    serve_forever([(build(kind), args.host, args.port + offset) for offset, kind in enumerate(kinds)])
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The servers are stopped and all state is in memory: skip the ~2 s interpreter teardown of moto's objects.
+    os._exit(code)

@@ -1,0 +1,140 @@
+"""Offer sync through the real AWS adapter against the sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from marketplace.catalog.services import offers_sync
+from marketplace.models import Offer, OfferStatus, PricePoint
+from providers.models import ProviderAccount, SyncStatus
+from providers.services import provider_account_connect
+from tests.conftest import AWS_TEST_CREDENTIALS
+
+pytestmark = pytest.mark.django_db
+
+
+def _connect(sandbox, **credentials):
+    return provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="aws",
+        name="aws-sandbox",
+        credentials=credentials or AWS_TEST_CREDENTIALS,
+        regions=["us-east-1"],
+        endpoint_url=sandbox.url,
+    )
+
+
+def test_a_sync_ingests_the_sandbox_catalogue(aws_sandbox):
+    account = _connect(aws_sandbox)
+
+    outcome = offers_sync(account_id=account.pk)
+
+    assert outcome.ok, outcome.error
+    assert outcome.report.quarantined == 0
+    account.refresh_from_db()
+    assert account.sync_status == SyncStatus.OK
+    p4de = Offer.objects.get(instance_type="p4de.24xlarge", pricing_model="on_demand", zone="us-east-1b")
+    assert (p4de.gpu_model.key, p4de.gpu_count, str(p4de.price_usd)) == ("A100-80GB-SXM4", 8, "27.447050")
+    g5 = Offer.objects.filter(instance_type="g5.xlarge", pricing_model="on_demand")
+    assert {o.gpu_model.key for o in g5} == {"A10G"}
+    assert PricePoint.objects.count() == outcome.report.upserted
+
+
+def test_rejected_credentials_fail_the_sync_and_keep_the_last_offers_as_stale(aws_sandbox):
+    account = _connect(aws_sandbox)
+    assert offers_sync(account_id=account.pk).ok
+    count = Offer.objects.count()
+    account = _connect(aws_sandbox, access_key_id="bad-key", secret_access_key="x")
+
+    outcome = offers_sync(account_id=account.pk)
+
+    assert not outcome.ok
+    assert "AuthFailure" in outcome.error
+    account = ProviderAccount.objects.get(pk=account.pk)
+    assert account.sync_status == SyncStatus.FAILED
+    assert "AuthFailure" in account.sync_error
+    assert Offer.objects.filter(status=OfferStatus.STALE).count() == count
+
+
+def test_the_sync_command_reports_per_account_and_fails_on_a_bad_one(aws_sandbox, capsys):
+    good = _connect(aws_sandbox)
+    bad = provider_account_connect(
+        provider_name="Other Seller",
+        kind="aws",
+        name="broken",
+        credentials={"access_key_id": "bad-key", "secret_access_key": "x"},
+        regions=["us-east-1"],
+        endpoint_url=aws_sandbox.url,
+    )
+
+    with pytest.raises(CommandError, match="1 account"):
+        call_command("offers", "sync")
+
+    out, err = capsys.readouterr()
+    assert f"account {good.pk} " in out
+    assert f"account {bad.pk} " in err
+    assert "sync FAILED" in err
+    assert Offer.objects.filter(account=good).count() > 0
+
+
+def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
+    call_command(
+        "provider",
+        "connect",
+        "--provider",
+        "Petra Cloud Resale",
+        "--kind",
+        "aws",
+        "--name",
+        "main",
+        "--credential",
+        "access_key_id=AKIDGOOD0001",
+        "--credential",
+        "secret_access_key=s",
+        "--endpoint-url",
+        aws_sandbox.url,
+        "--regions",
+        "us-east-1,eu-west-1",
+    )
+    assert '"regions": ["us-east-1", "eu-west-1"]' in capsys.readouterr().out
+    account = ProviderAccount.objects.get(name="main")
+    assert "AKIDGOOD0001" not in account.credentials_encrypted
+    assert account.credentials().values["access_key_id"] == "AKIDGOOD0001"
+
+    with pytest.raises(CommandError, match="refused it: aws: AuthFailure"):
+        call_command(
+            "provider",
+            "connect",
+            "--provider",
+            "Petra Cloud Resale",
+            "--kind",
+            "aws",
+            "--name",
+            "main",
+            "--credential",
+            "access_key_id=bad-key",
+            "--credential",
+            "secret_access_key=s",
+            "--endpoint-url",
+            aws_sandbox.url,
+            "--regions",
+            "us-east-1",
+        )
+    with pytest.raises(CommandError, match="expected KEY=VALUE"):
+        call_command(
+            "provider", "connect", "--provider", "P", "--kind", "aws", "--name", "n", "--credential", "oops",
+            "--regions", "us-east-1",
+        )  # fmt: skip
+
+
+def test_offers_list_prints_json(aws_account, capsys):
+    call_command("offers", "list", "--gpu", "H100-SXM5", "--pricing", "on_demand")
+
+    import json
+
+    rows = json.loads(capsys.readouterr().out)
+    assert rows
+    assert {r["gpu_model"] for r in rows} == {"H100-SXM5"}
+    assert {r["pricing_model"] for r in rows} == {"on_demand"}

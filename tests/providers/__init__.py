@@ -1,0 +1,1 @@
+"""Provider adapter and sandbox tests."""

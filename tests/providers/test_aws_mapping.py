@@ -1,0 +1,199 @@
+"""Pure tables of the AWS adapter: error codes, GPU names, states, tokens. No network."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import botocore.exceptions
+import botocore.parsers
+import pytest
+
+from providers import gpu_names
+from providers.aws import mapping
+from providers.aws.client import _translate
+from providers.errors import (
+    CapacityUnavailable,
+    CredentialsRejected,
+    MalformedProviderResponse,
+    ProviderError,
+    ProviderRequestRejected,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.types import InstanceState
+
+# Every AWS code in /work/shared/CLOUD-APIS.md ("Error codes worth classifying"), plus the extra credential
+# codes of the brief and examples of "5xx other than capacity" and of final errors.
+CLOUD_APIS_CODES: list[tuple[str, int, type[ProviderError]]] = [
+    ("InsufficientInstanceCapacity", 500, CapacityUnavailable),
+    ("InsufficientCapacity", 500, CapacityUnavailable),
+    ("InsufficientHostCapacity", 500, CapacityUnavailable),
+    ("Unsupported", 400, CapacityUnavailable),
+    ("SpotMaxPriceTooLow", 400, CapacityUnavailable),
+    ("VcpuLimitExceeded", 400, QuotaExceeded),
+    ("InstanceLimitExceeded", 400, QuotaExceeded),
+    ("MaxSpotInstanceCountExceeded", 400, QuotaExceeded),
+    ("RequestLimitExceeded", 503, TransientProviderError),
+    ("Throttling", 400, TransientProviderError),
+    ("InternalError", 500, TransientProviderError),
+    ("ServiceUnavailable", 503, TransientProviderError),
+    ("SomeFutureServerFault", 502, TransientProviderError),
+    ("AuthFailure", 401, CredentialsRejected),
+    ("UnauthorizedOperation", 403, CredentialsRejected),
+    ("InvalidClientTokenId", 403, CredentialsRejected),
+    ("SignatureDoesNotMatch", 403, CredentialsRejected),
+    ("InvalidParameterValue", 400, ProviderRequestRejected),
+    ("InvalidInstanceID.NotFound", 400, ProviderRequestRejected),
+    ("IdempotentParameterMismatch", 400, ProviderRequestRejected),
+    ("SomeFutureClientFault", 400, ProviderRequestRejected),
+]
+
+
+def _client_error(code: str, status: int, message: str = "provider says no") -> botocore.exceptions.ClientError:
+    response: Any = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return botocore.exceptions.ClientError(response, "RunInstances")
+
+
+@pytest.mark.parametrize(("code", "status", "expected"), CLOUD_APIS_CODES)
+def test_each_aws_error_code_maps_to_its_broker_class(code: str, status: int, expected: type[ProviderError]) -> None:
+    error = _translate(_client_error(code, status))
+
+    assert type(error) is expected
+    assert (error.code, error.message, error.provider, error.http_status) == (code, "provider says no", "aws", status)
+    assert error.retryable is (expected is TransientProviderError)
+
+
+def test_capacity_codes_win_over_their_5xx_status() -> None:
+    assert mapping.error_class_for("InsufficientInstanceCapacity", 500) is CapacityUnavailable
+    assert mapping.error_class_for("InsufficientInstanceCapacity", None) is CapacityUnavailable
+
+
+@pytest.mark.parametrize(
+    ("exception", "code"),
+    [
+        (botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:1/"), "ReadTimeoutError"),
+        (botocore.exceptions.ConnectTimeoutError(endpoint_url="http://127.0.0.1:1/"), "ConnectTimeoutError"),
+        (botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1/"), "EndpointConnectionError"),
+        (botocore.exceptions.ConnectionClosedError(endpoint_url="http://127.0.0.1:1/"), "ConnectionClosedError"),
+    ],
+)
+def test_connection_errors_and_timeouts_are_transient(exception: Exception, code: str) -> None:
+    error = _translate(exception)
+
+    assert type(error) is TransientProviderError
+    assert (error.code, error.provider) == (code, "aws")
+
+
+def test_other_sdk_errors_become_broker_errors() -> None:
+    assert type(_translate(botocore.exceptions.NoCredentialsError())) is CredentialsRejected
+    assert type(_translate(botocore.exceptions.ParamValidationError(report="bad"))) is ProviderRequestRejected
+    assert type(_translate(botocore.parsers.ResponseParserError("garbage"))) is MalformedProviderResponse
+
+
+def _gpu_info(name: str, mib: int, count: int = 8, partition: float = 1.0) -> dict[str, Any]:
+    gpu = {"Name": name, "Manufacturer": "NVIDIA", "Count": count, "GpuPartitionSize": partition}
+    return {"Gpus": [{**gpu, "MemoryInfo": {"SizeInMiB": mib}}]}
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "gpu_info", "expected"),
+    [
+        ("p4d.24xlarge", _gpu_info("A100", 40960), (gpu_names.A100_40_SXM, 8, 40, "nvlink")),
+        ("p4de.24xlarge", _gpu_info("A100", 81920), (gpu_names.A100_80_SXM, 8, 80, "nvlink")),
+        ("p5.48xlarge", _gpu_info("H100", 81920), (gpu_names.H100_SXM, 8, 80, "nvlink")),
+        ("p5.4xlarge", _gpu_info("H100", 81920, count=1), (gpu_names.H100_SXM, 1, 80, "pcie")),
+        ("p5e.48xlarge", _gpu_info("H200", 144384), (gpu_names.H200_SXM, 8, 141, "nvlink")),
+        ("p5en.48xlarge", _gpu_info("H200", 144384), (gpu_names.H200_SXM, 8, 141, "nvlink")),
+        ("p6-b200.48xlarge", _gpu_info("B200", 183359), (gpu_names.B200, 8, 180, "nvlink")),
+        ("p3.16xlarge", _gpu_info("V100", 16384), (gpu_names.V100_16_SXM2, 8, 16, "nvlink")),
+        ("p3dn.24xlarge", _gpu_info("V100", 32768), (gpu_names.V100_32_SXM2, 8, 32, "nvlink")),
+        ("g5.xlarge", _gpu_info("A10G", 22888, count=1), (gpu_names.A10G, 1, 24, "pcie")),
+        ("g5.12xlarge", _gpu_info("A10G", 22888, count=4), (gpu_names.A10G, 4, 24, "pcie")),
+        ("g6.xlarge", _gpu_info("L4", 22888, count=1), (gpu_names.L4, 1, 24, "pcie")),
+        ("gr6.4xlarge", _gpu_info("L4", 22888, count=1), (gpu_names.L4, 1, 24, "pcie")),
+        ("g6e.48xlarge", _gpu_info("L40S", 45776), (gpu_names.L40S, 8, 48, "pcie")),
+        ("g4dn.xlarge", _gpu_info("T4", 16384, count=1), (gpu_names.T4, 1, 16, "pcie")),
+        # Unknown or contradictory GPUs keep the provider's name, so ingestion quarantines them.
+        ("p6-b300.48xlarge", _gpu_info("B300", 275040), ("B300", 8, 268, "nvlink")),
+        ("g5g.xlarge", _gpu_info("T4g", 16384, count=1), ("T4g", 1, 16, "pcie")),
+        ("p4d.24xlarge", _gpu_info("H100", 81920), ("H100", 8, 80, "nvlink")),
+        ("g6f.large", _gpu_info("L4", 2861, count=0, partition=0.125), ("L4 (1/8 partition)", 0, 2, "pcie")),
+    ],
+)
+def test_gpu_info_and_family_map_to_canonical_keys(
+    instance_type: str, gpu_info: dict[str, Any], expected: tuple[str, int, int, str]
+) -> None:
+    spec = mapping.gpu_spec(instance_type, gpu_info)
+
+    assert (spec.model, spec.count, spec.memory_gb, spec.interconnect) == expected
+
+
+def test_every_mapped_key_is_a_canonical_gpu_name() -> None:
+    assert set(mapping.FAMILY_GPU.values()) <= gpu_names.ALL
+    assert set(mapping.NOMINAL_MEMORY_GB) <= gpu_names.ALL
+
+
+def test_unreadable_gpu_info_is_malformed() -> None:
+    with pytest.raises(MalformedProviderResponse):
+        mapping.gpu_spec("p4d.24xlarge", {"Gpus": [{"Name": "A100"}]})
+
+
+@pytest.mark.parametrize(
+    ("state_name", "reason", "expected"),
+    [
+        ("pending", "", InstanceState.PENDING),
+        ("running", "", InstanceState.RUNNING),
+        ("stopping", "", InstanceState.STOPPING),
+        ("stopped", "", InstanceState.STOPPING),
+        ("shutting-down", "", InstanceState.STOPPING),
+        ("terminated", "Client.UserInitiatedShutdown", InstanceState.TERMINATED),
+        ("terminated", "Server.InsufficientInstanceCapacity", InstanceState.FAILED),
+        ("terminated", "Server.InternalError", InstanceState.FAILED),
+        ("rebooting-on-mars", "", InstanceState.UNKNOWN),
+    ],
+)
+def test_instance_states_map_to_common_states(state_name: str, reason: str, expected: InstanceState) -> None:
+    assert mapping.instance_state(state_name, reason) is expected
+
+
+@pytest.mark.parametrize("token", ["", "x" * 65, "order-1/attempt-1 ", "ordre-é"])
+def test_invalid_client_tokens_are_rejected(token: str) -> None:
+    with pytest.raises(ProviderRequestRejected):
+        mapping.validate_client_token(token)
+
+
+def test_a_64_character_ascii_client_token_is_accepted() -> None:
+    mapping.validate_client_token("o" * 64)
+
+
+def test_tag_specifications_put_the_order_tag_on_instance_and_volumes() -> None:
+    specs = mapping.tag_specifications("ord-7", {"team": "alice", "broker:order": "spoofed"})
+
+    tags = [{"Key": "broker:order", "Value": "ord-7"}, {"Key": "team", "Value": "alice"}]
+    assert specs == [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}]
+
+
+def test_on_demand_price_is_read_from_json_string_items() -> None:
+    item = {
+        "product": {"sku": "SKU1"},
+        "terms": {"OnDemand": {"SKU1.T": {"priceDimensions": {"SKU1.T.R": {"pricePerUnit": {"USD": "1.0060000000"}}}}}},
+    }
+
+    assert mapping.on_demand_usd([json.dumps(item)]) == (Decimal("1.006"), "SKU1")
+    assert mapping.on_demand_usd([]) is None
+    with pytest.raises(MalformedProviderResponse):
+        mapping.on_demand_usd(["{not json"])
+
+
+def test_newest_ubuntu_release_is_chosen() -> None:
+    images = [
+        {"ImageId": "ami-old", "Name": "ubuntu/images/hvm-ssd/ubuntu-xenial-16.04-amd64-server-20170721"},
+        {"ImageId": "ami-new", "Name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20240423"},
+        {"ImageId": "ami-mid", "Name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240501"},
+        {"ImageId": "ami-pending", "Name": "ubuntu/images/ubuntu-oracular-24.10-amd64-server-1", "State": "pending"},
+    ]
+
+    assert mapping.newest_ubuntu_image(images) == "ami-new"
+    assert mapping.newest_ubuntu_image([]) is None
