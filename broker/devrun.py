@@ -70,6 +70,7 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         from providers.sandbox import DEMO_REGIONS
 
@@ -86,7 +87,7 @@ def main() -> int:
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
         web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)
-        from marketplace.management.commands.demo import DEMO_PASSWORD
+        from marketplace.demo import DEMO_PASSWORD
 
         print(
             f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"

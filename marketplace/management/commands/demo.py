@@ -10,10 +10,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Membership, Organization, OrganizationKind, Role
 from providers.services import provider_account_connect
-
-DEMO_PASSWORD = "broker-demo-2026"  # noqa: S105 - a published demo login for the sandbox only
 
 
 class Command(BaseCommand):

@@ -1,0 +1,6 @@
+"""The demo logins seeded by ``manage.py demo seed`` for the sandbox run (no Django imports: the run
+command reads them before Django starts)."""
+
+DEMO_PASSWORD = "broker-demo-2026"  # noqa: S105 - a published demo login for the sandbox only
+DEMO_BUYER = "alice"
+DEMO_PROVIDER_ADMIN = "petra"
