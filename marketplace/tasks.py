@@ -8,10 +8,10 @@ from celery import shared_task
 from django.conf import settings
 
 from marketplace.catalog.services import offers_sync
-from marketplace.models import Attempt, AttemptOutcome, Order, OrderState
+from marketplace.models import Order, OrderState
 from marketplace.orders.provisioning import (
     Step,
-    attempt_fail,
+    attempt_settle_after_transient,
     order_give_up,
     order_poll,
     order_provision,
@@ -51,11 +51,15 @@ def order_provision_task(self, order_id: int) -> str:  # type: ignore[no-untyped
     except TransientProviderError as exc:
         if self.request.retries < settings.PROVISION_TRANSIENT_RETRIES:
             raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from None
-        # Out of retries for this offer: fail the attempt so the next run fails over.
-        pending = Attempt.objects.filter(order_id=order_id, outcome=AttemptOutcome.PENDING).first()
-        if pending is not None:
-            attempt_fail(attempt=pending, error=exc)
-        step = order_provision(order_id=order_id)
+        # Out of retries for this offer: adopt what it launched despite the errors, or fail it over.
+        try:
+            step = attempt_settle_after_transient(order_id=order_id, error=exc)
+        except TransientProviderError as lookup_error:
+            raise self.retry(exc=lookup_error, countdown=60) from None
+        if step != Step.POLL:
+            # The next offer gets a task of its own, with a fresh retry budget.
+            order_provision_task.delay(order_id)
+            return "failed-over"
     if step == Step.POLL:
         order_poll_task.apply_async((order_id,), countdown=settings.PROVISION_POLL_INTERVAL_S)
     return step.value

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from broker.celery import app as celery_app
-from marketplace.models import Membership, Organization, OrganizationKind, Role
+from marketplace.models import Organization, OrganizationKind, Role
+from tests.factories import MembershipFactory, OrganizationFactory
 
 
 @pytest.fixture(autouse=True)
@@ -18,35 +18,24 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
-def _user(name: str):
-    return get_user_model().objects.create_user(username=name, email=f"{name}@example.com", password="pw-" + name)
-
-
 @pytest.fixture
 def acme(db) -> Organization:
-    return Organization.objects.create(name="Acme Research", kind=OrganizationKind.BUYER)
+    return OrganizationFactory(name="Acme Research", kind=OrganizationKind.BUYER)
 
 
 @pytest.fixture
 def alice(acme):
-    user = _user("alice")
-    Membership.objects.create(user=user, organization=acme, role=Role.OWNER)
-    return user
+    return MembershipFactory(user__username="alice", organization=acme, role=Role.OWNER).user
 
 
 @pytest.fixture
 def bob(acme):
-    user = _user("bob")
-    Membership.objects.create(user=user, organization=acme, role=Role.MEMBER)
-    return user
+    return MembershipFactory(user__username="bob", organization=acme, role=Role.MEMBER).user
 
 
 @pytest.fixture
 def charlie(db):
-    user = _user("charlie")
-    other = Organization.objects.create(name="Charlie Labs", kind=OrganizationKind.BUYER)
-    Membership.objects.create(user=user, organization=other, role=Role.OWNER)
-    return user
+    return MembershipFactory(user__username="charlie", organization__name="Charlie Labs", role=Role.OWNER).user
 
 
 # --- Sandbox clouds -----------------------------------------------------------------------------------------

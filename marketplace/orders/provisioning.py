@@ -125,6 +125,30 @@ def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
             _attempt_ledger(attempt, "attempt.failed", error_class=error.error_class, provider_code=error.code)
 
 
+def attempt_settle_after_transient(*, order_id: int, error: ProviderError) -> Step:
+    """The provider kept failing transiently on the pending attempt: find out whether it launched anyway.
+
+    A timed-out RunInstances may still have started a machine. Look for an instance tagged with this order
+    and attempt; adopt it if there is one, otherwise fail the attempt so provisioning fails over. Raises
+    ``TransientProviderError`` when the provider cannot even be asked, so the caller retries later instead
+    of failing over blind (which could leave a second machine running).
+    """
+    order = Order.objects.get(pk=order_id)
+    attempt = order.attempts.select_related("offer__account", "order").filter(outcome=AttemptOutcome.PENDING).first()
+    if attempt is None:
+        return Step.DONE
+    found = [
+        h
+        for h in adapter_for_account(attempt.offer.account).find_by_order(order.ref)
+        if h.tags.get("broker:attempt") == str(attempt.number) and h.state != InstanceState.TERMINATED
+    ]
+    if found:
+        _record_launch(order, attempt, found[0])
+        return Step.POLL
+    attempt_fail(attempt=attempt, error=error)
+    return Step.DONE
+
+
 def _failure_summary(order: Order) -> str:
     parts = [
         f"{a.offer.instance_type} in {a.offer.zone}: {a.error_class} ({a.provider_code or 'no code'})"

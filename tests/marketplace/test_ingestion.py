@@ -7,16 +7,16 @@ import pytest
 
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, OfferStatus, PricePoint, QuarantinedOffer
-from providers.models import Provider, ProviderAccount
+from providers.models import ProviderAccount
 from providers.types import OfferQuote, PricingModel
+from tests.factories import ProviderAccountFactory
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture
 def account(db) -> ProviderAccount:
-    provider = Provider.objects.create(name="Petra Cloud Resale")
-    return ProviderAccount.objects.create(provider=provider, kind="aws", name="main", regions=["us-east-1"])
+    return ProviderAccountFactory(provider__name="Petra Cloud Resale", name="main")
 
 
 def quote(itype: str = "p4de.24xlarge", *, zone: str = "us-east-1a", pricing=PricingModel.ON_DEMAND, **kw):

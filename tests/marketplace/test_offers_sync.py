@@ -138,3 +138,24 @@ def test_offers_list_prints_json(aws_account, capsys):
     assert rows
     assert {r["gpu_model"] for r in rows} == {"H100-SXM5"}
     assert {r["pricing_model"] for r in rows} == {"on_demand"}
+
+
+def test_the_periodic_sync_runs_one_task_per_enabled_account(aws_sandbox):
+    from marketplace.tasks import offers_sync_all_task
+
+    good = _connect(aws_sandbox)
+    disabled = provider_account_connect(
+        provider_name="Other Seller",
+        kind="aws",
+        name="paused",
+        credentials=AWS_TEST_CREDENTIALS,
+        regions=["us-east-1"],
+        endpoint_url=aws_sandbox.url,
+    )
+    ProviderAccount.objects.filter(pk=disabled.pk).update(enabled=False)
+
+    assert offers_sync_all_task.delay().get() == 1
+
+    assert Offer.objects.filter(account=good).exists()
+    assert not Offer.objects.filter(account=disabled).exists()
+    assert ProviderAccount.objects.get(pk=disabled.pk).sync_status == SyncStatus.NEVER

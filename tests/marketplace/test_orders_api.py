@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 
 import pytest
@@ -128,12 +129,8 @@ def test_when_no_offer_is_left_within_the_cap_the_order_fails_with_the_reason(
 
 
 def test_a_throttled_launch_is_retried_with_the_same_token(
-    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+    api, aws_account, aws_sandbox, eager_retries, django_capture_on_commit_callbacks
 ):
-    from broker.celery import app as celery_app
-
-    # Celery re-applies a retried eager task only when it does not propagate errors; the outcome is asserted below.
-    celery_app.conf.task_eager_propagates = False
     offer = _offer(aws_account)
     aws_sandbox.faults.inject(kind="throttle", instance_type="g5.xlarge", zone=offer.zone, times=1)
 
@@ -271,3 +268,62 @@ def test_the_offer_list_filters(api, aws_account):
     assert {(r["gpu_model"], r["pricing_model"]) for r in results} == {("A10G", "spot")}
     assert all(r["gpu_count"] >= 4 for r in results)
     assert api.get("/api/v1/offers", {"count": "many"}).json()["error"]["fields"]["count"]
+
+
+@pytest.fixture
+def eager_retries():
+    """Celery re-applies a retried eager task only when it does not propagate errors; outcomes are asserted."""
+    from broker.celery import app as celery_app
+
+    celery_app.conf.task_eager_propagates = False
+
+
+def test_a_launch_that_timed_out_is_retried_with_its_token_and_never_runs_twice(
+    api, aws_account, aws_sandbox, eager_retries, django_capture_on_commit_callbacks
+):
+    aws_account.options = {"read_timeout": "0.5"}
+    aws_account.save()
+    offer = _offer(aws_account)
+    # The first RunInstances answers too late for the client, but the sandbox still carries it out.
+    aws_sandbox.faults.inject(kind="slow", instance_type="g5.xlarge", seconds=1.5, times=1)
+
+    response = _post(api, {"offer": offer.pk}, capture=django_capture_on_commit_callbacks)
+    time.sleep(1.5)  # let the late request finish at the sandbox
+
+    order = Order.objects.get(public_id=response.json()["id"])
+    assert order.state == OrderState.RUNNING
+    assert [(a.number, a.outcome) for a in order.attempts.all()] == [(1, "launched")]
+    tagged = [i for i in aws_sandbox.instances() if i.tags.get("broker:order") == order.ref]
+    assert len(tagged) == 1
+    instances = adapter_for_account(aws_account).find_by_order(order.ref)
+    assert [i.instance_id for i in instances] == [order.instance.provider_instance_id]
+
+
+def test_rejected_credentials_at_launch_fail_the_order_with_the_reason(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offer(aws_account)
+    aws_sandbox.faults.inject(kind="credentials", instance_type="g5.xlarge")
+
+    response = _post(api, {"offer": offer.pk}, capture=django_capture_on_commit_callbacks)
+
+    order = Order.objects.get(public_id=response.json()["id"])
+    assert order.state == OrderState.FAILED
+    assert [(a.error_class, a.provider_code) for a in order.attempts.all()] == [("credentials", "AuthFailure")]
+    assert "credentials (AuthFailure)" in order.state_reason
+    assert not Instance.objects.exists()
+    assert ledger_verify().ok
+
+
+def test_an_order_without_failover_fails_on_the_first_capacity_error(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offer(aws_account)
+    aws_sandbox.faults.inject(kind="capacity", instance_type="g5.xlarge", zone=offer.zone)
+
+    response = _post(api, {"offer": offer.pk, "allow_failover": False}, capture=django_capture_on_commit_callbacks)
+
+    order = Order.objects.get(public_id=response.json()["id"])
+    assert order.state == OrderState.FAILED
+    assert order.attempts.count() == 1
+    assert not Instance.objects.exists()

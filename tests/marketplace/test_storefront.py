@@ -11,16 +11,15 @@ from django.utils import timezone
 
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, Order
-from providers.models import Provider, ProviderAccount
 from providers.types import OfferQuote, PricingModel
+from tests.factories import ProviderAccountFactory
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def offers(db):
-    provider = Provider.objects.create(name="Petra Cloud Resale")
-    account = ProviderAccount.objects.create(provider=provider, kind="aws", name="main", regions=["us-east-1"])
+    account = ProviderAccountFactory(provider__name="Petra Cloud Resale", name="main")
     rows = [
         ("g5.xlarge", "A10G", 1, 24, "1.006", "us-east-1", PricingModel.ON_DEMAND),
         ("g5.xlarge", "A10G", 1, 24, "0.4507", "us-east-1", PricingModel.SPOT),
