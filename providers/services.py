@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from django.db import transaction
 
 from providers.base import ProviderAdapter
+from providers.errors import CredentialsRejected, ProviderRequestRejected
 from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import ADAPTERS, build_adapter
+from providers.secrets import SecretUnreadable
 
 
 class AccountInvalid(ValueError):
@@ -16,8 +18,19 @@ class AccountInvalid(ValueError):
 
 
 def adapter_for_account(account: ProviderAccount) -> ProviderAdapter:
-    """A fresh adapter for the account (adapters hold SDK clients; build one per task, not per process)."""
-    return build_adapter(account.kind, account.credentials(), account.regions, account.options)
+    """A fresh adapter for the account (adapters hold SDK clients; build one per task, not per process).
+
+    A misconfigured account raises ``ProviderRequestRejected`` and unreadable stored credentials raise
+    ``CredentialsRejected``, so callers handle them like any provider refusal instead of crashing.
+    """
+    try:
+        credentials = account.credentials()
+    except SecretUnreadable as exc:
+        raise CredentialsRejected(str(exc), provider=account.kind) from None
+    try:
+        return build_adapter(account.kind, credentials, account.regions, account.options)
+    except ValueError as exc:
+        raise ProviderRequestRejected(f"account {account.pk} is misconfigured: {exc}", provider=account.kind) from None
 
 
 @transaction.atomic

@@ -159,3 +159,14 @@ def test_the_periodic_sync_runs_one_task_per_enabled_account(aws_sandbox):
     assert Offer.objects.filter(account=good).exists()
     assert not Offer.objects.filter(account=disabled).exists()
     assert ProviderAccount.objects.get(pk=disabled.pk).sync_status == SyncStatus.NEVER
+
+
+def test_a_misconfigured_account_fails_its_sync_with_the_reason(aws_sandbox):
+    account = _connect(aws_sandbox)
+    ProviderAccount.objects.filter(pk=account.pk).update(options={"read_timeout": "soon"})
+
+    outcome = offers_sync(account_id=account.pk)
+
+    assert not outcome.ok
+    assert "misconfigured: options.read_timeout: 'soon' is not a number" in outcome.error
+    assert ProviderAccount.objects.get(pk=account.pk).sync_status == SyncStatus.FAILED
