@@ -71,6 +71,9 @@ def order_poll_task(self, order_id: int, polls: int = 0) -> str:  # type: ignore
         step = order_poll(order_id=order_id)
     except TransientProviderError:
         step = Step.POLL
+    if step == Step.PROVISION:
+        order_provision_task.delay(order_id)
+        return step.value
     if step == Step.POLL:
         if polls + 1 >= settings.PROVISION_POLL_LIMIT:
             order_give_up(order_id=order_id, reason=f"instance not running after {polls + 1} polls")

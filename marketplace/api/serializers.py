@@ -107,7 +107,7 @@ class OrderOutput(serializers.ModelSerializer):
         ]
 
     def get_instance(self, order: Order) -> dict[str, object] | None:
-        instance = getattr(order, "instance", None)
+        instance = order.instance
         return None if instance is None else dict(InstanceOutput(instance).data)
 
     def get_ledger_head(self, order: Order) -> str | None:

@@ -76,6 +76,12 @@ class Order(models.Model):
         return f"order {self.public_id} ({self.state})"
 
     @property
+    def instance(self) -> Instance | None:
+        """The live instance, else the most recent one (one that failed before running, for the record)."""
+        instances = sorted(self.instances.all(), key=lambda i: (i.active, i.pk), reverse=True)
+        return instances[0] if instances else None
+
+    @property
     def ref(self) -> str:
         """The reference the broker tags provider instances with."""
         return f"ord-{self.public_id.hex}"
@@ -111,9 +117,11 @@ class Attempt(models.Model):
 
 
 class Instance(models.Model):
-    """The provider machine an order runs on; at most one per order."""
+    """A provider machine launched for an order. At most one is ``active`` per order (a database constraint);
+    one that failed before running (an asynchronous capacity failure) stays as history, inactive."""
 
-    order = models.OneToOneField(Order, on_delete=models.PROTECT, related_name="instance")
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="instances")
+    active = models.BooleanField(default=True)
     attempt = models.OneToOneField(Attempt, on_delete=models.PROTECT, related_name="instance")
     account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="instances")
     provider_instance_id = models.CharField(max_length=128)
@@ -128,7 +136,10 @@ class Instance(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["account", "region", "provider_instance_id"], name="instance_unique")
+            models.UniqueConstraint(fields=["account", "region", "provider_instance_id"], name="instance_unique"),
+            models.UniqueConstraint(
+                fields=["order"], condition=models.Q(active=True), name="instance_one_active_per_order"
+            ),
         ]
 
     def __str__(self) -> str:

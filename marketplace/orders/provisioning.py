@@ -34,6 +34,7 @@ class Step(enum.StrEnum):
 
     POLL = "poll"
     DONE = "done"
+    PROVISION = "provision"  # the launched instance failed before running: fail over
 
 
 def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
@@ -175,7 +176,7 @@ def order_provision(*, order_id: int) -> Step:
             order.refresh_from_db()
     if order.state != OrderState.PROVISIONING:
         return Step.DONE
-    if Instance.objects.filter(order=order).exists():
+    if Instance.objects.filter(order=order, active=True).exists():
         return Step.POLL
     while True:
         now = timezone.now()
@@ -213,7 +214,9 @@ def order_provision(*, order_id: int) -> Step:
         if order.state != OrderState.PROVISIONING:
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
             stopped = adapter_for_account(offer.account).terminate(handle.region, handle.instance_id)
-            Instance.objects.filter(order=order).update(state=stopped.state.value, terminated_at=timezone.now())
+            Instance.objects.filter(order=order, active=True).update(
+                state=stopped.state.value, terminated_at=timezone.now()
+            )
             return Step.DONE
         return Step.POLL
 
@@ -241,13 +244,14 @@ def _record_launch(order: Order, attempt: Attempt, handle: InstanceHandle) -> No
 def order_poll(*, order_id: int) -> Step:
     """Check the launched instance; move the order to running when the provider says so.
 
-    Returns ``Step.POLL`` while the instance is still starting. An instance that died before running fails
-    the order (there is nothing left to terminate).
+    Returns ``Step.POLL`` while the instance is still starting. An instance that failed before running (the
+    asynchronous capacity failures of GCP, Azure and Tencent) fails its attempt with the provider's error
+    class and returns ``Step.PROVISION``, so the order fails over to the next offer.
     """
     order = Order.objects.get(pk=order_id)
     if order.state != OrderState.PROVISIONING:
         return Step.DONE
-    instance = Instance.objects.select_related("account").filter(order=order).first()
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
     if instance is None:
         return Step.DONE
     handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
@@ -259,12 +263,30 @@ def order_poll(*, order_id: int) -> Step:
             order_transition(order=order, to=OrderState.RUNNING, instance=instance.provider_instance_id)
         return Step.DONE
     if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
+        error_class = str(handle.extra.get("error_class") or "final")
+        code = str(handle.extra.get("error_code") or handle.state.value)
+        message = str(handle.extra.get("error_message") or f"instance {handle.state.value} before it was running")
         with transaction.atomic():
-            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
-            order_transition(
-                order=order, to=OrderState.FAILED, reason=f"instance {handle.state.value} before it was running"
+            Instance.objects.filter(pk=instance.pk).update(
+                state=handle.state.value, active=False, terminated_at=timezone.now()
             )
-        return Step.DONE
+            Attempt.objects.filter(pk=instance.attempt.pk).update(
+                outcome=AttemptOutcome.FAILED,
+                error_class=error_class[:32],
+                provider_code=code[:128],
+                provider_message=message[:2000],
+                finished_at=timezone.now(),
+            )
+            attempt = instance.attempt
+            attempt.order = order
+            _attempt_ledger(
+                attempt,
+                "attempt.failed",
+                error_class=error_class,
+                provider_code=code,
+                instance=instance.provider_instance_id,
+            )
+        return Step.PROVISION
     return Step.POLL
 
 
@@ -290,7 +312,7 @@ def order_terminate_instance(*, order_id: int) -> Step:
     order = Order.objects.get(pk=order_id)
     if order.state != OrderState.TERMINATING:
         return Step.DONE
-    instance = Instance.objects.select_related("account").filter(order=order).first()
+    instance = Instance.objects.select_related("account").filter(order=order, active=True).first()
     if instance is not None:
         handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
         Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())

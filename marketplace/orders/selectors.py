@@ -27,8 +27,8 @@ def buyer_organization(user: AbstractBaseUser | AnonymousUser) -> Organization |
 def order_list(*, organization: Organization) -> QuerySet[Order]:
     return (
         Order.objects.filter(organization=organization)
-        .select_related("gpu_model", "instance", "offer")
-        .prefetch_related("attempts__offer")
+        .select_related("gpu_model", "offer")
+        .prefetch_related("attempts__offer", "instances")
     )
 
 
