@@ -59,7 +59,7 @@ def test_valid_rows_are_upserted_with_a_price_point_each(account):
         ({"gpu_model": "B300"}, "unknown GPU model 'B300' (no spec sheet)"),
         ({"gpu_memory_gb": 81920}, "GPU memory 81920 looks like MiB, spec is 80 GB"),
         ({"gpu_memory_gb": 40}, "GPU memory 40 GB does not match A100-80GB-SXM4's 80 GB"),
-        ({"currency": "CNY"}, "no FX rate for currency 'CNY'"),
+        ({"currency": "EUR"}, "no FX rate for currency 'EUR'"),
         ({"price": Decimal("700")}, "implausible price 700 USD for 8 GPU(s)"),
     ],
 )
@@ -136,3 +136,36 @@ def test_ingestion_is_bulk_whatever_the_row_count(account, django_assert_max_num
 
     assert report.upserted == 600
     assert Offer.objects.count() == 600
+
+
+def test_a_cny_price_is_converted_with_the_stored_rate_and_keeps_its_currency(account):
+    from marketplace.models import FxRate
+
+    FxRate.objects.update_or_create(
+        currency="CNY", defaults={"usd_per_unit": Decimal("0.14"), "source": "test", "as_of": T0.date()}
+    )
+
+    offers_ingest(account=account, quotes=[quote(price=Decimal("277.93"), currency="CNY")], now=T0)
+
+    offer = Offer.objects.get()
+    assert (offer.price, offer.currency, offer.fx_rate, offer.price_usd) == (
+        Decimal("277.930000"),
+        "CNY",
+        Decimal("0.14000000"),
+        Decimal("38.910200"),
+    )
+
+
+def test_fx_set_validates_and_stores_the_rate(db, capsys):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from marketplace.models import FxRate
+
+    call_command("fx", "set", "cny", "0.1385", "--source", "a bank's published rate", "--as-of", "2026-12-01")
+    rate = FxRate.objects.get(currency="CNY")
+    assert (rate.usd_per_unit, str(rate.as_of)) == (Decimal("0.13850000"), "2026-12-01")
+    with pytest.raises(CommandError, match="not a number"):
+        call_command("fx", "set", "CNY", "lots", "--source", "x")
+    with pytest.raises(CommandError, match="3-letter ISO code"):
+        call_command("fx", "set", "USD", "1", "--source", "x")
