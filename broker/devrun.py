@@ -35,6 +35,17 @@ def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], timeout: floa
     raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+def _wait_file(path: Path, what: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with code {proc.returncode} while starting")
+        if path.exists():
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not write {path} within {timeout:.0f}s")
+
+
 def _manage(*args: str) -> None:
     subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
 
@@ -72,16 +83,17 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        from providers.sandbox import DEMO_REGIONS
-
         sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
+        manifest = ROOT / "var" / "sandbox.json"
+        manifest.unlink(missing_ok=True)
         sandbox = start(
             "sandbox",
-            [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port)],
-        )
+            [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
+             "--manifest", str(manifest)],
+        )  # fmt: skip
         _manage("migrate", "--verbosity", "0")
-        _wait_http(f"{sandbox_url}/_sandbox/health", "the sandbox", sandbox)
-        _manage("demo", "seed", "--aws-endpoint", sandbox_url, "--aws-regions", ",".join(DEMO_REGIONS["aws"]))
+        _wait_file(manifest, "the sandbox", sandbox)
+        _manage("demo", "seed", "--sandbox-manifest", str(manifest))
         _manage("offers", "sync")
         start("worker", [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", "2"])
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
@@ -92,7 +104,7 @@ def main() -> int:
         print(
             f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"
             f"  Sign in as alice / {DEMO_PASSWORD} (buyer). API: http://127.0.0.1:{args.port}/api/v1/offers\n"
-            f"  Sandbox clouds: {sandbox_url}. Press Ctrl-C to stop everything.\n",
+            f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json). Press Ctrl-C to stop everything.\n",
             flush=True,
         )
         while True:

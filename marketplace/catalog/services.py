@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
@@ -94,7 +96,7 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
         (q.region, q.zone, q.instance_type): q.price for q in quotes if q.pricing_model == PricingModel.ON_DEMAND
     }
     report = IngestReport()
-    valid: dict[tuple[str, str, str, str], Offer] = {}
+    valid: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     refused: dict[tuple[str, str, str, str], QuarantinedOffer] = {}
     for quote in quotes:
         key = quote.natural_key
@@ -115,85 +117,42 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             )
             continue
         rate = fx[quote.currency]
-        valid[key] = Offer(
-            account=account,
-            region=quote.region,
-            zone=quote.zone,
-            instance_type=quote.instance_type,
-            pricing_model=quote.pricing_model.value,
-            gpu_model=specs[quote.gpu_model],
-            gpu_count=quote.gpu_count,
-            gpu_memory_gb=quote.gpu_memory_gb,
-            vcpus=quote.vcpus,
-            memory_gib=quote.memory_gib,
-            price=quote.price,
-            currency=quote.currency,
-            fx_rate=rate,
-            price_usd=(quote.price * rate).quantize(_MONEY),
-            capacity=quote.capacity,
-            interconnect=quote.interconnect,
-            status=OfferStatus.AVAILABLE,
-            extra=quote.extra,
-            first_seen_at=now,
-            last_seen_at=now,
-        )
+        # Plain dicts, not model instances: building 10,000 Model objects costs more than writing them.
+        valid[key] = {
+            "account_id": account.pk,
+            "region": quote.region,
+            "zone": quote.zone,
+            "instance_type": quote.instance_type,
+            "pricing_model": quote.pricing_model.value,
+            "gpu_model_id": specs[quote.gpu_model].pk,
+            "gpu_count": quote.gpu_count,
+            "gpu_memory_gb": quote.gpu_memory_gb,
+            "vcpus": quote.vcpus,
+            "memory_gib": quote.memory_gib,
+            "price": quote.price,
+            "currency": quote.currency,
+            "fx_rate": rate,
+            "price_usd": (quote.price * rate).quantize(_MONEY),
+            "capacity": quote.capacity,
+            "interconnect": quote.interconnect,
+            "status": OfferStatus.AVAILABLE.value,
+            "extra": json.loads(json.dumps(quote.extra, default=str)) if quote.extra else {},
+            "first_seen_at": now,
+            "last_seen_at": now,
+        }
     for key in refused:
         valid.pop(key, None)
 
     with transaction.atomic():
-        before = {
-            (o.region, o.zone, o.instance_type, o.pricing_model): o.price
-            for o in Offer.objects.filter(account=account).only(
-                "region", "zone", "instance_type", "pricing_model", "price"
-            )
-        }
-        Offer.objects.bulk_create(
-            list(valid.values()),
-            batch_size=1000,
-            update_conflicts=True,
-            unique_fields=["account", "region", "zone", "instance_type", "pricing_model"],
-            update_fields=[
-                "gpu_model",
-                "gpu_count",
-                "gpu_memory_gb",
-                "vcpus",
-                "memory_gib",
-                "price",
-                "currency",
-                "fx_rate",
-                "price_usd",
-                "capacity",
-                "interconnect",
-                "status",
-                "extra",
-                "last_seen_at",
-            ],
-        )
-        changed = {k for k, o in valid.items() if before.get(k) != o.price}
-        if changed:
-            ids = {
-                (o.region, o.zone, o.instance_type, o.pricing_model): o.id
-                for o in Offer.objects.filter(account=account, last_seen_at=now).only(
-                    "id", "region", "zone", "instance_type", "pricing_model"
-                )
-            }
-            points = [
-                PricePoint(
-                    offer_id=ids[k],
-                    observed_at=now,
-                    price=valid[k].price,
-                    currency=valid[k].currency,
-                    price_usd=valid[k].price_usd,
-                )
-                for k in changed
-            ]
-            PricePoint.objects.bulk_create(points, batch_size=1000)
-            report.price_points = len(points)
+        if connection.vendor == "postgresql":
+            report.price_points = _upsert_postgresql(account, list(valid.values()), now)
+        else:
+            report.price_points = _upsert_orm(account, valid, now)
         QuarantinedOffer.objects.bulk_create(
             list(refused.values()),
             batch_size=1000,
             update_conflicts=True,
-            unique_fields=["account", "region", "zone", "instance_type", "pricing_model"],
+            unique_fields=list(NATURAL_KEY),
             update_fields=["reason", "raw", "last_seen_at"],
         )
         QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
@@ -205,6 +164,113 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
     report.upserted = len(valid)
     report.quarantined = len(refused)
     return report
+
+
+NATURAL_KEY = ("account", "region", "zone", "instance_type", "pricing_model")
+_COLUMNS = (
+    "account_id",
+    "region",
+    "zone",
+    "instance_type",
+    "pricing_model",
+    "gpu_model_id",
+    "gpu_count",
+    "gpu_memory_gb",
+    "vcpus",
+    "memory_gib",
+    "price",
+    "currency",
+    "fx_rate",
+    "price_usd",
+    "capacity",
+    "interconnect",
+    "status",
+    "extra",
+    "first_seen_at",
+    "last_seen_at",
+)
+# Refreshed on conflict: everything but the natural key and first_seen_at.
+_UPDATED = [
+    c for c in _COLUMNS if c not in {"account_id", "region", "zone", "instance_type", "pricing_model", "first_seen_at"}
+]
+
+
+def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now: dt.datetime) -> int:
+    """COPY the rows into a temporary table, then one INSERT ... ON CONFLICT and one price-point INSERT.
+
+    The CTE's ``old`` snapshot sees prices from before the upsert (all parts of one statement share a
+    snapshot), so a price point is written exactly for new offers and changed prices. Returns how many.
+    """
+    if not rows:
+        return 0
+    cols = ", ".join(_COLUMNS)
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS pg_temp.offer_stage")
+        cursor.execute(
+            f"CREATE TEMP TABLE offer_stage ON COMMIT DROP AS SELECT {cols} FROM marketplace_offer WITH NO DATA"  # noqa: S608
+        )
+        with cursor.cursor.copy(f"COPY offer_stage ({cols}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row([json.dumps(row[c]) if c == "extra" else row[c] for c in _COLUMNS])
+        cursor.execute(
+            f"""
+            WITH old AS (
+                SELECT region, zone, instance_type, pricing_model, price
+                FROM marketplace_offer WHERE account_id = %s
+            ), up AS (
+                INSERT INTO marketplace_offer ({cols}) SELECT {cols} FROM offer_stage
+                ON CONFLICT (account_id, region, zone, instance_type, pricing_model) DO UPDATE SET {updates}
+                RETURNING id, region, zone, instance_type, pricing_model, price, currency, price_usd
+            )
+            INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
+            SELECT up.id, %s, up.price, up.currency, up.price_usd
+            FROM up LEFT JOIN old
+              ON old.region = up.region AND old.zone = up.zone
+             AND old.instance_type = up.instance_type AND old.pricing_model = up.pricing_model
+            WHERE old.price IS DISTINCT FROM up.price
+            """,  # noqa: S608 - column names are ours, values are parameters
+            [account.pk, now],
+        )
+        return int(cursor.rowcount)
+
+
+def _upsert_orm(
+    account: ProviderAccount, valid: dict[tuple[str, str, str, str], dict[str, Any]], now: dt.datetime
+) -> int:
+    """The same upsert through the ORM, for SQLite."""
+    before = {
+        (o.region, o.zone, o.instance_type, o.pricing_model): o.price
+        for o in Offer.objects.filter(account=account).only("region", "zone", "instance_type", "pricing_model", "price")
+    }
+    Offer.objects.bulk_create(
+        [Offer(**row) for row in valid.values()],
+        batch_size=1000,
+        update_conflicts=True,
+        unique_fields=list(NATURAL_KEY),
+        update_fields=[c.removesuffix("_id") for c in _UPDATED],
+    )
+    changed = [k for k, row in valid.items() if before.get(k) != row["price"]]
+    if not changed:
+        return 0
+    ids = {
+        (o.region, o.zone, o.instance_type, o.pricing_model): o.id
+        for o in Offer.objects.filter(account=account, last_seen_at=now).only(
+            "id", "region", "zone", "instance_type", "pricing_model"
+        )
+    }
+    points = [
+        PricePoint(
+            offer_id=ids[k],
+            observed_at=now,
+            price=valid[k]["price"],
+            currency=valid[k]["currency"],
+            price_usd=valid[k]["price_usd"],
+        )
+        for k in changed
+    ]
+    PricePoint.objects.bulk_create(points, batch_size=1000)
+    return len(points)
 
 
 def _raw(quote: OfferQuote) -> dict[str, object]:

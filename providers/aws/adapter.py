@@ -27,6 +27,7 @@ SPOT_PRODUCT = "Linux/UNIX"
 # AWS reports, per zone, the price in effect at StartTime plus later changes: a short window is enough.
 SPOT_LOOKBACK = timedelta(hours=1)
 FILTER_VALUES_PER_CALL = 100  # EC2 caps the values of one filter; stay well below the cap
+PRICE_TYPES_PER_CALL = 50
 
 
 def _positive_float(options: dict[str, str], key: str, default: float) -> float:
@@ -131,11 +132,7 @@ class AwsAdapter(ProviderAdapter):
             )
         zones = {name: z for name, z in mapping.zones_by_type(offerings).items() if name in catalogue}
 
-        on_demand: dict[str, tuple[Decimal, str]] = {}
-        for name in sorted(zones):
-            price = self._on_demand_price(region, name)
-            if price is not None:
-                on_demand[name] = price
+        on_demand = self._on_demand_prices(region, sorted(zones))
 
         spot = self._spot_prices(region, sorted(on_demand))
 
@@ -177,14 +174,22 @@ class AwsAdapter(ProviderAdapter):
             extra={**spec.extra, **extra},
         )
 
-    def _on_demand_price(self, region: str, instance_type: str) -> tuple[Decimal, str] | None:
-        terms = {"instanceType": instance_type, "regionCode": region, **PRICE_FILTERS}
-        items = self._client.price_list(
-            ServiceCode="AmazonEC2",
-            FormatVersion="aws_v1",
-            Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()],
-        )
-        return mapping.on_demand_usd(items)
+    def _on_demand_prices(self, region: str, instance_types: list[str]) -> dict[str, tuple[Decimal, str]]:
+        # One ANY_OF query per chunk of types instead of one query per type: a region's prices in a few
+        # calls (the Price List API is slow and rate-limited per account).
+        prices: dict[str, tuple[Decimal, str]] = {}
+        terms = {"regionCode": region, **PRICE_FILTERS}
+        for names in _chunks(instance_types, PRICE_TYPES_PER_CALL):
+            items = self._client.price_list(
+                ServiceCode="AmazonEC2",
+                FormatVersion="aws_v1",
+                Filters=[
+                    {"Type": "ANY_OF", "Field": "instanceType", "Value": ",".join(names)},
+                    *({"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()),
+                ],
+            )
+            prices.update(mapping.on_demand_usd_by_type(items))
+        return prices
 
     def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], mapping.SpotPoint]:
         if not instance_types:

@@ -315,6 +315,22 @@ def on_demand_usd(price_list: Iterable[Any]) -> tuple[Decimal, str] | None:
     return None
 
 
+def on_demand_usd_by_type(price_list: Iterable[Any]) -> dict[str, tuple[Decimal, str]]:
+    """Price List items for many instance types -> instance type -> (hourly USD, SKU); the first priced wins."""
+    prices: dict[str, tuple[Decimal, str]] = {}
+    for raw in price_list:
+        try:
+            product = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            instance_type = str(product.get("product", {}).get("attributes", {}).get("instanceType", ""))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise malformed(f"unreadable Price List item ({exc!r})") from None
+        if instance_type and instance_type not in prices:
+            price = on_demand_usd([product])
+            if price is not None:
+                prices[instance_type] = price
+    return prices
+
+
 @dataclass(frozen=True, slots=True)
 class SpotPoint:
     price: Decimal

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from providers.sandbox.server import SandboxApp, serve_forever
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8701, help="port of the first sandbox; the others follow")
     serve.add_argument("--only", default=",".join(SANDBOXES), help=f"comma-separated kinds ({', '.join(SANDBOXES)})")
     serve.add_argument("--verbose", action="store_true", help="log every request")
+    serve.add_argument("--manifest", help="write how to reach each sandbox (endpoint, credentials) to this JSON file")
     args = parser.parse_args(argv)
 
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
@@ -52,7 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Explicit for SIGINT too: a process started in the background inherits SIGINT ignored.
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    serve_forever([(build(kind), args.host, args.port + offset) for offset, kind in enumerate(kinds)])
+
+    def on_started(apps: list[SandboxApp]) -> None:
+        if args.manifest:
+            from providers.sandbox.demo import write_manifest
+
+            # Written only once every sandbox listens: a reader that sees the file can connect at once.
+            write_manifest(Path(args.manifest), {app.kind: app for app in apps})
+
+    ports = [args.port + offset if args.port else 0 for offset in range(len(kinds))]  # 0: any free port each
+    serve_forever([(build(kind), args.host, port) for kind, port in zip(kinds, ports, strict=True)], on_started)
     return 0
 
 

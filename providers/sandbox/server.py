@@ -16,7 +16,7 @@ import abc
 import json
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
@@ -151,8 +151,11 @@ class SandboxApp(abc.ABC):
         return json_response({"error": f"method {request.method} not allowed"}, status=405)
 
 
-def serve_forever(apps: Sequence[tuple[SandboxApp, str, int]]) -> None:
-    """Start each (app, host, port) and block until interrupted (Ctrl-C or SIGTERM), then stop them all."""
+def serve_forever(
+    apps: Sequence[tuple[SandboxApp, str, int]], on_started: Callable[[list[SandboxApp]], None] | None = None
+) -> None:
+    """Start each (app, host, port), call ``on_started`` with them, and block until interrupted (Ctrl-C or
+    SIGTERM), then stop them all."""
     stop = threading.Event()
     started: list[SandboxApp] = []
     try:
@@ -160,6 +163,8 @@ def serve_forever(apps: Sequence[tuple[SandboxApp, str, int]]) -> None:
             url = app.start(host, port)
             started.append(app)
             print(f"{app.kind} sandbox listening on {url}", flush=True)
+        if on_started is not None:
+            on_started(started)
         stop.wait()
     except KeyboardInterrupt:
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -12,17 +13,17 @@ from django.db import transaction
 
 from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Membership, Organization, OrganizationKind, Role
+from providers.sandbox.demo import read_manifest
 from providers.services import provider_account_connect
 
 
 class Command(BaseCommand):
-    help = "Seed the demo buyer (alice), provider admin (petra) and an AWS account pointed at the sandbox."
+    help = "Seed the demo buyer (alice), provider admin (petra) and one account per running sandbox cloud."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         seed = sub.add_parser("seed")
-        seed.add_argument("--aws-endpoint", required=True, help="the AWS sandbox URL")
-        seed.add_argument("--aws-regions", required=True, help="comma-separated regions")
+        seed.add_argument("--sandbox-manifest", required=True, help="the JSON file the running sandbox wrote")
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -37,16 +38,23 @@ class Command(BaseCommand):
             petra.save()
         buyer, _ = Organization.objects.get_or_create(name="Acme Research", defaults={"kind": OrganizationKind.BUYER})
         Membership.objects.get_or_create(user=alice, organization=buyer, defaults={"role": Role.OWNER})
-        account = provider_account_connect(
-            provider_name="Petra Cloud Resale",
-            kind="aws",
-            name="aws-sandbox",
-            credentials={"access_key_id": "AKIDEMOSANDBOX000001", "secret_access_key": "sandbox-secret"},
-            regions=[r.strip() for r in options["aws_regions"].split(",") if r.strip()],
-            endpoint_url=options["aws_endpoint"],
-        )
+        accounts = [
+            provider_account_connect(
+                provider_name="Petra Cloud Resale",
+                kind=spec.kind,
+                name=f"{spec.kind}-sandbox",
+                credentials=spec.credentials,
+                regions=spec.demo_regions,
+                endpoint_url=spec.endpoint_url,
+                options=spec.options,
+            )
+            for spec in read_manifest(Path(options["sandbox_manifest"]))
+        ]
+        account = accounts[0]
         seller, _ = Organization.objects.get_or_create(
             name="Petra Cloud Resale", defaults={"kind": OrganizationKind.PROVIDER, "provider": account.provider}
         )
         Membership.objects.get_or_create(user=petra, organization=seller, defaults={"role": Role.OWNER})
-        self.stdout.write(json.dumps({"buyer": "alice", "provider_admin": "petra", "aws_account": account.pk}))
+        self.stdout.write(
+            json.dumps({"buyer": "alice", "provider_admin": "petra", "accounts": {a.kind: a.pk for a in accounts}})
+        )

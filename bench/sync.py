@@ -1,0 +1,165 @@
+"""Benchmark: a full offer sync of every sandbox cloud into PostgreSQL, against a plain COPY of the same rows.
+
+    .venv/bin/python bench/sync.py [--sellers 12] [--database postgres://postgres@127.0.0.1:5432/broker_bench]
+
+It creates (or reuses) its own database, starts every sandbox in-process, connects ``--sellers`` provider
+accounts per cloud (many resellers of the same clouds, as on a real marketplace) and reports:
+
+- the full sync: every account's adapter call plus ingestion, accounts synced in parallel threads as the
+  per-account Celery tasks would be, wall time and rows;
+- ingestion alone (validate, convert, bulk upsert, price points) in rows/s against a ``COPY`` of the same
+  offer rows into a scratch copy of the offer table, measured in the same run: the ratio is the result.
+
+Goals (issue 3): ingestion at least 25 % of COPY's rate; a full sync of at least 5,000 rows under 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _prepare_database(url: str) -> None:
+    import psycopg
+
+    base, _, name = url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sellers", type=int, default=12, help="provider accounts per cloud")
+    parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench")
+    parser.add_argument("--threads", type=int, default=4, help="accounts synced at once")
+    args = parser.parse_args()
+
+    _prepare_database(args.database)
+    os.environ["DATABASE_URL"] = args.database
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from marketplace.catalog.services import offers_ingest, offers_sync
+    from marketplace.models import Offer, PricePoint, QuarantinedOffer
+    from providers.models import Provider, ProviderAccount
+    from providers.sandbox.demo import read_manifest
+
+    call_command("migrate", verbosity=0)
+    PricePoint.objects.all().delete()
+    Offer.objects.all().delete()
+    QuarantinedOffer.objects.all().delete()
+    ProviderAccount.objects.all().delete()
+    Provider.objects.all().delete()
+
+    # The clouds run in their own process, as real ones are remote: an in-process sandbox would compete
+    # with the broker for the GIL and the benchmark would measure that contention.
+    manifest = ROOT / "var" / "bench-sandbox.json"
+    manifest.unlink(missing_ok=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "providers.sandbox", "serve", "--port", "0", "--manifest", str(manifest)],
+        cwd=ROOT, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not manifest.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the sandbox did not start")
+            time.sleep(0.2)
+        specs = read_manifest(manifest)
+        accounts: list[ProviderAccount] = []
+        for seller in range(args.sellers):
+            provider = Provider.objects.create(name=f"bench seller {seller}")
+            for spec in specs:
+                kind = spec.kind
+                account = ProviderAccount(
+                    provider=provider,
+                    kind=kind,
+                    name=f"{kind}-{seller}",
+                    endpoint_url=spec.endpoint_url,
+                    regions=spec.all_regions,
+                    options=spec.options,
+                )
+                account.set_credentials(spec.credentials)
+                account.save()
+                accounts.append(account)
+
+        # 1. The full sync, accounts in parallel as the per-account tasks run.
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=args.threads) as pool:
+            outcomes = list(pool.map(lambda a: offers_sync(account_id=a.pk), accounts))
+        full_sync_s = time.perf_counter() - started
+        failed = [o for o in outcomes if not o.ok]
+        rows = Offer.objects.count()
+        quarantined = QuarantinedOffer.objects.count()
+
+        # 2. Ingestion alone vs COPY of the same rows, both into an empty table.
+        from providers.services import adapter_for_account
+
+        quotes = {a.pk: adapter_for_account(a).list_offers() for a in accounts}
+        PricePoint.objects.all().delete()
+        Offer.objects.all().delete()
+        now = timezone.now()
+        started = time.perf_counter()
+        for account in accounts:
+            offers_ingest(account=account, quotes=quotes[account.pk], now=now)
+        ingest_s = time.perf_counter() - started
+        ingested = Offer.objects.count()
+
+        copy_s = _copy_baseline()
+        ingest_rate = ingested / ingest_s
+        copy_rate = ingested / copy_s
+
+        kinds = ", ".join(spec.kind for spec in specs)
+        print(f"accounts: {len(accounts)} ({args.sellers} sellers x {len(specs)} clouds: {kinds})")
+        print(f"full sync: {rows} offer rows (+{quarantined} quarantined) in {full_sync_s:.2f} s, "
+              f"{len(failed)} account(s) failed")  # fmt: skip
+        print(f"ingestion: {ingested} rows in {ingest_s:.3f} s = {ingest_rate:,.0f} rows/s")
+        print(f"COPY baseline: {ingested} rows in {copy_s:.3f} s = {copy_rate:,.0f} rows/s")
+        print(f"ratio ingestion/COPY: {ingest_rate / copy_rate:.1%} (goal >= 25%)")
+        print(f"full sync goal: >= 5,000 rows in < 30 s: {'met' if rows >= 5000 and full_sync_s < 30 else 'NOT met'}")
+        return 0 if not failed else 1
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def _copy_baseline() -> float:
+    """COPY the offer rows just ingested into a scratch table shaped like the offer table; seconds taken."""
+    from django.db import connection as conn
+
+    columns = [f.name for f in conn.introspection.get_table_description(conn.cursor(), "marketplace_offer")]
+    columns = [c for c in columns if c != "id"]
+    with conn.cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(columns)} FROM marketplace_offer")  # noqa: S608 - our own column names
+        rows = cursor.fetchall()
+        cursor.execute("DROP TABLE IF EXISTS bench_offer_copy")
+        cursor.execute("CREATE TABLE bench_offer_copy (LIKE marketplace_offer INCLUDING DEFAULTS INCLUDING INDEXES)")
+        cursor.execute("ALTER TABLE bench_offer_copy ALTER COLUMN id SET DEFAULT 0")
+        cursor.execute("ALTER TABLE bench_offer_copy DROP CONSTRAINT IF EXISTS bench_offer_copy_pkey")
+        started = time.perf_counter()
+        raw = cursor.cursor  # the psycopg cursor under Django's wrapper
+        with raw.copy(f"COPY bench_offer_copy ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        elapsed = time.perf_counter() - started
+        cursor.execute("DROP TABLE bench_offer_copy")
+    return elapsed
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""How a provider account reaches each sandbox: endpoint, credentials, options and regions per kind.
+
+Used by the run command (through the manifest the standalone sandbox writes), the benchmarks and tests,
+so every caller connects to a sandbox the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from providers.sandbox import DEMO_REGIONS
+
+
+@dataclass(frozen=True)
+class SandboxAccount:
+    """What a ProviderAccount needs to use one sandbox."""
+
+    kind: str
+    endpoint_url: str
+    credentials: dict[str, str]
+    demo_regions: list[str]
+    all_regions: list[str]
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def _aws(sandbox: Any) -> SandboxAccount:
+    regions = sorted({row.region for row in sandbox.seed})
+    return SandboxAccount(
+        kind="aws",
+        endpoint_url=sandbox.url,
+        credentials={"access_key_id": "AKIDEMOSANDBOX000001", "secret_access_key": "sandbox-secret"},
+        demo_regions=DEMO_REGIONS["aws"],
+        all_regions=regions,
+    )
+
+
+SANDBOX_ACCOUNTS: dict[str, Callable[[Any], SandboxAccount]] = {"aws": _aws}
+
+# kind -> "module:function" starting that sandbox in-process on a free port.
+STARTERS: dict[str, str] = {"aws": "providers.sandbox.aws:start_aws_sandbox"}
+
+
+def start_all(kinds: list[str] | None = None) -> dict[str, Any]:
+    """Start every sandbox (or ``kinds``) in this process; the caller stops them."""
+    started: dict[str, Any] = {}
+    for kind in kinds or list(STARTERS):
+        module, _, func = STARTERS[kind].partition(":")
+        started[kind] = getattr(importlib.import_module(module), func)()
+    return started
+
+
+def write_manifest(path: Path, sandboxes: dict[str, Any]) -> None:
+    """Record how to reach each running sandbox, for a process that did not start them."""
+    manifest = {kind: asdict(SANDBOX_ACCOUNTS[kind](sandbox)) for kind, sandbox in sandboxes.items()}
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(manifest, indent=2))
+    partial.replace(path)  # atomic: a reader never sees half a file
+
+
+def read_manifest(path: Path) -> list[SandboxAccount]:
+    return [SandboxAccount(**entry) for entry in json.loads(path.read_text()).values()]
