@@ -128,6 +128,10 @@ CODE_STATUS = {
 # ------------------------------------------------------------------------------------------------ seed
 
 
+# Catalogue reads whose answers never change for a given request: served from a cache after the first call.
+STATIC_ACTIONS = frozenset({"DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeRegions"})
+
+
 @dataclass(frozen=True, slots=True)
 class SeedPrice:
     """One row of ``data/aws_prices.csv``: list prices for a (region, instance type), with their source."""
@@ -382,6 +386,7 @@ class AwsSandbox(SandboxApp):
         super().__init__(FaultRegistry(default_action="RunInstances"))
         self.seed = load_seed(seed_path)
         self._seed_by_key = {(r.region, r.instance_type): r for r in self.seed}
+        self._static_cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[bytes, str, list[tuple[str, str]]]] = {}
         self._zones = _ensure_offered(self.seed)
         self._spot = self._seed_spot_prices()
         self._products = [
@@ -592,6 +597,21 @@ class AwsSandbox(SandboxApp):
         return self._forward(environ, request)
 
     def _forward(self, environ: WSGIEnviron, request: _Request) -> Response:
+        cache_key = None
+        if request.action in STATIC_ACTIONS:
+            # moto rebuilds its fixed catalogue on every call (~0.7 s a region); the real API answers fast.
+            cache_key = (request.region, tuple(sorted((k, v) for k, v in request.params.items())))
+            with self._lock:
+                cached = self._static_cache.get(cache_key)
+            if cached is not None:
+                return Response(cached[0], status=cached[1], headers=cached[2])
+        response = self._forward_to_moto(environ, request)
+        if cache_key is not None and response.status_code == 200:
+            with self._lock:
+                self._static_cache[cache_key] = (response.get_data(), response.status, list(response.headers.items()))
+        return response
+
+    def _forward_to_moto(self, environ: WSGIEnviron, request: _Request) -> Response:
         env = dict(environ)
         env["wsgi.input"] = io.BytesIO(request.body)
         env["CONTENT_LENGTH"] = str(len(request.body))
