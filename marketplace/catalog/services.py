@@ -148,13 +148,14 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             report.price_points = _upsert_postgresql(account, list(valid.values()), now)
         else:
             report.price_points = _upsert_orm(account, valid, now)
-        QuarantinedOffer.objects.bulk_create(
-            list(refused.values()),
-            batch_size=1000,
-            update_conflicts=True,
-            unique_fields=list(NATURAL_KEY),
-            update_fields=["reason", "raw", "last_seen_at"],
-        )
+        if refused:
+            QuarantinedOffer.objects.bulk_create(
+                list(refused.values()),
+                batch_size=1000,
+                update_conflicts=True,
+                unique_fields=list(NATURAL_KEY),
+                update_fields=["reason", "raw", "last_seen_at"],
+            )
         QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
         report.vanished = (
             Offer.objects.filter(account=account, last_seen_at__lt=now)
@@ -206,10 +207,13 @@ def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now
     cols = ", ".join(_COLUMNS)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
     with connection.cursor() as cursor:
-        cursor.execute("DROP TABLE IF EXISTS pg_temp.offer_stage")
+        # One staging table per connection, emptied at every commit, so a sync pays no DDL per account.
         cursor.execute(
-            f"CREATE TEMP TABLE offer_stage ON COMMIT DROP AS SELECT {cols} FROM marketplace_offer WITH NO DATA"  # noqa: S608
+            f"CREATE TEMP TABLE IF NOT EXISTS offer_stage ON COMMIT DELETE ROWS AS "  # noqa: S608
+            f"SELECT {cols} FROM marketplace_offer WITH NO DATA"
         )
+        # Emptied at commit, but two ingests can share one transaction (a caller's outer atomic block).
+        cursor.execute("TRUNCATE offer_stage")
         with cursor.cursor.copy(f"COPY offer_stage ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row([json.dumps(row[c]) if c == "extra" else row[c] for c in _COLUMNS])

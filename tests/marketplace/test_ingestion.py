@@ -169,3 +169,19 @@ def test_fx_set_validates_and_stores_the_rate(db, capsys):
         call_command("fx", "set", "CNY", "lots", "--source", "x")
     with pytest.raises(CommandError, match="3-letter ISO code"):
         call_command("fx", "set", "USD", "1", "--source", "x")
+
+
+def test_two_accounts_ingested_in_one_transaction_keep_their_own_rows(account):
+    from django.db import transaction
+
+    other = ProviderAccountFactory(provider__name="Other Seller", name="other")
+
+    with transaction.atomic():
+        offers_ingest(account=account, quotes=[quote()], now=T0)
+        offers_ingest(account=other, quotes=[quote("p5.48xlarge", gpu_model="H100-SXM5")], now=T0)
+
+    assert sorted(Offer.objects.values_list("account__name", "instance_type")) == [
+        ("main", "p4de.24xlarge"),
+        ("other", "p5.48xlarge"),
+    ]
+    assert PricePoint.objects.count() == 2
