@@ -10,6 +10,9 @@ from providers.types import Credentials
 
 ADAPTERS: dict[str, str] = {
     "aws": "providers.aws.adapter.AwsAdapter",
+    "azure": "providers.azure.adapter.AzureAdapter",
+    "tencent": "providers.tencent.adapter.TencentAdapter",
+    "alibaba": "providers.alibaba.adapter.AlibabaAdapter",
 }
 
 

@@ -97,3 +97,47 @@ def aws_account(db, aws_sandbox, _aws_quotes):
     )
     offers_ingest(account=account, quotes=_aws_quotes, now=timezone.now())
     return ProviderAccount.objects.get(pk=account.pk)
+
+
+TENCENT_TEST_CREDENTIALS = {"secret_id": "AKIDPETRATENCENT0001", "secret_key": "petra-tencent-secret"}
+
+
+@pytest.fixture(scope="session")
+def tencent_sandbox_server():
+    from providers.sandbox.tencent import start_tencent_sandbox
+
+    # Instances start at once, so an eagerly run poll sees them running on its first look.
+    sandbox = start_tencent_sandbox(launch_seconds=0, terminate_seconds=0)
+    sandbox.register_secret(TENCENT_TEST_CREDENTIALS["secret_id"], TENCENT_TEST_CREDENTIALS["secret_key"])
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def tencent_sandbox(tencent_sandbox_server):
+    tencent_sandbox_server.reset()
+    tencent_sandbox_server.register_secret(
+        TENCENT_TEST_CREDENTIALS["secret_id"], TENCENT_TEST_CREDENTIALS["secret_key"]
+    )
+    yield tencent_sandbox_server
+    tencent_sandbox_server.reset()
+
+
+@pytest.fixture
+def tencent_account(db, tencent_sandbox):
+    """Petra's Tencent Cloud account pointed at the sandbox, synced through the real adapter."""
+    from marketplace.catalog.services import offers_sync
+    from providers.models import ProviderAccount
+    from providers.services import provider_account_connect
+
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="tencent",
+        name="tencent-sandbox",
+        credentials=TENCENT_TEST_CREDENTIALS,
+        regions=["ap-guangzhou", "ap-shanghai"],
+        endpoint_url=tencent_sandbox.url,
+    )
+    outcome = offers_sync(account_id=account.pk)
+    assert outcome.ok, outcome.error
+    return ProviderAccount.objects.get(pk=account.pk)

@@ -263,6 +263,12 @@ def order_poll(*, order_id: int) -> Step:
             order_transition(order=order, to=OrderState.RUNNING, instance=instance.provider_instance_id)
         return Step.DONE
     if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
+        if handle.state == InstanceState.FAILED:
+            # Some clouds (Azure) keep a VM whose allocation failed, with its disk and NIC: remove it.
+            try:
+                adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+            except ProviderError as exc:
+                log.warning("could not remove failed instance %s: %s", instance.provider_instance_id, exc)
         error_class = str(handle.extra.get("error_class") or "final")
         code = str(handle.extra.get("error_code") or handle.state.value)
         message = str(handle.extra.get("error_message") or f"instance {handle.state.value} before it was running")

@@ -5,4 +5,9 @@ One module per provider (``aws``), sharing ``faults`` (the injectable fault regi
 """
 
 # Regions a demo account is pointed at, per sandbox kind: seeded regions with a broad mix of GPU types.
-DEMO_REGIONS: dict[str, list[str]] = {"aws": ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1"]}
+DEMO_REGIONS: dict[str, list[str]] = {
+    "aws": ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1"],
+    "azure": ["eastus", "southcentralus", "westus", "westus3"],
+    "tencent": ["ap-guangzhou", "ap-shanghai", "ap-beijing"],
+    "alibaba": ["cn-shanghai"],
+}

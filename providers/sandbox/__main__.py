@@ -21,6 +21,9 @@ from providers.sandbox.server import SandboxApp, serve_forever
 # kind -> "module:class"; imported lazily so a sandbox's emulator loads only when it is served.
 SANDBOXES: dict[str, str] = {
     "aws": "providers.sandbox.aws:AwsSandbox",
+    "azure": "providers.sandbox.azure:AzureSandbox",
+    "tencent": "providers.sandbox.tencent:TencentSandbox",
+    "alibaba": "providers.sandbox.alibaba:AlibabaSandbox",
 }
 
 

@@ -39,10 +39,51 @@ def _aws(sandbox: Any) -> SandboxAccount:
     )
 
 
-SANDBOX_ACCOUNTS: dict[str, Callable[[Any], SandboxAccount]] = {"aws": _aws}
+def _azure(sandbox: Any) -> SandboxAccount:
+    return SandboxAccount(
+        kind="azure",
+        endpoint_url=sandbox.url,
+        credentials=dict(sandbox.demo_credentials),
+        demo_regions=DEMO_REGIONS["azure"],
+        all_regions=list(sandbox.regions),
+        options=sandbox.account_options(),
+    )
+
+
+def _tencent(sandbox: Any) -> SandboxAccount:
+    return SandboxAccount(
+        kind="tencent",
+        endpoint_url=sandbox.url,
+        credentials={"secret_id": "AKIDSANDBOXTENCENT0001", "secret_key": "sandbox-secret"},
+        demo_regions=DEMO_REGIONS["tencent"],
+        all_regions=DEMO_REGIONS["tencent"],
+    )
+
+
+def _alibaba(sandbox: Any) -> SandboxAccount:
+    return SandboxAccount(
+        kind="alibaba",
+        endpoint_url=sandbox.url,
+        credentials=dict(sandbox.demo_credentials),
+        demo_regions=DEMO_REGIONS["alibaba"],
+        all_regions=list(sandbox.regions),
+    )
+
+
+SANDBOX_ACCOUNTS: dict[str, Callable[[Any], SandboxAccount]] = {
+    "aws": _aws,
+    "azure": _azure,
+    "tencent": _tencent,
+    "alibaba": _alibaba,
+}
 
 # kind -> "module:function" starting that sandbox in-process on a free port.
-STARTERS: dict[str, str] = {"aws": "providers.sandbox.aws:start_aws_sandbox"}
+STARTERS: dict[str, str] = {
+    "aws": "providers.sandbox.aws:start_aws_sandbox",
+    "azure": "providers.sandbox.azure:start_azure_sandbox",
+    "tencent": "providers.sandbox.tencent:start_tencent_sandbox",
+    "alibaba": "providers.sandbox.alibaba:start_alibaba_sandbox",
+}
 
 
 def start_all(kinds: list[str] | None = None) -> dict[str, Any]:

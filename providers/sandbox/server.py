@@ -46,15 +46,18 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 class ServerThread:
-    """A threaded werkzeug server for one WSGI app on a daemon thread."""
+    """A threaded werkzeug server for one WSGI app on a daemon thread; HTTPS when given an SSL context."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0):
-        self._server: BaseWSGIServer = make_server(host, port, app, threaded=True, request_handler=QuietRequestHandler)
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, ssl_context: Any = None):
+        self._server: BaseWSGIServer = make_server(
+            host, port, app, threaded=True, request_handler=QuietRequestHandler, ssl_context=ssl_context
+        )
+        self._scheme = "https" if ssl_context is not None else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"sandbox:{port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self._server.host}:{self._server.port}"
+        return f"{self._scheme}://{self._server.host}:{self._server.port}"
 
     def start(self) -> str:
         self._thread.start()
@@ -81,8 +84,12 @@ class SandboxApp(abc.ABC):
         """Serve on ``host:port`` (0 = a free port) in a daemon thread; returns the base URL."""
         if self._server is not None:
             raise RuntimeError(f"{self.kind} sandbox already running at {self._server.url}")
-        self._server = ServerThread(self, host=host, port=port)
+        self._server = ServerThread(self, host=host, port=port, ssl_context=self.ssl_context())
         return self._server.start()
+
+    def ssl_context(self) -> Any:
+        """An ``ssl.SSLContext`` to serve HTTPS with (a cloud whose SDK refuses plain http); None for http."""
+        return None
 
     @property
     def url(self) -> str:

@@ -1,0 +1,232 @@
+"""The only module that imports the Alibaba Cloud SDK (alibabacloud-ecs20140526 + tea-openapi / darabonba).
+
+``AlibabaClient`` builds one SDK client per region (explicit timeouts, the SDK's own retries off) and runs every
+call through ``_translate``: callers pass and receive plain dicts keyed by the API's own field names
+(``InstanceType``, ``Tag``, ...) and see ``ProviderError`` subclasses, never an SDK exception. Reads are
+retried here on transient errors, a bounded number of times; ``launch`` sends exactly one request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import darabonba.exceptions as dara_errors
+import Tea.exceptions as tea_errors
+from alibabacloud_ecs20140526 import models as ecs_models
+from alibabacloud_ecs20140526.client import Client as EcsClient
+from alibabacloud_tea_openapi import utils_models as openapi_models
+from darabonba.runtime import RuntimeOptions
+
+from providers.alibaba import mapping
+from providers.errors import ProviderError, ProviderRequestRejected
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 20.0
+DEFAULT_MAX_ATTEMPTS = 3
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 2.0
+MAX_PAGES = 1000
+USER_AGENT = "gpu-broker"
+
+# API action -> (request model, client method). Explicit rather than derived: the SDK's snake_case of names
+# such as DescribeInstanceTypes is not a rule to guess.
+ACTIONS: dict[str, tuple[str, str]] = {
+    "DescribeRegions": ("DescribeRegionsRequest", "describe_regions_with_options"),
+    "DescribeInstanceTypes": ("DescribeInstanceTypesRequest", "describe_instance_types_with_options"),
+    "DescribeAvailableResource": ("DescribeAvailableResourceRequest", "describe_available_resource_with_options"),
+    "DescribePrice": ("DescribePriceRequest", "describe_price_with_options"),
+    "DescribeSpotPriceHistory": ("DescribeSpotPriceHistoryRequest", "describe_spot_price_history_with_options"),
+    "RunInstances": ("RunInstancesRequest", "run_instances_with_options"),
+    "DescribeInstances": ("DescribeInstancesRequest", "describe_instances_with_options"),
+    "DescribeInstanceStatus": ("DescribeInstanceStatusRequest", "describe_instance_status_with_options"),
+    "DeleteInstances": ("DeleteInstancesRequest", "delete_instances_with_options"),
+}
+
+_RETRY_ERRORS = (dara_errors.RetryError, tea_errors.RetryError)
+_VALIDATE_ERRORS = (dara_errors.ValidateException, tea_errors.ValidateException)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How to reach ECS. Secrets are excluded from ``repr`` so they never reach a log line."""
+
+    access_key_id: str
+    access_key_secret: str = field(repr=False)
+    security_token: str | None = field(default=None, repr=False)
+    endpoint_url: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+def split_endpoint(endpoint_url: str) -> tuple[str, str]:
+    """``http://127.0.0.1:8702`` -> (``http``, ``127.0.0.1:8702``): the SDK wants host:port and the scheme apart.
+
+    A bare ``host[:port]`` means https, as the SDK's own default.
+    """
+    raw = endpoint_url.strip()
+    parts = urlsplit(raw if "://" in raw else f"https://{raw}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in raw or parts.path not in ("", "/"):
+        raise ProviderRequestRejected(
+            f"endpoint_url {endpoint_url!r} is not an http(s) host", provider=mapping.PROVIDER
+        )
+    host = parts.hostname if port is None else f"{parts.hostname}:{port}"
+    return parts.scheme, host
+
+
+def _status(exc: Any) -> int | None:
+    for attr in ("status_code", "statusCode"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int):
+            return value
+    data = getattr(exc, "data", None)
+    value = data.get("statusCode") if isinstance(data, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def _translate(exc: BaseException) -> ProviderError:
+    """SDK exception -> broker error. ECS errors are classified by their ``Code`` string only."""
+    if isinstance(exc, tea_errors.UnretryableException):
+        # The SDK wraps what went wrong below the HTTP answer: a transport failure or an unparseable body.
+        inner = exc.inner_exception
+        if isinstance(inner, _RETRY_ERRORS):
+            return mapping.transport_error(str(getattr(inner, "message", "") or inner))
+        if isinstance(inner, tea_errors.TeaException):
+            return _translate(inner)
+        if isinstance(inner, ValueError):
+            return mapping.malformed(f"unparseable ECS answer: {inner}")
+        return ProviderRequestRejected(repr(inner), code=type(inner).__name__, provider=mapping.PROVIDER)
+    if isinstance(exc, tea_errors.TeaException):
+        data = exc.data if isinstance(exc.data, dict) else {}
+        status = _status(exc)
+        code = str(exc.code or "")
+        if code in ("", "None"):  # the SDK formats a missing Code as the string "None"
+            if status is not None and status >= 500:
+                return mapping.transport_error(f"HTTP {status} without an error code")
+            return mapping.malformed(f"ECS error answer without a Code (HTTP {status}): {data}")
+        message = str(data.get("Message") or exc.message or code)
+        return mapping.error_from_code(code, message, status)
+    if isinstance(exc, _VALIDATE_ERRORS):
+        return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+    if isinstance(exc, AttributeError | TypeError | KeyError | ValueError):
+        # Raised while the SDK maps an answer onto its response model: the answer had the wrong shape.
+        return mapping.malformed(f"{type(exc).__name__}: {exc}")
+    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+
+
+def backoff_seconds(attempt: int, retry_after_ms: int | None = None) -> float:
+    """Delay before retry number ``attempt`` (1-based); the provider's ``x-acs-retry-after`` wins when sent."""
+    if retry_after_ms:
+        return min(retry_after_ms / 1000, BACKOFF_CAP)
+    return min(BACKOFF_BASE * 2 ** (attempt - 1), BACKOFF_CAP)
+
+
+class AlibabaClient:
+    """Lazily built, cached SDK clients for one account, one per region (ECS endpoints are regional)."""
+
+    def __init__(self, settings: ClientSettings, sleep: Callable[[float], None] = time.sleep):
+        self.settings = settings
+        self._sleep = sleep
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, region: str) -> Any:
+        with self._lock:
+            client = self._clients.get(region)
+            if client is not None:
+                return client
+            protocol, endpoint = (None, None)
+            # An explicit endpoint replaces the SDK's regional endpoint map; RegionId still travels in each request.
+            if self.settings.endpoint_url:
+                protocol, endpoint = split_endpoint(self.settings.endpoint_url)
+            config = openapi_models.Config(
+                access_key_id=self.settings.access_key_id,
+                access_key_secret=self.settings.access_key_secret,
+                security_token=self.settings.security_token or None,
+                region_id=region,
+                endpoint=endpoint,
+                protocol=protocol or "https",
+                connect_timeout=self._millis(self.settings.connect_timeout),
+                read_timeout=self._millis(self.settings.read_timeout),
+                user_agent=USER_AGENT,
+            )
+            try:
+                client = EcsClient(config)
+            except tea_errors.TeaException as exc:
+                raise _translate(exc) from exc
+            self._clients[region] = client
+            return client
+
+    @staticmethod
+    def _millis(seconds: float) -> int:
+        # The SDK takes milliseconds; 0 would mean "use the SDK default", never what an option asked for.
+        return max(1, round(seconds * 1000))
+
+    def _runtime(self) -> Any:
+        # autoretry=False everywhere: retries are decided here by error class, not by the SDK.
+        return RuntimeOptions(
+            autoretry=False,
+            max_attempts=1,
+            connect_timeout=self._millis(self.settings.connect_timeout),
+            read_timeout=self._millis(self.settings.read_timeout),
+        )
+
+    def _once(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            request_model, method_name = ACTIONS[action]
+        except KeyError:
+            raise ProviderRequestRejected(f"action {action} is not wired in", provider=mapping.PROVIDER) from None
+        client = self._client(region)
+        try:
+            request = getattr(ecs_models, request_model)().from_map(params)
+            response = getattr(client, method_name)(request, self._runtime())
+            body = response.body.to_map() if response.body is not None else {}
+        except Exception as exc:  # every SDK failure is translated; none escapes
+            raise _translate(exc) from exc
+        if not isinstance(body, dict):
+            raise mapping.malformed(f"{action} answered {type(body).__name__}, not an object")
+        return body
+
+    def call(self, region: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One read (or a safely repeatable write such as DeleteInstances) with up to ``max_attempts`` tries."""
+        attempts = max(1, self.settings.max_attempts)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._once(region, action, dict(params or {}))
+            except ProviderError as error:
+                if not error.retryable or attempt == attempts:
+                    raise
+                retry_after = getattr(error.__cause__, "retry_after", None)
+                self._sleep(backoff_seconds(attempt, retry_after if isinstance(retry_after, int) else None))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def launch(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``RunInstances`` exactly once: the broker decides on retry (same ClientToken) or failover."""
+        return self._once(region, "RunInstances", dict(params))
+
+    def pages(self, region: str, action: str, params: dict[str, Any], container: str, item: str) -> list[Any]:
+        """Every ``body[container][item]`` entry across the NextToken pages of a read."""
+        items: list[Any] = []
+        token: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_PAGES):
+            page_params = {**params, "NextToken": token} if token else dict(params)
+            body = self.call(region, action, page_params)
+            items.extend((body.get(container) or {}).get(item) or [])
+            token = str(body.get("NextToken") or "") or None
+            if token is None:
+                return items
+            if token in seen:  # a misbehaving endpoint must not keep a sync paging forever
+                raise mapping.malformed(f"{action} repeated NextToken {token!r}")
+            seen.add(token)
+        raise mapping.malformed(f"{action} did not finish within {MAX_PAGES} pages")

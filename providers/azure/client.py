@@ -1,0 +1,395 @@
+"""The only module that imports azure-core / azure-mgmt-compute.
+
+``AzureClient`` builds two ``ComputeManagementClient``s (reads with retries, writes with none), a small
+client-credentials ``TokenCredential`` for Microsoft Entra ID, and a plain azure-core pipeline for the
+unauthenticated Retail Prices API. Every call runs through ``_sdk_errors`` so callers receive plain dicts
+(the models' wire shape) or ``ProviderError`` subclasses, never an SDK exception.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from azure.core import MatchConditions, PipelineClient
+from azure.core.credentials import AccessToken
+from azure.core.exceptions import (
+    AzureError,
+    DecodeError,
+    DeserializationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.core.pipeline import policies
+from azure.core.pipeline.transport import RequestsTransport
+from azure.core.polling.base_polling import OperationFailed
+from azure.core.rest import HttpRequest, HttpResponse
+from azure.mgmt.compute import ComputeManagementClient
+from azure.mgmt.compute.models import VirtualMachine
+from azure.mgmt.core.polling.arm_polling import ARMPolling
+
+from providers.azure import mapping
+from providers.errors import CredentialsRejected, ProviderError, TransientProviderError
+
+ARM_URL = "https://management.azure.com"
+AUTHORITY_URL = "https://login.microsoftonline.com"
+PRICES_URL = "https://prices.azure.com"
+ARM_SCOPE = "https://management.azure.com/.default"
+PRICES_API_VERSION = "2023-01-01-preview"
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 20.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_POLLING_INTERVAL = 3.0
+TOKEN_REFRESH_MARGIN_S = 300  # refresh a cached token this long before it expires
+MAX_PRICE_PAGES = 200  # a per-size price query is one page; stop a runaway NextPageLink chain
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How to reach Azure. Secrets are excluded from ``repr`` so they never reach a log line."""
+
+    tenant_id: str
+    client_id: str
+    client_secret: str = field(repr=False)
+    subscription_id: str = ""
+    arm_url: str = ARM_URL
+    authority_url: str = AUTHORITY_URL
+    prices_url: str = PRICES_URL
+    ca_bundle: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    polling_interval: float = DEFAULT_POLLING_INTERVAL
+
+
+def _transport(settings: ClientSettings) -> RequestsTransport:
+    # connection_verify=True means the system CA store; a path trusts exactly that bundle (the sandbox's CA).
+    return RequestsTransport(
+        connection_verify=settings.ca_bundle or True,
+        connection_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+    )
+
+
+def _plain_pipeline(base_url: str, settings: ClientSettings, retries: int) -> PipelineClient[HttpRequest, HttpResponse]:
+    return PipelineClient(
+        base_url=base_url,
+        policies=[
+            policies.HeadersPolicy(),
+            policies.UserAgentPolicy(user_agent="gpu-broker"),
+            policies.RetryPolicy(retry_total=retries, retry_backoff_factor=0.5, retry_backoff_max=10),
+            policies.NetworkTraceLoggingPolicy(),
+        ],
+        transport=_transport(settings),
+    )
+
+
+def _translate(exc: BaseException) -> ProviderError:
+    """SDK exception -> broker error. Azure errors are classified by their ``error.code`` string."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, HttpResponseError):
+        status = exc.status_code
+        error = exc.error
+        code = str(getattr(error, "code", "") or "")
+        message = str(getattr(error, "message", "") or exc.message or exc)
+        if not code:
+            code = type(exc).__name__ if status in (401, 403) else f"HTTP{status}" if status else type(exc).__name__
+        return mapping.error_from_code(code, message, status)
+    name = type(exc).__name__
+    if isinstance(exc, ServiceRequestError | ServiceResponseError) or name in mapping.TRANSPORT_ERRORS:
+        return mapping.transport_error(name, str(exc))
+    if isinstance(exc, DecodeError | DeserializationError | ValueError):
+        return mapping.malformed(f"{name}: {exc}")
+    return mapping.rejected(str(exc), code=name)
+
+
+@contextmanager
+def _sdk_errors() -> Iterator[None]:
+    try:
+        yield
+    except ProviderError:
+        raise
+    except (AzureError, ValueError) as exc:
+        raise _translate(exc) from exc
+
+
+# ------------------------------------------------------------------------------------------ credential
+
+
+class ClientSecretTokenCredential:
+    """A ``TokenCredential`` for a service principal: the OAuth 2.0 client-credentials grant against
+    ``<authority>/<tenant>/oauth2/v2.0/token``, cached until shortly before expiry. Thread-safe.
+
+    Raises ``CredentialsRejected`` when Entra ID refuses the principal (``AADSTS...`` codes) and
+    ``TransientProviderError`` when it cannot be reached or is throttled; the ARM pipeline lets these through.
+    """
+
+    def __init__(self, settings: ClientSettings):
+        self._settings = settings
+        self._pipeline = _plain_pipeline(settings.authority_url, settings, settings.max_attempts - 1)
+        self._tokens: dict[tuple[str, ...], AccessToken] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._pipeline.close()
+
+    def get_token(
+        self,
+        *scopes: str,
+        claims: str | None = None,
+        tenant_id: str | None = None,
+        enable_cae: bool = False,
+        **kwargs: Any,
+    ) -> AccessToken:
+        key = tuple(sorted(scopes)) or (ARM_SCOPE,)
+        with self._lock:
+            cached = self._tokens.get(key)
+            if cached is not None and cached.expires_on - TOKEN_REFRESH_MARGIN_S > time.time() and not claims:
+                return cached
+            token = self._request(key)
+            self._tokens[key] = token
+            return token
+
+    def _request(self, scopes: tuple[str, ...]) -> AccessToken:
+        settings = self._settings
+        url = f"{settings.authority_url.rstrip('/')}/{quote(settings.tenant_id, safe='')}/oauth2/v2.0/token"
+        request = HttpRequest(
+            "POST",
+            url,
+            data={
+                "grant_type": "client_credentials",
+                "client_id": settings.client_id,
+                "client_secret": settings.client_secret,
+                "scope": " ".join(scopes),
+            },
+        )
+        try:
+            response = self._pipeline.send_request(request)
+            body = response.json() if response.content else {}
+        except (AzureError, ValueError) as exc:
+            raise _translate(exc) from exc
+        if not isinstance(body, dict):
+            raise mapping.malformed("token endpoint answered with a non-object body")
+        status = response.status_code
+        if status == 200:
+            try:
+                return AccessToken(str(body["access_token"]), int(time.time()) + int(body["expires_in"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise mapping.malformed(f"token response without access_token/expires_in ({exc!r})") from None
+        # Entra ID errors: {"error": "invalid_client", "error_description": "AADSTS7000215: ...", "error_codes": [...]}
+        description = str(body.get("error_description", "")).split("\r\n", 1)[0].split("\n", 1)[0]
+        codes = body.get("error_codes") or []
+        code = f"AADSTS{codes[0]}" if codes else str(body.get("error") or f"HTTP{status}")
+        message = description.removeprefix(f"{code}: ") or str(body.get("error") or f"token request failed ({status})")
+        if status == 429 or status >= 500 or body.get("error") == "temporarily_unavailable":
+            raise TransientProviderError(message, code=code, provider=mapping.PROVIDER, http_status=status)
+        raise CredentialsRejected(message, code=code, provider=mapping.PROVIDER, http_status=status)
+
+
+# --------------------------------------------------------------------------------------------- polling
+
+
+class _BudgetSpent(Exception):
+    """The bounded poller ran out of time; the operation is still running at Azure."""
+
+
+class _BoundedPolling(ARMPolling):
+    """The SDK's ARM poller (Azure-AsyncOperation / Location headers), giving up after ``budget_s``.
+
+    A launch or delete waits briefly for a quick answer (an allocation failure, a finished delete) and
+    otherwise returns while Azure carries on; no polling thread outlives the call.
+    """
+
+    def __init__(self, interval: float, budget_s: float):
+        super().__init__(timeout=interval)
+        self._budget_s = budget_s
+        self._deadline = 0.0
+
+    def initialize(self, client: Any, initial_response: Any, deserialization_callback: Any) -> None:
+        self._deadline = time.monotonic() + self._budget_s
+        super().initialize(client, initial_response, deserialization_callback)
+
+    def _delay(self) -> None:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise _BudgetSpent
+        self._sleep(min(self._extract_delay(), remaining))
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """What ``create_vm`` learned: the create was new or hit an existing VM, and whether it finished.
+
+    ``error`` is set when the operation failed within the wait (an allocation failure, HTTP 200).
+    """
+
+    existed: bool
+    finished: bool
+    error: ProviderError | None = None
+
+
+def _operation_error(exc: HttpResponseError) -> ProviderError:
+    error = exc.error
+    code = str(getattr(error, "code", "") or "OperationFailed")
+    message = str(getattr(error, "message", "") or exc.message or "the operation failed")
+    return mapping.error_from_code(code, message, exc.status_code)
+
+
+# --------------------------------------------------------------------------------------------- client
+
+
+class AzureClient:
+    """SDK clients for one subscription, built once per adapter.
+
+    Reads (``skus``, ``get_vm``, ``list_vms``, ``usages``, ``retail_prices``) retry throttling, 5xx and
+    timeouts up to ``max_attempts`` in total; ``create_vm`` runs with no retry so a refusal reaches the
+    broker on the first answer.
+    """
+
+    def __init__(self, settings: ClientSettings):
+        self.settings = settings
+        self.credential = ClientSecretTokenCredential(settings)
+        self._read = self._compute(retries=settings.max_attempts - 1)
+        self._write = self._compute(retries=0)
+        self._prices = _plain_pipeline(settings.prices_url, settings, settings.max_attempts - 1)
+
+    def _compute(self, *, retries: int) -> ComputeManagementClient:
+        return ComputeManagementClient(
+            self.credential,
+            self.settings.subscription_id,
+            base_url=self.settings.arm_url,
+            transport=_transport(self.settings),
+            retry_total=retries,
+            retry_backoff_factor=0.5,
+            retry_backoff_max=10,
+            polling_interval=self.settings.polling_interval,
+            user_agent="gpu-broker",
+        )
+
+    def close(self) -> None:
+        for closeable in (self._read, self._write, self._prices, self.credential):
+            closeable.close()
+
+    # -- reads
+
+    def skus(self, region: str) -> list[dict[str, Any]]:
+        """Every resource SKU offered in ``region`` (all resource types; callers filter)."""
+        with _sdk_errors():
+            return [sku.as_dict() for sku in self._read.resource_skus.list(filter=f"location eq '{region}'")]
+
+    def usages(self, region: str) -> list[dict[str, Any]]:
+        """The subscription's compute quotas and usage in ``region``."""
+        with _sdk_errors():
+            return [usage.as_dict() for usage in self._read.usage.list(region)]
+
+    def get_vm(self, resource_group: str, name: str) -> dict[str, Any] | None:
+        """The VM with its instance view, or None when Azure has no such VM (or resource group)."""
+        with _sdk_errors():
+            try:
+                vm = self._read.virtual_machines.get(resource_group, name, expand="instanceView")
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return None
+                raise
+            result: dict[str, Any] = vm.as_dict()
+            return result
+
+    def list_vms(self, resource_group: str) -> list[dict[str, Any]]:
+        """Every VM in the resource group (no instance view); [] when the group does not exist."""
+        with _sdk_errors():
+            try:
+                return [vm.as_dict() for vm in self._read.virtual_machines.list(resource_group)]
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return []
+                raise
+
+    def retail_prices(self, odata_filter: str) -> list[dict[str, Any]]:
+        """Every ``Items[]`` row of the Retail Prices API for ``odata_filter``, following ``NextPageLink``."""
+        url: str | None = (
+            f"{self.settings.prices_url.rstrip('/')}/api/retail/prices"
+            f"?api-version={PRICES_API_VERSION}&$filter={quote(odata_filter)}"
+        )
+        items: list[dict[str, Any]] = []
+        pages = 0
+        while url:
+            pages += 1
+            if pages > MAX_PRICE_PAGES:
+                raise mapping.malformed(f"Retail Prices answered more than {MAX_PRICE_PAGES} pages")
+            with _sdk_errors():
+                response = self._prices.send_request(HttpRequest("GET", url))
+                body = response.json() if response.content else None
+            if response.status_code != 200:
+                detail = body.get("Error") or body.get("error") if isinstance(body, dict) else None
+                detail = detail if isinstance(detail, dict) else {}
+                code = str(detail.get("Code") or detail.get("code") or f"HTTP{response.status_code}")
+                message = str(detail.get("Message") or detail.get("message") or response.text()[:300])
+                raise mapping.error_from_code(code, message, response.status_code)
+            if not isinstance(body, dict) or not isinstance(body.get("Items"), list):
+                raise mapping.malformed("Retail Prices answered without an Items list")
+            items.extend(item for item in body["Items"] if isinstance(item, dict))
+            url = body.get("NextPageLink") or None
+        return items
+
+    # -- writes
+
+    def create_vm(self, resource_group: str, name: str, body: dict[str, Any], *, wait_s: float) -> CreateResult:
+        """``begin_create_or_update`` with ``If-None-Match: *`` and no retry, then wait up to ``wait_s``.
+
+        A VM that already exists is left untouched (``existed=True``). An operation that fails within the
+        wait is returned as ``error``; a synchronous refusal (409 SkuNotAvailable, OperationNotAllowed, 429)
+        is raised as the broker's error.
+        """
+        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
+        with _sdk_errors():
+            try:
+                poller = self._write.virtual_machines.begin_create_or_update(
+                    resource_group,
+                    name,
+                    VirtualMachine(body),
+                    match_condition=MatchConditions.IfMissing,
+                    polling=polling,
+                )
+            except HttpResponseError as exc:
+                if exc.status_code == 412:  # If-None-Match: * met an existing VM of this name
+                    return CreateResult(existed=True, finished=True)
+                raise
+        return CreateResult(existed=False, **self._settle(poller))
+
+    def delete_vm(self, resource_group: str, name: str, *, wait_s: float) -> bool:
+        """``begin_delete``; True when Azure finished deleting within ``wait_s`` (or had no such VM)."""
+        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
+        with _sdk_errors():
+            try:
+                poller = self._read.virtual_machines.begin_delete(resource_group, name, polling=polling)
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return True
+                raise
+        outcome = self._settle(poller)
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        return bool(outcome["finished"]) and wait_s > 0
+
+    @staticmethod
+    def _settle(poller: Any) -> dict[str, Any]:
+        """Join the bounded poller: finished or not, and the operation's own error if it failed."""
+        try:
+            poller.result()
+        except _BudgetSpent:
+            return {"finished": False, "error": None}
+        except HttpResponseError as exc:
+            if isinstance(exc.__cause__, OperationFailed) or isinstance(exc.inner_exception, OperationFailed):
+                return {"finished": True, "error": _operation_error(exc)}
+            # A status poll failed (throttled, timed out): the operation itself goes on at Azure.
+            return {"finished": False, "error": None}
+        except AzureError:
+            return {"finished": False, "error": None}
+        return {"finished": poller.done(), "error": None}

@@ -1,0 +1,628 @@
+"""Azure response dicts -> broker DTOs, and Azure error codes -> broker error classes.
+
+Pure functions over plain dicts (the SDK models' ``as_dict()`` wire shape) and strings: nothing here imports
+an Azure package, so the tables can be tested without a network.
+
+Zone convention: an Azure zone is a number within a region ("1", "2", "3"); the broker names it
+``<region>-<number>`` (``eastus-1``). A size that is not zonal in a region (or a region without zones, such as
+``westus``) is offered once with the region name itself as its zone (``westus``), and launched without zones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+from providers import gpu_names
+from providers.errors import (
+    CapacityUnavailable,
+    CredentialsRejected,
+    MalformedProviderResponse,
+    ProviderError,
+    ProviderRequestRejected,
+    QuotaExceeded,
+    TransientProviderError,
+)
+from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
+
+PROVIDER = "azure"
+ORDER_TAG = "broker:order"
+TOKEN_TAG = "broker:client-token"  # noqa: S105 - a tag name, not a secret
+VM_NAME_MAX_LENGTH = 64
+VM_NAME_PREFIX = "vm-"
+NETWORK_API_VERSION = "2024-05-01"  # Microsoft.Network version the inline NIC is created with
+DEFAULT_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"
+DEFAULT_ADMIN_USERNAME = "azureuser"
+DEFAULT_OS_DISK_TYPE = "StandardSSD_LRS"  # every GPU size takes it; Premium_LRS needs an "s" size
+SPOT_ANY_PRICE = -1  # Azure's "pay up to the on-demand price, never evict for price"
+
+# --------------------------------------------------------------------------------------------- errors
+
+ERROR_CLASSES: dict[str, type[ProviderError]] = {
+    # no capacity: try another zone, size or provider. The four allocation codes arrive on a FAILED
+    # asynchronous operation (HTTP 200 on the operation); SkuNotAvailable is a synchronous 409.
+    "AllocationFailed": CapacityUnavailable,
+    "ZonalAllocationFailed": CapacityUnavailable,
+    "OverconstrainedAllocationRequest": CapacityUnavailable,
+    "OverconstrainedZonalAllocationRequest": CapacityUnavailable,
+    "SkuNotAvailable": CapacityUnavailable,
+    "AllocationFailedVMSeriesNotAvailable": CapacityUnavailable,
+    # quota: skip the region or account
+    "QuotaExceeded": QuotaExceeded,
+    # transient: retry with backoff
+    "TooManyRequests": TransientProviderError,
+    "RetryableError": TransientProviderError,
+    "InternalServerError": TransientProviderError,
+    "InternalExecutionError": TransientProviderError,
+    "InternalOperationError": TransientProviderError,
+    "ServiceUnavailable": TransientProviderError,
+    "GatewayTimeout": TransientProviderError,
+    "OperationPreempted": TransientProviderError,
+    # credentials: block the account
+    "AuthenticationFailed": CredentialsRejected,
+    "InvalidAuthenticationToken": CredentialsRejected,
+    "InvalidAuthenticationTokenTenant": CredentialsRejected,
+    "InvalidAuthenticationTokenAudience": CredentialsRejected,
+    "ExpiredAuthenticationToken": CredentialsRejected,
+    "AuthorizationFailed": CredentialsRejected,
+    "LinkedAuthorizationFailed": CredentialsRejected,
+    "ClientAuthenticationError": CredentialsRejected,
+    "SubscriptionNotFound": CredentialsRejected,
+    "InvalidSubscriptionId": CredentialsRejected,
+    "ReadOnlyDisabledSubscription": CredentialsRejected,
+}
+
+# Azure answers both a cores-quota refusal and a spot max price below the market with 409 OperationNotAllowed
+# (and uses the same code for unrelated refusals), so this one code is split by its message.
+OPERATION_NOT_ALLOWED = "OperationNotAllowed"
+_QUOTA_MESSAGE = re.compile(r"quota", re.IGNORECASE)
+_SPOT_PRICE_MESSAGE = re.compile(r"max(imum)? price|spot price", re.IGNORECASE)
+
+# Exceptions raised below the HTTP layer (azure-core class names): the request may not have reached Azure.
+TRANSPORT_ERRORS: frozenset[str] = frozenset(
+    {
+        "ServiceRequestError",
+        "ServiceResponseError",
+        "ServiceRequestTimeoutError",
+        "ServiceResponseTimeoutError",
+        "IncompleteReadError",
+        "ConnectionError",
+        "SSLError",
+    }
+)
+
+
+def error_class_for(code: str, message: str = "", http_status: int | None = None) -> type[ProviderError]:
+    """The broker error class for an Azure error code. Unknown codes are final unless the status says otherwise."""
+    if code == OPERATION_NOT_ALLOWED:
+        if _QUOTA_MESSAGE.search(message):
+            return QuotaExceeded
+        if _SPOT_PRICE_MESSAGE.search(message):
+            return CapacityUnavailable
+        return ProviderRequestRejected
+    known = ERROR_CLASSES.get(code)
+    if known is not None:
+        return known
+    if http_status == 429 or (http_status is not None and http_status >= 500):
+        return TransientProviderError
+    if http_status in (401, 403):
+        return CredentialsRejected
+    return ProviderRequestRejected
+
+
+def error_from_code(code: str, message: str, http_status: int | None = None) -> ProviderError:
+    """Build the broker error for an Azure ``error.code``; the code and message are kept on the exception."""
+    cls = error_class_for(code, message, http_status)
+    return cls(message or code, code=code, provider=PROVIDER, http_status=http_status)
+
+
+def transport_error(name: str, message: str) -> ProviderError:
+    """A connection failure or timeout, named by the SDK exception class; always retryable."""
+    return TransientProviderError(message or name, code=name, provider=PROVIDER)
+
+
+def malformed(message: str) -> MalformedProviderResponse:
+    return MalformedProviderResponse(message, provider=PROVIDER)
+
+
+def rejected(message: str, code: str = "") -> ProviderRequestRejected:
+    return ProviderRequestRejected(message, code=code, provider=PROVIDER)
+
+
+# ------------------------------------------------------------------------------------------------ GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class SizeGpu:
+    """What the size name says about its GPUs (Azure's SKU API gives a count, never a model)."""
+
+    key: str
+    fixed_count: int | None = None  # full-node sizes: the count the size always has
+    interconnect: str = "pcie"
+
+
+# Azure names the accelerator in the size; the form factor and memory follow from the series, not from any API.
+SIZE_GPUS: list[tuple[re.Pattern[str], SizeGpu]] = [
+    (re.compile(r"^Standard_NC\d+as_T4_v3$"), SizeGpu(gpu_names.T4)),
+    (re.compile(r"^Standard_NC\d+ads_A10_v4$"), SizeGpu(gpu_names.A10)),
+    (re.compile(r"^Standard_NC\d+r?s_v3$"), SizeGpu(gpu_names.V100_16_PCIE)),
+    (re.compile(r"^Standard_ND40rs_v2$"), SizeGpu(gpu_names.V100_32_SXM2, 8, "nvlink")),
+    (re.compile(r"^Standard_NC\d+ads_A100_v4$"), SizeGpu(gpu_names.A100_80_PCIE)),
+    (re.compile(r"^Standard_ND96asr_v4$"), SizeGpu(gpu_names.A100_40_SXM, 8, "nvlink")),
+    (re.compile(r"^Standard_ND96amsr_A100_v4$"), SizeGpu(gpu_names.A100_80_SXM, 8, "nvlink")),
+    (re.compile(r"^Standard_NCC?\d+adi?s_H100_v5$"), SizeGpu(gpu_names.H100_NVL)),
+    # Some catalogues list 12 GPUs for this size; Azure's documentation says 8 (one HGX board).
+    (re.compile(r"^Standard_ND96isr_H100_v5$"), SizeGpu(gpu_names.H100_SXM, 8, "nvlink")),
+]
+
+# NC A10 v4 sizes below 32 vCPUs get a slice of one A10, not a whole card.
+GPU_PARTITIONS: dict[str, Fraction] = {
+    "Standard_NC8ads_A10_v4": Fraction(1, 3),
+    "Standard_NC16ads_A10_v4": Fraction(1, 2),
+}
+# Two H100 NVL cards joined by an NVLink bridge.
+NVLINK_BRIDGED = frozenset({"Standard_NC80adis_H100_v5"})
+
+NOMINAL_MEMORY_GB: dict[str, int] = {
+    gpu_names.T4: 16,
+    gpu_names.A10: 24,
+    gpu_names.V100_16_PCIE: 16,
+    gpu_names.V100_32_SXM2: 32,
+    gpu_names.A100_80_PCIE: 80,
+    gpu_names.A100_40_SXM: 40,
+    gpu_names.A100_80_SXM: 80,
+    gpu_names.H100_NVL: 94,
+    gpu_names.H100_SXM: 80,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    model: str
+    count: int
+    memory_gb: int
+    interconnect: str
+    reported_count: int | None
+
+
+def size_gpu(size: str) -> SizeGpu | None:
+    for pattern, gpu in SIZE_GPUS:
+        if pattern.match(size):
+            return gpu
+    return None
+
+
+def gpu_spec(size: str, reported_count: int | None) -> GpuSpec | None:
+    """The GPUs of a size from its name and the SKU's ``GPUs`` capability; None for a size without GPUs.
+
+    An unknown GPU size keeps its size name as the model so ingestion can quarantine it.
+    """
+    known = size_gpu(size)
+    if known is None:
+        if not reported_count:
+            return None
+        return GpuSpec(size, reported_count, 0, "pcie" if reported_count == 1 else "", reported_count)
+    count = known.fixed_count or reported_count or 1
+    partition = GPU_PARTITIONS.get(size)
+    if partition is not None:
+        memory_gb = int(NOMINAL_MEMORY_GB[known.key] * partition)
+        return GpuSpec(f"{known.key} ({partition} partition)", 1, memory_gb, "pcie", reported_count)
+    interconnect = "nvlink" if size in NVLINK_BRIDGED else known.interconnect
+    return GpuSpec(known.key, count, NOMINAL_MEMORY_GB[known.key], interconnect, reported_count)
+
+
+# ------------------------------------------------------------------------------------------- catalogue
+
+
+@dataclass(frozen=True, slots=True)
+class SkuSpec:
+    """One GPU VM size as ``resource_skus.list`` describes it in one region."""
+
+    name: str
+    gpu: GpuSpec
+    vcpus: int
+    memory_gib: Decimal
+    zones: list[str]  # broker zone names still open to this subscription, or [region] for a regional size
+    spot_capable: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def zone_name(region: str, zone: str) -> str:
+    return f"{region}-{zone}"
+
+
+def azure_zones(region: str, zone: str) -> list[str]:
+    """A broker zone name -> the ``zones`` of a VM body ([] for a regional placement)."""
+    if zone in ("", region):
+        return []
+    prefix = f"{region}-"
+    number = zone[len(prefix) :] if zone.startswith(prefix) else ""
+    if not number.isdigit():
+        raise rejected(f"zone {zone!r} is not {region!r} or '{region}-<number>'", code="InvalidZone")
+    return [number]
+
+
+def _capabilities(item: Mapping[str, Any]) -> dict[str, str]:
+    return {str(c.get("name", "")): str(c.get("value", "")) for c in item.get("capabilities") or ()}
+
+
+def _restricted(item: Mapping[str, Any], region: str) -> tuple[bool, set[str], list[str]]:
+    """(whole location restricted, restricted zone numbers, reason codes) for ``region``."""
+    whole = False
+    zones: set[str] = set()
+    reasons: list[str] = []
+    for restriction in item.get("restrictions") or ():
+        info = restriction.get("restrictionInfo") or {}
+        locations = {str(v).lower() for v in (info.get("locations") or restriction.get("values") or ())}
+        if locations and region.lower() not in locations:
+            continue
+        reasons.append(str(restriction.get("reasonCode", "")))
+        if str(restriction.get("type", "")) == "Zone":
+            zones.update(str(z) for z in info.get("zones") or ())
+        else:  # "Location": the size cannot be deployed in this region by this subscription
+            whole = True
+    return whole, zones, reasons
+
+
+def sku_spec(item: Mapping[str, Any], region: str) -> SkuSpec | None:
+    """A ``virtualMachines`` SKU with GPUs that this subscription may deploy in ``region``, else None.
+
+    Restrictions (``NotAvailableForSubscription``, ``QuotaId``) remove the whole size or single zones.
+    Raises ``MalformedProviderResponse`` for an entry whose numbers cannot be read.
+    """
+    if str(item.get("resourceType", "")) != "virtualMachines":
+        return None
+    name = str(item.get("name", ""))
+    locations = {str(v).lower() for v in item.get("locations") or ()}
+    if locations and region.lower() not in locations:
+        return None
+    capabilities = _capabilities(item)
+    try:
+        reported = int(capabilities["GPUs"]) if capabilities.get("GPUs") else None
+        gpu = gpu_spec(name, reported)
+        if gpu is None:
+            return None
+        vcpus = int(capabilities["vCPUs"])
+        memory_gib = Decimal(capabilities["MemoryGB"])
+    except (KeyError, ValueError, InvalidOperation) as exc:
+        raise malformed(f"{name}: unreadable SKU capabilities ({exc!r})") from None
+    whole, closed, reasons = _restricted(item, region)
+    if whole:
+        return None
+    offered: list[str] = []
+    for info in item.get("locationInfo") or ():
+        if str(info.get("location", "")).lower() == region.lower():
+            offered.extend(str(z) for z in info.get("zones") or ())
+    if offered:
+        open_zones = sorted(set(offered) - closed)
+        if not open_zones:
+            return None
+        zones = [zone_name(region, z) for z in open_zones]
+    else:
+        zones = [region]
+    extra: dict[str, Any] = {
+        "family": str(item.get("family", "")),
+        "rdma": capabilities.get("RdmaEnabled", "").lower() == "true",
+        "hyperv_generations": capabilities.get("HyperVGenerations", ""),
+    }
+    if gpu.reported_count is not None and gpu.reported_count != gpu.count:
+        extra["gpu_count_reported"] = gpu.reported_count
+    if closed:
+        extra["restricted_zones"] = sorted(closed)
+        extra["restriction_reasons"] = sorted(set(reasons))
+    return SkuSpec(
+        name=name,
+        gpu=gpu,
+        vcpus=vcpus,
+        memory_gib=memory_gib,
+        zones=zones,
+        spot_capable=capabilities.get("LowPriorityCapable", "").lower() == "true",
+        extra=extra,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- prices
+
+
+@dataclass(frozen=True, slots=True)
+class SkuPrices:
+    """Linux pay-as-you-go prices of one size in one region, per hour."""
+
+    on_demand: Decimal | None
+    spot: Decimal | None
+    currency: str
+    on_demand_meter: str = ""
+    spot_meter: str = ""
+
+
+def prices_filter(region: str, size: str) -> str:
+    """The Retail Prices API ``$filter`` for one size's pay-as-you-go rows in one region."""
+    for value in (region, size):
+        if "'" in value:
+            raise rejected(f"{value!r} cannot be quoted in a price filter")
+    return (
+        f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
+        f"and armSkuName eq '{size}' and priceType eq 'Consumption'"
+    )
+
+
+def _price_rank(item: Mapping[str, Any]) -> tuple[bool, str]:
+    # Newest effective price first; a primary meter region row beats its duplicates elsewhere.
+    return (bool(item.get("isPrimaryMeterRegion", True)), str(item.get("effectiveStartDate", "")))
+
+
+def sku_prices(items: Iterable[Mapping[str, Any]], region: str, size: str, currency: str = "USD") -> SkuPrices:
+    """Pick the Linux on-demand and spot hourly prices of ``size`` from Retail Prices ``Items``.
+
+    Windows rows (``productName`` ends in "Windows"), Low Priority, DevTest and reservation rows are skipped.
+    """
+    best: dict[PricingModel, tuple[tuple[bool, str], Decimal, str]] = {}
+    try:
+        for item in items:
+            if str(item.get("armSkuName", "")).lower() != size.lower():
+                continue
+            if str(item.get("armRegionName", "")).lower() != region.lower():
+                continue
+            if str(item.get("type", "")) != "Consumption" or str(item.get("unitOfMeasure", "")) != "1 Hour":
+                continue
+            if str(item.get("currencyCode", "")) != currency or "windows" in str(item.get("productName", "")).lower():
+                continue
+            sku_name = str(item.get("skuName", ""))
+            if sku_name.endswith(" Low Priority"):
+                continue
+            model = PricingModel.SPOT if sku_name.endswith(" Spot") else PricingModel.ON_DEMAND
+            price = Decimal(str(item["retailPrice"]))
+            rank = _price_rank(item)
+            if model not in best or rank > best[model][0]:
+                best[model] = (rank, price, str(item.get("meterId", "")))
+    except (KeyError, TypeError, InvalidOperation) as exc:
+        raise malformed(f"unreadable Retail Prices item ({exc!r})") from None
+    on_demand = best.get(PricingModel.ON_DEMAND)
+    spot = best.get(PricingModel.SPOT)
+    return SkuPrices(
+        on_demand=on_demand[1] if on_demand else None,
+        spot=spot[1] if spot else None,
+        currency=currency,
+        on_demand_meter=on_demand[2] if on_demand else "",
+        spot_meter=spot[2] if spot else "",
+    )
+
+
+# ----------------------------------------------------------------------------------------------- launch
+
+_NAME_OK = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}[a-z0-9]$")
+
+
+def validate_client_token(token: str) -> None:
+    if not token:
+        raise rejected("client_token is required for an idempotent launch")
+    if not all(" " < ch <= "~" for ch in token):
+        raise rejected("client_token must be printable ASCII without spaces")
+
+
+def vm_name(client_token: str) -> str:
+    """The VM name for a client token: the same token always names the same VM (Azure's idempotency).
+
+    A token that is already a valid lowercase name (letters, digits, hyphens, at most 64) is used as is;
+    any other is hashed. Resource names are case-insensitive in Azure, so names are kept lowercase.
+    """
+    validate_client_token(client_token)
+    if _NAME_OK.match(client_token) and not client_token.startswith(VM_NAME_PREFIX):
+        return client_token
+    return VM_NAME_PREFIX + hashlib.sha256(client_token.encode()).hexdigest()[:40]
+
+
+def image_reference(image: str) -> dict[str, str]:
+    """``publisher:offer:sku:version`` (a marketplace URN) or a full image resource id -> ``imageReference``."""
+    if image.startswith("/subscriptions/"):
+        return {"id": image}
+    parts = image.split(":")
+    if len(parts) != 4 or not all(parts):
+        raise rejected(f"image {image!r} is neither publisher:offer:sku:version nor an image resource id")
+    publisher, offer, sku, version = parts
+    return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
+
+
+def vm_tags(spec: LaunchSpec) -> dict[str, str]:
+    """The caller's tags plus the broker's; the broker's order and token tags win over a caller tag."""
+    return {**spec.tags, ORDER_TAG: spec.order_ref, TOKEN_TAG: spec.client_token}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    """Account options a VM body needs beyond the spec."""
+
+    subnet_id: str
+    ssh_public_key: str
+    admin_username: str = DEFAULT_ADMIN_USERNAME
+    image: str = DEFAULT_IMAGE
+    os_disk_type: str = DEFAULT_OS_DISK_TYPE
+    public_ip: bool = True
+
+
+def vm_body(spec: LaunchSpec, name: str, settings: LaunchSettings) -> dict[str, Any]:
+    """The ``begin_create_or_update`` body: one VM with an inline NIC (no azure-mgmt-network), deleted with it."""
+    if spec.pricing_model is PricingModel.RESERVED:
+        raise rejected("reserved capacity cannot be launched on demand")
+    if not settings.subnet_id:
+        raise rejected("options.subnet_id is required to launch (the subnet the VM's NIC joins)")
+    if not settings.ssh_public_key:
+        raise rejected("options.ssh_public_key is required to launch (Linux VMs need a login key)")
+    ip_configuration: dict[str, Any] = {"subnet": {"id": settings.subnet_id}, "primary": True}
+    if settings.public_ip:
+        ip_configuration["publicIPAddressConfiguration"] = {
+            "name": f"{name}-ip",
+            "sku": {"name": "Standard"},
+            "properties": {"deleteOption": "Delete"},
+        }
+    properties: dict[str, Any] = {
+        "hardwareProfile": {"vmSize": spec.instance_type},
+        "storageProfile": {
+            "imageReference": image_reference(spec.image or settings.image),
+            "osDisk": {
+                "createOption": "FromImage",
+                "deleteOption": "Delete",
+                "managedDisk": {"storageAccountType": settings.os_disk_type},
+            },
+        },
+        "osProfile": {
+            "computerName": name,
+            "adminUsername": settings.admin_username,
+            "linuxConfiguration": {
+                "disablePasswordAuthentication": True,
+                "ssh": {
+                    "publicKeys": [
+                        {
+                            "path": f"/home/{settings.admin_username}/.ssh/authorized_keys",
+                            "keyData": settings.ssh_public_key,
+                        }
+                    ]
+                },
+            },
+        },
+        "networkProfile": {
+            "networkApiVersion": NETWORK_API_VERSION,
+            "networkInterfaceConfigurations": [
+                {
+                    "name": f"{name}-nic",
+                    "properties": {
+                        "primary": True,
+                        "deleteOption": "Delete",
+                        "ipConfigurations": [{"name": "ipconfig1", "properties": ip_configuration}],
+                    },
+                }
+            ],
+        },
+    }
+    if spec.pricing_model is PricingModel.SPOT:
+        properties["priority"] = "Spot"
+        # Delete, not Deallocate: a deallocated spot VM keeps its quota and disk bills for a machine nobody runs.
+        properties["evictionPolicy"] = "Delete"
+        max_price = float(spec.max_price) if spec.max_price is not None else SPOT_ANY_PRICE
+        properties["billingProfile"] = {"maxPrice": max_price}
+    body: dict[str, Any] = {"location": spec.region, "tags": vm_tags(spec), "properties": properties}
+    zones = azure_zones(spec.region, spec.zone)
+    if zones:
+        body["zones"] = zones
+    return body
+
+
+# -------------------------------------------------------------------------------------------- instances
+
+POWER_STATES: dict[str, InstanceState] = {
+    "starting": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "stopping": InstanceState.STOPPING,
+    # Stopped or deallocated VMs run nothing for the buyer: out of service, not deleted (as AWS "stopped").
+    "stopped": InstanceState.STOPPING,
+    "deallocating": InstanceState.STOPPING,
+    "deallocated": InstanceState.STOPPING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisioningError:
+    code: str
+    message: str
+    error_class: str
+
+
+def _statuses(vm: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    view = (vm.get("properties") or {}).get("instanceView") or {}
+    return list(view.get("statuses") or ())
+
+
+def power_state(vm: Mapping[str, Any]) -> str:
+    for status in _statuses(vm):
+        code = str(status.get("code", ""))
+        if code.startswith("PowerState/"):
+            return code.split("/", 1)[1]
+    return ""
+
+
+def provisioning_error(vm: Mapping[str, Any]) -> ProvisioningError | None:
+    """The error of a failed create, from the instance view's ``ProvisioningState/failed/<code>`` status."""
+    for status in _statuses(vm):
+        code = str(status.get("code", ""))
+        if code.startswith("ProvisioningState/failed"):
+            error_code = code.split("/", 2)[2] if code.count("/") >= 2 else "ProvisioningFailed"
+            message = str(status.get("message") or status.get("displayStatus") or "provisioning failed")
+            return ProvisioningError(error_code, message, error_class_for(error_code, message).error_class)
+    return None
+
+
+def instance_state(provisioning_state: str, power: str) -> InstanceState:
+    provisioning = provisioning_state.lower()
+    if provisioning in ("failed", "canceled"):
+        return InstanceState.FAILED
+    if provisioning == "deleting":
+        return InstanceState.STOPPING
+    if power in POWER_STATES:
+        return POWER_STATES[power]
+    if provisioning in ("creating", "updating", "migrating", ""):
+        return InstanceState.PENDING
+    return InstanceState.UNKNOWN
+
+
+def instance_handle(vm: Mapping[str, Any], *, resource_group: str) -> InstanceHandle:
+    """A VM (``virtual_machines.get``/``list``, ideally with ``expand="instanceView"``) -> ``InstanceHandle``.
+
+    ``instance_id`` is the VM name, unique within the account's resource group.
+    """
+    try:
+        name = str(vm["name"])
+        region = str(vm["location"])
+        properties = vm.get("properties") or {}
+        size = str((properties.get("hardwareProfile") or {})["vmSize"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise malformed(f"unreadable virtual machine ({exc!r})") from None
+    zones = [str(z) for z in vm.get("zones") or ()]
+    provisioning = str(properties.get("provisioningState", ""))
+    power = power_state(vm)
+    state = instance_state(provisioning, power)
+    tags = {str(k): str(v) for k, v in (vm.get("tags") or {}).items()}
+    extra: dict[str, Any] = {
+        "provisioning_state": provisioning,
+        "power_state": power,
+        "priority": str(properties.get("priority") or "Regular"),
+        "eviction_policy": str(properties.get("evictionPolicy") or ""),
+        "vm_id": str(properties.get("vmId", "")),
+        "resource_id": str(vm.get("id", "")),
+        "resource_group": resource_group,
+        "client_token": tags.get(TOKEN_TAG, ""),
+    }
+    if state is InstanceState.FAILED:
+        error = provisioning_error(vm)
+        if error is None:
+            error = ProvisioningError(provisioning or "Failed", f"VM provisioning {provisioning.lower()}", "final")
+        extra.update(error_class=error.error_class, error_code=error.code, error_message=error.message)
+    created = properties.get("timeCreated")
+    return InstanceHandle(
+        instance_id=name,
+        region=region,
+        zone=zone_name(region, zones[0]) if zones else region,
+        instance_type=size,
+        state=state,
+        public_ip=None,  # IPs live on the NIC resource, which only azure-mgmt-network reads
+        private_ip=None,
+        launched_at=str(created) if created else None,
+        tags=tags,
+        extra=extra,
+    )
+
+
+def gone_handle(region: str, name: str, resource_group: str) -> InstanceHandle:
+    """A VM Azure no longer has, after a delete: terminated, with no size or zone left to report."""
+    return InstanceHandle(
+        instance_id=name,
+        region=region,
+        zone="",
+        instance_type="",
+        state=InstanceState.TERMINATED,
+        extra={"provisioning_state": "Deleted", "resource_group": resource_group},
+    )

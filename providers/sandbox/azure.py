@@ -1,0 +1,1216 @@
+"""The Azure sandbox: Resource Manager (Microsoft.Compute), Entra ID's token endpoint and the Retail Prices API
+in one HTTPS server, so ``azure-mgmt-compute`` and the adapter run unchanged against it.
+
+- **TLS**: the ARM bearer policy refuses plain http, so the sandbox makes a CA and a server certificate
+  (SAN ``IP:127.0.0.1``, ``DNS:localhost``) with ``cryptography`` at start-up; ``sandbox.cert_path`` is the CA
+  to trust (the adapter's ``ca_bundle`` option).
+- **Token**: ``POST /<tenant>/oauth2/v2.0/token`` (client-credentials grant) issues HMAC-signed bearer tokens
+  that ARM routes check. Client ids starting with ``bad`` (or outside an allow-list) get Entra ID's error
+  shape (``AADSTS700016``); an empty secret gets ``AADSTS7000215``.
+- **Catalogue**: ``resource_skus.list`` from the seed CSV (real sizes and list prices), with zones, a
+  zone restriction and a location restriction (``NotAvailableForSubscription``), plus non-GPU decoys.
+- **Prices**: ``GET /api/retail/prices`` with ``$filter`` (``field eq 'value'`` joined by ``and``),
+  ``$skip`` paging and ``NextPageLink`` pointing back here; Linux, Windows, Spot, Low Priority, DevTest and
+  reservation rows so the adapter's filtering is exercised.
+- **VMs**: ``PUT`` (``If-None-Match: *`` -> 412 for an existing VM, which is never changed), ``GET`` (with
+  ``$expand=instanceView``), list, ``DELETE`` (204 for a missing VM); creates and deletes are long-running
+  operations (``Azure-AsyncOperation``/``Location`` headers back at this server) that finish after
+  ``create_seconds``/``delete_seconds``.
+- **Faults** (``sandbox.faults``; actions are ARM operation ids such as ``VirtualMachines_CreateOrUpdate``,
+  ``ResourceSkus_List``, ``RetailPrices_List``, ``OAuth2_Token``): ``capacity`` makes the create's operation
+  fail with ``ZonalAllocationFailed`` (``AllocationFailed`` without a zone) at HTTP 200, or a synchronous 409
+  when its code is ``SkuNotAvailable``; ``quota`` is a synchronous 409 ``OperationNotAllowed`` about the cores
+  quota; ``throttle`` a 429 with ``Retry-After``; ``credentials`` a 403 ``AuthorizationFailed`` (401
+  ``invalid_client`` on the token endpoint); ``slow`` sleeps before answering.
+
+Use in-process: ``sandbox = start_azure_sandbox()``; ``sandbox.url``, ``sandbox.cert_path``, ``sandbox.reset()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import hashlib
+import hmac
+import ipaddress
+import json
+import re
+import secrets
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from werkzeug.wrappers import Request, Response
+
+from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
+
+SEED_PATH = Path(__file__).parent / "data" / "azure_prices.csv"
+COMPUTE = "Microsoft.Compute"
+ZONAL_REGIONS = frozenset({"eastus", "southcentralus", "westus3"})  # westus has no availability zones
+REGION_DISPLAY = {
+    "eastus": "US East",
+    "southcentralus": "US South Central",
+    "westus": "US West",
+    "westus3": "US West 3",
+}
+# Sandbox availability quirks, so the adapter's handling of zones and restrictions is exercised.
+ZONE_OVERRIDES: dict[tuple[str, str], list[str]] = {("westus3", "Standard_NC32ads_A10_v4"): ["1", "2"]}
+ZONE_RESTRICTIONS: dict[tuple[str, str], list[str]] = {("eastus", "Standard_ND96isr_H100_v5"): ["3"]}
+LOCATION_RESTRICTIONS = frozenset({("eastus", "Standard_NC24rs_v3")})
+RDMA_SIZES = re.compile(r"^Standard_(ND40rs_v2|NC24rs_v3|ND96asr_v4|ND96amsr_A100_v4|ND96isr_H100_v5)$")
+WINDOWS_UPLIFT_PER_VCPU = Decimal("0.046")  # decoy Windows rows only: never a price the broker may use
+RESERVATION_DISCOUNT = Decimal("0.62")  # decoy reservation rows only
+TOKEN_LIFETIME_S = 3600
+DEFAULT_CREATE_SECONDS = 0.2
+PRICE_PAGE_SIZE = 100
+SKU_PAGE_SIZE = 100
+VM_PAGE_SIZE = 50
+CALL_LOG_SIZE = 10_000
+_VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$|^[A-Za-z0-9]$")
+_SUB = r"/subscriptions/(?P<sub>[^/]+)"
+_RG = _SUB + r"/resourceGroups/(?P<rg>[^/]+)"
+ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(_SUB + r"/providers/Microsoft\.Compute/skus$", re.I), "ResourceSkus_List"),
+    ("GET", re.compile(_SUB + r"/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/usages$", re.I), "Usage_List"),
+    (
+        "GET",
+        re.compile(_SUB + r"/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/operations/(?P<op>[^/]+)$", re.I),
+        "Operations_Get",
+    ),
+    ("GET", re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines$", re.I), "VirtualMachines_List"),
+    (
+        "PUT",
+        re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
+        "VirtualMachines_CreateOrUpdate",
+    ),
+    (
+        "GET",
+        re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
+        "VirtualMachines_Get",
+    ),
+    (
+        "DELETE",
+        re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
+        "VirtualMachines_Delete",
+    ),
+]
+TOKEN_PATH = re.compile(r"^/(?P<tenant>[^/]+)/oauth2/v2\.0/token$")
+PRICES_PATH = "/api/retail/prices"
+_FILTER_CLAUSE = re.compile(r"^\s*(\w+)\s+eq\s+'([^']*)'\s*$", re.I)
+_AND = re.compile(r"\s+and\s+", re.I)
+PRICE_FIELDS = {
+    "servicename": "serviceName",
+    "armregionname": "armRegionName",
+    "armskuname": "armSkuName",
+    "pricetype": "type",
+    "skuname": "skuName",
+    "productname": "productName",
+    "metername": "meterName",
+    "location": "location",
+    "currencycode": "currencyCode",
+    "servicefamily": "serviceFamily",
+}
+SYNC_CAPACITY_CODES = frozenset({"SkuNotAvailable"})
+
+
+# ------------------------------------------------------------------------------------------------ seed
+
+
+@dataclass(frozen=True, slots=True)
+class SeedPrice:
+    """One row of ``data/azure_prices.csv``: a size in a region with its list prices and their source."""
+
+    region: str
+    instance_type: str
+    gpu_model: str
+    gpu_count: int
+    gpu_memory_gb: int
+    vcpus: int
+    memory_gib: Decimal
+    on_demand: Decimal
+    spot: Decimal | None
+    source: str
+    source_date: str
+    note: str = ""
+
+
+def load_seed(path: Path = SEED_PATH) -> list[SeedPrice]:
+    with path.open(newline="") as handle:
+        return [
+            SeedPrice(
+                region=row["region"],
+                instance_type=row["instance_type"],
+                gpu_model=row["gpu_model"],
+                gpu_count=int(row["gpu_count"]),
+                gpu_memory_gb=int(row["gpu_memory_gb"]),
+                vcpus=int(row["vcpus"]),
+                memory_gib=Decimal(row["memory_gib"]),
+                on_demand=Decimal(row["on_demand_usd"]),
+                spot=Decimal(row["spot_usd"]) if row["spot_usd"] else None,
+                source=row["source"],
+                source_date=row["source_date"],
+                note=row.get("note", ""),
+            )
+            for row in csv.DictReader(handle)
+        ]
+
+
+def _short(size: str) -> str:
+    return size.removeprefix("Standard_")
+
+
+def _meter(size: str) -> str:
+    """``Standard_NC24ads_A100_v4`` -> ``NC24ads A100 v4``, the Retail Prices ``skuName``/``meterName`` form."""
+    return _short(size).replace("_", " ")
+
+
+def _series(size: str) -> str:
+    head, _, rest = _short(size).partition("_")
+    return re.sub(r"\d+", "", head, count=1) + (f"_{rest}" if rest else "")
+
+
+def _family(size: str) -> str:
+    return "standard" + _series(size).replace("_", "") + "Family"
+
+
+def _uuid(*parts: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "sandbox-azure/" + "/".join(parts)))
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+# ------------------------------------------------------------------------------------------------- TLS
+
+
+def _write_tls(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1/localhost; returns (ca, cert chain, key) paths."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-broker Azure sandbox CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path, cert_path, key_path = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_path.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
+    )
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_path.chmod(0o600)
+    return ca_path, cert_path, key_path
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxVm:
+    """A VM as the sandbox holds it (for tests asserting what was, or was not, launched).
+
+    ``state`` is ``creating``, ``running``, ``failed`` or ``deleting``; a deleted VM is no longer listed.
+    """
+
+    instance_id: str
+    resource_group: str
+    region: str
+    zone: str
+    instance_type: str
+    state: str
+    priority: str
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request the sandbox received, before faults were applied."""
+
+    action: str
+    region: str = ""
+    instance_types: tuple[str, ...] = ()
+    zone: str | None = None
+
+
+@dataclass(slots=True)
+class _Operation:
+    id: str
+    location: str
+    started: str
+    done_at: float
+    error: tuple[str, str] | None = None
+
+
+@dataclass(slots=True)
+class _Vm:
+    subscription: str
+    resource_group: str
+    name: str
+    location: str
+    zones: list[str]
+    size: str
+    body: dict[str, Any]
+    vm_id: str
+    created: str
+    create_op: _Operation
+    delete_op: _Operation | None = None
+    etag: int = 1
+
+    def provisioning_state(self, now: float) -> str:
+        if self.delete_op is not None:
+            return "Deleting"
+        if now < self.create_op.done_at:
+            return "Creating"
+        return "Failed" if self.create_op.error else "Succeeded"
+
+    @property
+    def resource_id(self) -> str:
+        return (
+            f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}/providers/{COMPUTE}"
+            f"/virtualMachines/{self.name}"
+        )
+
+
+def _arm_error(code: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    response = json_response({"error": {"code": code, "message": message}}, status=status)
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+# --------------------------------------------------------------------------------------------- sandbox
+
+
+class AzureSandbox(SandboxApp):
+    """The Azure sandbox WSGI app. ``start()`` serves it over HTTPS; ``faults`` injects failures; ``reset()``
+    forgets VMs, faults, the call log and the credential allow-list (issued tokens stay valid)."""
+
+    kind = "azure"
+
+    def __init__(self, seed_path: Path = SEED_PATH, cert_dir: Path | None = None):
+        super().__init__(FaultRegistry(default_action="VirtualMachines_CreateOrUpdate"))
+        self.seed = load_seed(seed_path)
+        self._seed_by_key = {(r.region, r.instance_type): r for r in self.seed}
+        self.regions = sorted({r.region for r in self.seed})
+        self._owns_tls_dir = cert_dir is None
+        self._tls_dir = Path(cert_dir) if cert_dir else Path(tempfile.mkdtemp(prefix="azure-sandbox-tls-"))
+        self._tls_dir.mkdir(parents=True, exist_ok=True)
+        self.cert_path, self._chain_path, self._key_path = _write_tls(self._tls_dir)
+        self._token_key = secrets.token_bytes(32)
+        self._skus = self._build_skus()
+        self._prices = self._build_prices()
+        self.create_seconds = DEFAULT_CREATE_SECONDS
+        self.delete_seconds = 0.0
+        self.retry_after_s = 1
+        self.price_page_size = PRICE_PAGE_SIZE
+        self._lock = threading.Lock()
+        self._vms: dict[tuple[str, str, str], _Vm] = {}
+        self._operations: dict[str, _Operation] = {}
+        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
+        self._valid_client_ids: frozenset[str] | None = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if not self._key_path.exists():  # started again after stop() removed the throwaway certificates
+            self._tls_dir.mkdir(parents=True, exist_ok=True)
+            self.cert_path, self._chain_path, self._key_path = _write_tls(self._tls_dir)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(self._chain_path), str(self._key_path))
+        return context
+
+    def stop(self) -> None:
+        super().stop()
+        if self._owns_tls_dir:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ seed views
+
+    def _zones_of(self, region: str, size: str) -> list[str]:
+        if region not in ZONAL_REGIONS:
+            return []
+        return list(ZONE_OVERRIDES.get((region, size), ["1", "2", "3"]))
+
+    def _build_skus(self) -> list[dict[str, Any]]:
+        skus: list[dict[str, Any]] = []
+        for row in self.seed:
+            skus.append(self._sku(row.region, row.instance_type, row.vcpus, row.memory_gib, row.gpu_count))
+        for region in self.regions:  # decoys the adapter must skip: no GPUs, not a VM
+            skus.append(self._sku(region, "Standard_D4s_v5", 4, Decimal(16), 0))
+            skus.append(
+                {
+                    "resourceType": "disks",
+                    "name": "Premium_LRS",
+                    "tier": "Premium",
+                    "size": "P1",
+                    "family": "PremiumDisks",
+                    "locations": [region],
+                    "locationInfo": [{"location": region, "zones": self._zones_of(region, ""), "zoneDetails": []}],
+                    "capabilities": [{"name": "MaxSizeGiB", "value": "4"}],
+                    "restrictions": [],
+                }
+            )
+        return skus
+
+    def _sku(self, region: str, size: str, vcpus: int, memory_gib: Decimal, gpus: int) -> dict[str, Any]:
+        capabilities = {
+            "MaxResourceVolumeMB": str(vcpus * 30 * 1024),
+            "OSVhdSizeMB": "1047552",
+            "vCPUs": str(vcpus),
+            "MemoryGB": f"{memory_gib.normalize():f}",
+            "HyperVGenerations": "V2" if "H100" in size or "A100" in size or "A10_" in size else "V1,V2",
+            "LowPriorityCapable": "True",
+            "vCPUsAvailable": str(vcpus),
+            "PremiumIO": "True" if re.search(r"\d+\w*s_", size) else "False",
+            "AcceleratedNetworkingEnabled": "True",
+            "RdmaEnabled": "True" if RDMA_SIZES.match(size) else "False",
+        }
+        if gpus:
+            capabilities["GPUs"] = str(gpus)
+        restrictions: list[dict[str, Any]] = []
+        if (region, size) in LOCATION_RESTRICTIONS:
+            restrictions.append(
+                {
+                    "type": "Location",
+                    "values": [region],
+                    "restrictionInfo": {"locations": [region]},
+                    "reasonCode": "NotAvailableForSubscription",
+                }
+            )
+        closed = ZONE_RESTRICTIONS.get((region, size))
+        if closed:
+            restrictions.append(
+                {
+                    "type": "Zone",
+                    "values": [region],
+                    "restrictionInfo": {"locations": [region], "zones": closed},
+                    "reasonCode": "NotAvailableForSubscription",
+                }
+            )
+        return {
+            "resourceType": "virtualMachines",
+            "name": size,
+            "tier": "Standard",
+            "size": _short(size),
+            "family": _family(size),
+            "locations": [region],
+            "locationInfo": [{"location": region, "zones": self._zones_of(region, size), "zoneDetails": []}],
+            "capabilities": [{"name": k, "value": v} for k, v in capabilities.items()],
+            "restrictions": restrictions,
+        }
+
+    def _build_prices(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for row in self.seed:
+            meter, series = _meter(row.instance_type), _series(row.instance_type)
+            linux = f"Virtual Machines {series} Series"
+
+            def item(
+                sku_name: str,
+                product: str,
+                price: Decimal,
+                kind: str = "Consumption",
+                _row: SeedPrice = row,
+                **more: Any,
+            ) -> dict[str, Any]:
+                return {
+                    "currencyCode": "USD",
+                    "tierMinimumUnits": 0.0,
+                    "retailPrice": float(price),
+                    "unitPrice": float(price),
+                    "armRegionName": _row.region,
+                    "location": REGION_DISPLAY.get(_row.region, _row.region),
+                    "effectiveStartDate": "2025-06-01T00:00:00Z",
+                    "meterId": _uuid(_row.region, _row.instance_type, sku_name, product, kind),
+                    "meterName": sku_name,
+                    "productId": "DZH318Z0" + hashlib.sha256(product.encode()).hexdigest()[:4].upper(),
+                    "skuId": "DZH318Z0/" + hashlib.sha256(sku_name.encode()).hexdigest()[:4].upper(),
+                    "productName": product,
+                    "skuName": sku_name,
+                    "serviceName": "Virtual Machines",
+                    "serviceId": "DZH313Z7MMC8",
+                    "serviceFamily": "Compute",
+                    "unitOfMeasure": "1 Hour",
+                    "type": kind,
+                    "isPrimaryMeterRegion": True,
+                    "armSkuName": _row.instance_type,
+                    **more,
+                }
+
+            items.append(item(meter, linux, row.on_demand))
+            items.append(item(meter, linux, row.on_demand, "DevTestConsumption"))
+            items.append(item(meter, f"{linux} Windows", row.on_demand + WINDOWS_UPLIFT_PER_VCPU * row.vcpus))
+            reserved = (row.on_demand * RESERVATION_DISCOUNT * 8760).quantize(Decimal("0.01"))
+            items.append(item(meter, linux, reserved, "Reservation", reservationTerm="1 Year"))
+            if row.spot is not None:
+                items.append(item(f"{meter} Spot", linux, row.spot))
+                items.append(item(f"{meter} Low Priority", linux, row.spot))
+                items.append(item(f"{meter} Spot", f"{linux} Windows", row.spot + WINDOWS_UPLIFT_PER_VCPU * row.vcpus))
+        return items
+
+    # -------------------------------------------------------------------------------- public helpers
+
+    # A service principal the sandbox accepts (any client id not starting with "bad" would do).
+    demo_credentials: dict[str, str] = {
+        "tenant_id": "72f988bf-0000-0000-0000-0000000005b0",
+        "client_id": "broker-sandbox-app",
+        "client_secret": "sandbox-secret",
+        "subscription_id": "00000000-0000-0000-0000-0000000005b0",
+    }
+    demo_subnet_id = (
+        "/subscriptions/00000000-0000-0000-0000-0000000005b0/resourceGroups/broker-net/providers"
+        "/Microsoft.Network/virtualNetworks/broker/subnets/gpu"
+    )
+
+    def account_options(self) -> dict[str, str]:
+        """Adapter options that point an account at this sandbox: its CA, token and price endpoints, a subnet
+        and a login key (the sandbox accepts any), and a short polling interval. Needs a started sandbox."""
+        return {
+            "ca_bundle": str(self.cert_path),
+            "authority_url": self.url,
+            "prices_url": self.url,
+            "subnet_id": self.demo_subnet_id,
+            "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBrokerSandboxKey broker@sandbox",
+            "polling_interval": "0.05",
+        }
+
+    def zones(self, region: str, instance_type: str) -> list[str]:
+        """The zone numbers a seeded size is offered in ([] in a region without zones)."""
+        return self._zones_of(region, instance_type)
+
+    def on_demand_price(self, region: str, instance_type: str) -> Decimal | None:
+        row = self._seed_by_key.get((region, instance_type))
+        return row.on_demand if row else None
+
+    def spot_price(self, region: str, instance_type: str) -> Decimal | None:
+        row = self._seed_by_key.get((region, instance_type))
+        return row.spot if row else None
+
+    def accept_client_ids(self, client_ids: Iterable[str] | None) -> None:
+        """Accept only these client ids at the token endpoint; None restores the default rule: any
+        non-empty id that does not start with ``bad``."""
+        with self._lock:
+            self._valid_client_ids = frozenset(client_ids) if client_ids is not None else None
+
+    def client_accepted(self, client_id: str) -> bool:
+        with self._lock:
+            valid = self._valid_client_ids
+        if valid is not None:
+            return client_id in valid
+        return bool(client_id) and not client_id.startswith("bad")
+
+    def calls(self, action: str | None = None) -> list[Call]:
+        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
+        with self._lock:
+            return [c for c in self._calls if action is None or c.action == action]
+
+    def instances(self, region: str | None = None) -> list[SandboxVm]:
+        """Every VM the sandbox holds (deleted ones are gone), optionally in one region."""
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vms = list(self._vms.values())
+        states = {"Creating": "creating", "Succeeded": "running", "Failed": "failed", "Deleting": "deleting"}
+        found = [
+            SandboxVm(
+                instance_id=vm.name,
+                resource_group=vm.resource_group,
+                region=vm.location,
+                zone=f"{vm.location}-{vm.zones[0]}" if vm.zones else vm.location,
+                instance_type=vm.size,
+                state=states[vm.provisioning_state(now)],
+                priority=str(vm.body.get("properties", {}).get("priority") or "Regular"),
+                tags=dict(vm.body.get("tags") or {}),
+            )
+            for vm in vms
+            if region is None or vm.location == region
+        ]
+        return sorted(found, key=lambda v: (v.region, v.instance_id))
+
+    def reset(self) -> None:
+        self.faults.clear()
+        with self._lock:
+            self._vms.clear()
+            self._operations.clear()
+            self._calls.clear()
+            self._valid_client_ids = None
+        self.create_seconds = DEFAULT_CREATE_SECONDS
+        self.delete_seconds = 0.0
+        self.retry_after_s = 1
+        self.price_page_size = PRICE_PAGE_SIZE
+
+    def control_extra(self, request: Request, route: str) -> Response | None:
+        if route == "credentials" and request.method in ("PUT", "POST"):
+            body = request.get_json(force=True, silent=True) or {}
+            ids = body.get("valid_client_ids")
+            self.accept_client_ids(ids if ids is None else [str(i) for i in ids])
+            return json_response({"valid_client_ids": ids})
+        if route == "calls" and request.method == "GET":
+            return json_response({"calls": [[c.action, c.region] for c in self.calls()]})
+        if route == "instances" and request.method == "GET":
+            return json_response(
+                {
+                    "instances": [
+                        {"instance_id": v.instance_id, "region": v.region, "state": v.state} for v in self.instances()
+                    ]
+                }
+            )
+        if route == "ca.pem" and request.method == "GET":
+            return Response(self.cert_path.read_bytes(), mimetype="application/x-pem-file")
+        return None
+
+    # -------------------------------------------------------------------------------------- routing
+
+    def handle(self, environ: WSGIEnviron, start_response: StartResponse) -> Iterable[bytes]:
+        request = Request(environ)
+        response = self._dispatch(request)
+        return response(environ, start_response)
+
+    def _dispatch(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        token_match = TOKEN_PATH.match(path)
+        if token_match and request.method == "POST":
+            self._log(Call("OAuth2_Token"))
+            return self._token(request, token_match.group("tenant"))
+        if path.lower() == PRICES_PATH and request.method == "GET":
+            return self._retail_prices(request)
+        for method, pattern, action in ROUTES:
+            match = pattern.match(path)
+            if match and request.method == method:
+                return self._arm(request, action, match.groupdict())
+        for _, pattern, _ in ROUTES:
+            if pattern.match(path):
+                return _arm_error("MethodNotAllowed", f"The requested method {request.method} is not allowed.", 405)
+        return _arm_error("InvalidResourceType", f"No route for {request.method} {path}", 404)
+
+    def _log(self, call: Call) -> None:
+        with self._lock:
+            self._calls.append(call)
+
+    def _transport_fault(self, call: Call) -> Fault | None:
+        fault = self.faults.take(call.action, call.instance_types, call.zone, kinds=TRANSPORT_KINDS)
+        if fault is not None and fault.kind is FaultKind.SLOW:
+            self.faults.sleep(fault.seconds)
+            fault = self.faults.take(
+                call.action, call.instance_types, call.zone, kinds={FaultKind.THROTTLE, FaultKind.CREDENTIALS}
+            )
+        return fault
+
+    def _throttled(self) -> Response:
+        return _arm_error(
+            "TooManyRequests",
+            "The request is being throttled as the limit has been reached for operation group. Retry later.",
+            429,
+            {"Retry-After": str(self.retry_after_s)},
+        )
+
+    # ------------------------------------------------------------------------------------------ token
+
+    def _token(self, request: Request, tenant: str) -> Response:
+        form = request.form
+        client_id = form.get("client_id", "")
+        fault = self._transport_fault(Call("OAuth2_Token"))
+        if fault is not None and fault.kind is FaultKind.THROTTLE:
+            return self._aad_error("temporarily_unavailable", 90055, "Too many requests. Retry later.", 429)
+        if form.get("grant_type") != "client_credentials":
+            return self._aad_error("unsupported_grant_type", 70003, "The app requested an unsupported grant type.", 400)
+        if not form.get("scope"):
+            return self._aad_error("invalid_request", 90014, "The required field 'scope' is missing.", 400)
+        if not self.client_accepted(client_id):
+            return self._aad_error(
+                "unauthorized_client",
+                700016,
+                f"Application with identifier '{client_id}' was not found in the directory '{tenant}'. This can "
+                "happen if the application has not been installed by the administrator of the tenant or consented "
+                "to by any user in the tenant.",
+                400,
+            )
+        if not form.get("client_secret") or (fault is not None and fault.kind is FaultKind.CREDENTIALS):
+            return self._aad_error(
+                "invalid_client",
+                7000215,
+                "Invalid client secret provided. Ensure the secret being sent in the request is the client secret "
+                f"value, not the client secret ID, for a secret added to app '{client_id}'.",
+                401,
+            )
+        expires = int(time.time()) + TOKEN_LIFETIME_S
+        payload = _b64(json.dumps({"tid": tenant, "cid": client_id, "exp": expires}).encode())
+        signature = _b64(hmac.new(self._token_key, payload.encode(), hashlib.sha256).digest())
+        return json_response(
+            {
+                "token_type": "Bearer",
+                "expires_in": TOKEN_LIFETIME_S,
+                "ext_expires_in": TOKEN_LIFETIME_S,
+                "access_token": f"sbx1.{payload}.{signature}",
+            }
+        )
+
+    @staticmethod
+    def _aad_error(error: str, code: int, description: str, status: int) -> Response:
+        trace, correlation = str(uuid.uuid4()), str(uuid.uuid4())
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        return json_response(
+            {
+                "error": error,
+                "error_description": f"AADSTS{code}: {description}\r\nTrace ID: {trace}\r\nCorrelation ID: "
+                f"{correlation}\r\nTimestamp: {stamp}",
+                "error_codes": [code],
+                "timestamp": stamp,
+                "trace_id": trace,
+                "correlation_id": correlation,
+                "error_uri": f"https://login.microsoftonline.com/error?code={code}",
+            },
+            status=status,
+        )
+
+    def _token_problem(self, request: Request) -> Response | None:
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            return _arm_error(
+                "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing.", 401
+            )
+        parts = header[len("Bearer ") :].split(".")
+        if len(parts) != 3 or parts[0] != "sbx1":
+            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+        expected = _b64(hmac.new(self._token_key, parts[1].encode(), hashlib.sha256).digest())
+        if not hmac.compare_digest(expected, parts[2]):
+            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+        try:
+            claims = json.loads(_unb64(parts[1]))
+            expires = int(claims["exp"])
+        except (ValueError, KeyError, TypeError):
+            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+        if expires < time.time():
+            return _arm_error(
+                "ExpiredAuthenticationToken", "The access token expiry UTC time is earlier than now.", 401
+            )
+        return None
+
+    # ------------------------------------------------------------------------------------ retail prices
+
+    def _retail_prices(self, request: Request) -> Response:
+        self._log(Call("RetailPrices_List"))
+        fault = self._transport_fault(Call("RetailPrices_List"))
+        if fault is not None:
+            if fault.kind is FaultKind.THROTTLE:
+                response = json_response({"Error": {"Code": "TooManyRequests", "Message": "Rate limited"}}, 429)
+                response.headers["Retry-After"] = str(self.retry_after_s)
+                return response
+            return json_response({"Error": {"Code": "Forbidden", "Message": "Access denied"}}, 403)
+        odata = request.args.get("$filter", "")
+        clauses: list[tuple[str, str]] = []
+        for clause in _AND.split(odata.strip()) if odata.strip() else []:
+            match = _FILTER_CLAUSE.match(clause)
+            field_name = PRICE_FIELDS.get(match.group(1).lower()) if match else None
+            if match is None or field_name is None:
+                return json_response({"Error": {"Code": "InvalidFilter", "Message": f"Invalid filter: {clause}"}}, 400)
+            clauses.append((field_name, match.group(2)))
+        currency = request.args.get("currencyCode", "USD").strip("'")
+        try:
+            skip = int(request.args.get("$skip", "0"))
+        except ValueError:
+            return json_response({"Error": {"Code": "InvalidSkip", "Message": "Invalid $skip"}}, 400)
+        rows = [
+            item
+            for item in self._prices
+            if item["currencyCode"] == currency and all(str(item.get(f)) == v for f, v in clauses)
+        ]
+        page = rows[skip : skip + self.price_page_size]
+        next_link = None
+        if skip + self.price_page_size < len(rows):
+            query = "&".join(
+                f"{quote(k, safe='$')}={quote(v, safe='')}" for k, v in request.args.items() if k != "$skip"
+            )
+            next_link = f"{request.host_url}api/retail/prices?{query}&$skip={skip + self.price_page_size}"
+        return json_response(
+            {
+                "BillingCurrency": currency,
+                "CustomerEntityId": "Default",
+                "CustomerEntityType": "Retail",
+                "Items": page,
+                "NextPageLink": next_link,
+                "Count": len(page),
+            }
+        )
+
+    # -------------------------------------------------------------------------------------------- ARM
+
+    def _arm(self, request: Request, action: str, args: dict[str, str]) -> Response:
+        body: dict[str, Any] = {}
+        if request.method == "PUT":
+            parsed = request.get_json(force=True, silent=True)
+            if not isinstance(parsed, dict):
+                return _arm_error(
+                    "InvalidRequestContent", "The request content was invalid and could not be deserialized.", 400
+                )
+            body = parsed
+        location = str(body.get("location") or args.get("loc") or "")
+        size = str(((body.get("properties") or {}).get("hardwareProfile") or {}).get("vmSize") or "")
+        zones = [str(z) for z in body.get("zones") or ()]
+        zone = f"{location}-{zones[0]}" if zones else (location or None)
+        call = Call(action, location, (size,) if size else (), zone)
+        self._log(call)
+        problem = self._token_problem(request)
+        if problem is not None:
+            return problem
+        fault = self._transport_fault(call)
+        if fault is not None:
+            if fault.kind is FaultKind.THROTTLE:
+                return self._throttled()
+            return _arm_error(
+                fault.code or "AuthorizationFailed",
+                f"The client does not have authorization to perform action '{COMPUTE}/{action}' over scope "
+                f"'/subscriptions/{args.get('sub', '')}' or the scope is invalid.",
+                403,
+            )
+        if not request.args.get("api-version"):
+            return _arm_error(
+                "MissingApiVersionParameter",
+                "The api-version query parameter (?api-version=) is required for all requests.",
+                400,
+            )
+        if action == "ResourceSkus_List":
+            return self._list_skus(request)
+        if action == "Usage_List":
+            return self._usages(args["loc"])
+        if action == "Operations_Get":
+            return self._operation(args["op"])
+        if action == "VirtualMachines_List":
+            return self._list_vms(request, args["sub"], args["rg"])
+        key = (args["sub"].lower(), args["rg"].lower(), args["vm"].lower())
+        if action == "VirtualMachines_Get":
+            return self._get_vm(request, key)
+        if action == "VirtualMachines_Delete":
+            return self._delete_vm(request, key)
+        return self._put_vm(request, args, key, body, call)
+
+    def _list_skus(self, request: Request) -> Response:
+        odata = request.args.get("$filter", "").strip()
+        skus = self._skus
+        if odata:
+            match = re.match(r"^location\s+eq\s+'([^']+)'$", odata, re.I)
+            if match is None:
+                return _arm_error("InvalidFilter", f"The filter '{odata}' is not supported.", 400)
+            wanted = match.group(1).lower()
+            skus = [s for s in skus if wanted in {loc.lower() for loc in s["locations"]}]
+        try:
+            offset = int(request.args.get("$skiptoken", "0"))
+        except ValueError:
+            return _arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
+        page = skus[offset : offset + SKU_PAGE_SIZE]
+        result: dict[str, Any] = {"value": page}
+        if offset + SKU_PAGE_SIZE < len(skus):
+            result["nextLink"] = self._link(request, {"$skiptoken": str(offset + SKU_PAGE_SIZE)})
+        return json_response(result)
+
+    @staticmethod
+    def _link(request: Request, replace: dict[str, str]) -> str:
+        args = {k: v for k, v in request.args.items() if k not in replace}
+        args.update(replace)
+        query = "&".join(f"{quote(k, safe='$')}={quote(v, safe='')}" for k, v in args.items())
+        return f"{request.host_url.rstrip('/')}{request.path}?{query}"
+
+    def _usages(self, location: str) -> Response:
+        if location.lower() not in self.regions:
+            return _arm_error(
+                "NoRegisteredProviderFound", f"No registered resource provider found for location '{location}'.", 400
+            )
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            cores = sum(
+                self._seed_by_key[(vm.location, vm.size)].vcpus
+                for vm in self._vms.values()
+                if vm.location == location.lower() and (vm.location, vm.size) in self._seed_by_key
+            )
+        value = [
+            {
+                "unit": "Count",
+                "currentValue": cores,
+                "limit": 10000,
+                "name": {"value": "cores", "localizedValue": "Total Regional vCPUs"},
+            },
+            {
+                "unit": "Count",
+                "currentValue": 0,
+                "limit": 25000,
+                "name": {"value": "virtualMachines", "localizedValue": "Virtual Machines"},
+            },
+        ]
+        return json_response({"value": value})
+
+    def _operation(self, op_id: str) -> Response:
+        with self._lock:
+            operation = self._operations.get(op_id)
+        if operation is None:
+            return _arm_error("NotFound", f"The operation '{op_id}' was not found.", 404)
+        result: dict[str, Any] = {"startTime": operation.started, "name": op_id}
+        if time.monotonic() < operation.done_at:
+            result["status"] = "InProgress"
+        elif operation.error:
+            code, message = operation.error
+            result.update(status="Failed", endTime=_now_iso(), error={"code": code, "message": message})
+        else:
+            result.update(status="Succeeded", endTime=_now_iso())
+        return json_response(result)
+
+    def _operation_url(self, request: Request, vm: _Vm, op: _Operation) -> str:
+        return (
+            f"{request.host_url}subscriptions/{vm.subscription}/providers/{COMPUTE}/locations/{vm.location}"
+            f"/operations/{op.id}?api-version={request.args.get('api-version')}"
+        )
+
+    def _new_operation(self, location: str, seconds: float, error: tuple[str, str] | None = None) -> _Operation:
+        op = _Operation(str(uuid.uuid4()), location, _now_iso(), time.monotonic() + seconds, error)
+        self._operations[op.id] = op
+        return op
+
+    def _sweep(self, now: float) -> None:
+        """Forget VMs whose delete finished. Caller holds the lock."""
+        for key, vm in list(self._vms.items()):
+            if vm.delete_op is not None and now >= vm.delete_op.done_at:
+                del self._vms[key]
+
+    def _vm_json(self, vm: _Vm, now: float, *, instance_view: bool) -> dict[str, Any]:
+        properties = json.loads(json.dumps(vm.body.get("properties") or {}))
+        state = vm.provisioning_state(now)
+        properties.update(vmId=vm.vm_id, provisioningState=state, timeCreated=vm.created)
+        if instance_view:
+            statuses: list[dict[str, Any]] = []
+            if state == "Failed" and vm.create_op.error:
+                code, message = vm.create_op.error
+                statuses.append(
+                    {
+                        "code": f"ProvisioningState/failed/{code}",
+                        "level": "Error",
+                        "displayStatus": "Provisioning failed",
+                        "message": message,
+                        "time": vm.created,
+                    }
+                )
+            else:
+                statuses.append(
+                    {
+                        "code": f"ProvisioningState/{state.lower()}",
+                        "level": "Info",
+                        "displayStatus": {"Succeeded": "Provisioning succeeded"}.get(state, state),
+                    }
+                )
+                power = {"Creating": "starting", "Succeeded": "running", "Deleting": "stopping"}[state]
+                statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"})
+            properties["instanceView"] = {
+                "computerName": (properties.get("osProfile") or {}).get("computerName", vm.name),
+                "hyperVGeneration": "V2",
+                "statuses": statuses,
+            }
+        result: dict[str, Any] = {
+            "name": vm.name,
+            "id": vm.resource_id,
+            "type": f"{COMPUTE}/virtualMachines",
+            "location": vm.location,
+            "tags": dict(vm.body.get("tags") or {}),
+            "etag": f'"{vm.etag}"',
+            "properties": properties,
+        }
+        if vm.zones:
+            result["zones"] = list(vm.zones)
+        return result
+
+    def _list_vms(self, request: Request, sub: str, rg: str) -> Response:
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vms = sorted(
+                (vm for (s, g, _), vm in self._vms.items() if s == sub.lower() and g == rg.lower()),
+                key=lambda v: v.name.lower(),
+            )
+            values = [self._vm_json(vm, now, instance_view=False) for vm in vms]
+        try:
+            offset = int(request.args.get("$skiptoken", "0"))
+        except ValueError:
+            return _arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
+        result: dict[str, Any] = {"value": values[offset : offset + VM_PAGE_SIZE]}
+        if offset + VM_PAGE_SIZE < len(values):
+            result["nextLink"] = self._link(request, {"$skiptoken": str(offset + VM_PAGE_SIZE)})
+        return json_response(result)
+
+    def _get_vm(self, request: Request, key: tuple[str, str, str]) -> Response:
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vm = self._vms.get(key)
+            if vm is None:
+                return self._not_found(key)
+            expand = request.args.get("$expand", "").lower() == "instanceview"
+            return json_response(self._vm_json(vm, now, instance_view=expand))
+
+    @staticmethod
+    def _not_found(key: tuple[str, str, str]) -> Response:
+        return _arm_error(
+            "ResourceNotFound",
+            f"The Resource '{COMPUTE}/virtualMachines/{key[2]}' under resource group '{key[1]}' was not found.",
+            404,
+        )
+
+    def _delete_vm(self, request: Request, key: tuple[str, str, str]) -> Response:
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vm = self._vms.get(key)
+            if vm is None:
+                return Response(status=204)  # Azure answers a delete of a missing resource with 204
+            if vm.delete_op is None:
+                vm.delete_op = self._new_operation(vm.location, self.delete_seconds)
+            url = self._operation_url(request, vm, vm.delete_op)
+        response = Response(status=202)
+        response.headers["Azure-AsyncOperation"] = url
+        response.headers["Location"] = url + "&monitor=true"
+        return response
+
+    def _put_vm(
+        self, request: Request, args: dict[str, str], key: tuple[str, str, str], body: dict[str, Any], call: Call
+    ) -> Response:
+        name = args["vm"]
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            existing = self._vms.get(key)
+            if existing is not None:
+                if request.headers.get("If-None-Match", "").strip() == "*":
+                    return _arm_error(
+                        "PreconditionFailed",
+                        "The condition specified using HTTP conditional header(s) is not met.",
+                        412,
+                    )
+                # A plain PUT on an existing VM would be an update; the sandbox keeps the VM as it is.
+                return json_response(self._vm_json(existing, now, instance_view=False), status=200)
+        invalid = self._validate(name, body)
+        if invalid is not None:
+            return invalid
+        fault = self.faults.take(call.action, call.instance_types, call.zone, kinds=OUTCOME_KINDS)
+        location = str(body["location"]).lower()
+        zones = [str(z) for z in body.get("zones") or ()]
+        size = str(body["properties"]["hardwareProfile"]["vmSize"])
+        failure: tuple[str, str] | None = None
+        if fault is not None:
+            refusal, failure = self._fault_outcome(fault, location, zones, size)
+            if refusal is not None:
+                return refusal
+        with self._lock:
+            if key in self._vms:  # a concurrent PUT of the same name won the race
+                return _arm_error(
+                    "PreconditionFailed", "The condition specified using HTTP conditional header(s) is not met.", 412
+                )
+            op = self._new_operation(location, self.create_seconds, failure)
+            vm = _Vm(
+                subscription=args["sub"],
+                resource_group=args["rg"],
+                name=name,
+                location=location,
+                zones=zones,
+                size=size,
+                body=json.loads(json.dumps(body)),
+                vm_id=str(uuid.uuid4()),
+                created=_now_iso(),
+                create_op=op,
+            )
+            self._vms[key] = vm
+            result = self._vm_json(vm, now, instance_view=False)
+            url = self._operation_url(request, vm, op)
+        response = json_response(result, status=201)
+        response.headers["Azure-AsyncOperation"] = url
+        return response
+
+    def _fault_outcome(
+        self, fault: Fault, location: str, zones: list[str], size: str
+    ) -> tuple[Response | None, tuple[str, str] | None]:
+        """(a synchronous refusal, or the error the create's operation will end with)."""
+        if fault.kind is FaultKind.QUOTA:
+            family = _family(size)
+            vcpus = self._seed_by_key[(location, size)].vcpus if (location, size) in self._seed_by_key else 0
+            message = (
+                f"Operation could not be completed as it results in exceeding approved {family} Cores quota. "
+                f"Additional details - Deployment Model: Resource Manager, Location: {location}, Current Limit: 0, "
+                f"Current Usage: 0, Additional Required: {vcpus}, (Minimum) New Limit Required: {vcpus}."
+            )
+            return _arm_error(fault.code or "OperationNotAllowed", message, 409), None
+        code = fault.code or ("ZonalAllocationFailed" if zones else "AllocationFailed")
+        if code in SYNC_CAPACITY_CODES:
+            return self._sku_not_available(location, zones, size), None
+        message = (
+            "Allocation failed. We do not have sufficient capacity for the requested VM size in this "
+            f"{'zone' if zones else 'region'}. Read more about improving likelihood of allocation success at "
+            "http://aka.ms/allocation-guidance"
+        )
+        return None, (code, message)
+
+    @staticmethod
+    def _sku_not_available(location: str, zones: list[str], size: str) -> Response:
+        return _arm_error(
+            "SkuNotAvailable",
+            f"The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: {size}' is "
+            f"currently not available in location '{location}' zones '{','.join(zones)}'. Please try another size "
+            "or deploy to a different location or zones. See https://aka.ms/azureskunotavailable for details.",
+            409,
+        )
+
+    def _validate(self, name: str, body: dict[str, Any]) -> Response | None:
+        """What ARM checks synchronously before accepting a create."""
+        if not _VM_NAME.match(name):
+            return _arm_error("InvalidResourceName", f"The resource name '{name}' is invalid.", 400)
+        location = str(body.get("location") or "").lower()
+        if location not in self.regions:
+            return _arm_error(
+                "LocationNotAvailableForResourceType",
+                f"The provided location '{location}' is not available for resource type '{COMPUTE}/virtualMachines'.",
+                400,
+            )
+        properties = body.get("properties") or {}
+        size = str((properties.get("hardwareProfile") or {}).get("vmSize") or "")
+        if not size:
+            return _arm_error("InvalidParameter", "Required parameter 'hardwareProfile.vmSize' is missing (null).", 400)
+        zones = [str(z) for z in body.get("zones") or ()]
+        if zones and location not in ZONAL_REGIONS:
+            return _arm_error(
+                "InvalidParameter", f"Availability zones are not supported in location '{location}'.", 400
+            )
+        sku = next((s for s in self._skus if s["name"] == size and location in s["locations"]), None)
+        if sku is None or any(r["type"] == "Location" for r in sku["restrictions"]):
+            return self._sku_not_available(location, zones, size)
+        closed = {z for r in sku["restrictions"] if r["type"] == "Zone" for z in r["restrictionInfo"]["zones"]}
+        offered = set(sku["locationInfo"][0]["zones"])
+        if any(z not in offered or z in closed for z in zones):
+            return self._sku_not_available(location, zones, size)
+        storage = properties.get("storageProfile") or {}
+        if not storage.get("imageReference"):
+            return _arm_error(
+                "InvalidParameter", "Required parameter 'storageProfile.imageReference' is missing (null).", 400
+            )
+        os_profile = properties.get("osProfile") or {}
+        if not os_profile.get("computerName") or not os_profile.get("adminUsername"):
+            return _arm_error("InvalidParameter", "Required parameter 'osProfile' is missing (null).", 400)
+        linux = os_profile.get("linuxConfiguration") or {}
+        keys = (linux.get("ssh") or {}).get("publicKeys") or []
+        if not os_profile.get("adminPassword") and not any(k.get("keyData") for k in keys):
+            return _arm_error(
+                "InvalidParameter",
+                "Authentication using either SSH or by user name and password must be enabled in Linux profile.",
+                400,
+            )
+        network = properties.get("networkProfile") or {}
+        configurations = network.get("networkInterfaceConfigurations") or []
+        if not network.get("networkInterfaces") and not configurations:
+            return _arm_error("InvalidParameter", "Required parameter 'networkProfile' is missing (null).", 400)
+        if configurations:
+            if not network.get("networkApiVersion"):
+                return _arm_error(
+                    "InvalidParameter", "networkApiVersion is required with networkInterfaceConfigurations.", 400
+                )
+            for configuration in configurations:
+                ip_configs = (configuration.get("properties") or {}).get("ipConfigurations") or []
+                if not ip_configs or not all(
+                    ((c.get("properties") or {}).get("subnet") or {}).get("id") for c in ip_configs
+                ):
+                    return _arm_error("InvalidParameter", "Every ipConfiguration needs a subnet id.", 400)
+        if str(properties.get("priority") or "Regular") == "Spot":
+            return self._validate_spot(location, size, properties)
+        return None
+
+    def _validate_spot(self, location: str, size: str, properties: dict[str, Any]) -> Response | None:
+        if properties.get("evictionPolicy") not in ("Deallocate", "Delete"):
+            return _arm_error("InvalidParameter", "evictionPolicy must be Deallocate or Delete for a Spot VM.", 400)
+        current = self.spot_price(location, size)
+        if current is None:
+            return _arm_error(
+                "SkuNotAvailable",
+                f"The requested VM size '{size}' is not available for Azure Spot in '{location}'.",
+                409,
+            )
+        max_price = (properties.get("billingProfile") or {}).get("maxPrice", -1)
+        try:
+            max_price_value = Decimal(str(max_price))
+        except ArithmeticError:
+            return _arm_error("InvalidParameter", f"maxPrice {max_price!r} is not a number.", 400)
+        if max_price_value != -1 and max_price_value < current:
+            return _arm_error(
+                "OperationNotAllowed",
+                f"Unable to perform operation 'Create VM' since the provided max price '{max_price_value} USD' is "
+                f"lower than the current spot price '{current} USD' for Azure Spot VM size '{size}'. For more "
+                "information, see http://aka.ms/AzureSpot/errormessages.",
+                409,
+            )
+        return None
+
+
+def start_azure_sandbox(host: str = "127.0.0.1", port: int = 0) -> AzureSandbox:
+    """Build an ``AzureSandbox`` and serve it over HTTPS on a daemon thread; ``sandbox.url`` is its base URL
+    and ``sandbox.cert_path`` the CA certificate to trust."""
+    sandbox = AzureSandbox()
+    sandbox.start(host, port)
+    return sandbox

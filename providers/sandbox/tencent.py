@@ -1,0 +1,892 @@
+"""The Tencent Cloud sandbox: an in-process emulator of the CVM API 3.0 (version 2017-03-12) on its real wire.
+
+Wire: ``POST /`` with a JSON body and the headers ``X-TC-Action``, ``X-TC-Version``, ``X-TC-Region``,
+``X-TC-Timestamp`` and ``Authorization: TC3-HMAC-SHA256 ...``. Every answer is HTTP 200 with
+``{"Response": {..., "RequestId"}}``; errors too, as ``{"Response": {"Error": {"Code", "Message"}, "RequestId"}}``.
+The real ``tencentcloud-sdk-python-cvm`` runs against it unchanged.
+
+What it emulates:
+
+- ``DescribeZones``, ``DescribeZoneInstanceConfigInfos`` (catalogue with CNY list prices from the seed CSV,
+  SELL/SOLD_OUT per zone), ``DescribeInstanceTypeConfigs`` (``GpuType``/``GpuMemory``), ``DescribeImages``;
+- ``RunInstances``, asynchronous as on CVM: it answers with ``InstanceIdSet`` and the instance is ``PENDING``
+  until ``launch_seconds`` have passed, then ``RUNNING`` or ``LAUNCH_FAILED``. Idempotent on ``ClientToken`` per
+  region (the same token answers the same ids and never creates a second instance);
+- ``DescribeInstances`` (ids or filters incl. ``tag:<key>``, Offset/Limit), ``DescribeInstancesStatus``,
+  ``TerminateInstances`` (``TERMINATING`` for ``terminate_seconds``, then ``SHUTDOWN`` in the recycle bin for
+  ``retention_seconds``, then gone; a LAUNCH_FAILED instance is recycled after ``retention_seconds`` too);
+- TC3 signatures checked with the secret the sandbox knows for a secret id (``register_secret``); secret ids
+  starting with ``bad`` get ``AuthFailure.SecretIdNotFound``; unknown ids are accepted unless ``strict``;
+- injectable faults (``sandbox.faults``, default action ``RunInstances``): ``capacity`` makes the launch fail
+  *later* (RunInstances succeeds, the instance turns LAUNCH_FAILED with the error in
+  ``LatestOperationErrorMsg``) unless a ``code`` is given, which is then answered synchronously by RunInstances
+  (``ResourceInsufficient.*``, ``ResourcesSoldOut.*``, ``InvalidParameterValue.InsufficientPrice``, ...);
+  ``quota`` is ``LimitExceeded.InstanceQuota`` (or ``code``); ``throttle`` is ``RequestLimitExceeded``;
+  ``credentials`` is ``AuthFailure.UnauthorizedOperation``; ``slow`` sleeps ``seconds`` before answering.
+
+Use in-process: ``sandbox = start_tencent_sandbox()``; point ``HttpProfile(protocol="http",
+endpoint=<host:port of sandbox.url>)`` (or ``TencentAdapter`` with ``endpoint_url=sandbox.url``) at it;
+``sandbox.reset()`` between tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from werkzeug.wrappers import Request, Response
+
+from providers.sandbox import tencent_auth as auth
+from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
+from providers.sandbox.tencent_catalogue import (
+    ON_DEMAND,
+    PUBLIC_IMAGES,
+    REGIONS,
+    SEED_PATH,
+    SPOT,
+    SeedPrice,
+    load_seed,
+    quota_rows,
+    type_config_rows,
+)
+
+API_VERSION = "2017-03-12"
+SERVICE = "cvm"
+CALL_LOG_SIZE = 10_000  # a standalone sandbox runs for days; keep the newest calls only
+DEFAULT_SECRETS = {"AKIDsandbox00000001": "sandbox-secret-key-0001"}
+ORDERING_TIMEOUT = 30.0  # how long a same-token request waits for the first one before giving up
+_INSTANCE_ID = re.compile(r"^ins-[a-z0-9]{8}$")
+_IMAGE_ID = re.compile(r"^img-[a-z0-9]{8}$")
+
+# What each fault kind answers on the CVM wire: (code, message template).
+FAULT_ERRORS: dict[FaultKind, tuple[str, str]] = {
+    FaultKind.CAPACITY: (
+        "ResourceInsufficient.SpecifiedInstanceType",
+        "The specified instance type {instance_type} is out of stock in {zone}.",
+    ),
+    FaultKind.QUOTA: (
+        "LimitExceeded.InstanceQuota",
+        "The number of pay-as-you-go instances would exceed the quota of the account in {zone}.",
+    ),
+    FaultKind.THROTTLE: ("RequestLimitExceeded", "Your current request frequency is too high, please retry later."),
+    FaultKind.CREDENTIALS: (
+        "AuthFailure.UnauthorizedOperation",
+        "The request has not been authorized by CAM for this operation.",
+    ),
+}
+
+
+class ApiError(Exception):
+    """An error answer: HTTP 200 with ``Response.Error``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxInstance:
+    """An instance as the sandbox holds it (for tests asserting what was, or was not, launched)."""
+
+    instance_id: str
+    region: str
+    zone: str
+    instance_type: str
+    state: str
+    charge_type: str
+    client_token: str
+    tags: dict[str, str]
+
+    @property
+    def holds_resources(self) -> bool:
+        """False once the instance holds no capacity and bills nothing: launch failed, or terminated."""
+        return self.state not in ("LAUNCH_FAILED", "SHUTDOWN")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API request the sandbox received, before faults were applied."""
+
+    action: str
+    region: str
+    secret_id: str
+    instance_types: tuple[str, ...] = ()
+    zone: str | None = None
+
+
+@dataclass(slots=True)
+class _Instance:
+    instance_id: str
+    uuid: str
+    sequence: int
+    region: str
+    zone: str
+    seed: SeedPrice
+    charge_type: str
+    image: dict[str, Any]
+    name: str
+    tags: dict[str, str]
+    client_token: str
+    created_at: datetime
+    private_ip: str
+    run_request_id: str
+    ready_at: float
+    failure: tuple[str, str] | None = None
+    terminate_at: float | None = None
+    terminate_request_id: str = ""
+
+
+@dataclass(slots=True)
+class _Request:
+    action: str
+    region: str
+    secret_id: str
+    params: dict[str, Any]
+    request_id: str
+    instance_types: tuple[str, ...] = ()
+    zone: str | None = None
+
+
+@dataclass(slots=True)
+class _Timing:
+    launch_seconds: float
+    terminate_seconds: float
+    retention_seconds: float
+
+
+def _request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _answer(payload: dict[str, Any], request_id: str) -> Response:
+    body = json.dumps({"Response": {**payload, "RequestId": request_id}}, ensure_ascii=False)
+    return Response(body, status=200, mimetype="application/json")
+
+
+def _error(code: str, message: str, request_id: str) -> Response:
+    # Tencent answers errors with HTTP 200; the SDK finds them by the Error key.
+    return _answer({"Error": {"Code": code, "Message": message}}, request_id)
+
+
+def _int(params: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = params.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError("InvalidParameterValue", f"{key} must be an integer")
+    if not low <= value <= high:
+        raise ApiError("InvalidParameterValue.Range", f"{key} must be between {low} and {high}")
+    return value
+
+
+def _string_list(params: dict[str, Any], key: str, limit: int) -> list[str]:
+    value = params.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ApiError("InvalidParameter", f"{key} must be a list of strings")
+    if len(value) > limit:
+        raise ApiError("InvalidParameterValue.LimitExceeded", f"{key} takes at most {limit} values")
+    return value
+
+
+def _filters(
+    params: dict[str, Any], allowed: Sequence[str], *, max_filters: int, max_values: int, tags: bool = False
+) -> list[tuple[str, set[str]]]:
+    """``Filters`` as (name, values); AND across filters, OR within one, as the CVM API applies them."""
+    raw = params.get("Filters") or []
+    if not isinstance(raw, list):
+        raise ApiError("InvalidParameter", "Filters must be a list")
+    if len(raw) > max_filters:
+        raise ApiError("InvalidParameterValue.LimitExceeded", f"at most {max_filters} Filters per request")
+    result: list[tuple[str, set[str]]] = []
+    for item in raw:
+        name = str((item or {}).get("Name") or "")
+        values = (item or {}).get("Values") or []
+        if name not in allowed and not (tags and name.startswith("tag:") and len(name) > 4):
+            raise ApiError("InvalidFilter", f"The filter {name!r} is not supported.")
+        if not isinstance(values, list) or not values:
+            raise ApiError("InvalidParameter", f"Filter {name!r} needs Values")
+        if len(values) > max_values:
+            raise ApiError("InvalidFilterValue.LimitExceeded", f"Filter {name!r} takes at most {max_values} values")
+        result.append((name, {str(v) for v in values}))
+    return result
+
+
+def _matches(fields: Mapping[str, Iterable[str]], filters: list[tuple[str, set[str]]]) -> bool:
+    return all(any(value in wanted for value in fields.get(name, ())) for name, wanted in filters)
+
+
+# --------------------------------------------------------------------------------------------- sandbox
+
+
+class TencentSandbox(SandboxApp):
+    """The Tencent CVM sandbox WSGI app. ``start()`` serves it; ``faults`` injects failures; ``reset()`` forgets
+    instances, tokens, faults, calls, registered secrets and stock changes."""
+
+    kind = "tencent"
+
+    def __init__(
+        self,
+        seed_path: Path = SEED_PATH,
+        *,
+        launch_seconds: float = 0.2,
+        terminate_seconds: float = 0.2,
+        retention_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(FaultRegistry(default_action="RunInstances"))
+        self.seed = load_seed(seed_path)
+        self._seed_by_key = {(r.region, r.instance_type): r for r in self.seed}
+        self._seed_sold_out = {(r.region, z, r.instance_type) for r in self.seed for z in r.sold_out_zones}
+        self._type_configs = type_config_rows(self.seed)
+        self._timing = _Timing(launch_seconds, terminate_seconds, retention_seconds)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._instances: dict[str, _Instance] = {}
+        self._sequence = itertools.count(1)
+        self._tokens: dict[tuple[str, str], list[str]] = {}
+        self._token_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
+        self._secrets: dict[str, str] = dict(DEFAULT_SECRETS)
+        self._strict = False
+        self._sold_out: set[tuple[str, str, str]] = set(self._seed_sold_out)
+        self._actions: dict[str, Callable[[_Request], dict[str, Any]]] = {
+            "DescribeZones": self._describe_zones,
+            "DescribeZoneInstanceConfigInfos": self._describe_zone_instance_config_infos,
+            "DescribeInstanceTypeConfigs": self._describe_instance_type_configs,
+            "DescribeImages": self._describe_images,
+            "RunInstances": self._run_instances,
+            "DescribeInstances": self._describe_instances,
+            "DescribeInstancesStatus": self._describe_instances_status,
+            "TerminateInstances": self._terminate_instances,
+        }
+
+    # -------------------------------------------------------------------------------- public helpers
+
+    def regions(self) -> list[str]:
+        return sorted({r.region for r in self.seed})
+
+    def zones(self, region: str, instance_type: str) -> list[str]:
+        """The zones that sell a seeded type now (sold-out zones excluded)."""
+        row = self._seed_by_key.get((region, instance_type))
+        if row is None:
+            return []
+        with self._lock:
+            return [z for z in row.all_zones if (region, z, instance_type) not in self._sold_out]
+
+    def on_demand_price(self, region: str, instance_type: str) -> Decimal | None:
+        row = self._seed_by_key.get((region, instance_type))
+        return row.on_demand if row else None
+
+    def set_sold_out(self, region: str, zone: str, instance_type: str, sold_out: bool = True) -> None:
+        """Mark a (zone, type) the seed offers as sold out (SOLD_OUT rows, RunInstances refused) or back on sale."""
+        row = self._seed_by_key.get((region, instance_type))
+        if row is None or zone not in row.all_zones:
+            raise ValueError(f"{instance_type} is not offered in {zone}")
+        with self._lock:
+            if sold_out:
+                self._sold_out.add((region, zone, instance_type))
+            else:
+                self._sold_out.discard((region, zone, instance_type))
+
+    def register_secret(self, secret_id: str, secret_key: str) -> None:
+        """Know ``secret_key`` for ``secret_id``: its requests must then carry a valid TC3 signature."""
+        with self._lock:
+            self._secrets[secret_id] = secret_key
+
+    def set_strict(self, strict: bool) -> None:
+        """Strict: only registered secret ids are accepted (SecretIdNotFound for the others)."""
+        with self._lock:
+            self._strict = strict
+
+    def calls(self, action: str | None = None) -> list[Call]:
+        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
+        with self._lock:
+            return [c for c in self._calls if action is None or c.action == action]
+
+    def instances(self, region: str | None = None) -> list[SandboxInstance]:
+        """Every instance CVM would still describe (any state), optionally in one region."""
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            found = [
+                SandboxInstance(
+                    instance_id=i.instance_id,
+                    region=i.region,
+                    zone=i.zone,
+                    instance_type=i.seed.instance_type,
+                    state=self._state(i, now),
+                    charge_type=i.charge_type,
+                    client_token=i.client_token,
+                    tags=dict(i.tags),
+                )
+                for i in self._instances.values()
+                if region is None or i.region == region
+            ]
+        return sorted(found, key=lambda i: (i.region, i.instance_id))
+
+    def reset(self) -> None:
+        self.faults.clear()
+        with self._lock:
+            self._instances.clear()
+            self._tokens.clear()
+            self._token_locks.clear()
+            self._calls.clear()
+            self._secrets = dict(DEFAULT_SECRETS)
+            self._strict = False
+            self._sold_out = set(self._seed_sold_out)
+
+    def control_extra(self, request: Request, route: str) -> Response | None:
+        body = request.get_json(force=True, silent=True) or {}
+        if route == "credentials" and request.method in ("PUT", "POST"):
+            if "secret_id" in body:
+                self.register_secret(str(body["secret_id"]), str(body["secret_key"]))
+            if "strict" in body:
+                self.set_strict(bool(body["strict"]))
+            with self._lock:
+                return json_response({"secret_ids": sorted(self._secrets), "strict": self._strict})
+        if route == "stock" and request.method in ("PUT", "POST"):
+            self.set_sold_out(
+                str(body["region"]), str(body["zone"]), str(body["instance_type"]), bool(body.get("sold_out", True))
+            )
+            return json_response({"sold_out": bool(body.get("sold_out", True))})
+        if route == "calls" and request.method == "GET":
+            return json_response({"calls": [[c.action, c.region] for c in self.calls()]})
+        if route == "instances" and request.method == "GET":
+            rows = [{"instance_id": i.instance_id, "region": i.region, "state": i.state} for i in self.instances()]
+            return json_response({"instances": rows})
+        return None
+
+    # -------------------------------------------------------------------------------------- routing
+
+    def handle(self, environ: WSGIEnviron, start_response: StartResponse) -> Iterable[bytes]:
+        request = Request(environ)
+        request_id = _request_id()
+        try:
+            response = self._dispatch(request, request_id)
+        except ApiError as exc:
+            response = _error(exc.code, exc.message, request_id)
+        return response(environ, start_response)
+
+    def _dispatch(self, http: Request, request_id: str) -> Response:
+        body = http.get_data(cache=False)
+        action = http.headers.get("X-TC-Action", "")
+        region = http.headers.get("X-TC-Region", "")
+        authorization = auth.parse_authorization(http.headers.get("Authorization", ""))
+        if http.method != "POST" or http.path != "/":
+            raise ApiError("UnsupportedProtocol", "The sandbox answers POST / with a JSON body only.")
+        try:
+            params = json.loads(body or b"{}")
+        except ValueError:
+            raise ApiError("InvalidParameter", "The request body is not JSON.") from None
+        if not isinstance(params, dict):
+            raise ApiError("InvalidParameter", "The request body must be a JSON object.")
+        # Logged before any check, so tests can assert that a refused request still reached the "provider".
+        request = self._describe_request(action, region, authorization, params, request_id)
+        with self._lock:
+            self._calls.append(Call(action, region, request.secret_id, request.instance_types, request.zone))
+        if not action:
+            raise ApiError("MissingParameter", "The X-TC-Action header is missing.")
+        if http.headers.get("X-TC-Version", "") != API_VERSION:
+            raise ApiError("NoSuchVersion", f"The API version must be {API_VERSION}.")
+        self._authenticate(http, authorization, body)
+        # Transport faults act before the API looks at the request, like a gateway's throttling would.
+        fault = self._transport_fault(request)
+        if fault is not None:
+            raise self._fault_error(fault, request)
+        if action not in self._actions:
+            raise ApiError("InvalidAction", f"The action {action} is not supported by the sandbox.")
+        if region not in REGIONS:
+            raise ApiError("UnsupportedRegion", f"The region {region or '(none)'} is not supported.")
+        return _answer(self._actions[action](request), request_id)
+
+    @staticmethod
+    def _describe_request(
+        action: str, region: str, authorization: auth.Authorization | None, params: dict[str, Any], request_id: str
+    ) -> _Request:
+        """The request with the instance types and zone that faults match on."""
+        types: list[str] = []
+        if isinstance(params.get("InstanceType"), str):
+            types.append(params["InstanceType"])
+        zone = (params.get("Placement") or {}).get("Zone") if isinstance(params.get("Placement"), dict) else None
+        for item in params.get("Filters") or []:
+            if isinstance(item, dict) and item.get("Name") == "instance-type":
+                types.extend(str(v) for v in item.get("Values") or [])
+            if isinstance(item, dict) and item.get("Name") == "zone" and item.get("Values"):
+                zone = zone or str(item["Values"][0])
+        return _Request(
+            action=action,
+            region=region,
+            secret_id=authorization.secret_id if authorization else "",
+            params=params,
+            request_id=request_id,
+            instance_types=tuple(types),
+            zone=str(zone) if zone else None,
+        )
+
+    def _authenticate(self, http: Request, authorization: auth.Authorization | None, body: bytes) -> None:
+        if authorization is None:
+            raise ApiError("AuthFailure.SignatureFailure", "The Authorization header is missing or not TC3.")
+        secret_id = authorization.secret_id
+        with self._lock:
+            secret = self._secrets.get(secret_id)
+            strict = self._strict
+        # The id is checked before the signature, as on Tencent: an unknown id says nothing about the key.
+        if secret_id.startswith("bad") or (secret is None and strict):
+            raise ApiError("AuthFailure.SecretIdNotFound", "The SecretId is not found, please ensure it exists.")
+        timestamp = http.headers.get("X-TC-Timestamp", "")
+        problem = auth.timestamp_problem(authorization, timestamp, time.time())
+        if problem is not None:
+            raise ApiError(*problem)
+        if authorization.service != SERVICE:
+            raise ApiError("AuthFailure.SignatureFailure", f"The credential scope service must be {SERVICE}.")
+        if secret is None:
+            return  # an unregistered id (not strict): the sandbox cannot know its key, so it trusts the id
+        signed = auth.SignedRequest(
+            method=http.method,
+            path=http.path,
+            query=http.query_string.decode("latin-1"),
+            headers={k.lower(): v for k, v in http.headers.items()},
+            body=body,
+            timestamp=timestamp,
+        )
+        if not auth.matches(secret, authorization, signed):
+            raise ApiError(
+                "AuthFailure.SignatureFailure",
+                "The provided credentials could not be validated. Please check your signature is correct.",
+            )
+
+    def _transport_fault(self, request: _Request) -> Fault | None:
+        fault = self.faults.take(request.action, request.instance_types, request.zone, kinds=TRANSPORT_KINDS)
+        if fault is not None and fault.kind is FaultKind.SLOW:
+            self.faults.sleep(fault.seconds)
+            fault = self.faults.take(
+                request.action, request.instance_types, request.zone, kinds={FaultKind.THROTTLE, FaultKind.CREDENTIALS}
+            )
+        return fault
+
+    @staticmethod
+    def _fault_error(fault: Fault, request: _Request) -> ApiError:
+        code, template = FAULT_ERRORS[fault.kind]
+        if fault.code:
+            code, template = fault.code, "Sandbox fault {code} for {instance_type} in {zone}."
+        return ApiError(
+            code, template.format(code=code, instance_type=",".join(request.instance_types) or "-", zone=request.zone)
+        )
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def _describe_zones(self, request: _Request) -> dict[str, Any]:
+        zones = [
+            {"Zone": z.name, "ZoneName": z.label, "ZoneId": z.zone_id, "ZoneState": "AVAILABLE"}
+            for z in REGIONS[request.region]
+        ]
+        return {"TotalCount": len(zones), "ZoneSet": zones}
+
+    def _describe_zone_instance_config_infos(self, request: _Request) -> dict[str, Any]:
+        filters = _filters(
+            request.params,
+            ("zone", "instance-family", "instance-type", "instance-charge-type", "sort-keys"),
+            max_filters=10,
+            max_values=100,
+        )
+        filters = [(name, values) for name, values in filters if name != "sort-keys"]
+        with self._lock:
+            sold_out = set(self._sold_out)
+        rows = [
+            row
+            for region, row in quota_rows(self.seed, sold_out)
+            if region == request.region
+            and _matches(
+                {
+                    "zone": [row["Zone"]],
+                    "instance-family": [row["InstanceFamily"]],
+                    "instance-type": [row["InstanceType"]],
+                    "instance-charge-type": [row["InstanceChargeType"]],
+                },
+                filters,
+            )
+        ]
+        return {"InstanceTypeQuotaSet": rows}
+
+    def _describe_instance_type_configs(self, request: _Request) -> dict[str, Any]:
+        # CVM takes a single value per filter here (its documentation: "Filter.Values的上限为1").
+        filters = _filters(request.params, ("zone", "instance-family", "instance-type"), max_filters=10, max_values=1)
+        rows = [
+            row
+            for region, row in self._type_configs
+            if region == request.region
+            and _matches(
+                {
+                    "zone": [row["Zone"]],
+                    "instance-family": [row["InstanceFamily"]],
+                    "instance-type": [row["InstanceType"]],
+                },
+                filters,
+            )
+        ]
+        return {"InstanceTypeConfigSet": rows}
+
+    def _describe_images(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        ids = _string_list(params, "ImageIds", 100)
+        filters = _filters(
+            params, ("image-id", "image-type", "image-name", "platform"), max_filters=10, max_values=5, tags=True
+        )
+        if ids and filters:
+            raise ApiError(
+                "InvalidParameter.InvalidParameterCoexistImageIdsFilters", "ImageIds and Filters are exclusive."
+            )
+        offset = _int(params, "Offset", 0, 0, 1_000_000)
+        limit = _int(params, "Limit", 20, 1, 100)
+        found = []
+        for image in PUBLIC_IMAGES:
+            if ids and image["ImageId"] not in ids:
+                continue
+            fields = {"image-id": [image["ImageId"]], "image-type": [image["ImageType"]]}
+            ok = _matches(fields, [(n, v) for n, v in filters if n in fields])
+            # image-name and platform match fuzzily (a substring, any case), as CVM documents them.
+            for name, key in (("image-name", "ImageName"), ("platform", "Platform")):
+                for fname, wanted in filters:
+                    if fname == name and not any(w.lower() in str(image[key]).lower() for w in wanted):
+                        ok = False
+            if any(n.startswith("tag:") for n, _ in filters):
+                ok = False  # public images carry no tags
+            if ok:
+                found.append(image)
+        return {"TotalCount": len(found), "ImageSet": found[offset : offset + limit]}
+
+    def _describe_instances(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        ids = _string_list(params, "InstanceIds", 100)
+        filters = _filters(
+            params,
+            (
+                "zone",
+                "instance-id",
+                "instance-state",
+                "instance-charge-type",
+                "instance-name",
+                "instance-type",
+                "tag-key",
+                "tag-value",
+            ),
+            max_filters=10,
+            max_values=5,
+            tags=True,
+        )
+        if ids and filters:
+            raise ApiError("InvalidParameterCombination", "InstanceIds and Filters cannot be specified together.")
+        for instance_id in ids:
+            if not _INSTANCE_ID.match(instance_id):
+                raise ApiError("InvalidInstanceId.Malformed", f"The instance id {instance_id} is malformed.")
+        offset = _int(params, "Offset", 0, 0, 1_000_000)
+        limit = _int(params, "Limit", 20, 1, 100)
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            chosen = [
+                i
+                for i in sorted(self._instances.values(), key=lambda i: i.sequence)
+                if i.region == request.region
+                and (not ids or i.instance_id in ids)
+                and _matches(self._filter_fields(i, now), filters)
+            ]
+            page = [self._instance_json(i, now) for i in chosen[offset : offset + limit]]
+        return {"TotalCount": len(chosen), "InstanceSet": page}
+
+    def _describe_instances_status(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        ids = _string_list(params, "InstanceIds", 100)
+        offset = _int(params, "Offset", 0, 0, 1_000_000)
+        limit = _int(params, "Limit", 20, 1, 100)
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            chosen = [
+                i
+                for i in sorted(self._instances.values(), key=lambda i: i.sequence)
+                if i.region == request.region and (not ids or i.instance_id in ids)
+            ]
+            statuses = [
+                {"InstanceId": i.instance_id, "InstanceState": self._state(i, now)}
+                for i in chosen[offset : offset + limit]
+            ]
+        return {"TotalCount": len(chosen), "InstanceStatusSet": statuses}
+
+    # ----------------------------------------------------------------------------------------- writes
+
+    def _run_instances(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        token = params.get("ClientToken") or ""
+        if not isinstance(token, str):
+            raise ApiError("InvalidParameter", "ClientToken must be a string")
+        if len(token.encode()) > 64:
+            raise ApiError("InvalidClientToken.TooLong", "The ClientToken must be at most 64 bytes.")
+        if not token:
+            return {"InstanceIdSet": self._create(request)}
+        key = (request.region, token)
+        with self._lock:
+            token_lock = self._token_locks.setdefault(key, threading.Lock())
+        # Same-token requests are serialised: the second waits for the first, then answers its ids.
+        if not token_lock.acquire(timeout=ORDERING_TIMEOUT):
+            raise ApiError("InternalError", "A request with the same ClientToken is still in progress.")
+        try:
+            with self._lock:
+                stored = self._tokens.get(key)
+            # The token is looked up before any validation or fault: a retry of an accepted request must get the
+            # accepted answer even if the zone has sold out since.
+            if stored is not None:
+                return {"InstanceIdSet": list(stored)}
+            ids = self._create(request)
+            with self._lock:
+                self._tokens[key] = ids
+            return {"InstanceIdSet": ids}
+        finally:
+            token_lock.release()
+
+    def _create(self, request: _Request) -> list[str]:
+        """Validate a RunInstances request, apply outcome faults and create its instances (PENDING)."""
+        params = request.params
+        charge = params.get("InstanceChargeType") or ON_DEMAND
+        if charge not in (ON_DEMAND, SPOT):
+            raise ApiError("InvalidParameterValue", "The sandbox sells POSTPAID_BY_HOUR and SPOTPAID instances only.")
+        placement = params.get("Placement")
+        zone = str(placement.get("Zone") or "") if isinstance(placement, dict) else ""
+        instance_type = str(params.get("InstanceType") or "")
+        image_id = str(params.get("ImageId") or "")
+        for name, value in (("Placement.Zone", zone), ("InstanceType", instance_type), ("ImageId", image_id)):
+            if not value:
+                raise ApiError("MissingParameter", f"The parameter {name} is required.")
+        count = _int(params, "InstanceCount", 1, 1, 100)
+        if zone not in {z.name for z in REGIONS[request.region]}:
+            raise ApiError("InvalidZone.MismatchRegion", f"The zone {zone} is not in {request.region}.")
+        if not _IMAGE_ID.match(image_id):
+            raise ApiError("InvalidImageId.Malformed", f"The image id {image_id} is malformed.")
+        image = next((i for i in PUBLIC_IMAGES if i["ImageId"] == image_id), None)
+        if image is None:
+            raise ApiError("InvalidImageId.NotFound", f"The image {image_id} is not found.")
+        seed = self._seed_by_key.get((request.region, instance_type))
+        if seed is None:
+            if not any(r.instance_type == instance_type for r in self.seed):
+                raise ApiError("InvalidParameterValue.InstanceTypeNotFound", f"{instance_type} does not exist.")
+            raise ApiError("ResourceUnavailable.InstanceType", f"{instance_type} is not sold in {request.region}.")
+        if zone not in seed.all_zones:
+            raise ApiError("ResourceUnavailable.InstanceType", f"{instance_type} is not sold in {zone}.")
+        if charge == SPOT:
+            self._check_spot(seed, params)
+        with self._lock:
+            sold_out = (request.region, zone, instance_type) in self._sold_out
+        if sold_out:
+            raise ApiError(
+                "ResourceInsufficient.ZoneSoldOutForSpecifiedInstance", f"{instance_type} is sold out in {zone}."
+            )
+        if params.get("DryRun"):
+            raise ApiError("DryRunOperation", "The request would have succeeded, but DryRun was set.")
+
+        failure: tuple[str, str] | None = None
+        fail_after = self._timing.launch_seconds
+        fault = self.faults.take("RunInstances", [instance_type], zone, kinds=OUTCOME_KINDS)
+        if fault is not None:
+            if fault.kind is FaultKind.CAPACITY and not fault.code:
+                # CVM's own stock-out shape: the request is accepted and the instance fails to launch later.
+                code, template = FAULT_ERRORS[FaultKind.CAPACITY]
+                failure = (code, f"{code}: " + template.format(instance_type=instance_type, zone=zone))
+                fail_after = fault.seconds or fail_after
+            else:
+                raise self._fault_error(fault, request)
+
+        tags: dict[str, str] = {}
+        # Only instance tags matter here; other resource types (disks, images) are not emulated.
+        for spec in params.get("TagSpecification") or []:
+            if isinstance(spec, dict) and spec.get("ResourceType") == "instance":
+                tags.update({str(t["Key"]): str(t.get("Value") or "") for t in spec.get("Tags") or []})
+        now = self._clock()
+        created = datetime.now(UTC).replace(microsecond=0)
+        name = str(params.get("InstanceName") or "未命名")
+        ids: list[str] = []
+        with self._lock:
+            for _ in range(count):
+                sequence = next(self._sequence)
+                instance_id = self._new_id()
+                self._instances[instance_id] = _Instance(
+                    instance_id=instance_id,
+                    uuid=str(uuid.uuid4()),
+                    sequence=sequence,
+                    region=request.region,
+                    zone=zone,
+                    seed=seed,
+                    charge_type=charge,
+                    image=image,
+                    name=name if count == 1 else f"{name}{len(ids) + 1}",
+                    tags=dict(tags),
+                    client_token=str(params.get("ClientToken") or ""),
+                    created_at=created,
+                    private_ip=f"10.{sorted(REGIONS).index(request.region)}.{sequence // 250}.{sequence % 250 + 2}",
+                    run_request_id=request.request_id,
+                    ready_at=now + (fail_after if failure else self._timing.launch_seconds),
+                    failure=failure,
+                )
+                ids.append(instance_id)
+        return ids
+
+    @staticmethod
+    def _check_spot(seed: SeedPrice, params: dict[str, Any]) -> None:
+        if seed.spot is None:
+            # The seed has no sourced spot price for any Tencent type, so none is offered (or invented).
+            raise ApiError(
+                "UnsupportedOperation.NoInstanceTypeSupportSpot", f"{seed.instance_type} is not sold as spot."
+            )
+        market = params.get("InstanceMarketOptions") or {}
+        raw = (market.get("SpotOptions") or {}).get("MaxPrice")
+        try:
+            bid = Decimal(str(raw)) if raw not in (None, "") else None
+        except InvalidOperation:
+            raise ApiError("InvalidParameterValue", f"MaxPrice {raw!r} is not a number.") from None
+        if bid is not None and bid < seed.spot:
+            raise ApiError("InvalidParameterValue.InsufficientPrice", f"The bid {bid} is below the spot price.")
+
+    def _terminate_instances(self, request: _Request) -> dict[str, Any]:
+        ids = _string_list(request.params, "InstanceIds", 100)
+        if not ids:
+            raise ApiError("MissingParameter", "The parameter InstanceIds is required.")
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            chosen: list[_Instance] = []
+            for instance_id in ids:
+                if not _INSTANCE_ID.match(instance_id):
+                    raise ApiError("InvalidInstanceId.Malformed", f"The instance id {instance_id} is malformed.")
+                instance = self._instances.get(instance_id)
+                if instance is None or instance.region != request.region:
+                    raise ApiError("InvalidInstanceId.NotFound", f"The instance {instance_id} is not found.")
+                state = self._state(instance, now)
+                if state == "TERMINATING":
+                    raise ApiError("UnsupportedOperation.InstanceStateTerminating", f"{instance_id} is terminating.")
+                if state == "SHUTDOWN":
+                    raise ApiError("UnsupportedOperation.InstanceStateShutdown", f"{instance_id} is shut down.")
+                chosen.append(instance)
+            for instance in chosen:
+                instance.terminate_at = now
+                instance.terminate_request_id = request.request_id
+        return {}
+
+    # ------------------------------------------------------------------------------------ instances
+
+    def _new_id(self) -> str:
+        while True:
+            candidate = "ins-" + uuid.uuid4().hex[:8]
+            if candidate not in self._instances:
+                return candidate
+
+    def _state(self, instance: _Instance, now: float) -> str:
+        # States are computed from timestamps when asked for: no background thread, and a test clock moves them.
+        timing = self._timing
+        if instance.terminate_at is not None:
+            return "TERMINATING" if now < instance.terminate_at + timing.terminate_seconds else "SHUTDOWN"
+        if now < instance.ready_at:
+            return "PENDING"
+        return "LAUNCH_FAILED" if instance.failure else "RUNNING"
+
+    def _purge(self, now: float) -> None:
+        """Forget what CVM no longer describes: recycled launch failures and terminated instances (caller locks)."""
+        timing = self._timing
+        gone = []
+        for instance in self._instances.values():
+            if instance.terminate_at is not None:
+                until = instance.terminate_at + timing.terminate_seconds + timing.retention_seconds
+            elif instance.failure is not None:
+                until = instance.ready_at + timing.retention_seconds
+            else:
+                continue
+            if now >= until:
+                gone.append(instance.instance_id)
+        for instance_id in gone:
+            del self._instances[instance_id]
+
+    def _filter_fields(self, instance: _Instance, now: float) -> dict[str, Iterable[str]]:
+        fields: dict[str, Iterable[str]] = {
+            "zone": [instance.zone],
+            "instance-id": [instance.instance_id],
+            "instance-state": [self._state(instance, now)],
+            "instance-charge-type": [instance.charge_type],
+            "instance-name": [instance.name],
+            "instance-type": [instance.seed.instance_type],
+            "tag-key": list(instance.tags),
+            "tag-value": list(instance.tags.values()),
+        }
+        for key, value in instance.tags.items():
+            fields[f"tag:{key}"] = [value]
+        return fields
+
+    def _instance_json(self, instance: _Instance, now: float) -> dict[str, Any]:
+        """An ``Instance`` as DescribeInstances answers it (the fields the SDK model defines that matter here)."""
+        state = self._state(instance, now)
+        if instance.terminate_at is not None:
+            operation, request_id = "TerminateInstances", instance.terminate_request_id
+            operation_state = "OPERATING" if state == "TERMINATING" else "SUCCESS"
+            error_message = None
+        else:
+            operation, request_id = "RunInstances", instance.run_request_id
+            operation_state = {"PENDING": "OPERATING", "LAUNCH_FAILED": "FAILED"}.get(state, "SUCCESS")
+            error_message = instance.failure[1] if instance.failure and state == "LAUNCH_FAILED" else None
+        seed = instance.seed
+        return {
+            "Placement": {"Zone": instance.zone, "ProjectId": 0},
+            "InstanceId": instance.instance_id,
+            "InstanceType": seed.instance_type,
+            "CPU": seed.vcpus,
+            "Memory": seed.memory_gib,
+            "RestrictState": "NORMAL",
+            "InstanceName": instance.name,
+            "InstanceChargeType": instance.charge_type,
+            "SystemDisk": {"DiskType": "CLOUD_PREMIUM", "DiskId": "disk-" + instance.instance_id[4:], "DiskSize": 50},
+            "DataDisks": None,
+            "PrivateIpAddresses": [instance.private_ip],
+            "PublicIpAddresses": None,  # no InternetAccessible bandwidth was bought
+            "InternetAccessible": {"InternetChargeType": "", "InternetMaxBandwidthOut": 0, "PublicIpAssigned": False},
+            "VirtualPrivateCloud": {"VpcId": "vpc-sbx00001", "SubnetId": "subnet-sbx00001", "AsVpcGateway": False},
+            "ImageId": instance.image["ImageId"],
+            "RenewFlag": None,
+            "CreatedTime": instance.created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "ExpiredTime": None,
+            "OsName": instance.image["OsName"],
+            "SecurityGroupIds": ["sg-sbx00001"],
+            "LoginSettings": {"KeyIds": None},
+            "InstanceState": state,
+            "Tags": [{"Key": k, "Value": v} for k, v in sorted(instance.tags.items())],
+            "StopChargingMode": "NOT_APPLICABLE",
+            "Uuid": instance.uuid,
+            "LatestOperation": operation,
+            "LatestOperationState": operation_state,
+            "LatestOperationRequestId": request_id,
+            "LatestOperationErrorMsg": error_message,
+            "IsolatedSource": "NOTISOLATED",
+            "GPUInfo": {"GPUCount": float(seed.gpu_count), "GPUId": [], "GPUType": seed.gpu_type},
+            "LicenseType": "TencentCloud",
+            "DisableApiTermination": False,
+            "DefaultLoginUser": "ubuntu",
+            "DefaultLoginPort": 22,
+        }
+
+
+def start_tencent_sandbox(host: str = "127.0.0.1", port: int = 0, **options: Any) -> TencentSandbox:
+    """Build a ``TencentSandbox`` (``options`` go to its constructor) and serve it on a daemon thread."""
+    sandbox = TencentSandbox(**options)
+    sandbox.start(host, port)
+    return sandbox
