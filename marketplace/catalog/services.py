@@ -145,9 +145,9 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
 
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            report.price_points = _upsert_postgresql(account, list(valid.values()), now)
+            report.price_points, report.vanished = _upsert_postgresql(account, list(valid.values()), now)
         else:
-            report.price_points = _upsert_orm(account, valid, now)
+            report.price_points, report.vanished = _upsert_orm(account, valid, now)
         if refused:
             QuarantinedOffer.objects.bulk_create(
                 list(refused.values()),
@@ -157,11 +157,6 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
                 update_fields=["reason", "raw", "last_seen_at"],
             )
         QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
-        report.vanished = (
-            Offer.objects.filter(account=account, last_seen_at__lt=now)
-            .exclude(status=OfferStatus.UNAVAILABLE)
-            .update(status=OfferStatus.UNAVAILABLE)
-        )
     report.upserted = len(valid)
     report.quarantined = len(refused)
     return report
@@ -196,24 +191,24 @@ _UPDATED = [
 ]
 
 
-def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now: dt.datetime) -> int:
-    """COPY the rows into a temporary table, then one INSERT ... ON CONFLICT and one price-point INSERT.
+def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now: dt.datetime) -> tuple[int, int]:
+    """COPY the rows into a temporary table, then one statement that upserts them, marks the account's
+    offers missing from this sync unavailable and writes the price points.
 
-    The CTE's ``old`` snapshot sees prices from before the upsert (all parts of one statement share a
-    snapshot), so a price point is written exactly for new offers and changed prices. Returns how many.
+    All parts of one statement share a snapshot: ``old`` sees prices from before the upsert, so a price point
+    is written exactly for new offers and changed prices; the upsert and the unavailable-marking touch
+    disjoint rows. Returns (price points written, offers no longer listed).
     """
-    if not rows:
-        return 0
     cols = ", ".join(_COLUMNS)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
+    key_match = " AND ".join(f"{{a}}.{c} = {{b}}.{c}" for c in ("region", "zone", "instance_type", "pricing_model"))
     with connection.cursor() as cursor:
-        # One staging table per connection, emptied at every commit, so a sync pays no DDL per account.
+        # One staging table per connection, emptied at every commit, so a sync pays no DDL per account; truncated
+        # too, because two ingests can share one transaction (a caller's outer atomic block).
         cursor.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS offer_stage ON COMMIT DELETE ROWS AS "  # noqa: S608
-            f"SELECT {cols} FROM marketplace_offer WITH NO DATA"
+            f"SELECT {cols} FROM marketplace_offer WITH NO DATA; TRUNCATE offer_stage"
         )
-        # Emptied at commit, but two ingests can share one transaction (a caller's outer atomic block).
-        cursor.execute("TRUNCATE offer_stage")
         with cursor.cursor.copy(f"COPY offer_stage ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row([json.dumps(row[c]) if c == "extra" else row[c] for c in _COLUMNS])
@@ -221,27 +216,34 @@ def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now
             f"""
             WITH old AS (
                 SELECT region, zone, instance_type, pricing_model, price
-                FROM marketplace_offer WHERE account_id = %s
+                FROM marketplace_offer WHERE account_id = %(account)s
             ), up AS (
                 INSERT INTO marketplace_offer ({cols}) SELECT {cols} FROM offer_stage
                 ON CONFLICT (account_id, region, zone, instance_type, pricing_model) DO UPDATE SET {updates}
                 RETURNING id, region, zone, instance_type, pricing_model, price, currency, price_usd
+            ), gone AS (
+                UPDATE marketplace_offer o SET status = %(unavailable)s
+                WHERE o.account_id = %(account)s AND o.status <> %(unavailable)s
+                  AND NOT EXISTS (SELECT 1 FROM offer_stage s WHERE {key_match.format(a="s", b="o")})
+                RETURNING 1
+            ), points AS (
+                INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
+                SELECT up.id, %(now)s, up.price, up.currency, up.price_usd
+                FROM up LEFT JOIN old ON {key_match.format(a="old", b="up")}
+                WHERE old.price IS DISTINCT FROM up.price
+                RETURNING 1
             )
-            INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
-            SELECT up.id, %s, up.price, up.currency, up.price_usd
-            FROM up LEFT JOIN old
-              ON old.region = up.region AND old.zone = up.zone
-             AND old.instance_type = up.instance_type AND old.pricing_model = up.pricing_model
-            WHERE old.price IS DISTINCT FROM up.price
+            SELECT (SELECT count(*) FROM points), (SELECT count(*) FROM gone)
             """,  # noqa: S608 - column names are ours, values are parameters
-            [account.pk, now],
+            {"account": account.pk, "now": now, "unavailable": OfferStatus.UNAVAILABLE.value},
         )
-        return int(cursor.rowcount)
+        points, gone = cursor.fetchone()
+        return int(points), int(gone)
 
 
 def _upsert_orm(
     account: ProviderAccount, valid: dict[tuple[str, str, str, str], dict[str, Any]], now: dt.datetime
-) -> int:
+) -> tuple[int, int]:
     """The same upsert through the ORM, for SQLite."""
     before = {
         (o.region, o.zone, o.instance_type, o.pricing_model): o.price
@@ -254,9 +256,14 @@ def _upsert_orm(
         unique_fields=list(NATURAL_KEY),
         update_fields=[c.removesuffix("_id") for c in _UPDATED],
     )
+    vanished = (
+        Offer.objects.filter(account=account, last_seen_at__lt=now)
+        .exclude(status=OfferStatus.UNAVAILABLE)
+        .update(status=OfferStatus.UNAVAILABLE)
+    )
     changed = [k for k, row in valid.items() if before.get(k) != row["price"]]
     if not changed:
-        return 0
+        return 0, vanished
     ids = {
         (o.region, o.zone, o.instance_type, o.pricing_model): o.id
         for o in Offer.objects.filter(account=account, last_seen_at=now).only(
@@ -274,7 +281,7 @@ def _upsert_orm(
         for k in changed
     ]
     PricePoint.objects.bulk_create(points, batch_size=1000)
-    return len(points)
+    return len(points), vanished
 
 
 def _raw(quote: OfferQuote) -> dict[str, object]:
