@@ -13,6 +13,7 @@ ADAPTERS: dict[str, str] = {
     "azure": "providers.azure.adapter.AzureAdapter",
     "tencent": "providers.tencent.adapter.TencentAdapter",
     "alibaba": "providers.alibaba.adapter.AlibabaAdapter",
+    "gcp": "providers.gcp.adapter.GcpAdapter",
 }
 
 

@@ -10,4 +10,5 @@ DEMO_REGIONS: dict[str, list[str]] = {
     "azure": ["eastus", "southcentralus", "westus", "westus3"],
     "tencent": ["ap-guangzhou", "ap-shanghai", "ap-beijing"],
     "alibaba": ["cn-shanghai"],
+    "gcp": ["us-central1", "europe-west4", "us-east4", "asia-south1", "asia-northeast1"],
 }

@@ -24,6 +24,7 @@ SANDBOXES: dict[str, str] = {
     "azure": "providers.sandbox.azure:AzureSandbox",
     "tencent": "providers.sandbox.tencent:TencentSandbox",
     "alibaba": "providers.sandbox.alibaba:AlibabaSandbox",
+    "gcp": "providers.sandbox.gcp:GcpSandbox",
 }
 
 

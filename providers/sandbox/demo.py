@@ -70,11 +70,22 @@ def _alibaba(sandbox: Any) -> SandboxAccount:
     )
 
 
+def _gcp(sandbox: Any) -> SandboxAccount:
+    return SandboxAccount(
+        kind="gcp",
+        endpoint_url=sandbox.url,
+        credentials=sandbox.account_credentials(),
+        demo_regions=DEMO_REGIONS["gcp"],
+        all_regions=sorted({m.region for m in sandbox.machines}),
+    )
+
+
 SANDBOX_ACCOUNTS: dict[str, Callable[[Any], SandboxAccount]] = {
     "aws": _aws,
     "azure": _azure,
     "tencent": _tencent,
     "alibaba": _alibaba,
+    "gcp": _gcp,
 }
 
 # kind -> "module:function" starting that sandbox in-process on a free port.
@@ -83,6 +94,7 @@ STARTERS: dict[str, str] = {
     "azure": "providers.sandbox.azure:start_azure_sandbox",
     "tencent": "providers.sandbox.tencent:start_tencent_sandbox",
     "alibaba": "providers.sandbox.alibaba:start_alibaba_sandbox",
+    "gcp": "providers.sandbox.gcp:start_gcp_sandbox",
 }
 
 

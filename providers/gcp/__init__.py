@@ -1,0 +1,1 @@
+"""Google Cloud provider: ``adapter.GcpAdapter`` (the contract), ``mapping`` (pure tables), ``client`` (the SDKs)."""

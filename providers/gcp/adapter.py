@@ -1,0 +1,328 @@
+"""``GcpAdapter``: the broker's contract (``providers.base.ProviderAdapter``) over Compute Engine and Cloud Billing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from providers.base import ProviderAdapter
+from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.gcp import mapping
+from providers.gcp.client import (
+    BACKOFF_SECONDS,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_READ_TIMEOUT,
+    ClientSettings,
+    GcpClient,
+)
+from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
+
+USAGE_TYPES = {PricingModel.ON_DEMAND: mapping.ON_DEMAND, PricingModel.SPOT: mapping.PREEMPTIBLE}
+
+
+def _positive_float(options: dict[str, str], key: str, default: float) -> float:
+    raw = options.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"options.{key}: must be positive")
+    return value
+
+
+def _service_account_info(credentials: Credentials) -> dict[str, Any]:
+    raw = credentials.values.get("service_account_json", "")
+    if not raw:
+        raise CredentialsRejected("service_account_json is required", code="invalid_key", provider=mapping.PROVIDER)
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        raise CredentialsRejected(
+            "service_account_json is not JSON", code="invalid_key", provider=mapping.PROVIDER
+        ) from None
+    if not isinstance(info, dict) or info.get("type", "service_account") != "service_account":
+        raise CredentialsRejected(
+            "service_account_json is not a service account key", code="invalid_key", provider=mapping.PROVIDER
+        )
+    return info
+
+
+class GcpAdapter(ProviderAdapter):
+    """One GCP project over ``self.regions``.
+
+    Credentials: ``values`` holds ``service_account_json`` (the key file's JSON text) and optionally
+    ``project_id`` (default: the key's own project); ``endpoint_url``, when set, serves both Compute Engine and
+    Cloud Billing. Options (all strings): ``connect_timeout``/``read_timeout`` seconds (defaults 5/30),
+    ``max_attempts`` for reads (default 3) and ``retry_backoff`` (first pause, seconds, default 0.25, doubling),
+    ``page_size`` for list calls (default 500), ``image`` (default Ubuntu
+    22.04), ``boot_disk_gb`` (100), ``network``/``subnetwork``, ``n1_bundles`` (comma-separated N1 host + GPU
+    pairings to quote, e.g. ``n1-standard-8+1xT4``).
+
+    Instance ids are ``<zone>/<name>``: GCP addresses instances by zone and name, and the name is derived from
+    the client token, so the id is known before GCP creates anything and stays valid for a failed insert.
+    """
+
+    kind = "gcp"
+
+    def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
+        super().__init__(credentials, regions, options)
+        if not self.regions:
+            raise ValueError("regions: a GCP account needs at least one region")
+        info = _service_account_info(credentials)
+        project = credentials.values.get("project_id") or str(info.get("project_id") or "")
+        if not project:
+            raise CredentialsRejected("project_id is required", code="invalid_key", provider=mapping.PROVIDER)
+        self.project = project
+        self._client = GcpClient(
+            ClientSettings(
+                project_id=project,
+                service_account_info=info,
+                endpoint_url=credentials.endpoint_url or None,
+                connect_timeout=_positive_float(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=_positive_float(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                max_attempts=int(_positive_float(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                page_size=int(_positive_float(self.options, "page_size", DEFAULT_PAGE_SIZE)),
+                retry_backoff=_positive_float(self.options, "retry_backoff", BACKOFF_SECONDS),
+            )
+        )
+        raw_bundles = self.options.get("n1_bundles")
+        names = [b.strip() for b in raw_bundles.split(",") if b.strip()] if raw_bundles else mapping.DEFAULT_N1_BUNDLES
+        self._bundles = [mapping.parse_instance_type(name) for name in names]
+        self._boot_disk_gb = int(_positive_float(self.options, "boot_disk_gb", mapping.DEFAULT_BOOT_DISK_GB))
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def check_credentials(self) -> None:
+        """``regions.get`` of the first region: cheap, and proves both the key and access to the project.
+
+        Raises ``CredentialsRejected`` (401/403), ``TransientProviderError`` or ``ProviderRequestRejected``.
+        """
+        region = self._client.regions_get(self.regions[0])
+        if not region.get("name"):
+            raise mapping.malformed("regions.get answered without a region name")
+
+    def list_offers(self) -> list[OfferQuote]:
+        """One on-demand and, where every part has a Preemptible SKU, one spot quote per (zone, GPU machine) in the
+        account's regions. Bundled-GPU types (A2, A3, G2) are quoted as listed; N1 hosts as the configured
+        ``n1_bundles`` where the zone offers the accelerator with enough cards. A price is the sum of the GPU,
+        vCPU and RAM SKUs of the region; a machine with any part unpriced is left out.
+
+        Read-only; raises ``TransientProviderError``, ``CredentialsRejected`` or ``MalformedProviderResponse``.
+        """
+        machine_items = self._client.aggregated("machine_types")
+        limits = mapping.accelerator_limits(self._client.aggregated("accelerator_types"))
+        index = mapping.sku_index(self._client.skus())
+        bundles_by_host: dict[str, list[mapping.InstanceTypeName]] = {}
+        for bundle in self._bundles:
+            bundles_by_host.setdefault(bundle.machine_type, []).append(bundle)
+
+        offers: list[OfferQuote] = []
+        for scope, item in machine_items:
+            zone = mapping.zone_of_scope(scope)
+            if zone is None or mapping.region_of_zone(zone) not in self.regions:
+                continue
+            machine = mapping.machine_type(item, zone)
+            if machine.accelerators:
+                accelerator = machine.accelerators[0][0]
+                count = sum(n for name, n in machine.accelerators if name == accelerator)
+                offers.extend(self._quotes(index, machine, machine.name, accelerator, count))
+            for bundle in bundles_by_host.get(machine.name, []):
+                if bundle.accelerator and limits.get((zone, bundle.accelerator), 0) >= bundle.count:
+                    offers.extend(self._quotes(index, machine, str(bundle), bundle.accelerator, bundle.count))
+        return sorted(offers, key=lambda q: (q.region, q.zone, q.instance_type, q.pricing_model.value))
+
+    def _quotes(
+        self, index: mapping.SkuIndex, machine: mapping.MachineType, instance_type: str, accelerator: str, count: int
+    ) -> list[OfferQuote]:
+        family = mapping.host_family(machine.name)
+        if family is None:
+            return []
+        region = mapping.region_of_zone(machine.zone)
+        gpu = mapping.gpu_spec(machine.name, accelerator, count)
+        quotes: list[OfferQuote] = []
+        for pricing_model, usage_type in USAGE_TYPES.items():
+            composed = mapping.compose_price(
+                index, region, usage_type, family, machine.vcpus, machine.memory_gib, accelerator, count
+            )
+            if composed is None:
+                continue
+            quotes.append(
+                OfferQuote(
+                    region=region,
+                    zone=machine.zone,
+                    instance_type=instance_type,
+                    pricing_model=pricing_model,
+                    gpu_model=gpu.model,
+                    gpu_count=gpu.count,
+                    gpu_memory_gb=gpu.memory_gb,
+                    vcpus=machine.vcpus,
+                    memory_gib=machine.memory_gib,
+                    price=composed.price,
+                    currency=composed.currency,
+                    capacity=None,
+                    interconnect=gpu.interconnect,
+                    extra={
+                        "machine_type": machine.name,
+                        "accelerator_type": accelerator,
+                        "host_family": family,
+                        "price_exact": str(composed.exact),
+                        "sku_ids": composed.sku_ids,
+                    },
+                )
+            )
+        return quotes
+
+    def describe(self, region: str, instance_id: str) -> InstanceHandle:
+        """The instance's state. While it is PROVISIONING or STOPPING, or once it 404s, its newest zone operation
+        decides: a failed insert is ``FAILED`` with ``extra`` ``error_class``/``error_code``/``error_message``, a
+        finished delete ``TERMINATED``. Raises ``ProviderRequestRejected`` (notFound) when GCP has neither the
+        instance nor an operation on it.
+        """
+        zone, name = mapping.split_instance_id(region, instance_id)
+        item = self._client.instance_get(zone, name)
+        if item is None:
+            handle = mapping.handle_without_instance(zone, name, self._operations(zone, name))
+            if handle is None:
+                raise ProviderRequestRejected(
+                    f"instance {instance_id} not found in {region}", code="notFound", provider=mapping.PROVIDER
+                )
+            return handle
+        handle = mapping.instance_handle(item)
+        status = str(handle.extra.get("status", ""))
+        if status not in mapping.OPERATION_STATUSES:
+            return handle
+        operations = self._operations(zone, name)
+        if status == "PROVISIONING":
+            insert = mapping.latest_operation(operations, {"insert"})
+            if insert and mapping.operation_error(insert) is not None:
+                # The instance may linger a moment after a failed insert; the operation is the truth.
+                return self._with(handle, InstanceState.FAILED, insert)
+        else:
+            gone = mapping.latest_operation(operations, mapping.GONE_OPERATIONS)
+            if gone and gone.get("status") == "DONE" and mapping.operation_error(gone) is None:
+                return self._with(handle, InstanceState.TERMINATED, gone)
+        return handle
+
+    def _operations(self, zone: str, name: str) -> list[dict[str, Any]]:
+        link = mapping.instance_link(self.project, zone, name)
+        return self._client.operations(zone, f'targetLink = "{link}"')
+
+    @staticmethod
+    def _with(handle: InstanceHandle, state: InstanceState, operation: dict[str, Any]) -> InstanceHandle:
+        return dataclasses.replace(handle, state=state, extra={**handle.extra, **mapping.operation_extra(operation)})
+
+    def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
+        """Every instance labelled ``broker-order=<order_ref>`` in the account's regions, in any state.
+
+        One ``instances.aggregated_list`` with a label filter covers every zone. Instances whose insert failed
+        leave nothing to find: GCP keeps no instance for them.
+        """
+        value = mapping.label_value(order_ref)
+        items = self._client.aggregated("instances", f'labels.{mapping.ORDER_LABEL} = "{value}"')
+        handles = [
+            mapping.instance_handle(item)
+            for scope, item in items
+            if (zone := mapping.zone_of_scope(scope)) is not None
+            and mapping.region_of_zone(zone) in self.regions
+            # The filter is GCP's; checking again keeps a filter the server ignored from returning strangers.
+            and (item.get("labels") or {}).get(mapping.ORDER_LABEL) == value
+        ]
+        return sorted(handles, key=lambda h: (h.region, h.instance_id))
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def launch(self, spec: LaunchSpec) -> InstanceHandle:
+        """``instances.insert`` of one instance named after ``spec.client_token``, with ``requestId`` derived from
+        it: a repeat returns the first operation (GCP deduplicates on the request id), and a repeat after GCP
+        forgot the id meets ``alreadyExists`` and returns the existing instance. Labelled ``broker-order``.
+
+        Exactly one attempt (see ``ProviderAdapter.launch``). Usually returns a PENDING handle: the insert is an
+        operation, and capacity failures (ZONE_RESOURCE_POOL_EXHAUSTED) surface later through ``describe``.
+        Quota and other synchronous refusals raise here. ``spec.max_price`` is not sent: Spot VMs have no bid, the
+        price is the Preemptible SKU rate. A token whose insert failed keeps failing (GCP answers the request id
+        with the failed operation), so a new attempt needs a new token.
+        """
+        if spec.pricing_model is PricingModel.RESERVED:
+            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
+        if not spec.zone or mapping.region_of_zone(spec.zone) != spec.region:
+            raise ProviderRequestRejected(
+                f"zone {spec.zone!r} is not a zone of {spec.region}", code="invalid", provider=mapping.PROVIDER
+            )
+        instance_type = mapping.parse_instance_type(spec.instance_type)
+        name = mapping.instance_name(spec.client_token)
+        request_id = mapping.request_id("insert", spec.client_token)
+        labels = mapping.labels(spec.order_ref, spec.tags)
+        resource = mapping.instance_resource(
+            name=name,
+            zone=spec.zone,
+            instance_type=instance_type,
+            spot=spec.pricing_model is PricingModel.SPOT,
+            image=spec.image or self.options.get("image") or mapping.DEFAULT_IMAGE,
+            boot_disk_gb=self._boot_disk_gb,
+            network=self.options.get("network") or mapping.DEFAULT_NETWORK,
+            subnetwork=self.options.get("subnetwork") or None,
+            labels=labels,
+            metadata={mapping.IDEMPOTENCY_METADATA: spec.client_token, mapping.ORDER_METADATA: spec.order_ref},
+        )
+        try:
+            operation = self._client.insert(spec.zone, resource, request_id)
+        except ProviderRequestRejected as exc:
+            if exc.code not in ("alreadyExists", "ALREADY_EXISTS"):
+                raise
+            existing = self._client.instance_get(spec.zone, name)
+            if (
+                existing is None
+                or (existing.get("labels") or {}).get(mapping.ORDER_LABEL) != labels[mapping.ORDER_LABEL]
+            ):
+                raise
+            return mapping.instance_handle(existing, {"request_id": request_id})
+        mapping.raise_operation_error(operation)
+        if operation.get("status") == "DONE":
+            current = self._client.instance_get(spec.zone, name)
+            if current is not None:
+                return mapping.instance_handle(
+                    current, {"request_id": request_id, **mapping.operation_extra(operation)}
+                )
+        return InstanceHandle(
+            instance_id=f"{spec.zone}/{name}",
+            region=spec.region,
+            zone=spec.zone,
+            instance_type=str(instance_type),
+            state=InstanceState.PENDING,
+            tags=labels,
+            extra={
+                "status": "PROVISIONING",
+                "request_id": request_id,
+                "client_token": spec.client_token,
+                "order_ref": spec.order_ref,
+                "provisioning_model": "SPOT" if spec.pricing_model is PricingModel.SPOT else "STANDARD",
+                **mapping.operation_extra(operation),
+            },
+        )
+
+    def terminate(self, region: str, instance_id: str) -> InstanceHandle:
+        """``instances.delete`` (Spot and on-demand alike). Idempotent: an instance GCP no longer has (404) is
+        reported terminated without a write, and a repeated delete reuses its request id. Returns STOPPING while
+        the delete operation runs, TERMINATED once it is done.
+        """
+        zone, name = mapping.split_instance_id(region, instance_id)
+        current = self._client.instance_get(zone, name)
+        if current is None:
+            return InstanceHandle(
+                instance_id=instance_id, region=region, zone=zone, instance_type="", state=InstanceState.TERMINATED
+            )
+        handle = mapping.instance_handle(current)
+        key = f"{self.project}/{instance_id}/{handle.extra.get('gcp_id', '')}"
+        operation = self._client.delete(zone, name, mapping.request_id("delete", key))
+        if operation is None:
+            return dataclasses.replace(handle, state=InstanceState.TERMINATED)
+        mapping.raise_operation_error(operation)
+        state = InstanceState.TERMINATED if operation.get("status") == "DONE" else InstanceState.STOPPING
+        return self._with(handle, state, operation)

@@ -1,0 +1,279 @@
+"""The only module that imports the Google Cloud SDKs (google-cloud-compute, google-cloud-billing, google-auth).
+
+``GcpClient`` builds REST-transport clients (explicit ``(connect, read)`` timeouts, SDK retries off), runs reads in
+a small bounded retry loop, and turns every SDK message into a plain dict (``Message.to_dict``, snake_case proto
+field names) and every SDK exception into a ``ProviderError``. Operations are polled with our own
+``ZoneOperationsClient``: ``ExtendedOperation.result()`` would poll the public endpoint whatever ``api_endpoint`` says.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import requests
+from google.api_core import exceptions as api_exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth import exceptions as auth_exceptions
+from google.cloud import billing_v1, compute_v1
+from google.oauth2 import service_account
+from google.protobuf import json_format
+from google.protobuf import message as protobuf_message
+
+from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected, TransientProviderError
+from providers.gcp import mapping
+
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 30.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_PAGE_SIZE = 500  # Compute Engine's maximum maxResults
+SKU_PAGE_SIZE = 5000  # the Billing Catalog's maximum pageSize
+BACKOFF_SECONDS = 0.25
+BACKOFF_CAP_SECONDS = 2.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """How to reach GCP. The key material is excluded from ``repr`` so it never reaches a log line."""
+
+    project_id: str
+    service_account_info: dict[str, Any] = field(repr=False)
+    endpoint_url: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    page_size: int = DEFAULT_PAGE_SIZE
+    retry_backoff: float = BACKOFF_SECONDS
+
+
+class _HttpTimeout:
+    """An api_core timeout decorator that hands ``requests`` a ``(connect, read)`` pair.
+
+    The SDK's own float timeouts set both to one value; a slow connect and a slow answer deserve different limits.
+    """
+
+    def __init__(self, connect: float, read: float):
+        self._value = (connect, read)
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        return functools.partial(func, timeout=self._value)
+
+
+def _status_name(exc: api_exceptions.GoogleAPICallError) -> str:
+    status = getattr(exc, "grpc_status_code", None)
+    return str(getattr(status, "name", "") or "")
+
+
+def _translate(exc: BaseException) -> ProviderError:
+    """SDK exception -> broker error; classification by GCP's code strings (see ``mapping.error_class_for``)."""
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        codes = [str(exc.reason or "")]
+        codes += [str(e.get("reason", "")) for e in exc.errors if isinstance(e, dict)]
+        codes.append(_status_name(exc))
+        return mapping.error_from_codes(codes, exc.message or str(exc), exc.code)
+    if isinstance(exc, auth_exceptions.RefreshError):
+        # A token endpoint answering invalid_grant is final; an unreachable one is not.
+        if getattr(exc, "retryable", False):
+            return TransientProviderError(str(exc), code="RefreshError", provider=mapping.PROVIDER)
+        return CredentialsRejected(str(exc), code="invalid_grant", provider=mapping.PROVIDER)
+    if isinstance(exc, requests.exceptions.RequestException | auth_exceptions.TransportError):
+        return mapping.transport_error(type(exc).__name__, str(exc))
+    if isinstance(exc, api_exceptions.RetryError):
+        return TransientProviderError(str(exc), code="RetryError", provider=mapping.PROVIDER)
+    if isinstance(exc, auth_exceptions.GoogleAuthError):
+        return CredentialsRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+    if isinstance(exc, json_format.ParseError | protobuf_message.Error):
+        return mapping.malformed(f"{type(exc).__name__}: {exc}")
+    # Anything else (a request the SDK refused to build) would fail the same way again.
+    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+
+
+@contextmanager
+def _sdk_errors() -> Iterator[None]:
+    try:
+        yield
+    except ProviderError:
+        raise
+    except (
+        api_exceptions.GoogleAPIError,
+        auth_exceptions.GoogleAuthError,
+        requests.exceptions.RequestException,
+        protobuf_message.Error,
+        ValueError,
+        TypeError,
+    ) as exc:
+        raise _translate(exc) from exc
+
+
+def _as_dict(message: Any) -> dict[str, Any]:
+    result: dict[str, Any] = type(message).to_dict(message, use_integers_for_enums=False)
+    return result
+
+
+def credentials_from_info(info: dict[str, Any]) -> Any:
+    """Service-account credentials from a key file's JSON. Raises ``CredentialsRejected`` for an unusable key.
+
+    The GAPIC clients sign their own JWTs with this key (self-signed JWT access), so no token endpoint is called.
+    """
+    try:
+        return service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+    except (ValueError, KeyError, TypeError, auth_exceptions.GoogleAuthError) as exc:
+        raise CredentialsRejected(
+            f"unusable service account key: {exc}", code="invalid_key", provider=mapping.PROVIDER
+        ) from None
+
+
+class GcpClient:
+    """Lazily built SDK clients for one project.
+
+    Reads (``regions_get``, ``aggregated``, ``skus``, ``instance_get``, ``operations``) retry transient errors up
+    to ``max_attempts`` in total; ``insert`` runs exactly once so the broker decides on retry or failover.
+    """
+
+    def __init__(self, settings: ClientSettings):
+        self.settings = settings
+        self.project = settings.project_id
+        self._credentials = credentials_from_info(settings.service_account_info)
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._timeout = _HttpTimeout(settings.connect_timeout, settings.read_timeout)
+
+    # ---------------------------------------------------------------------------------------- plumbing
+
+    def _client(self, name: str) -> Any:
+        factories: dict[str, Callable[..., Any]] = {
+            "instances": compute_v1.InstancesClient,
+            "machine_types": compute_v1.MachineTypesClient,
+            "accelerator_types": compute_v1.AcceleratorTypesClient,
+            "zone_operations": compute_v1.ZoneOperationsClient,
+            "regions": compute_v1.RegionsClient,
+            "catalog": billing_v1.CloudCatalogClient,
+        }
+        with self._lock:
+            client = self._clients.get(name)
+            if client is None:
+                options = ClientOptions(api_endpoint=self.settings.endpoint_url) if self.settings.endpoint_url else None
+                with _sdk_errors():
+                    # REST only: the billing client defaults to gRPC, which a plain-HTTP endpoint cannot serve.
+                    client = factories[name](credentials=self._credentials, transport="rest", client_options=options)
+                self._clients[name] = client
+            return client
+
+    def _read(self, call: Callable[[], T]) -> T:
+        """``call`` with SDK errors translated, retried on transient errors with capped exponential backoff."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with _sdk_errors():
+                    return call()
+            except TransientProviderError:
+                if attempt >= self.settings.max_attempts:
+                    raise
+                time.sleep(min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1)))
+
+    def _call_options(self) -> dict[str, Any]:
+        # retry=None: the SDK's default retry (up to 600 s for aggregated lists) would hide outages from the broker.
+        return {"retry": None, "timeout": self._timeout}
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def regions_get(self, region: str) -> dict[str, Any]:
+        client = self._client("regions")
+        return self._read(lambda: _as_dict(client.get(project=self.project, region=region, **self._call_options())))
+
+    def aggregated(self, resource: str, filter_: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """Every (scope, item) of ``<resource>.aggregated_list`` across all pages; ``resource`` is
+        ``machine_types``, ``accelerator_types`` or ``instances``."""
+        client = self._client(resource)
+        request_classes: dict[str, Any] = {
+            "machine_types": compute_v1.AggregatedListMachineTypesRequest,
+            "accelerator_types": compute_v1.AggregatedListAcceleratorTypesRequest,
+            "instances": compute_v1.AggregatedListInstancesRequest,
+        }
+        field_names = {"machine_types": "machine_types", "accelerator_types": "accelerator_types"}
+        items_field = field_names.get(resource, "instances")
+        params: dict[str, Any] = {"project": self.project, "max_results": self.settings.page_size}
+        if filter_:
+            params["filter"] = filter_
+        request = request_classes[resource](**params)
+
+        def fetch() -> list[tuple[str, dict[str, Any]]]:
+            found: list[tuple[str, dict[str, Any]]] = []
+            for scope, scoped in client.aggregated_list(request=request, **self._call_options()):
+                found.extend((scope, _as_dict(item)) for item in getattr(scoped, items_field))
+            return found
+
+        return self._read(fetch)
+
+    def skus(self, service: str = mapping.COMPUTE_SERVICE) -> list[dict[str, Any]]:
+        """Every SKU of a Cloud Billing service, priced in USD."""
+        client = self._client("catalog")
+        request = billing_v1.ListSkusRequest(
+            parent=service, currency_code="USD", page_size=min(SKU_PAGE_SIZE, max(self.settings.page_size, 1))
+        )
+        return self._read(lambda: [_as_dict(s) for s in client.list_skus(request=request, **self._call_options())])
+
+    def instance_get(self, zone: str, name: str) -> dict[str, Any] | None:
+        """The instance, or None when GCP answers 404."""
+        client = self._client("instances")
+
+        def fetch() -> dict[str, Any] | None:
+            try:
+                return _as_dict(client.get(project=self.project, zone=zone, instance=name, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+
+        return self._read(fetch)
+
+    def operations(self, zone: str, filter_: str) -> list[dict[str, Any]]:
+        """Zone operations matching a list filter (e.g. on ``targetLink``), every page."""
+        client = self._client("zone_operations")
+        request = compute_v1.ListZoneOperationsRequest(
+            project=self.project, zone=zone, filter=filter_, max_results=self.settings.page_size
+        )
+        return self._read(lambda: [_as_dict(op) for op in client.list(request=request, **self._call_options())])
+
+    def operation_get(self, zone: str, operation: str) -> dict[str, Any]:
+        client = self._client("zone_operations")
+        return self._read(
+            lambda: _as_dict(client.get(project=self.project, zone=zone, operation=operation, **self._call_options()))
+        )
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def insert(self, zone: str, resource: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """``instances.insert`` exactly once (``insert_unary``: the Operation as GCP returned it, not polled)."""
+        client = self._client("instances")
+        with _sdk_errors():
+            request = compute_v1.InsertInstanceRequest(
+                project=self.project,
+                zone=zone,
+                instance_resource=compute_v1.Instance(resource),
+                request_id=request_id,
+            )
+            return _as_dict(client.insert_unary(request=request, **self._call_options()))
+
+    def delete(self, zone: str, name: str, request_id: str) -> dict[str, Any] | None:
+        """``instances.delete``; None when the instance is already gone (404). Retried like a read: the request
+        id makes a repeat return the first operation instead of a second delete."""
+        client = self._client("instances")
+        request = compute_v1.DeleteInstanceRequest(
+            project=self.project, zone=zone, instance=name, request_id=request_id
+        )
+
+        def call() -> dict[str, Any] | None:
+            try:
+                return _as_dict(client.delete_unary(request=request, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+
+        return self._read(call)
