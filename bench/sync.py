@@ -106,11 +106,19 @@ def main() -> int:
         PricePoint.objects.all().delete()
 
         # 1. The full sync, accounts in parallel as the per-account tasks run.
+        per_kind: dict[str, list[float]] = {}
+
+        def timed_sync(account: ProviderAccount) -> object:
+            began = time.perf_counter()
+            outcome = offers_sync(account_id=account.pk)
+            per_kind.setdefault(account.kind, []).append(time.perf_counter() - began)
+            return outcome
+
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=args.threads) as pool:
-            outcomes = list(pool.map(lambda a: offers_sync(account_id=a.pk), accounts))
+            outcomes = list(pool.map(timed_sync, accounts))
         full_sync_s = time.perf_counter() - started
-        failed = [o for o in outcomes if not o.ok]
+        failed = [o for o in outcomes if not o.ok]  # type: ignore[attr-defined]
         rows = Offer.objects.count()
         quarantined = QuarantinedOffer.objects.count()
 
@@ -136,9 +144,10 @@ def main() -> int:
         per_account_rate = ingested / per_account_s
 
         kinds = ", ".join(spec.kind for spec in specs)
+        by_kind = ", ".join(f"{k} {statistics.mean(v):.2f} s" for k, v in sorted(per_kind.items()))
         print(f"accounts: {len(accounts)} ({args.sellers} sellers x {len(specs)} clouds: {kinds})")
         print(f"full sync: {rows} offer rows (+{quarantined} quarantined) in {full_sync_s:.2f} s, "
-              f"{len(failed)} account(s) failed")  # fmt: skip
+              f"{len(failed)} account(s) failed; mean per account: {by_kind}")  # fmt: skip
         print(f"ingestion: {ingested} rows in {ingest_s:.3f} s = {ingest_rate:,.0f} rows/s")
         print(f"COPY baseline: {ingested} rows in {copy_s:.3f} s = {copy_rate:,.0f} rows/s")
         print(f"COPY per account (one COPY and commit per account, as a sync writes): {per_account_rate:,.0f} rows/s")

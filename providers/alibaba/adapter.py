@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from providers.alibaba.client import (
 )
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 # A public Alibaba Ubuntu 22.04 image id (the sandbox knows it too); override with options.image_id.
@@ -30,19 +30,6 @@ SPOT_LOOKBACK = timedelta(hours=1)
 INSTANCE_TYPES_PAGE = 100
 INSTANCES_PAGE = 100
 SPOT_HISTORY_PAGES = 100
-
-
-def _option_number(options: dict[str, str], key: str, default: float) -> float:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"options.{key}: must be a positive number")
-    return value
 
 
 class AlibabaAdapter(ProviderAdapter):
@@ -74,9 +61,9 @@ class AlibabaAdapter(ProviderAdapter):
                 access_key_secret=secret,
                 security_token=credentials.values.get("security_token") or None,
                 endpoint_url=credentials.endpoint_url or None,
-                connect_timeout=_option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-                read_timeout=_option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
-                max_attempts=int(_option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
             )
         )
 

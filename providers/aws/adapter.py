@@ -17,6 +17,7 @@ from providers.aws.client import (
 )
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 # Every AWS GPU family starts with g or p. An unfiltered catalogue is ~1,400 types of which ~65 have GPUs;
@@ -28,19 +29,6 @@ SPOT_PRODUCT = "Linux/UNIX"
 SPOT_LOOKBACK = timedelta(hours=1)
 FILTER_VALUES_PER_CALL = 100  # EC2 caps the values of one filter; stay well below the cap
 PRICE_TYPES_PER_CALL = 50
-
-
-def _positive_float(options: dict[str, str], key: str, default: float) -> float:
-    raw = options.get(key)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"options.{key}: must be positive")
-    return value
 
 
 def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -66,15 +54,15 @@ class AwsAdapter(ProviderAdapter):
         secret = credentials.values.get("secret_access_key", "")
         if not access_key_id or not secret:
             raise CredentialsRejected("access_key_id and secret_access_key are required", provider=mapping.PROVIDER)
-        max_attempts = int(_positive_float(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS))
+        max_attempts = int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS))
         self._client = AwsClient(
             ClientSettings(
                 access_key_id=access_key_id,
                 secret_access_key=secret,
                 session_token=credentials.values.get("session_token") or None,
                 endpoint_url=credentials.endpoint_url or None,
-                connect_timeout=_positive_float(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-                read_timeout=_positive_float(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
                 max_attempts=max_attempts,
             )
         )

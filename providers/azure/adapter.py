@@ -19,6 +19,7 @@ from providers.azure.client import (
 )
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, TransientProviderError
+from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 DEFAULT_RESOURCE_GROUP = "broker"
@@ -27,19 +28,6 @@ DEFAULT_RESOURCE_GROUP = "broker"
 DEFAULT_LAUNCH_WAIT_S = 15.0
 DEFAULT_TERMINATE_WAIT_S = 15.0
 REQUIRED_CREDENTIALS = ("tenant_id", "client_id", "client_secret", "subscription_id")
-
-
-def _number(options: dict[str, str], key: str, default: float, *, allow_zero: bool = False) -> float:
-    raw = options.get(key)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"options.{key}: must be {'zero or more' if allow_zero else 'positive'}")
-    return value
 
 
 def _flag(options: dict[str, str], key: str, default: bool) -> bool:
@@ -83,8 +71,8 @@ class AzureAdapter(ProviderAdapter):
             raise CredentialsRejected(f"credentials missing: {', '.join(missing)}", provider=mapping.PROVIDER)
         options = self.options
         self.resource_group = options.get("resource_group") or DEFAULT_RESOURCE_GROUP
-        self.launch_wait_s = _number(options, "launch_wait_s", DEFAULT_LAUNCH_WAIT_S, allow_zero=True)
-        self.terminate_wait_s = _number(options, "terminate_wait_s", DEFAULT_TERMINATE_WAIT_S, allow_zero=True)
+        self.launch_wait_s = option_number(options, "launch_wait_s", DEFAULT_LAUNCH_WAIT_S, allow_zero=True)
+        self.terminate_wait_s = option_number(options, "terminate_wait_s", DEFAULT_TERMINATE_WAIT_S, allow_zero=True)
         self.launch_settings = mapping.LaunchSettings(
             subnet_id=options.get("subnet_id", ""),
             ssh_public_key=options.get("ssh_public_key", ""),
@@ -104,10 +92,10 @@ class AzureAdapter(ProviderAdapter):
                 authority_url=(options.get("authority_url") or AUTHORITY_URL).rstrip("/"),
                 prices_url=(options.get("prices_url") or PRICES_URL).rstrip("/"),
                 ca_bundle=options.get("ca_bundle") or None,
-                connect_timeout=_number(options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-                read_timeout=_number(options, "read_timeout", DEFAULT_READ_TIMEOUT),
-                max_attempts=int(_number(options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
-                polling_interval=_number(options, "polling_interval", DEFAULT_POLLING_INTERVAL, allow_zero=True),
+                connect_timeout=option_number(options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=option_number(options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                max_attempts=int(option_number(options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                polling_interval=option_number(options, "polling_interval", DEFAULT_POLLING_INTERVAL, allow_zero=True),
             )
         )
 

@@ -19,22 +19,10 @@ from providers.gcp.client import (
     ClientSettings,
     GcpClient,
 )
+from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 USAGE_TYPES = {PricingModel.ON_DEMAND: mapping.ON_DEMAND, PricingModel.SPOT: mapping.PREEMPTIBLE}
-
-
-def _positive_float(options: dict[str, str], key: str, default: float) -> float:
-    raw = options.get(key)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"options.{key}: must be positive")
-    return value
 
 
 def _service_account_info(credentials: Credentials) -> dict[str, Any]:
@@ -85,17 +73,17 @@ class GcpAdapter(ProviderAdapter):
                 project_id=project,
                 service_account_info=info,
                 endpoint_url=credentials.endpoint_url or None,
-                connect_timeout=_positive_float(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-                read_timeout=_positive_float(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
-                max_attempts=int(_positive_float(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
-                page_size=int(_positive_float(self.options, "page_size", DEFAULT_PAGE_SIZE)),
-                retry_backoff=_positive_float(self.options, "retry_backoff", BACKOFF_SECONDS),
+                connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                page_size=int(option_number(self.options, "page_size", DEFAULT_PAGE_SIZE)),
+                retry_backoff=option_number(self.options, "retry_backoff", BACKOFF_SECONDS),
             )
         )
         raw_bundles = self.options.get("n1_bundles")
         names = [b.strip() for b in raw_bundles.split(",") if b.strip()] if raw_bundles else mapping.DEFAULT_N1_BUNDLES
         self._bundles = [mapping.parse_instance_type(name) for name in names]
-        self._boot_disk_gb = int(_positive_float(self.options, "boot_disk_gb", mapping.DEFAULT_BOOT_DISK_GB))
+        self._boot_disk_gb = int(option_number(self.options, "boot_disk_gb", mapping.DEFAULT_BOOT_DISK_GB))
 
     # ------------------------------------------------------------------------------------------- reads
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.options import option_number
 from providers.tencent import mapping
 from providers.tencent.client import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -23,19 +24,6 @@ UBUNTU_FILTERS = [
     {"Name": "image-type", "Values": ["PUBLIC_IMAGE"]},
     {"Name": "platform", "Values": [mapping.UBUNTU_PLATFORM]},
 ]
-
-
-def _positive_float(options: dict[str, str], key: str, default: float) -> float:
-    raw = options.get(key)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"options.{key}: {raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"options.{key}: must be positive")
-    return value
 
 
 class TencentAdapter(ProviderAdapter):
@@ -64,10 +52,10 @@ class TencentAdapter(ProviderAdapter):
                 secret_key=secret_key,
                 token=credentials.values.get("token") or None,
                 endpoint_url=credentials.endpoint_url or None,
-                connect_timeout=_positive_float(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-                read_timeout=_positive_float(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
-                max_attempts=int(_positive_float(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
-                retry_backoff=_positive_float(self.options, "retry_backoff", DEFAULT_RETRY_BACKOFF),
+                connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+                read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
+                max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                retry_backoff=option_number(self.options, "retry_backoff", DEFAULT_RETRY_BACKOFF),
             )
         )
         self._images: dict[tuple[str, str], str] = {}
