@@ -1,6 +1,6 @@
 """Benchmark: a full offer sync of every sandbox cloud into PostgreSQL, against a plain COPY of the same rows.
 
-    .venv/bin/python bench/sync.py [--sellers 12] [--database postgres://postgres@127.0.0.1:5432/broker_bench]
+    .venv/bin/python bench/sync.py [--sellers 9] [--database postgres://postgres@127.0.0.1:5432/broker_bench]
 
 It creates (or reuses) its own database, starts every sandbox in-process, connects ``--sellers`` provider
 accounts per cloud (many resellers of the same clouds, as on a real marketplace) and reports:
@@ -40,7 +40,7 @@ def _prepare_database(url: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sellers", type=int, default=12, help="provider accounts per cloud")
+    parser.add_argument("--sellers", type=int, default=9, help="accounts per cloud (9 x 5 > 5,000 rows)")
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench")
     parser.add_argument("--threads", type=int, default=4, help="accounts synced at once")
     parser.add_argument("--repeat", type=int, default=3, help="ingestion/COPY repetitions (medians reported)")

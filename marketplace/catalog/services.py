@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -37,7 +37,13 @@ class IngestReport:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
-def _memory_problem(quote: OfferQuote, spec: GpuModel) -> str:
+class _SpecRow(NamedTuple):
+    key: str
+    pk: int
+    memory_gb: int
+
+
+def _memory_problem(quote: OfferQuote, spec: _SpecRow) -> str:
     if quote.gpu_memory_gb == spec.memory_gb:
         return ""
     if abs(quote.gpu_memory_gb - spec.memory_gb * 1024) <= spec.memory_gb * 64:
@@ -50,7 +56,7 @@ def _memory_problem(quote: OfferQuote, spec: GpuModel) -> str:
 
 def _validate(
     quote: OfferQuote,
-    specs: dict[str, GpuModel],
+    specs: dict[str, _SpecRow],
     fx: dict[str, Decimal],
     on_demand: dict[tuple[str, str, str], Decimal],
 ) -> str:
@@ -78,7 +84,7 @@ def _validate(
 
 
 def _fx_rates() -> dict[str, Decimal]:
-    rates = {row.currency: row.usd_per_unit for row in FxRate.objects.all()}
+    rates = dict(FxRate.objects.values_list("currency", "usd_per_unit"))
     rates["USD"] = Decimal(1)
     return rates
 
@@ -90,7 +96,8 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
     written for every new offer and every changed price; rows that fail validation go to QuarantinedOffer
     with the reason; the account's offers missing from ``quotes`` are marked unavailable. Safe to repeat.
     """
-    specs = {m.key: m for m in GpuModel.objects.all()}
+    # Only the three fields validation needs: full model instances cost more than the rest of a small sync.
+    specs = {row.key: row for row in (_SpecRow(*v) for v in GpuModel.objects.values_list("key", "pk", "memory_gb"))}
     fx = _fx_rates()
     on_demand = {
         (q.region, q.zone, q.instance_type): q.price for q in quotes if q.pricing_model == PricingModel.ON_DEMAND
