@@ -58,7 +58,8 @@ class Offer(models.Model):
     ``currency``; ``price_usd`` is the same converted with ``fx_rate`` (1 when the currency is USD).
     """
 
-    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="offers")
+    # No separate index: the natural-key unique index starts with account and serves every account lookup.
+    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="offers", db_index=False)
     region = models.CharField(max_length=64)
     zone = models.CharField(max_length=64)
     instance_type = models.CharField(max_length=64)
@@ -103,7 +104,8 @@ class Offer(models.Model):
 class PricePoint(models.Model):
     """An offer's price when it was first seen and whenever it changed."""
 
-    offer = models.ForeignKey(Offer, on_delete=models.CASCADE, related_name="price_points")
+    # Covered by the (offer, observed_at) index below; a second index would only slow every sync's inserts.
+    offer = models.ForeignKey(Offer, on_delete=models.CASCADE, related_name="price_points", db_index=False)
     observed_at = models.DateTimeField()
     price = models.DecimalField(max_digits=14, decimal_places=6)
     currency = models.CharField(max_length=3)
