@@ -56,7 +56,6 @@ from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, jso
 SEED_PATH = Path(__file__).parent / "data" / "alibaba_prices.csv"
 # The demo account's key pair: registered at start-up (and after every reset), so its signatures are verified.
 DEMO_CREDENTIALS: dict[str, str] = {"access_key_id": "LTAI5tDemoSandbox0001", "access_key_secret": "sandbox-secret"}
-CALL_LOG_SIZE = 10_000
 NONCE_MEMORY = 10_000
 
 # Regions the sandbox knows: (local name, zones, instance id prefix). Only cn-shanghai is seeded with prices
@@ -311,7 +310,6 @@ class AlibabaSandbox(SandboxApp):
         self._tokens: dict[tuple[str, str], _Stored] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
         self._release_tokens: set[tuple[str, str]] = set()
-        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
         self._nonces: deque[str] = deque(maxlen=NONCE_MEMORY)
         self._nonce_set: set[str] = set()
         self._valid_keys: frozenset[str] | None = None
@@ -401,11 +399,6 @@ class AlibabaSandbox(SandboxApp):
             return access_key_id in valid
         return bool(access_key_id) and not access_key_id.startswith("bad")
 
-    def calls(self, action: str | None = None) -> list[Call]:
-        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
-        with self._lock:
-            return [c for c in self._calls if action is None or c.action == action]
-
     def instances(self, region: str | None = None) -> list[SandboxInstance]:
         """Every instance ever launched since the last reset, released ones with state ``Deleted``."""
         with self._lock:
@@ -433,7 +426,7 @@ class AlibabaSandbox(SandboxApp):
             self._tokens.clear()
             self._token_locks.clear()
             self._release_tokens.clear()
-            self._calls.clear()
+            self.clear_calls()
             self._nonces.clear()
             self._nonce_set.clear()
             self._valid_keys = None
@@ -493,7 +486,7 @@ class AlibabaSandbox(SandboxApp):
         except WireError:
             req.access_key_id = ""
         with self._lock:
-            self._calls.append(Call(action, req.region, req.access_key_id, req.instance_types, req.zone))
+            self.record_call(Call(action, req.region, req.access_key_id, req.instance_types, req.zone))
         try:
             if request.path != "/" or request.method not in ("POST", "GET"):
                 raise WireError(

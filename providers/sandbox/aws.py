@@ -28,7 +28,6 @@ import re
 import threading
 import uuid
 import zlib
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -58,7 +57,6 @@ PRICE_LIST_PUBLISHED = "2025-06-01T00:00:00Z"
 SPOT_HISTORY_AGES_H = (0, 5, 13, 29)
 PRICING_MAX_RESULTS = 100
 SPOT_MAX_RESULTS = 1000
-CALL_LOG_SIZE = 10_000  # a standalone sandbox runs for days; keep the newest calls only
 _SCOPE = re.compile(r"Credential=([^/,\s]+)/\d{8}/([^/]+)/([^/]+)/aws4_request")
 _INDEXED = re.compile(r"^InstanceType\.\d+$")
 _FILTER_NAME = re.compile(r"^Filter\.(\d+)\.Name$")
@@ -403,7 +401,6 @@ class AwsSandbox(SandboxApp):
         self._lock = threading.Lock()
         self._tokens: dict[tuple[str, str], _Stored] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
         self._dirty_regions: set[str] = set()
         self._valid_keys: frozenset[str] | None = None
 
@@ -448,11 +445,6 @@ class AwsSandbox(SandboxApp):
             return access_key_id in valid
         return bool(access_key_id) and not access_key_id.startswith("bad")
 
-    def calls(self, action: str | None = None) -> list[Call]:
-        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
-        with self._lock:
-            return [c for c in self._calls if action is None or c.action == action]
-
     def instances(self, region: str | None = None) -> list[SandboxInstance]:
         """Every instance moto holds (any state), optionally in one region."""
         found: list[SandboxInstance] = []
@@ -484,7 +476,7 @@ class AwsSandbox(SandboxApp):
         with self._lock:
             self._tokens.clear()
             self._token_locks.clear()
-            self._calls.clear()
+            self.clear_calls()
             self._valid_keys = None
             dirty, self._dirty_regions = self._dirty_regions, set()
         for account_id in list(ec2_backends.keys()):
@@ -523,7 +515,7 @@ class AwsSandbox(SandboxApp):
         body = environ["wsgi.input"].read(length) if length else b""
         request = self._parse(environ, body)
         with self._lock:
-            self._calls.append(
+            self.record_call(
                 Call(request.service, request.action, request.region, request.instance_types, request.zone)
             )
         if request.service == "pricing":

@@ -43,7 +43,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -81,7 +80,6 @@ DEFAULT_CREATE_SECONDS = 0.2
 PRICE_PAGE_SIZE = 100
 SKU_PAGE_SIZE = 100
 VM_PAGE_SIZE = 50
-CALL_LOG_SIZE = 10_000
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$|^[A-Za-z0-9]$")
 _SUB = r"/subscriptions/(?P<sub>[^/]+)"
 _RG = _SUB + r"/resourceGroups/(?P<rg>[^/]+)"
@@ -373,7 +371,6 @@ class AzureSandbox(SandboxApp):
         self._lock = threading.Lock()
         self._vms: dict[tuple[str, str, str], _Vm] = {}
         self._operations: dict[str, _Operation] = {}
-        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
         self._valid_client_ids: frozenset[str] | None = None
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -565,11 +562,6 @@ class AzureSandbox(SandboxApp):
             return client_id in valid
         return bool(client_id) and not client_id.startswith("bad")
 
-    def calls(self, action: str | None = None) -> list[Call]:
-        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
-        with self._lock:
-            return [c for c in self._calls if action is None or c.action == action]
-
     def instances(self, region: str | None = None) -> list[SandboxVm]:
         """Every VM the sandbox holds (deleted ones are gone), optionally in one region."""
         now = time.monotonic()
@@ -598,7 +590,7 @@ class AzureSandbox(SandboxApp):
         with self._lock:
             self._vms.clear()
             self._operations.clear()
-            self._calls.clear()
+            self.clear_calls()
             self._valid_client_ids = None
         self.create_seconds = DEFAULT_CREATE_SECONDS
         self.delete_seconds = 0.0
@@ -651,7 +643,7 @@ class AzureSandbox(SandboxApp):
 
     def _log(self, call: Call) -> None:
         with self._lock:
-            self._calls.append(call)
+            self.record_call(call)
 
     def _transport_fault(self, call: Call) -> Fault | None:
         fault = self.faults.take(call.action, call.instance_types, call.zone, kinds=TRANSPORT_KINDS)

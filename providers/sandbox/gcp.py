@@ -35,7 +35,6 @@ import json
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -73,7 +72,6 @@ from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, jso
 
 DEFAULT_PROJECT = "broker-sandbox"
 DEFAULT_SETTLE_SECONDS = 2.0
-CALL_LOG_SIZE = 10_000
 LAUNCH_ACTION = "compute.instances.insert"
 SHORT_GPU_NAMES = {accelerator: label for label, accelerator in GPU_LABELS.items()}
 OPERATION_ONLY_CODES = frozenset(
@@ -219,7 +217,6 @@ class GcpSandbox(SandboxApp):
         self._instances: dict[tuple[str, str, str], _Instance] = {}
         self._operations: dict[tuple[str, str, str], _Operation] = {}
         self._request_ids: dict[tuple[str, str], tuple[str, str]] = {}
-        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
         self._counter = itertools.count(1)
         self._generation = 0
 
@@ -256,11 +253,6 @@ class GcpSandbox(SandboxApp):
         """Accept only these service-account emails (401 for others); None restores the default rule."""
         self.keys.accept_only(emails)
 
-    def calls(self, action: str | None = None) -> list[Call]:
-        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
-        with self._lock:
-            return [c for c in self._calls if action is None or c.action == action]
-
     def instances(self, zone: str | None = None) -> list[SandboxInstance]:
         """Every instance the sandbox holds (deleted ones are gone, as in GCP), optionally in one zone."""
         with self._lock:
@@ -292,7 +284,7 @@ class GcpSandbox(SandboxApp):
             self._instances.clear()
             self._operations.clear()
             self._request_ids.clear()
-            self._calls.clear()
+            self.clear_calls()
 
     def _snapshot(self, inst: _Instance) -> SandboxInstance:
         body = inst.body
@@ -357,7 +349,7 @@ class GcpSandbox(SandboxApp):
         try:
             self._route(request)
             with self._lock:
-                self._calls.append(
+                self.record_call(
                     Call(request.service, request.action, request.project, request.zone, request.instance_types)
                 )
             response = self._dispatch(request)

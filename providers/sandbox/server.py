@@ -16,6 +16,7 @@ import abc
 import json
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ class QuietRequestHandler(WSGIRequestHandler):
 
 def json_response(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data, sort_keys=True), status=status, mimetype="application/json")
+
+
+CALL_LOG_SIZE = 10_000  # a standalone sandbox runs for days; keep the newest calls only
 
 
 class ServerThread:
@@ -77,6 +81,24 @@ class SandboxApp(abc.ABC):
     def __init__(self, faults: FaultRegistry):
         self.faults = faults
         self._server: ServerThread | None = None
+        self._call_log: deque[Any] = deque(maxlen=CALL_LOG_SIZE)
+        self._call_lock = threading.Lock()
+
+    # -- the call log (what tests assert was, or was not, requested)
+
+    def record_call(self, call: Any) -> None:
+        """Log one request; each sandbox defines its own call record, with at least an ``action``."""
+        with self._call_lock:
+            self._call_log.append(call)
+
+    def calls(self, action: str | None = None) -> list[Any]:
+        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
+        with self._call_lock:
+            return [c for c in self._call_log if action is None or c.action == action]
+
+    def clear_calls(self) -> None:
+        with self._call_lock:
+            self._call_log.clear()
 
     # -- lifecycle
 

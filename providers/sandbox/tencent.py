@@ -37,7 +37,6 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -64,7 +63,6 @@ from providers.sandbox.tencent_catalogue import (
 
 API_VERSION = "2017-03-12"
 SERVICE = "cvm"
-CALL_LOG_SIZE = 10_000  # a standalone sandbox runs for days; keep the newest calls only
 DEFAULT_SECRETS = {"AKIDsandbox00000001": "sandbox-secret-key-0001"}
 ORDERING_TIMEOUT = 30.0  # how long a same-token request waits for the first one before giving up
 _INSTANCE_ID = re.compile(r"^ins-[a-z0-9]{8}$")
@@ -261,7 +259,6 @@ class TencentSandbox(SandboxApp):
         self._sequence = itertools.count(1)
         self._tokens: dict[tuple[str, str], list[str]] = {}
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._calls: deque[Call] = deque(maxlen=CALL_LOG_SIZE)
         self._secrets: dict[str, str] = dict(DEFAULT_SECRETS)
         self._strict = False
         self._sold_out: set[tuple[str, str, str]] = set(self._seed_sold_out)
@@ -314,11 +311,6 @@ class TencentSandbox(SandboxApp):
         with self._lock:
             self._strict = strict
 
-    def calls(self, action: str | None = None) -> list[Call]:
-        """Requests received since the last reset (the newest 10,000), oldest first, optionally one action."""
-        with self._lock:
-            return [c for c in self._calls if action is None or c.action == action]
-
     def instances(self, region: str | None = None) -> list[SandboxInstance]:
         """Every instance CVM would still describe (any state), optionally in one region."""
         now = self._clock()
@@ -346,7 +338,7 @@ class TencentSandbox(SandboxApp):
             self._instances.clear()
             self._tokens.clear()
             self._token_locks.clear()
-            self._calls.clear()
+            self.clear_calls()
             self._secrets = dict(DEFAULT_SECRETS)
             self._strict = False
             self._sold_out = set(self._seed_sold_out)
@@ -399,7 +391,7 @@ class TencentSandbox(SandboxApp):
         # Logged before any check, so tests can assert that a refused request still reached the "provider".
         request = self._describe_request(action, region, authorization, params, request_id)
         with self._lock:
-            self._calls.append(Call(action, region, request.secret_id, request.instance_types, request.zone))
+            self.record_call(Call(action, region, request.secret_id, request.instance_types, request.zone))
         if not action:
             raise ApiError("MissingParameter", "The X-TC-Action header is missing.")
         if http.headers.get("X-TC-Version", "") != API_VERSION:
