@@ -83,28 +83,43 @@ def _validate(
     return ""
 
 
-def _fx_rates() -> dict[str, Decimal]:
-    rates = dict(FxRate.objects.values_list("currency", "usd_per_unit"))
-    rates["USD"] = Decimal(1)
-    return rates
+_FX_PLACES = Decimal("0.00000001")
+
+
+def _reference_tables() -> tuple[dict[str, _SpecRow], dict[str, Decimal]]:
+    """The GPU specs and FX rates validation needs, in one round trip (they are read on every sync)."""
+    gpu = GpuModel._meta.db_table
+    fx = FxRate._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT key, id, memory_gb, NULL FROM {gpu} UNION ALL SELECT currency, NULL, NULL, usd_per_unit FROM {fx}"  # noqa: S608 - table names are ours
+        )
+        rows = cursor.fetchall()
+    specs: dict[str, _SpecRow] = {}
+    rates: dict[str, Decimal] = {"USD": Decimal(1)}
+    for key, pk, memory_gb, rate in rows:
+        if pk is not None:
+            specs[key] = _SpecRow(key, pk, memory_gb)
+        else:
+            # SQLite hands back the stored decimal as a float: round it to the column's scale, as the ORM does.
+            rates[key] = Decimal(str(rate)).quantize(_FX_PLACES) if isinstance(rate, float) else rate
+    return specs, rates
 
 
 def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt.datetime) -> IngestReport:
-    """Replace the account's offers with ``quotes`` in one transaction.
+    """Replace the account's offers with ``quotes``, atomically.
 
     Valid rows are upserted in bulk on (account, region, zone, instance type, pricing model); a PricePoint is
     written for every new offer and every changed price; rows that fail validation go to QuarantinedOffer
     with the reason; the account's offers missing from ``quotes`` are marked unavailable. Safe to repeat.
     """
-    # Only the three fields validation needs: full model instances cost more than the rest of a small sync.
-    specs = {row.key: row for row in (_SpecRow(*v) for v in GpuModel.objects.values_list("key", "pk", "memory_gb"))}
-    fx = _fx_rates()
+    specs, fx = _reference_tables()
     on_demand = {
         (q.region, q.zone, q.instance_type): q.price for q in quotes if q.pricing_model == PricingModel.ON_DEMAND
     }
     report = IngestReport()
     valid: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    refused: dict[tuple[str, str, str, str], QuarantinedOffer] = {}
+    refused: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for quote in quotes:
         key = quote.natural_key
         reason = _validate(quote, specs, fx, on_demand)
@@ -112,21 +127,18 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             reason = "duplicate row for the same offer in one sync"
         if reason:
             report.reasons[reason.split(" ")[0]] = report.reasons.get(reason.split(" ")[0], 0) + 1
-            refused[key] = QuarantinedOffer(
-                account=account,
-                region=quote.region,
-                zone=quote.zone,
-                instance_type=quote.instance_type,
-                pricing_model=quote.pricing_model.value,
-                reason=reason[:255],
-                raw=_raw(quote),
-                last_seen_at=now,
-            )
+            refused[key] = {
+                "region": quote.region,
+                "zone": quote.zone,
+                "instance_type": quote.instance_type,
+                "pricing_model": quote.pricing_model.value,
+                "reason": reason[:255],
+                "raw": _raw(quote),
+            }
             continue
         rate = fx[quote.currency]
         # Plain dicts, not model instances: building 10,000 Model objects costs more than writing them.
         valid[key] = {
-            "account_id": account.pk,
             "region": quote.region,
             "zone": quote.zone,
             "instance_type": quote.instance_type,
@@ -142,125 +154,153 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             "price_usd": (quote.price * rate).quantize(_MONEY),
             "capacity": quote.capacity,
             "interconnect": quote.interconnect,
-            "status": OfferStatus.AVAILABLE.value,
-            "extra": json.loads(json.dumps(quote.extra, default=str)) if quote.extra else {},
-            "first_seen_at": now,
-            "last_seen_at": now,
+            "extra": quote.extra,
         }
     for key in refused:
         valid.pop(key, None)
 
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            report.price_points, report.vanished = _upsert_postgresql(account, list(valid.values()), now)
-        else:
-            report.price_points, report.vanished = _upsert_orm(account, valid, now)
-        if refused:
-            QuarantinedOffer.objects.bulk_create(
-                list(refused.values()),
-                batch_size=1000,
-                update_conflicts=True,
-                unique_fields=list(NATURAL_KEY),
-                update_fields=["reason", "raw", "last_seen_at"],
-            )
-        QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
+    if connection.vendor == "postgresql":
+        report.price_points, report.vanished = _write_postgresql(account, valid, refused, now)
+    else:
+        with transaction.atomic():
+            report.price_points, report.vanished = _write_orm(account, valid, refused, now)
     report.upserted = len(valid)
     report.quarantined = len(refused)
     return report
 
 
 NATURAL_KEY = ("account", "region", "zone", "instance_type", "pricing_model")
-_COLUMNS = (
-    "account_id",
-    "region",
-    "zone",
-    "instance_type",
-    "pricing_model",
-    "gpu_model_id",
-    "gpu_count",
-    "gpu_memory_gb",
-    "vcpus",
-    "memory_gib",
-    "price",
-    "currency",
-    "fx_rate",
-    "price_usd",
-    "capacity",
-    "interconnect",
-    "status",
-    "extra",
-    "first_seen_at",
-    "last_seen_at",
-)
+_KEY_COLUMNS = ("region", "zone", "instance_type", "pricing_model")
+# Each row's own columns and their PostgreSQL types; account, status and the timestamps are the same for
+# every row of one sync and travel as parameters.
+_ROW_COLUMNS = {
+    "region": "text",
+    "zone": "text",
+    "instance_type": "text",
+    "pricing_model": "text",
+    "gpu_model_id": "bigint",
+    "gpu_count": "smallint",
+    "gpu_memory_gb": "integer",
+    "vcpus": "integer",
+    "memory_gib": "numeric",
+    "price": "numeric",
+    "currency": "text",
+    "fx_rate": "numeric",
+    "price_usd": "numeric",
+    "capacity": "integer",
+    "interconnect": "text",
+    "extra": "jsonb",
+}
 # Refreshed on conflict: everything but the natural key and first_seen_at.
-_UPDATED = [
-    c for c in _COLUMNS if c not in {"account_id", "region", "zone", "instance_type", "pricing_model", "first_seen_at"}
-]
+_UPDATED = [c for c in _ROW_COLUMNS if c not in _KEY_COLUMNS] + ["status", "last_seen_at"]
 
 
-def _upsert_postgresql(account: ProviderAccount, rows: list[dict[str, Any]], now: dt.datetime) -> tuple[int, int]:
-    """COPY the rows into a temporary table, then one statement that upserts them, marks the account's
-    offers missing from this sync unavailable and writes the price points.
-
-    All parts of one statement share a snapshot: ``old`` sees prices from before the upsert, so a price point
-    is written exactly for new offers and changed prices; the upsert and the unavailable-marking touch
-    disjoint rows. Returns (price points written, offers no longer listed).
-    """
-    cols = ", ".join(_COLUMNS)
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
-    key_match = " AND ".join(f"{{a}}.{c} = {{b}}.{c}" for c in ("region", "zone", "instance_type", "pricing_model"))
-    with connection.cursor() as cursor:
-        # One staging table per connection, emptied at every commit, so a sync pays no DDL per account; truncated
-        # too, because two ingests can share one transaction (a caller's outer atomic block). Offers are a copy
-        # of the provider's catalogue: a crash may lose this commit and the next sync redoes it, so the commit
-        # need not wait for the WAL flush (the ledger and orders keep full durability).
-        shape = f"SELECT {cols} FROM marketplace_offer WITH NO DATA"  # noqa: S608 - our own column names
-        cursor.execute(
-            "SET LOCAL synchronous_commit TO OFF; "
-            f"CREATE TEMP TABLE IF NOT EXISTS offer_stage ON COMMIT DELETE ROWS AS {shape}; TRUNCATE offer_stage"
-        )
-        with cursor.cursor.copy(f"COPY offer_stage ({cols}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row([json.dumps(row[c]) if c == "extra" else row[c] for c in _COLUMNS])
-        cursor.execute(
-            f"""
-            WITH old AS (
-                SELECT region, zone, instance_type, pricing_model, price
-                FROM marketplace_offer WHERE account_id = %(account)s
-            ), up AS (
-                INSERT INTO marketplace_offer ({cols}) SELECT {cols} FROM offer_stage
-                ON CONFLICT (account_id, region, zone, instance_type, pricing_model) DO UPDATE SET {updates}
-                RETURNING id, region, zone, instance_type, pricing_model, price, currency, price_usd
-            ), gone AS (
-                UPDATE marketplace_offer o SET status = %(unavailable)s
-                WHERE o.account_id = %(account)s AND o.status <> %(unavailable)s
-                  AND NOT EXISTS (SELECT 1 FROM offer_stage s WHERE {key_match.format(a="s", b="o")})
-                RETURNING 1
-            ), points AS (
-                INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
-                SELECT up.id, %(now)s, up.price, up.currency, up.price_usd
-                FROM up LEFT JOIN old ON {key_match.format(a="old", b="up")}
-                WHERE old.price IS DISTINCT FROM up.price
-                RETURNING 1
-            )
-            SELECT (SELECT count(*) FROM points), (SELECT count(*) FROM gone)
-            """,  # noqa: S608 - column names are ours, values are parameters
-            {"account": account.pk, "now": now, "unavailable": OfferStatus.UNAVAILABLE.value},
-        )
-        points, gone = cursor.fetchone()
-        return int(points), int(gone)
+def _key_match(a: str, b: str) -> str:
+    return " AND ".join(f"{a}.{c} = {b}.{c}" for c in _KEY_COLUMNS)
 
 
-def _upsert_orm(
-    account: ProviderAccount, valid: dict[tuple[str, str, str, str], dict[str, Any]], now: dt.datetime
+def _write_postgresql(
+    account: ProviderAccount,
+    valid: dict[tuple[str, str, str, str], dict[str, Any]],
+    refused: dict[tuple[str, str, str, str], dict[str, Any]],
+    now: dt.datetime,
 ) -> tuple[int, int]:
-    """The same upsert through the ORM, for SQLite."""
+    """Every write of one ingestion in a single statement: upsert the offers, write the price points, mark
+    the account's offers missing from this sync unavailable, and replace its quarantined rows.
+
+    The rows travel as one JSON document expanded by ``jsonb_to_recordset``: no staging table, so no DDL,
+    truncation or extra round trip per account. All parts of one statement share a snapshot: ``old`` sees
+    prices from before the upsert, so a price point is written exactly for new offers and changed prices;
+    each part touches rows no other part touches. Returns (price points written, offers no longer listed).
+    """
+    row_cols = ", ".join(_ROW_COLUMNS)
+    row_types = ", ".join(f"{c} {t}" for c, t in _ROW_COLUMNS.items())
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
+    keys = ", ".join(("account_id", *_KEY_COLUMNS))
+    statement = f"""
+        WITH stage AS (
+            SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r({row_types})
+        ), refused AS (
+            SELECT * FROM jsonb_to_recordset(%(refused)s::jsonb)
+                AS r(region text, zone text, instance_type text, pricing_model text, reason text, raw jsonb)
+        ), old AS (
+            SELECT region, zone, instance_type, pricing_model, price
+            FROM marketplace_offer WHERE account_id = %(account)s
+        ), up AS (
+            INSERT INTO marketplace_offer (account_id, {row_cols}, status, first_seen_at, last_seen_at)
+            SELECT %(account)s, {row_cols}, %(available)s, %(now)s, %(now)s FROM stage
+            ON CONFLICT ({keys}) DO UPDATE SET {updates}
+            RETURNING id, region, zone, instance_type, pricing_model, price, currency, price_usd
+        ), gone AS (
+            UPDATE marketplace_offer o SET status = %(unavailable)s
+            WHERE o.account_id = %(account)s AND o.status <> %(unavailable)s
+              AND NOT EXISTS (SELECT 1 FROM stage s WHERE {_key_match("s", "o")})
+            RETURNING 1
+        ), points AS (
+            INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
+            SELECT up.id, %(now)s, up.price, up.currency, up.price_usd
+            FROM up LEFT JOIN old ON {_key_match("old", "up")}
+            WHERE old.price IS DISTINCT FROM up.price
+            RETURNING 1
+        ), quarantined AS (
+            INSERT INTO marketplace_quarantinedoffer ({keys}, reason, raw, last_seen_at)
+            SELECT %(account)s, region, zone, instance_type, pricing_model, reason, raw, %(now)s FROM refused
+            ON CONFLICT ({keys}) DO UPDATE
+            SET reason = EXCLUDED.reason, raw = EXCLUDED.raw, last_seen_at = EXCLUDED.last_seen_at
+            RETURNING 1
+        ), released AS (
+            DELETE FROM marketplace_quarantinedoffer q
+            WHERE q.account_id = %(account)s AND NOT EXISTS (SELECT 1 FROM refused r WHERE {_key_match("r", "q")})
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM points), (SELECT count(*) FROM gone),
+               (SELECT count(*) FROM quarantined), (SELECT count(*) FROM released)
+    """  # noqa: S608 - column names are ours, values are parameters
+    outside_transaction = not connection.in_atomic_block
+    if outside_transaction:
+        # Sent with the statement as one simple query, so both run in one implicit transaction and the
+        # setting covers only this commit. Offers are a copy of the provider's catalogue: a crash may lose
+        # this commit and the next sync redoes it, so it need not wait for the WAL flush (the ledger and
+        # orders keep full durability). Inside a caller's transaction the caller's durability stands.
+        statement = "SET LOCAL synchronous_commit TO OFF;" + statement
+    params = {
+        "rows": json.dumps(list(valid.values()), default=str),
+        "refused": json.dumps(list(refused.values()), default=str),
+        "account": account.pk,
+        "now": now,
+        "available": OfferStatus.AVAILABLE.value,
+        "unavailable": OfferStatus.UNAVAILABLE.value,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        if outside_transaction:
+            cursor.cursor.nextset()  # past the SET's empty result
+        points, gone, _, _ = cursor.fetchone()
+    return int(points), int(gone)
+
+
+def _write_orm(
+    account: ProviderAccount,
+    valid: dict[tuple[str, str, str, str], dict[str, Any]],
+    refused: dict[tuple[str, str, str, str], dict[str, Any]],
+    now: dt.datetime,
+) -> tuple[int, int]:
+    """The same writes through the ORM, for SQLite; the caller holds the transaction."""
     before = {
         (o.region, o.zone, o.instance_type, o.pricing_model): o.price
-        for o in Offer.objects.filter(account=account).only("region", "zone", "instance_type", "pricing_model", "price")
+        for o in Offer.objects.filter(account=account).only(*_KEY_COLUMNS, "price")
     }
     Offer.objects.bulk_create(
-        [Offer(**row) for row in valid.values()],
+        [
+            Offer(
+                account=account,
+                **{**row, "extra": _jsonable(row["extra"])},
+                status=OfferStatus.AVAILABLE,
+                first_seen_at=now,
+                last_seen_at=now,
+            )
+            for row in valid.values()
+        ],
         batch_size=1000,
         update_conflicts=True,
         unique_fields=list(NATURAL_KEY),
@@ -271,14 +311,21 @@ def _upsert_orm(
         .exclude(status=OfferStatus.UNAVAILABLE)
         .update(status=OfferStatus.UNAVAILABLE)
     )
+    if refused:
+        QuarantinedOffer.objects.bulk_create(
+            [QuarantinedOffer(account=account, last_seen_at=now, **row) for row in refused.values()],
+            batch_size=1000,
+            update_conflicts=True,
+            unique_fields=list(NATURAL_KEY),
+            update_fields=["reason", "raw", "last_seen_at"],
+        )
+    QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
     changed = [k for k, row in valid.items() if before.get(k) != row["price"]]
     if not changed:
         return 0, vanished
     ids = {
         (o.region, o.zone, o.instance_type, o.pricing_model): o.id
-        for o in Offer.objects.filter(account=account, last_seen_at=now).only(
-            "id", "region", "zone", "instance_type", "pricing_model"
-        )
+        for o in Offer.objects.filter(account=account, last_seen_at=now).only("id", *_KEY_COLUMNS)
     }
     points = [
         PricePoint(
@@ -292,6 +339,11 @@ def _upsert_orm(
     ]
     PricePoint.objects.bulk_create(points, batch_size=1000)
     return len(points), vanished
+
+
+def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` with anything JSON cannot hold (Decimal, datetime) turned into strings."""
+    return json.loads(json.dumps(extra, default=str)) if extra else {}
 
 
 def _raw(quote: OfferQuote) -> dict[str, object]:

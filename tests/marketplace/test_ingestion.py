@@ -185,3 +185,59 @@ def test_two_accounts_ingested_in_one_transaction_keep_their_own_rows(account):
         ("other", "p5.48xlarge"),
     ]
     assert PricePoint.objects.count() == 2
+
+
+@pytest.fixture
+def committed_account(transactional_db) -> ProviderAccount:
+    """An account for tests whose ingestion must commit on its own, outside the test's transaction."""
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
+    from marketplace.models import GpuModel
+
+    if not GpuModel.objects.exists():
+        # A transactional test before this one flushed the rows the data migration seeded.
+        gpu_models_upsert(GpuModel)
+    return ProviderAccountFactory(provider__name="Petra Cloud Resale", name="main")
+
+
+def test_ingestion_outside_a_transaction_writes_every_part(committed_account):
+    account = committed_account
+    offers_ingest(account=account, quotes=[quote(), quote("p5.48xlarge", gpu_model="H100-SXM5")], now=T0)
+
+    t1 = T0 + dt.timedelta(minutes=5)
+    report = offers_ingest(
+        account=account, quotes=[quote(price=Decimal("26.00")), quote("g5.xlarge", gpu_count=0)], now=t1
+    )
+
+    assert (report.upserted, report.quarantined, report.vanished, report.price_points) == (1, 1, 1, 1)
+    assert sorted(Offer.objects.values_list("instance_type", "status")) == [
+        ("p4de.24xlarge", "available"),
+        ("p5.48xlarge", "unavailable"),
+    ]
+    assert PricePoint.objects.count() == 3
+    assert QuarantinedOffer.objects.get().reason == "impossible GPU count 0"
+
+
+def test_a_row_the_database_refuses_leaves_the_previous_sync_untouched(committed_account):
+    from django.db import DataError, connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite stores any integer; the overflow exists only on PostgreSQL")
+    account = committed_account
+    offers_ingest(account=account, quotes=[quote(), quote("p5.48xlarge", gpu_model="H100-SXM5")], now=T0)
+    offers_ingest(
+        account=account,
+        quotes=[quote(), quote("p5.48xlarge", gpu_model="H100-SXM5"), quote("x", price=Decimal(0))],
+        now=T0,
+    )
+
+    with pytest.raises(DataError):
+        offers_ingest(
+            account=account, quotes=[quote(price=Decimal("26.00"), vcpus=2**40)], now=T0 + dt.timedelta(minutes=5)
+        )
+
+    assert sorted(Offer.objects.values_list("instance_type", "status", "price")) == [
+        ("p4de.24xlarge", "available", Decimal("27.447050")),
+        ("p5.48xlarge", "available", Decimal("27.447050")),
+    ]
+    assert PricePoint.objects.count() == 2
+    assert QuarantinedOffer.objects.get().instance_type == "x"
