@@ -1,15 +1,69 @@
-"""The engine's inputs and outputs."""
+"""The engine's inputs and outputs: frozen DTOs, no ORM, no I/O."""
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 
+class Profile(enum.StrEnum):
+    """What the buyer's workload is; it picks the throughput metric and the default requirements."""
+
+    TRAINING = "training"
+    FINE_TUNING = "fine_tuning"
+    INFERENCE = "inference"
+    SCIENTIFIC = "scientific"
+    RENDERING = "rendering"
+    TRANSCODING = "transcoding"
+
+
+class Tolerance(enum.StrEnum):
+    """How a job bears an interruption (spot preemption, host loss).
+
+    NONE: it must not be interrupted (spot offers are infeasible). CHECKPOINTED: it restarts from its last
+    checkpoint, losing up to ``Demand.checkpoint_interval_hours`` of work plus a restart. STATELESS: it
+    restarts elsewhere at once and loses almost nothing (a batch of independent items, a replica).
+    """
+
+    NONE = "none"
+    CHECKPOINTED = "checkpointed"
+    STATELESS = "stateless"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU model's datasheet figures, dense, per full card (the GpuModel table as the engine sees it)."""
+
+    key: str
+    memory_gb: int
+    memory_bandwidth_gbs: int
+    fp16_dense_tflops: float
+    fp64_tflops: float
+    fp32_tflops: float | None = None
+    fp8_dense_tflops: float | None = None
+    int8_dense_tops: float | None = None
+    interconnect: str = "pcie"  # nvlink, pcie, infinity-fabric
+    interconnect_gbs: int = 0  # GPU-to-GPU inside one machine, total bidirectional GB/s per GPU
+    video_encoders: int = 0
+    ecc: bool = True
+    verified: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class OfferView:
-    """What the engine knows of an offer. Prices are USD per hour for the whole instance."""
+    """What the engine knows of an offer.
+
+    ``price_usd_per_hour`` is for the whole listing: one instance, or, when ``divisible``, all ``gpu_count``
+    GPUs of an independent provider's machine, which is then sold per GPU (price / gpu_count each) and
+    whose ``capacity`` counts GPUs. Otherwise ``capacity`` counts instances; None means no known limit.
+    ``gpu_fraction`` < 1 marks slices (MIG, vGPU): each of the ``gpu_count`` GPUs is that fraction of a
+    card, ``gpu_memory_gb`` is the slice's memory, and throughput scales by the fraction.
+    ``reliability`` is the probability a launch on this provider succeeds and runs to the end (1 = perfect),
+    measured from provisioning outcomes; ``interruption_rate_per_hour`` is the expected preemptions per hour
+    (spot), 0 for on-demand.
+    """
 
     offer_id: int
     account_id: int
@@ -24,18 +78,65 @@ class OfferView:
     price_usd_per_hour: Decimal
     observed_at: dt.datetime
     capacity: int | None = None
+    spec: GpuSpec | None = None
+    gpu_fraction: float = 1.0
+    divisible: bool = False
+    jurisdiction: str = ""  # "US", "EU", "CN", "APAC", ... from the region
+    rdma: bool = False  # InfiniBand / EFA / RDMA between machines
+    reliability: float = 1.0
+    interruption_rate_per_hour: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What a buyer asks for. Empty sets mean "any"."""
+    """What a buyer asks for. Empty sets mean "any"; None means "the profile's default".
 
-    gpu_count: int
+    Size is ``gpu_count`` GPUs, or, when ``total_gpu_memory_gb`` is set, as many GPUs (or slices) of an
+    offer as it takes to hold that much memory. ``max_price_per_hour`` caps what the buyer pays per hour
+    for what they occupy (the whole instance, or their GPUs of a divisible listing); ``max_price_per_job``
+    caps that times ``duration_hours``.
+    """
+
+    gpu_count: int = 1
     gpu_models: frozenset[str] = frozenset()
     min_gpu_memory_gb: int = 0
     regions: frozenset[str] = frozenset()
     pricing_models: frozenset[str] = frozenset()
     max_price_per_hour: Decimal | None = None
+    profile: Profile | None = None
+    demand_id: str = ""
+    total_gpu_memory_gb: int | None = None
+    jurisdictions: frozenset[str] = frozenset()
+    min_interconnect_gbs: int | None = None
+    needs_rdma: bool | None = None
+    min_fp64_tflops: float | None = None
+    needs_ecc: bool | None = None
+    min_video_encoders: int | None = None
+    max_price_per_job: Decimal | None = None
+    duration_hours: float = 1.0
+    interruption_tolerance: Tolerance = Tolerance.CHECKPOINTED
+    checkpoint_interval_hours: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileDefaults:
+    """A profile's visible defaults: the metric it buys and the requirements a buyer gets unless they say."""
+
+    profile: Profile
+    metric: str  # a GpuSpec field name: fp16_dense_tflops, fp64_tflops, fp32_tflops, memory_bandwidth_gbs, ...
+    metric_unit: str  # how a person reads it: "dense FP16/BF16 TFLOPS", "FP64 TFLOPS", ...
+    description: str
+    # One reference GPU's figure in ``metric``: a demand's work is its GPUs x this x its hours, so that
+    # the assignment weighs a big long job above a small short one.
+    reference_throughput: float
+    reference_unit: str = "reference-GPU-hour"  # how a score reads per reference card, e.g. "A100-hour"
+    min_gpu_memory_gb: int = 0
+    min_interconnect_gbs: int = 0  # applies when a demand spans more than one GPU
+    needs_rdma: bool = False
+    min_fp64_tflops: float = 0.0
+    needs_ecc: bool = False
+    min_video_encoders: int = 0
+    preferred_models: frozenset[str] = frozenset()  # empty: any model that meets the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +178,87 @@ class MatchResult:
     @property
     def best(self) -> RankedOffer | None:
         return self.ranked[0] if self.ranked else None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreBreakdown:
+    """Why an offer costs what it costs for this demand. Money in USD for the whole duration.
+
+    ``effective_cost`` = ``price_cost`` + ``interruption_cost`` + ``reliability_cost``; ``wasted_cost`` is
+    the part of ``price_cost`` paying for capacity the demand does not use (shown, already inside the price).
+    ``score`` = ``effective_cost`` / (``useful_throughput`` x hours): USD per unit of useful work in the
+    profile's metric (e.g. per dense-FP16 PFLOP-hour); lower is better.
+    """
+
+    gpus_used: float  # GPUs (or slices x fraction, in card equivalents) doing the demand's work
+    gpus_paid: float  # card equivalents paid for
+    price_per_hour: Decimal  # what the buyer pays per hour for what they occupy
+    price_cost: Decimal
+    wasted_cost: Decimal
+    interruption_cost: Decimal
+    reliability_cost: Decimal
+    effective_cost: Decimal
+    useful_throughput: float  # in the profile's metric, summed over the GPUs used
+    metric: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """One feasible offer for a demand, with its breakdown and a one-line reason."""
+
+    offer: OfferView
+    units: float  # what the demand consumes of the offer's capacity: 1 instance, or GPUs of a divisible listing
+    breakdown: ScoreBreakdown
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NearMiss:
+    """An infeasible offer close to fitting: the rules it breaks and what the buyer could relax."""
+
+    offer: OfferView
+    failed: tuple[str, ...]  # rule names, e.g. ("price cap",)
+    relax: str  # e.g. "raise the hourly cap to $12.40"
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """``rank``'s answer: quotes best first; when none is feasible, the nearest misses and what to relax."""
+
+    demand: Demand
+    quotes: tuple[Quote, ...]
+    rejected: dict[str, int] = field(default_factory=dict)
+    near_misses: tuple[NearMiss, ...] = ()
+    defaults: ProfileDefaults | None = None
+
+    @property
+    def best(self) -> Quote | None:
+        return self.quotes[0] if self.quotes else None
+
+
+@dataclass(frozen=True, slots=True)
+class DemandAssignment:
+    """One demand's place in a joint assignment: its quote, or why none fits."""
+
+    demand: Demand
+    quote: Quote | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """``assign``'s answer. ``total_cost`` sums the chosen quotes' effective costs; ``objective`` is what was
+    minimised (the sum of scores x each demand's work, plus the penalty for unplaced demands);
+    ``lower_bound`` is a proven bound on it (the LP relaxation); ``gap`` = (objective - bound) / objective.
+    ``method`` names what produced it ("milp", "lp-rounding", "greedy", ...); ``optimal`` is True only when
+    the solver proved it."""
+
+    demands: tuple[DemandAssignment, ...]
+    total_cost: Decimal
+    objective: float
+    lower_bound: float
+    gap: float
+    method: str
+    optimal: bool
+    seconds: float

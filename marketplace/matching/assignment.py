@@ -1,0 +1,135 @@
+"""``assign``: many demands against offers of finite capacity, minimising the total cost of useful work."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+
+import numpy as np
+
+from marketplace.matching.optimize import Problem, Solution, exact, solve
+from marketplace.matching.profiles import work
+from marketplace.matching.ranking import quotes_for
+from marketplace.matching.scoring import RULES, OfferBook, as_book, best_indices, score_vectors
+from marketplace.matching.types import Assignment, Demand, DemandAssignment, OfferView
+
+# A demand left unplaced costs this many times its dearest feasible option, so the assignment places
+# every demand it can before it saves money on the others.
+UNPLACED_FACTOR = 3.0
+
+
+def build_problem(
+    demands: Sequence[Demand],
+    book: OfferBook,
+    *,
+    now: dt.datetime,
+    max_age: dt.timedelta | None = None,
+) -> tuple[Problem, list[str]]:
+    """The assignment problem of ``demands`` over ``book``: a column per feasible (demand, offer), costing
+    score x the demand's work; a capacity row per offer with finite stock. Also, per demand with no
+    feasible offer, why."""
+    limited = np.isfinite(book.columns["capacity"])
+    row_of = np.full(len(book), -1, dtype=np.int64)
+    row_of[limited] = np.arange(int(limited.sum()))
+    capacity = book.columns["capacity"][limited].astype(np.float64)
+    parts_d, parts_j, parts_units, parts_cost = [], [], [], []
+    penalties = np.ones(len(demands))
+    why_not: list[str] = []
+    for d, demand in enumerate(demands):
+        vectors = score_vectors(demand, book, now=now, max_age=max_age)
+        idx = np.flatnonzero(vectors.feasible)
+        if idx.size == 0:
+            counts = vectors.failures.sum(axis=1)
+            top = [RULES[r] for r in np.argsort(-counts, kind="stable")[:2] if counts[r]]
+            why_not.append("no offer fits: mostly " + " and ".join(top) if top else "no offers on sale")
+            continue
+        why_not.append("")
+        cost = vectors.score[idx] * work(vectors.demand)
+        by_cost = np.argsort(cost, kind="stable")
+        idx, cost = idx[by_cost], cost[by_cost]
+        penalties[d] = UNPLACED_FACTOR * float(cost.max())
+        parts_d.append(np.full(idx.size, d, dtype=np.int64))
+        parts_j.append(idx)
+        parts_units.append(vectors.units[idx])
+        parts_cost.append(cost)
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    offers = cat(parts_j, np.int64)
+    problem = Problem.build(
+        demand=cat(parts_d, np.int64),
+        row=row_of[offers],
+        units=cat(parts_units, np.float64),
+        cost=cat(parts_cost, np.float64),
+        capacity=capacity,
+        unplaced=penalties,
+        label=offers,
+        presorted=True,
+    )
+    return problem, why_not
+
+
+def to_assignment(
+    demands: Sequence[Demand],
+    book: OfferBook,
+    problem: Problem,
+    why_not: list[str],
+    solution: Solution,
+    *,
+    now: dt.datetime,
+    max_age: dt.timedelta | None,
+    started: float,
+) -> Assignment:
+    offers = problem.label
+    placed: list[DemandAssignment] = []
+    total = Decimal(0)
+    for d, demand in enumerate(demands):
+        j = int(solution.choice[d])
+        if j < 0:
+            reason = why_not[d] or "its feasible offers' capacity went to demands of the batch that gain more"
+            placed.append(DemandAssignment(demand=demand, quote=None, reason=reason))
+            continue
+        vectors = score_vectors(demand, book, now=now, max_age=max_age)
+        # Quoted beside the demand's own best offer, so the reason says what sharing capacity cost it.
+        best, chosen = int(best_indices(vectors, 1)[0]), int(offers[j])
+        quote = quotes_for(vectors, book, [best, chosen] if best != chosen else [chosen])[-1]
+        total += quote.breakdown.effective_cost
+        placed.append(DemandAssignment(demand=vectors.demand, quote=quote, reason=quote.reason))
+    return Assignment(
+        demands=tuple(placed),
+        total_cost=total,
+        objective=solution.objective,
+        lower_bound=solution.lower_bound,
+        gap=solution.gap,
+        method=solution.method,
+        optimal=solution.optimal,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def assign(
+    demands: Iterable[Demand],
+    offers: OfferBook | Iterable[OfferView],
+    *,
+    now: dt.datetime,
+    time_limit: float = 5.0,
+    max_age: dt.timedelta | None = None,
+    method: str = "auto",
+) -> Assignment:
+    """Place ``demands`` jointly on ``offers`` (see the module docstring of ``marketplace.matching``).
+
+    ``method`` "auto" is the column-generation solver with a certified gap; "exact" is HiGHS's MILP on
+    every column under the same time limit (slow on large contended batches; for checking).
+    """
+    started = time.perf_counter()
+    demands = list(demands)
+    book = as_book(offers)
+    problem, why_not = build_problem(demands, book, now=now, max_age=max_age)
+    remaining = max(time_limit - (time.perf_counter() - started) - 0.2, 0.05)
+    solution = exact(problem, time_limit=remaining) if method == "exact" else solve(problem, time_limit=remaining)
+    if method == "exact" and not np.isfinite(solution.objective):
+        solution = solve(problem, time_limit=0.05)
+    return to_assignment(demands, book, problem, why_not, solution, now=now, max_age=max_age, started=started)

@@ -1,0 +1,443 @@
+"""Batch assignment as a generalised assignment problem, solved near-optimally with a certified bound.
+
+The problem: each demand takes at most one of its columns (a feasible offer at a cost) or stays unplaced
+at a penalty; the columns sharing a capacity row (an offer with finite stock) may use at most its
+capacity. Minimise the total.
+
+``solve`` answers within its time limit, always with a feasible choice:
+
+1. a regret-ordered greedy answer, so there is one at once;
+2. the LP relaxation by column generation over the cheapest columns (HiGHS through highspy, re-solving
+   from its last basis as columns enter), priced against every column, with the Lagrangian bound of each
+   round's duals kept, so the lower bound is valid even if time runs out before the LP converges;
+3. the LP rounded and repaired, then improved by moving demands to cheaper columns with room;
+4. HiGHS's MILP on the restricted problem: every column whose reduced cost is within the current gap (so,
+   by the reduced-cost argument, the restricted optimum is the global one), capped per demand when that
+   set is too large, under the time left.
+
+``exact`` is HiGHS's MILP on every column under a time limit: the reference for quality, and the baseline
+"HiGHS alone" the benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_EPS = 1e-9
+_TRACE = bool(os.environ.get("MATCHING_TRACE"))
+_FIRST_COLUMNS = 12  # per demand, in the first LP
+_MILP_COLUMNS = 60  # per demand in the restricted MILP when the certified set is larger
+_MILP_MAX_COLUMNS = 150_000
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Columns sorted by demand, then cost. ``row`` is a column's capacity row, -1 for unlimited stock."""
+
+    demand: IntArray
+    row: IntArray
+    units: FloatArray
+    cost: FloatArray
+    capacity: FloatArray
+    unplaced: FloatArray
+    starts: IntArray  # columns of demand d are starts[d]:starts[d + 1]
+    label: IntArray  # the caller's id of each column (an offer's index), kept in the sorted order
+
+    @classmethod
+    def build(
+        cls,
+        demand: npt.ArrayLike,
+        row: npt.ArrayLike,
+        units: npt.ArrayLike,
+        cost: npt.ArrayLike,
+        capacity: npt.ArrayLike,
+        unplaced: npt.ArrayLike,
+        label: npt.ArrayLike | None = None,
+        presorted: bool = False,
+    ) -> Problem:
+        """Columns in any order, or already by demand then cost when ``presorted`` (a sort of millions of
+        columns is the slowest step otherwise)."""
+        d = np.asarray(demand, dtype=np.int64)
+        c = np.asarray(cost, dtype=np.float64)
+        penalty = np.asarray(unplaced, dtype=np.float64)
+        order = np.arange(len(c)) if presorted else np.lexsort((c, d))
+        d = d[order]
+        starts = np.searchsorted(d, np.arange(len(penalty) + 1)).astype(np.int64)
+        labels = np.arange(len(c)) if label is None else np.asarray(label, dtype=np.int64)
+        return cls(
+            demand=d,
+            row=np.asarray(row, dtype=np.int64)[order],
+            units=np.asarray(units, dtype=np.float64)[order],
+            cost=c[order],
+            capacity=np.asarray(capacity, dtype=np.float64),
+            unplaced=penalty,
+            starts=starts,
+            label=labels[order],
+        )
+
+    @property
+    def n_demands(self) -> int:
+        return len(self.unplaced)
+
+    @property
+    def n_columns(self) -> int:
+        return len(self.cost)
+
+    def columns_of(self, d: int) -> slice:
+        return slice(int(self.starts[d]), int(self.starts[d + 1]))
+
+    def objective(self, choice: IntArray) -> float:
+        placed = choice >= 0
+        return float(self.cost[choice[placed]].sum() + self.unplaced[~placed].sum())
+
+    def fits(self, choice: IntArray) -> bool:
+        """True when ``choice`` respects every capacity and gives each demand one of its own columns."""
+        placed = choice[choice >= 0]
+        if np.any(self.demand[placed] != np.flatnonzero(choice >= 0)):
+            return False
+        rows = self.row[placed]
+        limited = rows >= 0
+        used = np.bincount(rows[limited], weights=self.units[placed][limited], minlength=len(self.capacity))
+        return bool(np.all(used <= self.capacity + 1e-9))
+
+
+@dataclass(frozen=True, eq=False)
+class Solution:
+    choice: IntArray  # per demand, its column or -1
+    objective: float
+    lower_bound: float
+    gap: float
+    method: str
+    optimal: bool
+    seconds: float
+
+
+def _trace(message: str) -> None:
+    if _TRACE:
+        print(message, file=sys.stderr)
+
+
+def _gap(objective: float, bound: float) -> float:
+    if objective <= _EPS:
+        return 0.0
+    return max(0.0, (objective - bound) / objective)
+
+
+def _residual(problem: Problem, choice: IntArray) -> FloatArray:
+    residual = problem.capacity.copy()
+    placed = choice[choice >= 0]
+    rows = problem.row[placed]
+    np.subtract.at(residual, rows[rows >= 0], problem.units[placed][rows >= 0])
+    return residual
+
+
+def _take_cheapest(problem: Problem, d: int, residual: FloatArray, candidates: IntArray | None = None) -> int:
+    """The cheapest column of ``d`` (among ``candidates`` if given) that fits the residual capacity and
+    beats leaving it unplaced, taken (residual updated); -1 if none."""
+    cols = np.arange(problem.starts[d], problem.starts[d + 1]) if candidates is None else candidates
+    if cols.size == 0:
+        return -1
+    room = np.append(residual, np.inf)[problem.row[cols]]  # row -1 (unlimited) reads the appended inf
+    ok = (room >= problem.units[cols] - 1e-9) & (problem.cost[cols] < problem.unplaced[d])
+    if not ok.any():
+        return -1
+    j = int(cols[np.argmax(ok)])  # columns are in cost order
+    if problem.row[j] >= 0:
+        residual[problem.row[j]] -= problem.units[j]
+    return j
+
+
+def greedy(problem: Problem, order: npt.ArrayLike | None = None) -> IntArray:
+    """Each demand in turn takes its cheapest column with room. Default order: largest regret first
+    (the demands that lose most by missing their best column go first)."""
+    n = problem.n_demands
+    if order is None:
+        best = np.full(n, np.inf)
+        second = problem.unplaced.copy()
+        has = problem.starts[1:] > problem.starts[:-1]
+        best[has] = problem.cost[problem.starts[:-1][has]]
+        two = (problem.starts[1:] - problem.starts[:-1]) >= 2
+        second[two] = np.minimum(second[two], problem.cost[problem.starts[:-1][two] + 1])
+        order = np.argsort(-(second - np.where(has, best, second)), kind="stable")
+    residual = problem.capacity.copy()
+    choice = np.full(n, -1, dtype=np.int64)
+    for d in np.asarray(order, dtype=np.int64):
+        choice[d] = _take_cheapest(problem, int(d), residual)
+    return choice
+
+
+def improve(problem: Problem, choice: IntArray, deadline: float) -> IntArray:
+    """Move demands to cheaper columns that have room, until no move helps or time runs out."""
+    choice = choice.copy()
+    residual = _residual(problem, choice)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for d in range(problem.n_demands):
+            current = int(choice[d])
+            current_cost = problem.unplaced[d] if current < 0 else problem.cost[current]
+            cols = np.arange(problem.starts[d], problem.starts[d + 1])
+            cols = cols[problem.cost[cols] < current_cost - 1e-9]
+            if cols.size == 0:
+                continue
+            if current >= 0 and problem.row[current] >= 0:
+                residual[problem.row[current]] += problem.units[current]
+            j = _take_cheapest(problem, d, residual, cols)
+            if j < 0:
+                if current >= 0 and problem.row[current] >= 0:
+                    residual[problem.row[current]] -= problem.units[current]
+                continue
+            choice[d] = j
+            improved = True
+    return choice
+
+
+@dataclass(frozen=True, eq=False)
+class _Relaxation:
+    bound: float  # best valid lower bound seen (Lagrangian of each round's duals, LP value at convergence)
+    converged: bool
+    x: dict[int, float]  # column -> LP value, for the LP's support
+    reduced: FloatArray | None  # reduced costs of every column at the final duals (converged only)
+
+
+def _lagrangian(problem: Problem, adjusted: FloatArray, mu: FloatArray) -> float:
+    """Σ_d min(penalty, cheapest adjusted column) + Σ_r μ_r cap_r: a lower bound for any μ ≤ 0."""
+    best = problem.unplaced.copy()
+    has = problem.starts[1:] > problem.starts[:-1]
+    if problem.n_columns:
+        mins = np.minimum.reduceat(adjusted, problem.starts[:-1][has])
+        best[has] = np.minimum(best[has], mins)
+    finite = np.isfinite(problem.capacity)
+    return float(best.sum() + (mu[finite] * problem.capacity[finite]).sum())
+
+
+def _model(problem: Problem) -> highspy.Highs:
+    """A HiGHS model with a row per demand (= 1), a row per capacity (<= capacity) and each demand's
+    unplaced column; the caller adds the columns it wants (``_add_columns``)."""
+    n, m = problem.n_demands, len(problem.capacity)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    inf = highspy.kHighsInf
+    lower = np.concatenate([np.ones(n), np.full(m, -inf)])
+    upper = np.concatenate([np.ones(n), np.where(np.isfinite(problem.capacity), problem.capacity, inf)])
+    h.addRows(n + m, lower, upper, 0, np.zeros(n + m, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addCols(
+        n,
+        problem.unplaced,
+        np.zeros(n),
+        np.ones(n),
+        n,
+        np.arange(n, dtype=np.int32),
+        np.arange(n, dtype=np.int32),
+        np.ones(n),
+    )
+    return h
+
+
+def _add_columns(h: highspy.Highs, problem: Problem, cols: IntArray) -> None:
+    n = problem.n_demands
+    rows = problem.row[cols]
+    limited = rows >= 0
+    per_column = 1 + limited.astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(per_column)[:-1]]).astype(np.int32)
+    indices = np.empty(int(per_column.sum()), dtype=np.int32)
+    values = np.empty(indices.size)
+    indices[starts] = problem.demand[cols]
+    values[starts] = 1.0
+    second = starts[limited] + 1
+    indices[second] = n + rows[limited]
+    values[second] = problem.units[cols][limited]
+    h.addCols(
+        cols.size, problem.cost[cols], np.zeros(cols.size), np.ones(cols.size), indices.size, starts, indices, values
+    )
+
+
+def _relax(problem: Problem, seed: IntArray, deadline: float) -> _Relaxation:
+    """The LP relaxation by column generation: HiGHS re-solves from its last basis as columns enter."""
+    n = problem.n_demands
+    rank_in_demand = np.arange(problem.n_columns) - problem.starts[problem.demand]
+    active = np.zeros(problem.n_columns, dtype=bool)
+    active[rank_in_demand < _FIRST_COLUMNS] = True
+    active[seed[seed >= 0]] = True
+    h = _model(problem)
+    in_model = np.flatnonzero(active)
+    _add_columns(h, problem, in_model)
+    has = problem.starts[1:] > problem.starts[:-1]
+    bound = -np.inf
+    x: dict[int, float] = {}
+    while True:
+        lp_started = time.perf_counter()
+        h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.01))
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return _Relaxation(bound=max(bound, 0.0), converged=False, x=x, reduced=None)
+        solution = h.getSolution()
+        value = h.getInfo().objective_function_value
+        _trace(f"lp {in_model.size} columns {time.perf_counter() - lp_started:.3f}s value {value}")
+        duals = np.asarray(solution.row_dual)
+        pi, mu = duals[:n], np.minimum(duals[n:], 0.0)
+        adjusted = problem.cost - problem.units * np.append(mu, 0.0)[problem.row]
+        bound = max(bound, _lagrangian(problem, adjusted, mu))
+        x_values = np.asarray(solution.col_value)[n:]
+        support = x_values > 1e-7
+        x = dict(zip(in_model[support].tolist(), x_values[support].tolist(), strict=True))
+        reduced = adjusted - pi[problem.demand]
+        entering = (reduced < -1e-7 * max(1.0, abs(value) / max(n, 1))) & ~active
+        if not entering.any():
+            return _Relaxation(bound=max(bound, value), converged=True, x=x, reduced=reduced)
+        if time.perf_counter() > deadline:
+            return _Relaxation(bound=bound, converged=False, x=x, reduced=None)
+        # Per demand, its most negative column enters with every other within half of it: a few per
+        # demand per round, found without sorting millions of reduced costs.
+        pricing = np.where(entering, reduced, 0.0)
+        most_negative = np.zeros(n)
+        most_negative[has] = np.minimum.reduceat(pricing, problem.starts[:-1][has])
+        new = np.flatnonzero(entering & (pricing <= 0.5 * most_negative[problem.demand]))
+        active[new] = True
+        _add_columns(h, problem, new)
+        in_model = np.concatenate([in_model, new])
+
+
+def _round(problem: Problem, relaxation: _Relaxation) -> IntArray:
+    """Demands the LP placed most surely go first, each to its LP column with the most weight that has
+    room, or else its cheapest column with room."""
+    n = problem.n_demands
+    by_demand: dict[int, list[tuple[float, int]]] = {}
+    for j, v in relaxation.x.items():
+        by_demand.setdefault(int(problem.demand[j]), []).append((v, j))
+    certainty = np.array([max((v for v, _ in by_demand.get(d, [])), default=0.0) for d in range(n)])
+    residual = problem.capacity.copy()
+    choice = np.full(n, -1, dtype=np.int64)
+    for d in np.argsort(-certainty, kind="stable"):
+        d = int(d)
+        preferred = [j for _, j in sorted(by_demand.get(d, []), reverse=True)]
+        j = -1
+        for cand in preferred:
+            r = problem.row[cand]
+            if problem.cost[cand] < problem.unplaced[d] and (r < 0 or residual[r] >= problem.units[cand] - 1e-9):
+                j = cand
+                if r >= 0:
+                    residual[r] -= problem.units[cand]
+                break
+        choice[d] = j if j >= 0 else _take_cheapest(problem, d, residual)
+    return choice
+
+
+def _milp(
+    problem: Problem,
+    cols: IntArray,
+    time_limit: float,
+    start: IntArray | None = None,
+    gap_target: float = 1e-6,
+) -> tuple[IntArray | None, bool, float]:
+    """HiGHS's MILP over ``cols`` (plus every demand's unplaced option), from the feasible ``start`` if
+    given: (choice or None, proven optimal, HiGHS's dual bound)."""
+    n = problem.n_demands
+    h = _model(problem)
+    _add_columns(h, problem, cols)
+    h.changeColsIntegrality(
+        cols.size,
+        np.arange(n, n + cols.size, dtype=np.int32),
+        np.full(cols.size, highspy.HighsVarType.kInteger),
+    )
+    h.setOptionValue("time_limit", max(time_limit, 0.01))
+    h.setOptionValue("mip_rel_gap", gap_target)
+    if start is not None:
+        values = np.zeros(n + cols.size)
+        position = {int(c): n + i for i, c in enumerate(cols)}
+        for d, j in enumerate(start):
+            values[position[int(j)] if j >= 0 else d] = 1.0
+        seed = highspy.HighsSolution()
+        seed.col_value = values.tolist()
+        h.setSolution(seed)
+    h.run()
+    info = h.getInfo()
+    bound = float(info.mip_dual_bound)
+    solution = h.getSolution()
+    if not solution.value_valid:
+        return None, False, bound
+    chosen = np.asarray(solution.col_value)[n:] > 0.5
+    choice = np.full(n, -1, dtype=np.int64)
+    choice[problem.demand[cols[chosen]]] = cols[chosen]
+    return choice, h.getModelStatus() == highspy.HighsModelStatus.kOptimal, bound
+
+
+def solve(problem: Problem, *, time_limit: float = 5.0, gap_target: float = 1e-4) -> Solution:
+    """A feasible choice within ``time_limit`` seconds, with its objective, a proven lower bound and the
+    gap between them (see the module docstring for the method). Stops early once the gap is at most
+    ``gap_target``."""
+    started = time.perf_counter()
+    deadline = started + time_limit
+    incumbent = greedy(problem)
+    best_value = problem.objective(incumbent)
+    method = "greedy"
+
+    def adopt(choice: IntArray | None, name: str) -> None:
+        nonlocal incumbent, best_value, method
+        if choice is None or not problem.fits(choice):
+            return
+        value = problem.objective(choice)
+        if value < best_value - 1e-9:
+            incumbent, best_value, method = choice, value, name
+
+    relaxation = _relax(problem, incumbent, started + 0.5 * time_limit)
+    bound = relaxation.bound
+    if relaxation.x:
+        adopt(improve(problem, _round(problem, relaxation), started + 0.6 * time_limit), "lp-rounding")
+    adopt(improve(problem, incumbent, started + 0.6 * time_limit), method)
+    optimal = _gap(best_value, bound) < 1e-9
+    remaining = deadline - time.perf_counter() - 0.05
+    close_enough = _gap(best_value, bound) <= gap_target
+    if not optimal and not close_enough and remaining > 0.05 and relaxation.reduced is not None:
+        slack = best_value - bound
+        within = relaxation.reduced <= slack + 1e-9
+        certified = int(within.sum()) <= _MILP_MAX_COLUMNS
+        if not certified:
+            rank_in_demand = np.arange(problem.n_columns) - problem.starts[problem.demand]
+            order = np.lexsort((relaxation.reduced, problem.demand))
+            ranks = np.empty_like(order)
+            ranks[order] = rank_in_demand
+            within &= ranks < _MILP_COLUMNS
+        within[list(relaxation.x)] = True
+        within[incumbent[incumbent >= 0]] = True
+        choice, proven, milp_bound = _milp(problem, np.flatnonzero(within), remaining, incumbent, gap_target)
+        adopt(choice, "milp")
+        if proven and certified:
+            # The restricted problem holds every column that could beat the incumbent, so its bound holds
+            # for the whole problem.
+            bound = max(bound, min(milp_bound, best_value))
+            optimal = _gap(best_value, bound) < 1e-9
+    return Solution(
+        choice=incumbent,
+        objective=best_value,
+        lower_bound=min(bound, best_value),
+        gap=0.0 if optimal else _gap(best_value, bound),
+        method=method,
+        optimal=optimal,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def exact(problem: Problem, *, time_limit: float = 60.0) -> Solution:
+    """HiGHS's MILP over every column, nothing else: its answer (or none: choice all -1 and objective inf)
+    when the time limit ends."""
+    started = time.perf_counter()
+    choice, proven, bound = _milp(problem, np.arange(problem.n_columns), time_limit)
+    seconds = time.perf_counter() - started
+    if choice is None:
+        empty = np.full(problem.n_demands, -1, dtype=np.int64)
+        return Solution(empty, np.inf, bound, np.inf, "highs", False, seconds)
+    value = problem.objective(choice)
+    if proven:
+        bound = value
+    return Solution(choice, value, bound, _gap(value, bound), "highs", proven, seconds)

@@ -1,0 +1,292 @@
+"""The columnar offer book and the vectorised feasibility and score of one demand against every offer.
+
+Ranking 100,000 offers for a demand is a few dozen numpy operations over columns built once per book,
+not a Python loop per offer; only the handful of quotes returned are turned back into Decimal breakdowns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from marketplace.matching.profiles import defaults_for, effective_requirements
+from marketplace.matching.types import Demand, Exclusion, GpuSpec, OfferView, Tolerance
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# Hours lost to one interruption besides the work since the last checkpoint: relaunch, reload, warm-up.
+RESTART_HOURS = 0.25
+# A stateless job only loses the items in flight and a relaunch.
+STATELESS_RESTART_HOURS = 0.05
+
+# Rule names, in the order a person reads them; a near miss lists the ones it breaks.
+RULES = (
+    "stale price",
+    "no datasheet",
+    "gpu model",
+    "gpu memory",
+    "size",
+    "region",
+    "jurisdiction",
+    "pricing model",
+    "interconnect",
+    "rdma",
+    "fp64",
+    "ecc",
+    "video encoders",
+    "throughput",
+    "interruption",
+    "price cap",
+    "job price cap",
+    "capacity",
+)
+_RULE_INDEX = {name: i for i, name in enumerate(RULES)}
+
+
+class _Vocabulary:
+    """Strings to small integer codes, so set membership is one ``np.isin`` over an int column."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+
+    def code(self, value: str) -> int:
+        return self.codes.setdefault(value, len(self.codes))
+
+    def member(self, column: IntArray, values: Iterable[str]) -> BoolArray:
+        """Which rows of ``column`` (codes of this vocabulary) hold one of ``values``."""
+        table = np.zeros(len(self.codes) + 1, dtype=np.bool_)
+        table[[self.codes[v] for v in values if v in self.codes]] = True
+        return table[column]
+
+
+@dataclass(frozen=True, eq=False)
+class OfferBook:
+    """Every offer as columns. Build it once (``from_views``) and rank any number of demands against it."""
+
+    views: tuple[OfferView, ...]
+    specs: dict[str, GpuSpec]
+    columns: dict[str, npt.NDArray[Any]]
+    vocabularies: dict[str, _Vocabulary]
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def col(self, name: str) -> npt.NDArray[Any]:
+        return self.columns[name]
+
+    def member(self, column: str, values: Iterable[str]) -> BoolArray:
+        """Which offers' ``column`` (model, region, jurisdiction, pricing) is one of ``values``."""
+        return self.vocabularies[column].member(self.columns[column], values)
+
+    @classmethod
+    def from_views(cls, views: Iterable[OfferView]) -> OfferBook:
+        views = tuple(views)
+        vocab = {name: _Vocabulary() for name in ("model", "region", "jurisdiction", "pricing")}
+        specs: dict[str, GpuSpec] = {}
+        for v in views:
+            if v.spec is not None:
+                specs.setdefault(v.gpu_model, v.spec)
+
+        def floats(values: Iterable[float]) -> FloatArray:
+            return np.fromiter(values, dtype=np.float64, count=len(views))
+
+        def spec_figure(v: OfferView, name: str) -> float:
+            value = None if v.spec is None else getattr(v.spec, name)
+            return 0.0 if value is None else float(value)
+
+        columns: dict[str, npt.NDArray[Any]] = {
+            "price": floats(float(v.price_usd_per_hour) for v in views),
+            "gpu_count": floats(v.gpu_count for v in views),
+            "gpu_memory": floats(v.gpu_memory_gb for v in views),
+            "fraction": floats(v.gpu_fraction for v in views),
+            "divisible": np.array([v.divisible for v in views], dtype=np.bool_),
+            "capacity": floats(math.inf if v.capacity is None else v.capacity for v in views),
+            "observed": floats(v.observed_at.timestamp() for v in views),
+            "model": np.array([vocab["model"].code(v.gpu_model) for v in views], dtype=np.int64),
+            "region": np.array([vocab["region"].code(v.region) for v in views], dtype=np.int64),
+            "jurisdiction": np.array([vocab["jurisdiction"].code(v.jurisdiction) for v in views], dtype=np.int64),
+            "pricing": np.array([vocab["pricing"].code(v.pricing_model) for v in views], dtype=np.int64),
+            "rdma": np.array([v.rdma for v in views], dtype=np.bool_),
+            "reliability": floats(min(max(v.reliability, 1e-3), 1.0) for v in views),
+            "interruption": floats(v.interruption_rate_per_hour for v in views),
+            "has_spec": np.array([v.spec is not None for v in views], dtype=np.bool_),
+            "ecc": np.array([v.spec is not None and v.spec.ecc for v in views], dtype=np.bool_),
+        }
+        for figure in (
+            "memory_bandwidth_gbs",
+            "fp16_dense_tflops",
+            "fp64_tflops",
+            "fp32_tflops",
+            "fp8_dense_tflops",
+            "int8_dense_tops",
+            "interconnect_gbs",
+            "video_encoders",
+        ):
+            columns[figure] = floats(spec_figure(v, figure) for v in views)
+        return cls(views=views, specs=specs, columns=columns, vocabularies=vocab)
+
+
+def as_book(offers: OfferBook | Iterable[OfferView]) -> OfferBook:
+    return offers if isinstance(offers, OfferBook) else OfferBook.from_views(offers)
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreVectors:
+    """One demand against every offer of a book: which rules each offer breaks, and its score terms.
+
+    ``failures`` is a (rules x offers) boolean matrix in ``RULES`` order. Money is USD for the demand's
+    whole duration; ``score`` is ``effective`` over useful work (USD per metric-hour), inf where the offer
+    gives this profile no throughput.
+    """
+
+    demand: Demand  # with the profile's defaults filled in
+    failures: npt.NDArray[np.bool_]
+    feasible: BoolArray
+    gpus: FloatArray  # GPUs (or slices) of the offer the demand takes
+    units: FloatArray  # capacity consumed: 1 instance, or GPUs of a divisible listing
+    gpus_used: FloatArray  # card equivalents doing the work
+    gpus_paid: FloatArray  # card equivalents paid for
+    price_per_hour: FloatArray
+    price_cost: FloatArray
+    wasted_cost: FloatArray
+    interruption_cost: FloatArray
+    reliability_cost: FloatArray
+    effective: FloatArray
+    throughput: FloatArray
+    score: FloatArray
+
+    def failed_rules(self, index: int) -> tuple[str, ...]:
+        return tuple(RULES[r] for r in np.flatnonzero(self.failures[:, index]))
+
+
+def _lost_hours_per_interruption(demand: Demand) -> float:
+    if demand.interruption_tolerance == Tolerance.STATELESS:
+        return STATELESS_RESTART_HOURS
+    if demand.interruption_tolerance == Tolerance.CHECKPOINTED:
+        return demand.checkpoint_interval_hours / 2 + RESTART_HOURS
+    return 0.0  # never on an interruptible offer: the "interruption" rule rules it out
+
+
+def score_vectors(
+    demand: Demand,
+    book: OfferBook,
+    *,
+    now: dt.datetime,
+    max_age: dt.timedelta | None = None,
+    exclusion: Exclusion | None = None,
+) -> ScoreVectors:
+    """Feasibility and score of ``demand`` against every offer in ``book`` (see ``ScoreVectors``)."""
+    d = effective_requirements(demand, book.specs)
+    profile = defaults_for(d)
+    c = book.columns
+    n_offers = len(book)
+    hours = max(d.duration_hours, 1e-9)
+    fraction = c["fraction"]
+    gpu_memory = c["gpu_memory"]
+    gpu_count = c["gpu_count"]
+    divisible = c["divisible"]
+
+    if d.total_gpu_memory_gb is not None:
+        with np.errstate(divide="ignore"):
+            gpus = np.ceil(d.total_gpu_memory_gb / np.maximum(gpu_memory, 1e-9))
+    else:
+        gpus = np.full(n_offers, float(max(d.gpu_count, 1)))
+    units = np.where(divisible, gpus, 1.0)
+    gpus_used = np.minimum(gpus, gpu_count) * fraction
+    gpus_paid = np.where(divisible, gpus, gpu_count) * fraction
+    per_gpu_price = c["price"] / np.maximum(gpu_count, 1.0)
+    price_per_hour = np.where(divisible, per_gpu_price * gpus, c["price"])
+    price_cost = price_per_hour * hours
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wasted_cost = np.where(gpus_paid > 0, price_cost * (1.0 - gpus_used / gpus_paid), 0.0)
+    interruption_cost = c["interruption"] * hours * min(_lost_hours_per_interruption(d), hours) * price_per_hour
+    reliability_cost = price_cost * (1.0 / c["reliability"] - 1.0)
+    effective = price_cost + interruption_cost + reliability_cost
+    per_card = c[profile.metric]
+    throughput = gpus_used * per_card
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(throughput > 0, effective / (throughput * hours), np.inf)
+
+    failures = np.zeros((len(RULES), n_offers), dtype=np.bool_)
+
+    def rule(name: str, broken: npt.ArrayLike) -> None:
+        failures[_RULE_INDEX[name]] = broken
+
+    if max_age is not None:
+        rule("stale price", c["observed"] < (now - max_age).timestamp())
+    rule("no datasheet", ~c["has_spec"])
+    if d.gpu_models:
+        rule("gpu model", ~book.member("model", d.gpu_models))
+    rule("gpu memory", gpu_memory < d.min_gpu_memory_gb)
+    rule("size", gpus > gpu_count)
+    if d.regions:
+        rule("region", ~book.member("region", d.regions))
+    if d.jurisdictions:
+        rule("jurisdiction", ~book.member("jurisdiction", d.jurisdictions))
+    if d.pricing_models:
+        rule("pricing model", ~book.member("pricing", d.pricing_models))
+    if d.min_interconnect_gbs:
+        # Slices of a card share no NVLink; one GPU needs no interconnect at all.
+        link = np.where(fraction < 1.0, 0.0, c["interconnect_gbs"])
+        rule("interconnect", (gpus > 1) & (link < d.min_interconnect_gbs))
+    if d.needs_rdma:
+        rule("rdma", ~c["rdma"])
+    if d.min_fp64_tflops:
+        rule("fp64", c["fp64_tflops"] * fraction < d.min_fp64_tflops)
+    if d.needs_ecc:
+        rule("ecc", ~c["ecc"])
+    if d.min_video_encoders:
+        rule("video encoders", c["video_encoders"] * fraction < d.min_video_encoders)
+    rule("throughput", c["has_spec"] & (per_card <= 0))
+    if d.interruption_tolerance == Tolerance.NONE:
+        rule("interruption", c["interruption"] > 0)
+    if d.max_price_per_hour is not None:
+        rule("price cap", price_per_hour > float(d.max_price_per_hour) + 1e-9)
+    if d.max_price_per_job is not None:
+        rule("job price cap", price_cost > float(d.max_price_per_job) + 1e-9)
+    rule("capacity", units > c["capacity"])
+
+    feasible: BoolArray = np.logical_not(failures.any(axis=0))
+    if exclusion is not None:
+        for i in np.flatnonzero(feasible):
+            if exclusion.excludes(book.views[i]):
+                feasible[i] = False
+    return ScoreVectors(
+        demand=d,
+        failures=failures,
+        feasible=feasible,
+        gpus=gpus,
+        units=units,
+        gpus_used=gpus_used,
+        gpus_paid=gpus_paid,
+        price_per_hour=price_per_hour,
+        price_cost=price_cost,
+        wasted_cost=wasted_cost,
+        interruption_cost=interruption_cost,
+        reliability_cost=reliability_cost,
+        effective=effective,
+        throughput=throughput,
+        score=score,
+    )
+
+
+def best_indices(vectors: ScoreVectors, limit: int, candidates: Sequence[int] | None = None) -> IntArray:
+    """Indices of the ``limit`` best feasible offers, best first; ties go to the lower effective cost,
+    then to the lower offer position (stable across runs)."""
+    idx = np.flatnonzero(vectors.feasible) if candidates is None else np.asarray(candidates, dtype=np.int64)
+    if idx.size == 0:
+        return idx
+    if idx.size > limit * 4:
+        keep = np.argpartition(vectors.score[idx], limit - 1)[:limit]
+        threshold = vectors.score[idx[keep]].max()
+        idx = idx[vectors.score[idx] <= threshold]
+    order = np.lexsort((idx, vectors.effective[idx], vectors.score[idx]))
+    return idx[order][:limit]
