@@ -34,10 +34,10 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _EPS = 1e-9
-_TRACE = bool(os.environ.get("MATCHING_TRACE"))
-_FIRST_COLUMNS = 12  # per demand, in the first LP
-_MILP_COLUMNS = 60  # per demand in the restricted MILP when the certified set is larger
-_MILP_MAX_COLUMNS = 150_000
+TRACE = bool(os.environ.get("MATCHING_TRACE"))
+_FIRST_COLUMNS = 30  # per demand, in the first LP
+_ADD_COLUMNS = 20  # at most, per demand and round of pricing
+_MILP_MAX_COLUMNS = 100_000  # in the restricted MILP
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,19 +70,21 @@ class Problem:
         d = np.asarray(demand, dtype=np.int64)
         c = np.asarray(cost, dtype=np.float64)
         penalty = np.asarray(unplaced, dtype=np.float64)
-        order = np.arange(len(c)) if presorted else np.lexsort((c, d))
-        d = d[order]
-        starts = np.searchsorted(d, np.arange(len(penalty) + 1)).astype(np.int64)
         labels = np.arange(len(c)) if label is None else np.asarray(label, dtype=np.int64)
+        rows = np.asarray(row, dtype=np.int64)
+        amounts = np.asarray(units, dtype=np.float64)
+        if not presorted:
+            order = np.lexsort((c, d))
+            d, c, rows, amounts, labels = d[order], c[order], rows[order], amounts[order], labels[order]
         return cls(
             demand=d,
-            row=np.asarray(row, dtype=np.int64)[order],
-            units=np.asarray(units, dtype=np.float64)[order],
-            cost=c[order],
+            row=rows,
+            units=amounts,
+            cost=c,
             capacity=np.asarray(capacity, dtype=np.float64),
             unplaced=penalty,
-            starts=starts,
-            label=labels[order],
+            starts=np.searchsorted(d, np.arange(len(penalty) + 1)).astype(np.int64),
+            label=labels,
         )
 
     @property
@@ -122,8 +124,9 @@ class Solution:
     seconds: float
 
 
-def _trace(message: str) -> None:
-    if _TRACE:
+def trace(message: str) -> None:
+    """Progress on stderr when MATCHING_TRACE is set: where the time of a batch goes."""
+    if TRACE:
         print(message, file=sys.stderr)
 
 
@@ -280,10 +283,11 @@ def _relax(problem: Problem, seed: IntArray, deadline: float) -> _Relaxation:
         h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.01))
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            trace(f"lp stopped: {h.getModelStatus()}")
             return _Relaxation(bound=max(bound, 0.0), converged=False, x=x, reduced=None)
         solution = h.getSolution()
         value = h.getInfo().objective_function_value
-        _trace(f"lp {in_model.size} columns {time.perf_counter() - lp_started:.3f}s value {value}")
+        trace(f"lp {in_model.size} columns {time.perf_counter() - lp_started:.3f}s value {value}")
         duals = np.asarray(solution.row_dual)
         pi, mu = duals[:n], np.minimum(duals[n:], 0.0)
         adjusted = problem.cost - problem.units * np.append(mu, 0.0)[problem.row]
@@ -303,6 +307,12 @@ def _relax(problem: Problem, seed: IntArray, deadline: float) -> _Relaxation:
         most_negative = np.zeros(n)
         most_negative[has] = np.minimum.reduceat(pricing, problem.starts[:-1][has])
         new = np.flatnonzero(entering & (pricing <= 0.5 * most_negative[problem.demand]))
+        if new.size > _ADD_COLUMNS * n:
+            # Too many for one round: the most negative few per demand.
+            by_demand = new[np.lexsort((reduced[new], problem.demand[new]))]
+            first = np.searchsorted(problem.demand[by_demand], problem.demand[by_demand], side="left")
+            new = by_demand[np.arange(by_demand.size) - first < _ADD_COLUMNS]
+        trace(f"pricing: {new.size} columns enter")
         active[new] = True
         _add_columns(h, problem, new)
         in_model = np.concatenate([in_model, new])
@@ -390,26 +400,26 @@ def solve(problem: Problem, *, time_limit: float = 5.0, gap_target: float = 1e-4
         if value < best_value - 1e-9:
             incumbent, best_value, method = choice, value, name
 
-    relaxation = _relax(problem, incumbent, started + 0.5 * time_limit)
+    relaxation = _relax(problem, incumbent, started + 0.7 * time_limit)
     bound = relaxation.bound
     if relaxation.x:
-        adopt(improve(problem, _round(problem, relaxation), started + 0.6 * time_limit), "lp-rounding")
-    adopt(improve(problem, incumbent, started + 0.6 * time_limit), method)
+        adopt(improve(problem, _round(problem, relaxation), started + 0.8 * time_limit), "lp-rounding")
+    adopt(improve(problem, incumbent, started + 0.8 * time_limit), method)
     optimal = _gap(best_value, bound) < 1e-9
     remaining = deadline - time.perf_counter() - 0.05
     close_enough = _gap(best_value, bound) <= gap_target
     if not optimal and not close_enough and remaining > 0.05 and relaxation.reduced is not None:
+        reduced = relaxation.reduced
         slack = best_value - bound
-        within = relaxation.reduced <= slack + 1e-9
+        within = reduced <= slack + 1e-9
         certified = int(within.sum()) <= _MILP_MAX_COLUMNS
         if not certified:
-            rank_in_demand = np.arange(problem.n_columns) - problem.starts[problem.demand]
-            order = np.lexsort((relaxation.reduced, problem.demand))
-            ranks = np.empty_like(order)
-            ranks[order] = rank_in_demand
-            within &= ranks < _MILP_COLUMNS
+            # The columns of smallest reduced cost overall: a selection, not a sort of millions.
+            cut = np.partition(reduced, _MILP_MAX_COLUMNS)[_MILP_MAX_COLUMNS]
+            within &= reduced < cut
         within[list(relaxation.x)] = True
         within[incumbent[incumbent >= 0]] = True
+        remaining = deadline - time.perf_counter() - 0.05
         choice, proven, milp_bound = _milp(problem, np.flatnonzero(within), remaining, incumbent, gap_target)
         adopt(choice, "milp")
         if proven and certified:
