@@ -184,6 +184,12 @@ OFFER_MAX_AGE_S = env_int("BROKER_OFFER_MAX_AGE_S", 3600, minimum=60)
 PROVISION_POLL_INTERVAL_S = env_float("BROKER_PROVISION_POLL_INTERVAL_S", 2.0, minimum=0.0)
 PROVISION_POLL_LIMIT = env_int("BROKER_PROVISION_POLL_LIMIT", 150, minimum=1)
 PROVISION_TRANSIENT_RETRIES = env_int("BROKER_PROVISION_TRANSIENT_RETRIES", 3, minimum=0)
+# How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
+QUOTE_TTL_S = env_int("BROKER_QUOTE_TTL_S", 900, minimum=30)
+PROCUREMENT_TIME_LIMIT_S = env_float("BROKER_PROCUREMENT_TIME_LIMIT_S", 5.0, minimum=0.5)
+# Expected spot preemptions per hour when a provider publishes no rate: an assumption (about one in two
+# days), not a measurement; the ranking prices the restart it implies into every spot quote.
+SPOT_INTERRUPTIONS_PER_HOUR = env_float("BROKER_SPOT_INTERRUPTIONS_PER_HOUR", 0.02, minimum=0.0)
 # Keys for encrypting provider credentials at rest: comma-separated Fernet keys, newest first.
 SECRETS_KEYS = env_list("BROKER_SECRETS_KEYS", [])
 _keys_file = env_str("BROKER_SECRETS_KEYS_FILE")

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 
-from marketplace.matching import OfferView
-from marketplace.models import Offer, OfferStatus
+from marketplace.catalog.regions import jurisdiction_of
+from marketplace.matching import GpuSpec, OfferBook, OfferView
+from marketplace.models import Attempt, AttemptOutcome, GpuModel, Offer, OfferStatus
+from providers.errors import CapacityUnavailable, QuotaExceeded
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,110 @@ def offer_views_for(*, gpu_model: str, min_gpu_count: int) -> list[OfferView]:
         .order_by("id")
     )
     return [offer_view(o) for o in qs]
+
+
+def gpu_spec(model: GpuModel) -> GpuSpec:
+    """The engine's view of a spec row (floats: the engine computes, money stays Decimal elsewhere)."""
+
+    def opt(value: Decimal | None) -> float | None:
+        return None if value is None else float(value)
+
+    return GpuSpec(
+        key=model.key,
+        memory_gb=model.memory_gb,
+        memory_bandwidth_gbs=model.memory_bandwidth_gbs,
+        fp16_dense_tflops=float(model.fp16_dense_tflops),
+        fp64_tflops=float(model.fp64_tflops),
+        fp32_tflops=opt(model.fp32_tflops),
+        fp8_dense_tflops=opt(model.fp8_dense_tflops),
+        int8_dense_tops=opt(model.int8_dense_tops),
+        interconnect=model.interconnect,
+        interconnect_gbs=model.interconnect_gbs,
+        video_encoders=model.video_encoders,
+        ecc=model.ecc,
+        verified=model.verified,
+    )
+
+
+# A launch that failed for want of capacity or quota says nothing about the provider's reliability.
+_NOT_RELIABILITY = (CapacityUnavailable.error_class, QuotaExceeded.error_class)
+# Beta prior: an account with no history counts as 19 launches in 20, so one failure does not sink it.
+_PRIOR_OK, _PRIOR_ALL = 19, 20
+
+
+def account_reliability() -> dict[int, float]:
+    """Per provider account, the share of launches that succeeded, smoothed by a prior."""
+    rows = (
+        Attempt.objects.exclude(outcome=AttemptOutcome.PENDING)
+        .exclude(error_class__in=_NOT_RELIABILITY)
+        .values("offer__account_id")
+        .annotate(total=Count("id"), ok=Count("id", filter=Q(outcome=AttemptOutcome.LAUNCHED)))
+    )
+    return {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
+
+
+def offer_views(*, now: dt.datetime) -> list[OfferView]:
+    """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk."""
+    since = now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
+    reliability = account_reliability()
+    spot_rate = settings.SPOT_INTERRUPTIONS_PER_HOUR
+    specs: dict[int, GpuSpec] = {}
+    views = []
+    offers = (
+        Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True, last_seen_at__gte=since)
+        .select_related("gpu_model", "account")
+        .order_by("id")
+    )
+    for offer in offers:
+        spec = specs.get(offer.gpu_model_id)
+        if spec is None:
+            spec = specs[offer.gpu_model_id] = gpu_spec(offer.gpu_model)
+        kind = offer.account.kind
+        views.append(
+            OfferView(
+                offer_id=offer.pk,
+                account_id=offer.account_id,
+                provider_kind=kind,
+                region=offer.region,
+                zone=offer.zone,
+                instance_type=offer.instance_type,
+                pricing_model=offer.pricing_model,
+                gpu_model=offer.gpu_model.key,
+                gpu_count=offer.gpu_count,
+                gpu_memory_gb=offer.gpu_memory_gb,
+                price_usd_per_hour=offer.price_usd,
+                observed_at=offer.last_seen_at,
+                capacity=offer.capacity,
+                spec=spec,
+                jurisdiction=jurisdiction_of(kind, offer.region),
+                rdma=bool((offer.extra or {}).get("rdma")) or offer.interconnect in ("efa", "infiniband", "rdma"),
+                reliability=reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
+                interruption_rate_per_hour=spot_rate if offer.pricing_model == "spot" else 0.0,
+            )
+        )
+    return views
+
+
+_book_lock = threading.Lock()
+_book_cache: dict[str, tuple[tuple[object, ...], OfferBook]] = {}
+
+
+def offer_book(*, now: dt.datetime) -> OfferBook:
+    """The columnar book of offers on sale, rebuilt only when a sync or a provisioning outcome changed it.
+
+    Building it costs a query and a pass over every offer; ranking against a built book is vectorised,
+    so quotes stay fast however many offers there are.
+    """
+    stamp = Offer.objects.filter(status=OfferStatus.AVAILABLE).aggregate(
+        n=Count("id"), seen=Max("last_seen_at"), top=Max("id")
+    )
+    # The max-age window moves with the clock: a rebuild each minute at most drops offers that went stale.
+    key = (stamp["n"], stamp["seen"], stamp["top"], Attempt.objects.count(), int(now.timestamp()) // 60)
+    with _book_lock:
+        cached = _book_cache.get("book")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+    book = OfferBook.from_views(offer_views(now=now))
+    with _book_lock:
+        _book_cache["book"] = (key, book)
+    return book
