@@ -13,6 +13,9 @@ from marketplace.orders.services import (
     OfferNotFound,
     OfferNotOrderable,
     OrderError,
+    QuoteExpired,
+    QuoteNotFound,
+    QuoteUsed,
     TransitionRefused,
 )
 
@@ -21,6 +24,9 @@ _STATUS = {
     OfferNotOrderable: status.HTTP_409_CONFLICT,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionRefused: status.HTTP_409_CONFLICT,
+    QuoteNotFound: status.HTTP_404_NOT_FOUND,
+    QuoteExpired: status.HTTP_410_GONE,
+    QuoteUsed: status.HTTP_409_CONFLICT,
 }
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from rest_framework import serializers
 
+from marketplace.catalog.regions import JURISDICTIONS
+from marketplace.matching import Demand, Profile, Tolerance
 from marketplace.models import Offer, Order
+from providers import gpu_names
 
 
 class OfferOutput(serializers.ModelSerializer):
@@ -48,7 +52,10 @@ class OfferListInput(serializers.Serializer):
 
 
 class OrderPlaceInput(serializers.Serializer):
-    offer = serializers.IntegerField(min_value=1)
+    """Exactly one of ``offer`` (at its current price) or ``quote`` (at the price the quote locked)."""
+
+    offer = serializers.IntegerField(min_value=1, required=False)
+    quote = serializers.UUIDField(required=False)
     max_price_per_hour = serializers.DecimalField(
         required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001")
     )
@@ -56,6 +63,109 @@ class OrderPlaceInput(serializers.Serializer):
     regions = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("offer" in attrs) == ("quote" in attrs):
+            raise serializers.ValidationError({"offer": ["give exactly one of offer or quote"]})
+        return attrs
+
+
+_PROFILES = [p.value for p in Profile]
+_PRICING = ["on_demand", "spot", "reserved"]
+
+
+class DemandInput(serializers.Serializer):
+    """A workload; every field but ``profile`` is optional and unset ones take the profile's defaults."""
+
+    id = serializers.CharField(required=False, allow_blank=True, max_length=64)
+    profile = serializers.ChoiceField(choices=_PROFILES)
+    gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    total_gpu_memory_gb = serializers.IntegerField(required=False, min_value=1, max_value=16384)
+    min_gpu_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=1024)
+    gpu_models = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(gpu_names.ALL)), required=False, default=list, max_length=30
+    )
+    regions = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
+    )
+    jurisdictions = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(JURISDICTIONS)), required=False, default=list, max_length=10
+    )
+    pricing_models = serializers.ListField(
+        child=serializers.ChoiceField(choices=_PRICING), required=False, default=list, max_length=3
+    )
+    max_price_per_hour = serializers.DecimalField(
+        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001")
+    )
+    max_price_per_job = serializers.DecimalField(
+        required=False, max_digits=16, decimal_places=6, min_value=Decimal("0.000001")
+    )
+    duration_hours = serializers.FloatField(required=False, default=1.0, min_value=0.01, max_value=8760)
+    interruption_tolerance = serializers.ChoiceField(
+        choices=[t.value for t in Tolerance], required=False, default=Tolerance.CHECKPOINTED.value
+    )
+    checkpoint_interval_hours = serializers.FloatField(required=False, default=1.0, min_value=0.0, max_value=8760)
+    min_interconnect_gbs = serializers.IntegerField(required=False, min_value=0, max_value=100000)
+    needs_rdma = serializers.BooleanField(required=False, allow_null=True, default=None)
+    min_fp64_tflops = serializers.FloatField(required=False, min_value=0, max_value=1000)
+    needs_ecc = serializers.BooleanField(required=False, allow_null=True, default=None)
+    min_video_encoders = serializers.IntegerField(required=False, min_value=0, max_value=64)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "gpu_count" in attrs and "total_gpu_memory_gb" in attrs:
+            raise serializers.ValidationError({"gpu_count": ["give gpu_count or total_gpu_memory_gb, not both"]})
+        return attrs
+
+    def to_demand(self) -> Demand:
+        return demand_from(self.validated_data)
+
+
+def demand_from(data: dict[str, Any]) -> Demand:
+    """A validated ``DemandInput`` as the engine's Demand."""
+    return Demand(
+        demand_id=data.get("id", ""),
+        profile=Profile(data["profile"]),
+        gpu_count=data.get("gpu_count", 1),
+        total_gpu_memory_gb=data.get("total_gpu_memory_gb"),
+        min_gpu_memory_gb=data.get("min_gpu_memory_gb", 0),
+        gpu_models=frozenset(data["gpu_models"]),
+        regions=frozenset(data["regions"]),
+        jurisdictions=frozenset(data["jurisdictions"]),
+        pricing_models=frozenset(data["pricing_models"]),
+        max_price_per_hour=data.get("max_price_per_hour"),
+        max_price_per_job=data.get("max_price_per_job"),
+        duration_hours=data["duration_hours"],
+        interruption_tolerance=Tolerance(data["interruption_tolerance"]),
+        checkpoint_interval_hours=data["checkpoint_interval_hours"],
+        min_interconnect_gbs=data.get("min_interconnect_gbs"),
+        needs_rdma=data.get("needs_rdma"),
+        min_fp64_tflops=data.get("min_fp64_tflops"),
+        needs_ecc=data.get("needs_ecc"),
+        min_video_encoders=data.get("min_video_encoders"),
+    )
+
+
+class QuoteCreateInput(DemandInput):
+    limit = serializers.IntegerField(required=False, default=10, min_value=1, max_value=50)
+
+
+class ProcurementInput(serializers.Serializer):
+    demands = DemandInput(many=True, allow_empty=False, max_length=2000)
+    time_limit = serializers.FloatField(required=False, min_value=0.5, max_value=30)
+
+
+class QuoteOutput(serializers.Serializer):
+    id = serializers.UUIDField(source="public_id")
+    rank = serializers.IntegerField()
+    offer = OfferOutput()
+    units = serializers.DecimalField(max_digits=10, decimal_places=4)
+    price_per_hour = serializers.DecimalField(max_digits=14, decimal_places=6)
+    duration_hours = serializers.DecimalField(max_digits=10, decimal_places=2)
+    total_price = serializers.DecimalField(max_digits=16, decimal_places=6)
+    score = serializers.FloatField()
+    breakdown = serializers.JSONField()
+    reason = serializers.CharField()
+    expires_at = serializers.DateTimeField()
 
 
 class AttemptOutput(serializers.Serializer):
@@ -81,6 +191,7 @@ class InstanceOutput(serializers.Serializer):
 class OrderOutput(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id")
     gpu_model = serializers.CharField(source="gpu_model.key")
+    quote = serializers.UUIDField(source="quote.public_id", allow_null=True, default=None)
     attempts = AttemptOutput(many=True)
     instance = serializers.SerializerMethodField()
     ledger_head = serializers.SerializerMethodField()
@@ -92,6 +203,7 @@ class OrderOutput(serializers.ModelSerializer):
             "state",
             "state_reason",
             "offer",
+            "quote",
             "gpu_model",
             "gpu_count",
             "pricing_model",

@@ -6,6 +6,8 @@ app_name = "api"
 
 urlpatterns = [
     path("offers", views.OfferListApi.as_view(), name="offers"),
+    path("quotes", views.QuoteCreateApi.as_view(), name="quotes"),
+    path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),
     path("orders", views.OrderListCreateApi.as_view(), name="orders"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),

@@ -9,9 +9,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace.api.serializers import OfferListInput, OfferOutput, OrderOutput, OrderPlaceInput
+from marketplace.api.serializers import (
+    OfferListInput,
+    OfferOutput,
+    OrderOutput,
+    OrderPlaceInput,
+    ProcurementInput,
+    QuoteCreateInput,
+    QuoteOutput,
+    demand_from,
+)
 from marketplace.catalog.selectors import OfferFilters, offer_list
+from marketplace.matching import Ranking, effective_requirements
 from marketplace.models import Order, Organization
+from marketplace.orders.quoting import demand_json, procurement_run, quote_request
 from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 
@@ -67,7 +78,8 @@ class OrderListCreateApi(APIView):
             organization=organization,
             user=request.user,
             request=PlaceRequest(
-                offer_id=data["offer"],
+                offer_id=data.get("offer"),
+                quote_id=None if data.get("quote") is None else str(data["quote"]),
                 max_price_per_hour=data.get("max_price_per_hour"),
                 allow_failover=data["allow_failover"],
                 regions=tuple(data["regions"]),
@@ -99,3 +111,87 @@ class OrderTerminateApi(APIView):
         order = order_terminate(order=_order_or_404(request, order_id))
         order = _order_or_404(request, str(order.public_id))
         return Response(_order_output(order), status=status.HTTP_202_ACCEPTED)
+
+
+def _ranking_extras(ranking: Ranking) -> dict[str, object]:
+    """What a buyer needs when the quotes are few or none: the defaults applied and the nearest misses."""
+    return {
+        "defaults": demand_json(effective_requirements(ranking.demand)),
+        "rejected": ranking.rejected,
+        "near_misses": [
+            {
+                "offer": m.offer.offer_id,
+                "instance_type": m.offer.instance_type,
+                "region": m.offer.region,
+                "gpu_model": m.offer.gpu_model,
+                "price_per_hour": format(m.offer.price_usd_per_hour, "f"),
+                "failed": list(m.failed),
+                "relax": m.relax,
+            }
+            for m in ranking.near_misses
+        ],
+    }
+
+
+class QuoteCreateApi(APIView):
+    """POST /api/v1/quotes: one workload -> ranked quotes, prices locked until ``expires_at``."""
+
+    def post(self, request: Request) -> Response:
+        organization = _organization(request)
+        body = QuoteCreateInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        result = quote_request(
+            organization=organization,
+            user=request.user,
+            demand=demand_from(body.validated_data),
+            limit=body.validated_data["limit"],
+        )
+        return Response(
+            {
+                "batch": str(result.batch),
+                "expires_at": result.expires_at,
+                "quotes": QuoteOutput(result.quotes, many=True).data,
+                **_ranking_extras(result.ranking),
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ProcurementCreateApi(APIView):
+    """POST /api/v1/procurements: many workloads assigned jointly against finite capacity."""
+
+    def post(self, request: Request) -> Response:
+        organization = _organization(request)
+        body = ProcurementInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        demands = [demand_from(d) for d in body.validated_data["demands"]]
+        result = procurement_run(
+            organization=organization,
+            user=request.user,
+            demands=demands,
+            time_limit=body.validated_data.get("time_limit"),
+        )
+        a = result.assignment
+        return Response(
+            {
+                "batch": str(result.batch),
+                "expires_at": result.expires_at,
+                "total_cost": format(a.total_cost, "f"),
+                "objective": a.objective,
+                "lower_bound": a.lower_bound,
+                "gap": a.gap,
+                "method": a.method,
+                "optimal": a.optimal,
+                "seconds": a.seconds,
+                "placed": sum(1 for d in a.demands if d.quote is not None),
+                "assignments": [
+                    {
+                        "demand": d.demand.demand_id or str(i + 1),
+                        "quote": None if i not in result.quotes else QuoteOutput(result.quotes[i]).data,
+                        "reason": d.reason,
+                    }
+                    for i, d in enumerate(a.demands)
+                ],
+            },
+            status=status.HTTP_201_CREATED,
+        )

@@ -1,5 +1,5 @@
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
-from marketplace.models.orders import Attempt, AttemptOutcome, Instance, Order, OrderState
+from marketplace.models.orders import Attempt, AttemptOutcome, Instance, Order, OrderState, Quote
 from marketplace.models.organizations import Membership, Organization, OrganizationKind, Role
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "OrganizationKind",
     "PricePoint",
     "QuarantinedOffer",
+    "Quote",
     "Role",
 ]

@@ -12,6 +12,38 @@ from marketplace.models.organizations import Organization
 from providers.models import ProviderAccount
 
 
+class Quote(models.Model):
+    """One ranked answer to a buyer's demand: an offer at a price locked until ``expires_at``.
+
+    Quotes of one request share ``batch``. An order placed from a quote pays ``price_per_hour`` whatever the
+    offer's price has done since; a quote places at most one order (``Order.quote`` is unique).
+    """
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="quotes")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="quotes")
+    batch = models.UUIDField(db_index=True)
+    rank = models.PositiveSmallIntegerField()
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="quotes")
+    demand = models.JSONField(help_text="the demand as the engine read it, defaults resolved")
+    units = models.DecimalField(max_digits=10, decimal_places=4, help_text="instances, or GPUs of a divisible listing")
+    price_per_hour = models.DecimalField(max_digits=14, decimal_places=6, help_text="USD, locked")
+    duration_hours = models.DecimalField(max_digits=10, decimal_places=2)
+    total_price = models.DecimalField(max_digits=16, decimal_places=6, help_text="USD for the duration")
+    score = models.FloatField(help_text="USD per unit of useful work; lower is better")
+    breakdown = models.JSONField()
+    reason = models.CharField(max_length=255)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["batch", "rank"]
+        constraints = [models.UniqueConstraint(fields=["batch", "rank"], name="quote_batch_rank_unique")]
+
+    def __str__(self) -> str:
+        return f"quote {self.public_id} #{self.rank}"
+
+
 class OrderState(models.TextChoices):
     PLACED = "placed", "placed"
     PROVISIONING = "provisioning", "provisioning"
@@ -45,6 +77,8 @@ class Order(models.Model):
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="orders")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders")
     offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="orders")
+    # A quote places one order at most; its locked price becomes the order's price.
+    quote = models.OneToOneField(Quote, null=True, blank=True, on_delete=models.PROTECT, related_name="order")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT)
     gpu_count = models.PositiveSmallIntegerField()
     pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)

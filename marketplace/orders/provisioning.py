@@ -3,9 +3,11 @@ terminate. Called by thin Celery tasks; every step re-reads the database, so run
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import logging
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -87,7 +89,9 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     max_age = dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
     if not order.attempts.exists():
         first = Offer.objects.select_related("gpu_model", "account").get(pk=order.offer_id)
-        if rank_offers(demand, [offer_view(first)], now=now, max_age=max_age).best is not None:
+        # A quote locked its price: its offer is launched at that price even if the listing has risen since.
+        first_demand = dataclasses.replace(demand, max_price_per_hour=None) if order.quote_id else demand
+        if rank_offers(first_demand, [offer_view(first)], now=now, max_age=max_age).best is not None:
             return first
     if not order.allow_failover:
         return None
@@ -237,8 +241,15 @@ def _record_launch(order: Order, attempt: Attempt, handle: InstanceHandle) -> No
             public_ip=handle.public_ip or "",
             launched_at=now,
         )
-        Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=attempt.offer.price_usd)
+        Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
         _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone)
+
+
+def _launch_price(order: Order, attempt: Attempt) -> Decimal:
+    """What the buyer pays per hour: the quote's locked price on the quoted offer, else the offer's price."""
+    if order.quote_id is not None and order.quote is not None and order.quote.offer_id == attempt.offer_id:
+        return order.quote.price_per_hour
+    return attempt.offer.price_usd
 
 
 def order_poll(*, order_id: int) -> Step:

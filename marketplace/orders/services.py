@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append
-from marketplace.models import Offer, OfferStatus, Order, OrderState, Organization
+from marketplace.models import Offer, OfferStatus, Order, OrderState, Organization, Quote
 
 
 class OrderError(Exception):
@@ -30,6 +30,18 @@ class OfferNotFound(OrderError):
 
 class OfferNotOrderable(OrderError):
     code = "offer_not_orderable"
+
+
+class QuoteNotFound(OrderError):
+    code = "quote_not_found"
+
+
+class QuoteExpired(OrderError):
+    code = "quote_expired"
+
+
+class QuoteUsed(OrderError):
+    code = "quote_used"
 
 
 class IdempotencyConflict(OrderError):
@@ -73,14 +85,18 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
 
 @dataclass(frozen=True)
 class PlaceRequest:
-    offer_id: int
+    """An offer at its current price, or a quote (``quote_id``) at the price it locked."""
+
+    offer_id: int | None = None
     max_price_per_hour: Decimal | None = None
     allow_failover: bool = True
     regions: tuple[str, ...] = ()
+    quote_id: str | None = None
 
     def fingerprint(self) -> str:
         body = {
             "offer": self.offer_id,
+            "quote": self.quote_id,
             "max_price_per_hour": None if self.max_price_per_hour is None else format(self.max_price_per_hour, "f"),
             "allow_failover": self.allow_failover,
             "regions": sorted(self.regions),
@@ -102,10 +118,12 @@ def order_place(
     idempotency_key: str | None = None,
     now: dt.datetime | None = None,
 ) -> PlaceResult:
-    """Place an order for an offer, price locked at the offer's current USD price.
+    """Place an order for an offer at its current USD price, or for a quote at the price the quote locked.
 
-    Idempotent on (organization, ``idempotency_key``): a repeat with the same body returns the first order
-    (``created`` False); the same key with a different body raises ``IdempotencyConflict``. Raises
+    A quote must be the organisation's own (else ``QuoteNotFound``), unexpired (``QuoteExpired``) and not
+    ordered before (``QuoteUsed``: one order per quote, enforced by a unique column). Idempotent on
+    (organization, ``idempotency_key``): a repeat with the same body returns the first order (``created``
+    False); the same key with a different body raises ``IdempotencyConflict``. Raises
     ``OfferNotFound`` for an unknown offer and ``OfferNotOrderable`` for one that is not for sale or above the
     buyer's cap. The provisioning task is enqueued only after the order commits.
     """
@@ -114,31 +132,30 @@ def order_place(
         existing = Order.objects.filter(organization=organization, idempotency_key=idempotency_key).first()
         if existing is not None:
             return _replay(existing, fingerprint)
-    # Only offers on sale are visible; anything else answers as unknown so ids reveal nothing.
-    offer = (
-        Offer.objects.select_related("gpu_model", "account")
-        .filter(pk=request.offer_id, status=OfferStatus.AVAILABLE, account__enabled=True)
-        .first()
-    )
-    if offer is None:
-        raise OfferNotFound(f"offer {request.offer_id} does not exist or is not for sale")
     now = now or timezone.now()
-    cap = request.max_price_per_hour if request.max_price_per_hour is not None else offer.price_usd
-    if offer.price_usd > cap:
-        raise OfferNotOrderable(f"offer {offer.pk} costs {offer.price_usd} USD/h, above your cap of {cap}")
+    quote = None
+    if request.quote_id is not None:
+        quote, offer, price = _quoted_offer(organization, request.quote_id, now)
+    else:
+        offer = _offer_on_sale(request.offer_id)
+        price = offer.price_usd
+    cap = request.max_price_per_hour if request.max_price_per_hour is not None else price
+    if price > cap:
+        raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")
     try:
         with transaction.atomic():
             order = Order.objects.create(
                 organization=organization,
                 created_by=user,
                 offer=offer,
+                quote=quote,
                 gpu_model=offer.gpu_model,
                 gpu_count=offer.gpu_count,
                 pricing_model=offer.pricing_model,
                 regions=list(request.regions),
                 max_price_per_hour=cap,
                 allow_failover=request.allow_failover,
-                price_per_hour=offer.price_usd,
+                price_per_hour=price,
                 state=OrderState.PLACED,
                 state_changed_at=now,
                 idempotency_key=idempotency_key or None,
@@ -152,19 +169,53 @@ def order_place(
                 instance_type=offer.instance_type,
                 zone=offer.zone,
                 pricing_model=offer.pricing_model,
-                price_usd_per_hour=offer.price_usd,
+                price_usd_per_hour=price,
                 max_price_per_hour=cap,
+                quote=None if quote is None else str(quote.public_id),
             )
             from marketplace.tasks import order_provision_task
 
             order_provision_task.delay_on_commit(order.pk)
     except IntegrityError:
-        # A concurrent request with the same key won the insert; answer as its replay.
+        # A concurrent request with the same key won the insert; answer as its replay. Without a key, the
+        # only unique field two requests can collide on is the quote: someone ordered it first.
+        holder = None if quote is None else Order.objects.filter(quote=quote).first()
+        if holder is not None and (not idempotency_key or holder.idempotency_key != idempotency_key):
+            raise QuoteUsed(f"quote {quote.public_id} has already been ordered") from None
         if not idempotency_key:
             raise
         existing = Order.objects.get(organization=organization, idempotency_key=idempotency_key)
         return _replay(existing, fingerprint)
     return PlaceResult(order=order, created=True)
+
+
+def _offer_on_sale(offer_id: int | None) -> Offer:
+    # Only offers on sale are visible; anything else answers as unknown so ids reveal nothing.
+    offer = (
+        Offer.objects.select_related("gpu_model", "account")
+        .filter(pk=offer_id, status=OfferStatus.AVAILABLE, account__enabled=True)
+        .first()
+    )
+    if offer is None:
+        raise OfferNotFound(f"offer {offer_id} does not exist or is not for sale")
+    return offer
+
+
+def _quoted_offer(organization: Organization, quote_id: str, now: dt.datetime) -> tuple[Quote, Offer, Decimal]:
+    """The organisation's unexpired, unused quote, its offer (still listed) and the price it locked."""
+    from marketplace.orders.quoting import quote_get
+
+    quote = quote_get(organization=organization, public_id=quote_id)
+    if quote is None:
+        raise QuoteNotFound(f"quote {quote_id} does not exist")
+    if quote.expires_at <= now:
+        raise QuoteExpired(f"quote {quote_id} expired at {quote.expires_at.isoformat()}; ask for a new one")
+    if Order.objects.filter(quote=quote).exists():
+        raise QuoteUsed(f"quote {quote_id} has already been ordered")
+    offer = quote.offer
+    if offer.status != OfferStatus.AVAILABLE or not offer.account.enabled:
+        raise OfferNotOrderable(f"the quoted offer {offer.pk} is no longer for sale; ask for a new quote")
+    return quote, offer, quote.price_per_hour
 
 
 def _replay(existing: Order, fingerprint: str) -> PlaceResult:
