@@ -4,6 +4,8 @@ from decimal import Decimal
 
 from django import forms
 
+from marketplace.catalog.regions import JURISDICTIONS
+from marketplace.matching import PROFILES, Profile, Tolerance
 from marketplace.models import GpuModel
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
@@ -26,3 +28,54 @@ class OrderPlaceForm(forms.Form):
     offer = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
     max_price_per_hour = forms.DecimalField(required=False, min_value=Decimal("0.000001"), decimal_places=6)
     allow_failover = forms.BooleanField(required=False, initial=True)
+
+
+class WorkloadForm(forms.Form):
+    """The storefront's workload wizard: a profile and what the buyer wants to override of its defaults."""
+
+    profile = forms.ChoiceField(
+        choices=[(p.value, f"{p.value.replace('_', '-')}: {PROFILES[p].description}") for p in Profile]
+    )
+    gpu_count = forms.IntegerField(required=False, min_value=1, max_value=64, label="GPUs")
+    total_gpu_memory_gb = forms.IntegerField(
+        required=False, min_value=1, max_value=16384, label="or total GPU memory (GB)"
+    )
+    duration_hours = forms.FloatField(initial=8, min_value=0.01, max_value=8760, label="Hours")
+    jurisdiction = forms.ChoiceField(
+        required=False, choices=[("", "anywhere"), *((j, j) for j in JURISDICTIONS)], label="Data must stay in"
+    )
+    pricing = forms.ChoiceField(
+        required=False,
+        choices=[("", "on-demand or spot"), ("on_demand", "on-demand only"), ("spot", "spot only")],
+        label="Pricing",
+    )
+    interruption_tolerance = forms.ChoiceField(
+        choices=[(t.value, t.value) for t in Tolerance], initial=Tolerance.CHECKPOINTED.value, label="Interruptions"
+    )
+    max_price_per_hour = forms.DecimalField(
+        required=False, min_value=Decimal("0.000001"), decimal_places=6, label="Max $/h"
+    )
+
+    def clean(self) -> dict[str, object]:
+        data = super().clean() or {}
+        if data.get("gpu_count") and data.get("total_gpu_memory_gb"):
+            self.add_error("total_gpu_memory_gb", "give GPUs or total memory, not both")
+        return data
+
+    def demand_data(self) -> dict[str, object]:
+        """The cleaned form in the API's DemandInput shape, so both go through one conversion."""
+        d = self.cleaned_data
+        data: dict[str, object] = {
+            "profile": d["profile"],
+            "duration_hours": d["duration_hours"],
+            "interruption_tolerance": d["interruption_tolerance"],
+            "checkpoint_interval_hours": 1.0,
+            "gpu_models": [],
+            "regions": [],
+            "jurisdictions": [d["jurisdiction"]] if d["jurisdiction"] else [],
+            "pricing_models": [d["pricing"]] if d["pricing"] else [],
+        }
+        for key in ("gpu_count", "total_gpu_memory_gb", "max_price_per_hour"):
+            if d.get(key) is not None:
+                data[key] = d[key]
+        return data

@@ -6,6 +6,8 @@ app_name = "storefront"
 
 urlpatterns = [
     path("", views.offers, name="offers"),
+    path("workload/", views.workload, name="workload"),
+    path("quotes/order", views.quote_order_view, name="quote-order"),
     path("orders/", views.orders, name="orders"),
     path("orders/place", views.order_place_view, name="order-place"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),

@@ -7,13 +7,16 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
+from marketplace.api.serializers import demand_from
 from marketplace.catalog.selectors import OfferFilters, offer_list
+from marketplace.matching import effective_requirements
 from marketplace.models import Organization
+from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
 from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
-from marketplace.web.forms import OfferFilterForm, OrderPlaceForm
+from marketplace.web.forms import OfferFilterForm, OrderPlaceForm, WorkloadForm
 
 PAGE_SIZE = 200
 
@@ -72,6 +75,51 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
         messages.error(request, f"Could not place the order: {exc}")
         return redirect("storefront:offers")
     messages.success(request, f"Order {result.order.public_id} placed; provisioning has started.")
+    return redirect("storefront:orders")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def workload(request: HttpRequest) -> HttpResponse:
+    """The workload form; a valid submission ranks the offers and shows the quotes with their reasons.
+
+    Submitting stores quotes with locked prices, so it is a POST (CSRF-checked, not replayed by a reload,
+    a prefetch or a shared link); a GET only shows the form."""
+    org = _org_or_404(request)
+    form = WorkloadForm(request.POST if request.method == "POST" else None)
+    context: dict[str, object] = {"form": form, "result": None, "requirements": None}
+    if form.is_bound and form.is_valid():
+        demand = demand_from(form.demand_data())
+        requirements = effective_requirements(demand)
+        context.update(
+            result=quote_request(organization=org, user=request.user, demand=demand),  # type: ignore[arg-type]
+            requirements=requirements,
+            # A set prints in hash order, different on every run; the page lists the models sorted.
+            allowed_models=sorted(requirements.gpu_models),
+        )
+    return render(request, "storefront/workload.html", context)
+
+
+@login_required
+@require_POST
+def quote_order_view(request: HttpRequest) -> HttpResponse:
+    """Order a quote at the price it locked."""
+    org = _org_or_404(request)
+    try:
+        result = order_place(
+            organization=org,
+            user=request.user,  # type: ignore[arg-type]
+            request=PlaceRequest(quote_id=request.POST.get("quote", "")),
+            idempotency_key=request.POST.get("nonce") or None,
+        )
+    except OrderError as exc:
+        messages.error(request, f"Could not place the order: {exc}")
+        return redirect("storefront:workload")
+    if not result.created:
+        # The form's nonce replayed the order this quote already placed (a double click, a resubmit).
+        messages.info(request, f"Order {result.order.public_id} was already placed from this quote.")
+        return redirect("storefront:orders")
+    messages.success(request, f"Order {result.order.public_id} placed at the quoted price; provisioning has started.")
     return redirect("storefront:orders")
 
 
