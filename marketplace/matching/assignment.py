@@ -136,7 +136,7 @@ def assign(
     problem, why_not = build_problem(demands, book, now=now, max_age=max_age)
     trace(f"built {problem.n_columns} columns in {time.perf_counter() - started:.2f}s")
     # Leave time to turn the answer into quotes (about a third of a millisecond per demand).
-    reserve = 0.1 + 0.0005 * len(demands)
+    reserve = 0.1 + 0.0003 * len(demands)
     remaining = max(time_limit - (time.perf_counter() - started) - reserve, 0.01)
     solution = exact(problem, time_limit=remaining) if method == "exact" else solve(problem, time_limit=remaining)
     if method == "exact" and not np.isfinite(solution.objective):

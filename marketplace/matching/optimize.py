@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -37,7 +38,8 @@ _EPS = 1e-9
 TRACE = bool(os.environ.get("MATCHING_TRACE"))
 _FIRST_COLUMNS = 30  # per demand, in the first LP
 _ADD_COLUMNS = 20  # at most, per demand and round of pricing
-_MILP_MAX_COLUMNS = 100_000  # in the restricted MILP
+_MILP_MAX_COLUMNS = 60_000  # in the restricted MILP
+_MILP_GRACE_S = 0.1  # past its deadline before a MILP still running is abandoned
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,7 +231,7 @@ def _model(problem: Problem) -> highspy.Highs:
     unplaced column; the caller adds the columns it wants (``_add_columns``)."""
     n, m = problem.n_demands, len(problem.capacity)
     h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h.setOptionValue("output_flag", bool(os.environ.get("HIGHS_LOG")))
     inf = highspy.kHighsInf
     lower = np.concatenate([np.ones(n), np.full(m, -inf)])
     upper = np.concatenate([np.ones(n), np.where(np.isfinite(problem.capacity), problem.capacity, inf)])
@@ -353,6 +355,7 @@ def _milp(
     """HiGHS's MILP over ``cols`` (plus every demand's unplaced option), from the feasible ``start`` if
     given: (choice or None, proven optimal, HiGHS's dual bound)."""
     n = problem.n_demands
+    built = time.perf_counter()
     h = _model(problem)
     _add_columns(h, problem, cols)
     h.changeColsIntegrality(
@@ -360,7 +363,17 @@ def _milp(
         np.arange(n, n + cols.size, dtype=np.int32),
         np.full(cols.size, highspy.HighsVarType.kInteger),
     )
-    h.setOptionValue("time_limit", max(time_limit, 0.01))
+    trace(f"milp model built in {time.perf_counter() - built:.2f}s")
+    deadline = built + time_limit
+    h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.01))
+
+    # HiGHS checks its own limit coarsely (a second late is common on big models); this stops it on time.
+    def stop_at_deadline(event: Any) -> None:
+        if time.perf_counter() > deadline:
+            event.interrupt()
+
+    h.cbMipInterrupt += stop_at_deadline
+    h.cbSimplexInterrupt += stop_at_deadline
     h.setOptionValue("mip_rel_gap", gap_target)
     if start is not None:
         values = np.zeros(n + cols.size)
@@ -370,7 +383,15 @@ def _milp(
         seed = highspy.HighsSolution()
         seed.col_value = values.tolist()
         h.setSolution(seed)
-    h.run()
+    ran = time.perf_counter()
+    solver = h.startSolve()
+    finished, _ = h.wait(max(deadline - time.perf_counter(), 0.0) + _MILP_GRACE_S)
+    trace(f"milp ran {time.perf_counter() - ran:.2f}s: {h.getModelStatus() if finished else 'abandoned'}")
+    if not finished:
+        # Still inside a step HiGHS does not interrupt (presolve, cut rounds on a busy machine): answer
+        # without it. The solver thread stops at its next check of the interrupt and is dropped.
+        solver.join(0)
+        return None, False, -np.inf
     info = h.getInfo()
     bound = float(info.mip_dual_bound)
     solution = h.getSolution()
@@ -419,8 +440,11 @@ def solve(problem: Problem, *, time_limit: float = 5.0, gap_target: float = 1e-4
             within &= reduced < cut
         within[list(relaxation.x)] = True
         within[incumbent[incumbent >= 0]] = True
-        remaining = deadline - time.perf_counter() - 0.05
+        # HiGHS can run most of a second past its limit (and an interrupt) in presolve on a big model.
+        remaining = 0.8 * (deadline - time.perf_counter()) - 0.05
+        trace(f"milp on {int(within.sum())} columns for {remaining:.2f}s")
         choice, proven, milp_bound = _milp(problem, np.flatnonzero(within), remaining, incumbent, gap_target)
+        trace(f"milp done, {deadline - time.perf_counter():.2f}s to the deadline")
         adopt(choice, "milp")
         if proven and certified:
             # The restricted problem holds every column that could beat the incumbent, so its bound holds
