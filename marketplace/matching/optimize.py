@@ -21,8 +21,10 @@ capacity. Minimise the total.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +132,16 @@ def trace(message: str) -> None:
     """Progress on stderr when MATCHING_TRACE is set: where the time of a batch goes."""
     if TRACE:
         print(message, file=sys.stderr)
+
+
+_abandoned: set[threading.Thread] = set()
+
+
+@atexit.register
+def _wait_for_abandoned_solvers() -> None:
+    """A process must not exit under a running HiGHS thread (the C++ runtime aborts): let them stop."""
+    for solver in list(_abandoned):
+        solver.join(60)
 
 
 def _gap(objective: float, bound: float) -> float:
@@ -384,13 +396,17 @@ def _milp(
         seed.col_value = values.tolist()
         h.setSolution(seed)
     ran = time.perf_counter()
-    solver = h.startSolve()
-    finished, _ = h.wait(max(deadline - time.perf_counter(), 0.0) + _MILP_GRACE_S)
+    # Our own thread, not highspy's startSolve: that one allows a single solve per process.
+    solver = threading.Thread(target=h.run, daemon=True, name="highs-milp")
+    solver.start()
+    solver.join(max(deadline - time.perf_counter(), 0.0) + _MILP_GRACE_S)
+    finished = not solver.is_alive()
     trace(f"milp ran {time.perf_counter() - ran:.2f}s: {h.getModelStatus() if finished else 'abandoned'}")
     if not finished:
         # Still inside a step HiGHS does not interrupt (presolve, cut rounds on a busy machine): answer
-        # without it. The solver thread stops at its next check of the interrupt and is dropped.
-        solver.join(0)
+        # without it. The solver thread stops at its next check of the interrupt.
+        _abandoned.difference_update([t for t in _abandoned if not t.is_alive()])
+        _abandoned.add(solver)
         return None, False, -np.inf
     info = h.getInfo()
     bound = float(info.mip_dual_bound)

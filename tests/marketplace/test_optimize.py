@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,22 @@ def test_greedy_respects_capacity() -> None:
     # Demand 0 loses 4 without the shared column, demand 1 only 2: demand 0 gets it.
     assert problem.objective(choice) == 4.0
     assert np.array_equal(problem.label[choice], [0, 3])
+
+
+def test_solves_in_parallel_threads_and_after_an_abandoned_one() -> None:
+    """Two requests may assign batches at once, and a MILP dropped at its deadline must not block the next
+    (highspy's own threaded solve allows one per process)."""
+    book = OfferBook.from_views(market.offers(3000, seed=9, scarce=True))
+    problem, _ = build_problem(market.demands(300, seed=10), book, now=market.NOW)
+    abandoned = exact(problem, time_limit=0.01)
+    assert abandoned.optimal is False
+    answers: list[object] = []
+    threads = [threading.Thread(target=lambda: answers.append(solve(problem, time_limit=1.0))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 2
+    for answer in answers:
+        assert problem.fits(answer.choice)  # type: ignore[attr-defined]
+        assert answer.lower_bound <= answer.objective  # type: ignore[attr-defined]
