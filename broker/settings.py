@@ -190,6 +190,11 @@ PROCUREMENT_TIME_LIMIT_S = env_float("BROKER_PROCUREMENT_TIME_LIMIT_S", 5.0, min
 # Expected spot preemptions per hour when a provider publishes no rate: an assumption (about one in two
 # days), not a measurement; the ranking prices the restart it implies into every spot quote.
 SPOT_INTERRUPTIONS_PER_HOUR = env_float("BROKER_SPOT_INTERRUPTIONS_PER_HOUR", 0.02, minimum=0.0)
+# How long a failure blocks its scope for every order: a sold-out zone's instance type, a region of an
+# account out of quota, an account whose credentials were refused. The tenth order does not re-hit them.
+BLOCK_CAPACITY_S = env_int("BROKER_BLOCK_CAPACITY_S", 600, minimum=0)
+BLOCK_QUOTA_S = env_int("BROKER_BLOCK_QUOTA_S", 1800, minimum=0)
+BLOCK_CREDENTIALS_S = env_int("BROKER_BLOCK_CREDENTIALS_S", 3600, minimum=0)
 # Keys for encrypting provider credentials at rest: comma-separated Fernet keys, newest first.
 SECRETS_KEYS = env_list("BROKER_SECRETS_KEYS", [])
 _keys_file = env_str("BROKER_SECRETS_KEYS_FILE")

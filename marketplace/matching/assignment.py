@@ -13,7 +13,7 @@ from marketplace.matching.optimize import Problem, Solution, exact, solve, trace
 from marketplace.matching.profiles import work
 from marketplace.matching.ranking import quotes_for
 from marketplace.matching.scoring import RULES, OfferBook, as_book, score_vectors
-from marketplace.matching.types import Assignment, Demand, DemandAssignment, OfferView
+from marketplace.matching.types import Assignment, Demand, DemandAssignment, Exclusion, OfferView
 
 # A demand left unplaced costs this many times its dearest feasible option, so the assignment places
 # every demand it can before it saves money on the others.
@@ -26,6 +26,7 @@ def build_problem(
     *,
     now: dt.datetime,
     max_age: dt.timedelta | None = None,
+    exclusion: Exclusion | None = None,
 ) -> tuple[Problem, list[str]]:
     """The assignment problem of ``demands`` over ``book``: a column per feasible (demand, offer), costing
     score x the demand's work; a capacity row per offer with finite stock. Also, per demand with no
@@ -38,12 +39,12 @@ def build_problem(
     penalties = np.ones(len(demands))
     why_not: list[str] = []
     for d, demand in enumerate(demands):
-        vectors = score_vectors(demand, book, now=now, max_age=max_age)
+        vectors = score_vectors(demand, book, now=now, max_age=max_age, exclusion=exclusion)
         idx = np.flatnonzero(vectors.feasible)
         if idx.size == 0:
             counts = vectors.failures.sum(axis=1)
             top = [RULES[r] for r in np.argsort(-counts, kind="stable")[:2] if counts[r]]
-            why_not.append("no offer fits: mostly " + " and ".join(top) if top else "no offers on sale")
+            why_not.append("no offer fits: mostly " + " and ".join(top) if top else "every fitting offer is blocked")
             continue
         why_not.append("")
         cost = vectors.score[idx] * work(vectors.demand)
@@ -120,11 +121,13 @@ def assign(
     time_limit: float = 5.0,
     max_age: dt.timedelta | None = None,
     method: str = "auto",
+    exclusion: Exclusion | None = None,
 ) -> Assignment:
     """Place ``demands`` jointly on ``offers`` (see the module docstring of ``marketplace.matching``).
 
     ``method`` "auto" is the column-generation solver with a certified gap; "exact" is HiGHS's MILP on
     every column under the same time limit (slow on large contended batches; for checking).
+    ``exclusion`` rules offers out (blocked zones, regions, accounts).
 
     ``time_limit`` counts from the call. Scoring every (demand, offer) pair comes first and is not cut
     short (about a second for 1,000 demands over 10,000 offers), so a limit below that is exceeded by it;
@@ -133,7 +136,7 @@ def assign(
     started = time.perf_counter()
     demands = list(demands)
     book = as_book(offers)
-    problem, why_not = build_problem(demands, book, now=now, max_age=max_age)
+    problem, why_not = build_problem(demands, book, now=now, max_age=max_age, exclusion=exclusion)
     trace(f"built {problem.n_columns} columns in {time.perf_counter() - started:.2f}s")
     # Leave time to turn the answer into quotes (about a third of a millisecond per demand).
     reserve = 0.1 + 0.0003 * len(demands)

@@ -145,6 +145,10 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["order", "number"]
         constraints = [models.UniqueConstraint(fields=["order", "number"], name="attempt_order_number_unique")]
+        # Recent failures block their scope for every order (marketplace/orders/blocks.py).
+        indexes = [
+            models.Index(fields=["finished_at"], name="attempt_recent_failure", condition=models.Q(outcome="failed"))
+        ]
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.order_id}: {self.outcome}"

@@ -15,14 +15,12 @@ from django.utils import timezone
 
 from ledger.services import ledger_append
 from marketplace.catalog.selectors import offer_view, offer_views_for
-from marketplace.matching import Demand, Exclusion, rank_offers
+from marketplace.matching import Demand, rank_offers
 from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState
+from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.services import TransitionRefused, order_transition
 from providers.errors import (
-    CapacityUnavailable,
-    CredentialsRejected,
     ProviderError,
-    QuotaExceeded,
     TransientProviderError,
 )
 from providers.services import adapter_for_account
@@ -53,29 +51,6 @@ def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
     )
 
 
-def _exclusion(order: Order) -> Exclusion:
-    """Failed attempts rule out offers at the scope their error implies."""
-    offer_ids: set[int] = set()
-    zone_types: set[tuple[int, str, str]] = set()
-    account_regions: set[tuple[int, str]] = set()
-    accounts: set[int] = set()
-    for attempt in order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED):
-        offer = attempt.offer
-        offer_ids.add(offer.pk)
-        if attempt.error_class == CapacityUnavailable.error_class:
-            zone_types.add((offer.account_id, offer.zone, offer.instance_type))
-        elif attempt.error_class == QuotaExceeded.error_class:
-            account_regions.add((offer.account_id, offer.region))
-        elif attempt.error_class == CredentialsRejected.error_class:
-            accounts.add(offer.account_id)
-    return Exclusion(
-        offer_ids=frozenset(offer_ids),
-        zone_types=frozenset(zone_types),
-        account_regions=frozenset(account_regions),
-        accounts=frozenset(accounts),
-    )
-
-
 def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     """The buyer's chosen offer first; after a failure, the best remaining offer for the same demand."""
     demand = Demand(
@@ -85,13 +60,15 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
         pricing_models=frozenset({order.pricing_model}),
         max_price_per_hour=order.max_price_per_hour,
     )
-    exclusion = _exclusion(order)
+    exclusion = order_exclusion(order, now=now)
     max_age = dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
     if not order.attempts.exists():
         first = Offer.objects.select_related("gpu_model", "account").get(pk=order.offer_id)
         # A quote locked its price: its offer is launched at that price even if the listing has risen since.
         first_demand = dataclasses.replace(demand, max_price_per_hour=None) if order.quote_id else demand
-        if rank_offers(first_demand, [offer_view(first)], now=now, max_age=max_age).best is not None:
+        # The buyer's pick is skipped while another order's failure blocks its zone, region or account.
+        ranked = rank_offers(first_demand, [offer_view(first)], now=now, max_age=max_age, exclusion=exclusion)
+        if ranked.best is not None:
             return first
     if not order.allow_failover:
         return None

@@ -19,6 +19,7 @@ from marketplace.catalog.selectors import offer_book
 from marketplace.matching import Assignment, Demand, Ranking, assign, rank
 from marketplace.matching import Quote as EngineQuote
 from marketplace.models import Organization, Quote
+from marketplace.orders.blocks import provider_blocks
 
 _HOURS = Decimal("0.01")
 _MONEY = Decimal("0.000001")
@@ -97,6 +98,7 @@ def quote_request(
         offer_book(now=now),
         now=now,
         max_age=dt.timedelta(seconds=settings.OFFER_MAX_AGE_S),
+        exclusion=provider_blocks(now=now),
         limit=limit,
     )
     batch = uuid.uuid4()
@@ -145,6 +147,7 @@ def procurement_run(
         now=now,
         time_limit=time_limit or settings.PROCUREMENT_TIME_LIMIT_S,
         max_age=dt.timedelta(seconds=settings.OFFER_MAX_AGE_S),
+        exclusion=provider_blocks(now=now),
     )
     batch = uuid.uuid4()
     expires_at = now + dt.timedelta(seconds=settings.QUOTE_TTL_S)

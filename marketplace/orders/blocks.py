@@ -1,0 +1,70 @@
+"""Failures that block their scope for every order for a while: failover that learns across orders.
+
+A capacity error blocks the (account, zone, instance type) it came from, a quota error the account's
+region, refused credentials the whole account, each for its window (``BROKER_BLOCK_*_S``). The record is
+the attempts table itself: a block is a failed attempt younger than its window, so there is nothing to
+expire or clean up, and a block is visible to every worker the moment the failed attempt commits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+from django.db.models import Q
+
+from marketplace.matching import Exclusion
+from marketplace.models import Attempt, AttemptOutcome, Order
+from providers.errors import CapacityUnavailable, CredentialsRejected, QuotaExceeded
+
+
+def _windows() -> dict[str, int]:
+    return {
+        CapacityUnavailable.error_class: settings.BLOCK_CAPACITY_S,
+        QuotaExceeded.error_class: settings.BLOCK_QUOTA_S,
+        CredentialsRejected.error_class: settings.BLOCK_CREDENTIALS_S,
+    }
+
+
+def _scopes(attempts: list[Attempt]) -> Exclusion:
+    zone_types: set[tuple[int, str, str]] = set()
+    account_regions: set[tuple[int, str]] = set()
+    accounts: set[int] = set()
+    for attempt in attempts:
+        offer = attempt.offer
+        if attempt.error_class == CapacityUnavailable.error_class:
+            zone_types.add((offer.account_id, offer.zone, offer.instance_type))
+        elif attempt.error_class == QuotaExceeded.error_class:
+            account_regions.add((offer.account_id, offer.region))
+        elif attempt.error_class == CredentialsRejected.error_class:
+            accounts.add(offer.account_id)
+    return Exclusion(
+        zone_types=frozenset(zone_types), account_regions=frozenset(account_regions), accounts=frozenset(accounts)
+    )
+
+
+def provider_blocks(*, now: dt.datetime) -> Exclusion:
+    """What every order should avoid now, from all orders' recent failures."""
+    recent = Q()
+    for error_class, seconds in _windows().items():
+        if seconds > 0:
+            recent |= Q(error_class=error_class, finished_at__gte=now - dt.timedelta(seconds=seconds))
+    if not recent:
+        return Exclusion()
+    failed = Attempt.objects.filter(recent, outcome=AttemptOutcome.FAILED).select_related("offer")
+    return _scopes(
+        list(failed.only("error_class", "offer__account_id", "offer__zone", "offer__instance_type", "offer__region"))
+    )
+
+
+def order_exclusion(order: Order, *, now: dt.datetime) -> Exclusion:
+    """What ``order`` must not try next: every offer it already tried, the scopes its own failures imply
+    (for the order's whole life), and the scopes other orders' recent failures block."""
+    own = list(order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED))
+    mine, shared = _scopes(own), provider_blocks(now=now)
+    return Exclusion(
+        offer_ids=frozenset(a.offer_id for a in own),
+        zone_types=mine.zone_types | shared.zone_types,
+        account_regions=mine.account_regions | shared.account_regions,
+        accounts=mine.accounts | shared.accounts,
+    )
