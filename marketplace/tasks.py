@@ -93,14 +93,17 @@ def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped
 
 @shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
 def orders_sweep_task() -> int:
-    """Re-enqueue orders whose task was lost (placed or provisioning, or terminating, untouched for a while)."""
+    """Stop orders whose requested duration is over, and re-enqueue orders whose task was lost (placed or
+    provisioning, or terminating, untouched for a while). Runs every minute (``CELERY_BEAT_SCHEDULE``)."""
     from datetime import timedelta
 
     from django.utils import timezone
 
+    from marketplace.orders.services import orders_end_scheduled
+
+    count = orders_end_scheduled()
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
-    count = 0
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):
         order_provision_task.delay(order_id)
         count += 1

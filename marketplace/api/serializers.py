@@ -5,11 +5,13 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.matching import Demand, Profile, Tolerance
 from marketplace.models import Offer, Order
+from marketplace.orders.selectors import order_usage
 from providers import gpu_names
 
 
@@ -62,6 +64,9 @@ class OrderPlaceInput(serializers.Serializer):
     allow_failover = serializers.BooleanField(required=False, default=True)
     regions = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
+    )
+    duration_hours = serializers.DecimalField(
+        required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +200,7 @@ class OrderOutput(serializers.ModelSerializer):
     attempts = AttemptOutput(many=True)
     instance = serializers.SerializerMethodField()
     ledger_head = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -211,6 +217,9 @@ class OrderOutput(serializers.ModelSerializer):
             "max_price_per_hour",
             "price_per_hour",
             "allow_failover",
+            "duration_hours",
+            "run_until",
+            "usage",
             "attempts",
             "instance",
             "ledger_head",
@@ -221,6 +230,10 @@ class OrderOutput(serializers.ModelSerializer):
     def get_instance(self, order: Order) -> dict[str, object] | None:
         instance = order.instance
         return None if instance is None else dict(InstanceOutput(instance).data)
+
+    def get_usage(self, order: Order) -> dict[str, object]:
+        usage = order_usage(order, now=self.context.get("now") or timezone.now())
+        return {"seconds": usage.seconds, "amount_usd": format(usage.amount_usd, "f")}
 
     def get_ledger_head(self, order: Order) -> str | None:
         entries = self.context.get("ledger_heads", {})

@@ -83,6 +83,7 @@ class OrderListCreateApi(APIView):
                 max_price_per_hour=data.get("max_price_per_hour"),
                 allow_failover=data["allow_failover"],
                 regions=tuple(data["regions"]),
+                duration_hours=data.get("duration_hours"),
             ),
             idempotency_key=key,
         )

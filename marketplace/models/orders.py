@@ -86,6 +86,10 @@ class Order(models.Model):
     max_price_per_hour = models.DecimalField(max_digits=14, decimal_places=6)
     allow_failover = models.BooleanField(default=True)
     price_per_hour = models.DecimalField(max_digits=14, decimal_places=6, help_text="USD, locked at placement")
+    # How long the buyer wants it to run; once running, ``run_until`` is when the broker stops it, so nothing
+    # runs forgotten. NULL: until the buyer terminates it.
+    duration_hours = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    run_until = models.DateTimeField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=OrderState.choices, default=OrderState.PLACED)
     state_reason = models.TextField(blank=True, default="")
     state_changed_at = models.DateTimeField()
@@ -104,7 +108,10 @@ class Order(models.Model):
             ),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="order_gpu_count_positive"),
         ]
-        indexes = [models.Index(fields=["state", "state_changed_at"], name="order_state_age")]
+        indexes = [
+            models.Index(fields=["state", "state_changed_at"], name="order_state_age"),
+            models.Index(fields=["run_until"], name="order_scheduled_end", condition=models.Q(run_until__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"order {self.public_id} ({self.state})"

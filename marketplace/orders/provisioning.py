@@ -244,11 +244,21 @@ def order_poll(*, order_id: int) -> Step:
         return Step.DONE
     handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
     if handle.state == InstanceState.RUNNING:
+        running_at = timezone.now()
         with transaction.atomic():
             Instance.objects.filter(pk=instance.pk).update(
-                state=handle.state.value, public_ip=handle.public_ip or "", running_at=timezone.now()
+                state=handle.state.value, public_ip=handle.public_ip or "", running_at=running_at
             )
-            order_transition(order=order, to=OrderState.RUNNING, instance=instance.provider_instance_id)
+            run_until = None
+            if order.duration_hours is not None:
+                run_until = running_at + dt.timedelta(hours=float(order.duration_hours))
+                Order.objects.filter(pk=order.pk).update(run_until=run_until)
+            order_transition(
+                order=order,
+                to=OrderState.RUNNING,
+                instance=instance.provider_instance_id,
+                run_until=None if run_until is None else run_until.isoformat(),
+            )
         return Step.DONE
     if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
         if handle.state == InstanceState.FAILED:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
@@ -44,3 +47,26 @@ def order_get(*, organization: Organization, public_id: str) -> Order | None:
 def order_ledger_heads(orders: list[Order]) -> dict[int, str]:
     by_subject = latest_hashes(f"order:{o.public_id}" for o in orders)
     return {o.pk: by_subject.get(f"order:{o.public_id}", "") for o in orders}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an order has used: seconds its instances ran, and what that costs at the order's locked price."""
+
+    seconds: int
+    amount_usd: Decimal
+
+
+def order_usage(order: Order, *, now: dt.datetime) -> Usage:
+    """Per-second metering from each instance's running to its termination (or ``now`` while it runs).
+
+    An instance that failed before running costs nothing; the price is the one locked on the order.
+    """
+    seconds = 0
+    for instance in order.instances.all():
+        if instance.running_at is None:
+            continue
+        end = instance.terminated_at or (now if instance.active else instance.running_at)
+        seconds += max(0, int((end - instance.running_at).total_seconds()))
+    amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+    return Usage(seconds=seconds, amount_usd=amount)

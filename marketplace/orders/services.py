@@ -92,11 +92,13 @@ class PlaceRequest:
     allow_failover: bool = True
     regions: tuple[str, ...] = ()
     quote_id: str | None = None
+    duration_hours: Decimal | None = None  # None: a quote's duration, else until terminated
 
     def fingerprint(self) -> str:
         body = {
             "offer": self.offer_id,
             "quote": self.quote_id,
+            "duration_hours": None if self.duration_hours is None else format(self.duration_hours, "f"),
             "max_price_per_hour": None if self.max_price_per_hour is None else format(self.max_price_per_hour, "f"),
             "allow_failover": self.allow_failover,
             "regions": sorted(self.regions),
@@ -140,6 +142,9 @@ def order_place(
         offer = _offer_on_sale(request.offer_id)
         price = offer.price_usd
     cap = request.max_price_per_hour if request.max_price_per_hour is not None else price
+    duration = request.duration_hours
+    if duration is None and quote is not None:
+        duration = quote.duration_hours
     if price > cap:
         raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")
     try:
@@ -156,6 +161,7 @@ def order_place(
                 max_price_per_hour=cap,
                 allow_failover=request.allow_failover,
                 price_per_hour=price,
+                duration_hours=duration,
                 state=OrderState.PLACED,
                 state_changed_at=now,
                 idempotency_key=idempotency_key or None,
@@ -172,6 +178,7 @@ def order_place(
                 price_usd_per_hour=price,
                 max_price_per_hour=cap,
                 quote=None if quote is None else str(quote.public_id),
+                duration_hours=duration,
             )
             from marketplace.tasks import order_provision_task
 
@@ -240,3 +247,16 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
 
         order_terminate_task.delay_on_commit(order.pk)
     return order
+
+
+def orders_end_scheduled(*, now: dt.datetime | None = None) -> int:
+    """Start terminating every running order whose requested duration is over; how many were started."""
+    now = now or timezone.now()
+    started = 0
+    for order in Order.objects.filter(state=OrderState.RUNNING, run_until__lte=now):
+        try:
+            order_terminate(order=order, reason=f"scheduled end: ran the requested {order.duration_hours} h")
+        except TransitionRefused:
+            continue  # the buyer or another sweep got there first
+        started += 1
+    return started

@@ -14,7 +14,13 @@ from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.matching import effective_requirements
 from marketplace.models import Organization
 from marketplace.orders.quoting import quote_request
-from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
+from marketplace.orders.selectors import (
+    buyer_organization,
+    order_get,
+    order_ledger_heads,
+    order_list,
+    order_usage,
+)
 from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
 from marketplace.web.forms import OfferFilterForm, OrderPlaceForm, WorkloadForm
 
@@ -128,10 +134,11 @@ def orders(request: HttpRequest) -> HttpResponse:
     org = _org_or_404(request)
     rows = list(order_list(organization=org)[:PAGE_SIZE])
     heads = order_ledger_heads(rows)
+    now = timezone.now()
     return render(
         request,
         "storefront/orders.html",
-        {"orders": [(o, heads.get(o.pk, "")) for o in rows], "organization": org},
+        {"orders": [(o, heads.get(o.pk, ""), order_usage(o, now=now)) for o in rows], "organization": org},
     )
 
 
