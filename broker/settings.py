@@ -175,6 +175,7 @@ OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum
 CELERY_BEAT_SCHEDULE = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
+    "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
 }
 
 # --- The broker ---------------------------------------------------------------------------------------------

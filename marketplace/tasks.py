@@ -111,3 +111,20 @@ def orders_sweep_task() -> int:
         order_terminate_task.delay(order_id)
         count += 1
     return count
+
+
+@shared_task(name="marketplace.orders_reconcile", **TASK_OPTIONS)
+def orders_reconcile_task() -> dict[str, int]:
+    """Compare stuck and recently ended orders with the providers and fix drift (marketplace.orders.reconcile)."""
+    from django.utils import timezone
+
+    from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
+
+    totals = {"orders": 0, "adopted": 0, "terminated": 0, "errors": 0}
+    for order_id in orders_to_reconcile(now=timezone.now()):
+        report = order_reconcile(order_id=order_id)
+        totals["orders"] += 1
+        totals["adopted"] += len(report.adopted)
+        totals["terminated"] += len(report.terminated)
+        totals["errors"] += len(report.errors)
+    return totals

@@ -125,7 +125,7 @@ def attempt_settle_after_transient(*, order_id: int, error: ProviderError) -> St
         if h.tags.get("broker:attempt") == str(attempt.number) and h.state != InstanceState.TERMINATED
     ]
     if found:
-        _record_launch(order, attempt, found[0])
+        record_launch(order, attempt, found[0])
         return Step.POLL
     attempt_fail(attempt=attempt, error=error)
     return Step.DONE
@@ -190,7 +190,7 @@ def order_provision(*, order_id: int) -> Step:
             log.info("order %s attempt %s failed: %s", order.public_id, attempt.number, exc)
             attempt_fail(attempt=attempt, error=exc)
             continue
-        _record_launch(order, attempt, handle)
+        record_launch(order, attempt, handle)
         order.refresh_from_db(fields=["state"])
         if order.state != OrderState.PROVISIONING:
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
@@ -202,7 +202,9 @@ def order_provision(*, order_id: int) -> Step:
         return Step.POLL
 
 
-def _record_launch(order: Order, attempt: Attempt, handle: InstanceHandle) -> None:
+def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, adopted: bool = False) -> None:
+    """The provider launched ``handle`` for ``attempt``: settle the attempt, record the instance, ledger it.
+    ``adopted``: found by the reconciler rather than answered to the launch call."""
     now = timezone.now()
     with transaction.atomic():
         Attempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.LAUNCHED, finished_at=now)
@@ -219,7 +221,8 @@ def _record_launch(order: Order, attempt: Attempt, handle: InstanceHandle) -> No
             launched_at=now,
         )
         Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
-        _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone)
+        extra = {"adopted": True} if adopted else {}
+        _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
 
 
 def _launch_price(order: Order, attempt: Attempt) -> Decimal:

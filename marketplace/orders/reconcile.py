@@ -1,0 +1,118 @@
+"""The reconciler: the broker's view of an order against each provider's, drift fixed.
+
+Every instance the broker launches is tagged with its order's reference, so the providers can be asked
+what exists for an order. For each order it looks at the accounts the order's attempts went to and:
+
+- adopts an instance launched for a pending attempt whose outcome was never recorded (the worker died
+  between the provider's answer and the commit): the launch is recorded as if the answer had arrived;
+- terminates an instance of an order in a final state (an orphan: it bills for nothing the buyer has);
+- terminates an instance the order does not run on (a second machine, or one from an attempt already
+  settled), so an order never has more than its one instance.
+
+Every action is ledgered. Safe to run at any time and any number of times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.services import ledger_append
+from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState
+from marketplace.orders.provisioning import record_launch
+from providers.errors import ProviderError
+from providers.models import ProviderAccount
+from providers.services import adapter_for_account
+from providers.types import InstanceHandle, InstanceState
+
+log = logging.getLogger(__name__)
+
+_GONE = (InstanceState.TERMINATED, InstanceState.STOPPING)
+
+
+@dataclasses.dataclass
+class ReconcileReport:
+    adopted: list[str] = dataclasses.field(default_factory=list)
+    terminated: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def _ledger(order: Order, kind: str, **fields: object) -> None:
+    ledger_append(kind=kind, subject=f"order:{order.public_id}", payload={"order": str(order.public_id), **fields})
+
+
+def _pending_attempt_for(order: Order, account: ProviderAccount, handle: InstanceHandle) -> Attempt | None:
+    """The pending attempt that launched ``handle``: same account and region; its number is in the tags."""
+    pending = order.attempts.select_related("offer__account").filter(
+        outcome=AttemptOutcome.PENDING, offer__account=account, offer__region=handle.region
+    )
+    number = handle.tags.get("broker:attempt")
+    for attempt in pending:
+        if number is None or str(attempt.number) == number:
+            return attempt
+    return None
+
+
+def order_reconcile(*, order_id: int) -> ReconcileReport:
+    """Bring the provider side of one order in line with the broker's record (see the module docstring)."""
+    report = ReconcileReport()
+    order = Order.objects.get(pk=order_id)
+    accounts = {a.offer.account_id: a.offer.account for a in order.attempts.select_related("offer__account")}
+    for account in accounts.values():
+        adapter = adapter_for_account(account)
+        try:
+            found = adapter.find_by_order(order.ref)
+        except ProviderError as exc:
+            report.errors.append(f"{account.kind}/{account.name}: {exc}")
+            continue
+        for handle in found:
+            if handle.state in _GONE:
+                continue
+            order.refresh_from_db()
+            known = Instance.objects.filter(
+                order=order, account=account, region=handle.region, provider_instance_id=handle.instance_id
+            ).first()
+            live = order.state not in Order.FINAL_STATES
+            if known is not None and known.active and live:
+                continue  # the order's own machine
+            if known is None and order.state == OrderState.PROVISIONING:
+                attempt = _pending_attempt_for(order, account, handle)
+                if attempt is not None and not Instance.objects.filter(order=order, active=True).exists():
+                    record_launch(order, attempt, handle, adopted=True)
+                    report.adopted.append(handle.instance_id)
+                    continue
+            why = f"order is {order.state}" if not live else "not the order's instance"
+            try:
+                stopped = adapter.terminate(handle.region, handle.instance_id)
+            except ProviderError as exc:
+                report.errors.append(f"{handle.instance_id}: {exc}")
+                continue
+            with transaction.atomic():
+                if known is not None:
+                    Instance.objects.filter(pk=known.pk).update(
+                        active=False, state=stopped.state.value, terminated_at=known.terminated_at or timezone.now()
+                    )
+                _ledger(
+                    order,
+                    "order.orphan_terminated",
+                    instance=handle.instance_id,
+                    account=account.pk,
+                    region=handle.region,
+                    reason=why,
+                )
+            report.terminated.append(handle.instance_id)
+    return report
+
+
+def orders_to_reconcile(*, now: dt.datetime, quiet_s: int = 300, lookback_s: int = 86400) -> list[int]:
+    """Orders worth a look: not final and untouched for ``quiet_s`` (a worker may have died on them), and
+    final ones that ended within ``lookback_s`` (a machine may have outlived them)."""
+    quiet = now - dt.timedelta(seconds=quiet_s)
+    recent = now - dt.timedelta(seconds=lookback_s)
+    stuck = Order.objects.exclude(state__in=Order.FINAL_STATES).filter(state_changed_at__lt=quiet)
+    ended = Order.objects.filter(state__in=Order.FINAL_STATES, state_changed_at__gte=recent)
+    return sorted(set(stuck.values_list("pk", flat=True)) | set(ended.values_list("pk", flat=True)))

@@ -1,0 +1,129 @@
+"""The reconciler against the AWS sandbox: orphans stopped, a launch lost in a crash adopted, extras removed."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import LedgerEntry
+from ledger.services import ledger_verify
+from marketplace.models import Attempt, AttemptOutcome, Instance, OrderState
+from marketplace.orders.provisioning import Step, order_poll
+from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
+from marketplace.orders.services import PlaceRequest, order_place, order_terminate, order_transition
+from marketplace.tasks import orders_reconcile_task
+from providers.services import adapter_for_account
+from providers.types import LaunchSpec, PricingModel
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def t4(aws_account):
+    return aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
+
+
+def _place(acme, alice, offer, capture, *, run: bool = True):
+    with capture(execute=run):
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order
+    order.refresh_from_db()
+    return order
+
+
+def _launch(account, offer, order, token: str, attempt: int, region: str | None = None):
+    return adapter_for_account(account).launch(
+        LaunchSpec(
+            region=region or offer.region,
+            zone=offer.zone if region is None else f"{region}a",
+            instance_type=offer.instance_type,
+            pricing_model=PricingModel.ON_DEMAND,
+            client_token=token,
+            order_ref=order.ref,
+            tags={"broker:attempt": str(attempt)},
+        )
+    )
+
+
+def _state(account, handle) -> str:
+    return adapter_for_account(account).describe(handle.region, handle.instance_id).state.value
+
+
+def test_an_instance_outliving_its_order_is_terminated(
+    acme, alice, aws_account, t4, django_capture_on_commit_callbacks
+):
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.TERMINATED
+    # A machine for this order the broker never recorded (launched by a worker that died, say).
+    orphan = _launch(aws_account, t4, order, "orphan-token-1", attempt=7)
+
+    report = order_reconcile(order_id=order.pk)
+
+    assert report.terminated == [orphan.instance_id] and report.adopted == []
+    assert _state(aws_account, orphan) in {"terminated", "stopping"}
+    entry = LedgerEntry.objects.filter(kind="order.orphan_terminated").get()
+    assert orphan.instance_id in entry.payload and "order is terminated" in entry.payload
+    assert ledger_verify().ok
+    # Nothing left to do the second time.
+    assert order_reconcile(order_id=order.pk).terminated == []
+
+
+def test_a_launch_lost_in_a_crash_is_adopted(acme, alice, aws_account, t4, django_capture_on_commit_callbacks):
+    # The worker opened the attempt and the provider launched the machine, then the worker died before
+    # recording the answer: the order is provisioning with a pending attempt and no instance.
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks, run=False)
+    order = order_transition(order=order, to=OrderState.PROVISIONING)
+    attempt = Attempt.objects.create(
+        order=order, number=1, offer=t4, client_token=f"{order.ref}-a1", started_at=timezone.now()
+    )
+    launched = _launch(aws_account, t4, order, attempt.client_token, attempt=1)
+
+    report = order_reconcile(order_id=order.pk)
+
+    assert report.adopted == [launched.instance_id] and report.terminated == []
+    attempt.refresh_from_db()
+    assert attempt.outcome == AttemptOutcome.LAUNCHED
+    instance = Instance.objects.get(order=order, active=True)
+    assert instance.provider_instance_id == launched.instance_id
+    assert order_poll(order_id=order.pk) == Step.DONE
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING
+    assert '"adopted":true' in LedgerEntry.objects.filter(kind="attempt.launched").get().payload.replace(" ", "")
+    assert ledger_verify().ok
+
+
+def test_a_second_machine_for_a_running_order_is_removed(
+    acme, alice, aws_account, t4, django_capture_on_commit_callbacks
+):
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    assert order.state == OrderState.RUNNING
+    own = order.instance
+    # A launch in another region of the account (a provider's token dedupes only within one region).
+    extra = _launch(aws_account, t4, order, "extra-token-1", attempt=2, region="eu-west-1")
+
+    report = order_reconcile(order_id=order.pk)
+
+    assert report.terminated == [extra.instance_id]
+    assert _state(aws_account, extra) in {"terminated", "stopping"}
+    assert adapter_for_account(aws_account).describe(own.region, own.provider_instance_id).state.value == "running"
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING
+
+
+def test_which_orders_are_reconciled(acme, alice, aws_account, t4, django_capture_on_commit_callbacks):
+    running = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    stuck = _place(acme, alice, t4, django_capture_on_commit_callbacks, run=False)
+    now = timezone.now()
+    # Just now: neither is quiet for long enough; the running one is alive, so never unless it ends.
+    assert orders_to_reconcile(now=now) == []
+    later = now + dt.timedelta(minutes=10)
+    assert orders_to_reconcile(now=later) == sorted([running.pk, stuck.pk])
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=running)
+    assert running.pk in orders_to_reconcile(now=timezone.now() + dt.timedelta(hours=1))
+    assert running.pk not in orders_to_reconcile(now=timezone.now() + dt.timedelta(days=2))
+    assert orders_reconcile_task.apply().get()["errors"] == 0
