@@ -196,6 +196,8 @@ SPOT_INTERRUPTIONS_PER_HOUR = env_float("BROKER_SPOT_INTERRUPTIONS_PER_HOUR", 0.
 BLOCK_CAPACITY_S = env_int("BROKER_BLOCK_CAPACITY_S", 600, minimum=0)
 BLOCK_QUOTA_S = env_int("BROKER_BLOCK_QUOTA_S", 1800, minimum=0)
 BLOCK_CREDENTIALS_S = env_int("BROKER_BLOCK_CREDENTIALS_S", 3600, minimum=0)
+# Placing an order warns once it takes an organisation past this share of its hourly or monthly budget.
+BUDGET_WARN_SHARE = env_float("BROKER_BUDGET_WARN_SHARE", 0.8, minimum=0.0)
 # Keys for encrypting provider credentials at rest: comma-separated Fernet keys, newest first.
 SECRETS_KEYS = env_list("BROKER_SECRETS_KEYS", [])
 _keys_file = env_str("BROKER_SECRETS_KEYS_FILE")

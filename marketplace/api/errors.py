@@ -8,6 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.services import (
     IdempotencyConflict,
     OfferNotFound,
@@ -27,6 +28,7 @@ _STATUS = {
     QuoteNotFound: status.HTTP_404_NOT_FOUND,
     QuoteExpired: status.HTTP_410_GONE,
     QuoteUsed: status.HTTP_409_CONFLICT,
+    BudgetExceeded: status.HTTP_402_PAYMENT_REQUIRED,
 }
 
 

@@ -238,3 +238,14 @@ class OrderOutput(serializers.ModelSerializer):
     def get_ledger_head(self, order: Order) -> str | None:
         entries = self.context.get("ledger_heads", {})
         return entries.get(order.pk)
+
+
+class BudgetInput(serializers.Serializer):
+    """USD; null clears a limit."""
+
+    budget_per_hour = serializers.DecimalField(
+        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), allow_null=True
+    )
+    budget_monthly = serializers.DecimalField(
+        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), allow_null=True
+    )

@@ -9,6 +9,7 @@ urlpatterns = [
     path("quotes", views.QuoteCreateApi.as_view(), name="quotes"),
     path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),
     path("orders", views.OrderListCreateApi.as_view(), name="orders"),
+    path("budget", views.BudgetApi.as_view(), name="budget"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.utils import timezone
 from rest_framework import status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
@@ -10,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api.serializers import (
+    BudgetInput,
     OfferListInput,
     OfferOutput,
     OrderOutput,
@@ -21,7 +24,8 @@ from marketplace.api.serializers import (
 )
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.matching import Ranking, effective_requirements
-from marketplace.models import Order, Organization
+from marketplace.models import Membership, Order, Organization, Role
+from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
 from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
@@ -87,7 +91,8 @@ class OrderListCreateApi(APIView):
             ),
             idempotency_key=key,
         )
-        response = Response(_order_output(result.order), status=status.HTTP_201_CREATED if result.created else 200)
+        body = {**_order_output(result.order), "warnings": list(result.warnings)}
+        response = Response(body, status=status.HTTP_201_CREATED if result.created else 200)
         if not result.created:
             response["Idempotent-Replayed"] = "true"
         return response
@@ -196,3 +201,38 @@ class ProcurementCreateApi(APIView):
             },
             status=status.HTTP_201_CREATED,
         )
+
+
+def _budget_body(organization: Organization) -> dict[str, object]:
+    state = budget_status(organization, now=timezone.now())
+
+    def money(value: Decimal | None) -> str | None:
+        return None if value is None else format(value, "f")
+
+    return {
+        "budget_per_hour": money(state.budget_per_hour),
+        "budget_monthly": money(state.budget_monthly),
+        "live_per_hour": money(state.live_per_hour),
+        "month_to_date": money(state.month_to_date),
+    }
+
+
+class BudgetApi(APIView):
+    """GET /api/v1/budget: the organisation's budgets and where it stands; PUT sets them (owners only)."""
+
+    def get(self, request: Request) -> Response:
+        return Response(_budget_body(_organization(request)))
+
+    def put(self, request: Request) -> Response:
+        organization = _organization(request)
+        if not Membership.objects.filter(user=request.user, organization=organization, role=Role.OWNER).exists():
+            raise PermissionDenied("only an owner of the organisation can change its budgets")
+        body = BudgetInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        budget_set(
+            organization,
+            per_hour=body.validated_data["budget_per_hour"],
+            monthly=body.validated_data["budget_monthly"],
+            by=request.user.get_username(),
+        )
+        return Response(_budget_body(organization))

@@ -25,6 +25,11 @@ class Organization(models.Model):
     name = models.CharField(max_length=120, unique=True)
     kind = models.CharField(max_length=16, choices=OrganizationKind.choices)
     provider = models.OneToOneField(Provider, null=True, blank=True, on_delete=models.PROTECT)
+    # Spending limits (USD; NULL: none). New orders are refused when they would take the hourly rate of the
+    # organisation's live orders above ``budget_per_hour``, or once this month's usage reached
+    # ``budget_monthly``; placing an order warns from ``BUDGET_WARN_SHARE`` of either.
+    budget_per_hour = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    budget_monthly = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

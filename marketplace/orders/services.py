@@ -110,6 +110,7 @@ class PlaceRequest:
 class PlaceResult:
     order: Order
     created: bool
+    warnings: tuple[str, ...] = ()  # e.g. close to a budget
 
 
 def order_place(
@@ -147,8 +148,13 @@ def order_place(
         duration = quote.duration_hours
     if price > cap:
         raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")
+    from marketplace.orders.budgets import budget_check
+
     try:
         with transaction.atomic():
+            # The organisation's row is the lock that makes the budget check and the insert one step.
+            locked = Organization.objects.select_for_update().get(pk=organization.pk)
+            warnings = budget_check(locked, adding_per_hour=price, now=now)
             order = Order.objects.create(
                 organization=organization,
                 created_by=user,
@@ -193,7 +199,7 @@ def order_place(
             raise
         existing = Order.objects.get(organization=organization, idempotency_key=idempotency_key)
         return _replay(existing, fingerprint)
-    return PlaceResult(order=order, created=True)
+    return PlaceResult(order=order, created=True, warnings=tuple(warnings))
 
 
 def _offer_on_sale(offer_id: int | None) -> Offer:

@@ -81,6 +81,8 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
         messages.error(request, f"Could not place the order: {exc}")
         return redirect("storefront:offers")
     messages.success(request, f"Order {result.order.public_id} placed; provisioning has started.")
+    for warning in result.warnings:
+        messages.warning(request, warning)
     return redirect("storefront:orders")
 
 
@@ -126,6 +128,8 @@ def quote_order_view(request: HttpRequest) -> HttpResponse:
         messages.info(request, f"Order {result.order.public_id} was already placed from this quote.")
         return redirect("storefront:orders")
     messages.success(request, f"Order {result.order.public_id} placed at the quoted price; provisioning has started.")
+    for warning in result.warnings:
+        messages.warning(request, warning)
     return redirect("storefront:orders")
 
 

@@ -1,0 +1,102 @@
+"""Organisation budgets: an hourly cap on the rate of live orders and a monthly cap on usage.
+
+Placing an order checks both under a lock on the organisation's row, so two concurrent orders cannot
+each see room the other takes. A refused order raises ``BudgetExceeded``; one that takes either figure past
+``BUDGET_WARN_SHARE`` of its cap is placed with a warning.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+
+from ledger.services import ledger_append
+from marketplace.models import Instance, Order, OrderState, Organization
+from marketplace.orders.services import OrderError
+
+LIVE_STATES = (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING, OrderState.TERMINATING)
+_CENTS = Decimal("0.01")
+
+
+class BudgetExceeded(OrderError):
+    code = "budget_exceeded"
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    live_per_hour: Decimal  # what the organisation's live orders cost per hour together
+    month_to_date: Decimal  # usage since the first of the month (UTC), at each order's locked price
+    budget_per_hour: Decimal | None
+    budget_monthly: Decimal | None
+
+
+def _month_start(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStatus:
+    live = Order.objects.filter(organization=organization, state__in=LIVE_STATES)
+    live_per_hour = sum((o.price_per_hour for o in live.only("price_per_hour")), Decimal(0))
+    start = _month_start(now)
+    month = Decimal(0)
+    instances = Instance.objects.filter(order__organization=organization, running_at__isnull=False).exclude(
+        terminated_at__lt=start
+    )
+    for instance in instances.select_related("order").only("running_at", "terminated_at", "order__price_per_hour"):
+        begin = max(instance.running_at, start)
+        end = instance.terminated_at or now
+        seconds = max(0.0, (end - begin).total_seconds())
+        month += instance.order.price_per_hour * Decimal(int(seconds)) / 3600
+    return BudgetStatus(
+        live_per_hour=live_per_hour,
+        month_to_date=month.quantize(_CENTS),
+        budget_per_hour=organization.budget_per_hour,
+        budget_monthly=organization.budget_monthly,
+    )
+
+
+def budget_check(organization: Organization, *, adding_per_hour: Decimal, now: dt.datetime) -> list[str]:
+    """Refuse (``BudgetExceeded``) an order of ``adding_per_hour`` that the budgets do not allow; return
+    the warnings for one they allow. The caller holds a lock on the organisation's row."""
+    status = budget_status(organization, now=now)
+    warn_share = Decimal(str(settings.BUDGET_WARN_SHARE))
+    warnings: list[str] = []
+    if status.budget_per_hour is not None:
+        after = status.live_per_hour + adding_per_hour
+        if after > status.budget_per_hour:
+            raise BudgetExceeded(
+                f"this order would take your live orders to ${after:.2f}/h, above the hourly budget of "
+                f"${status.budget_per_hour}/h (now ${status.live_per_hour:.2f}/h)"
+            )
+        if after >= status.budget_per_hour * warn_share:
+            warnings.append(f"live orders at ${after:.2f}/h of the ${status.budget_per_hour}/h hourly budget")
+    if status.budget_monthly is not None:
+        if status.month_to_date >= status.budget_monthly:
+            raise BudgetExceeded(
+                f"this month's usage ${status.month_to_date} has reached the monthly budget of "
+                f"${status.budget_monthly}; no new orders until it is raised or the month ends"
+            )
+        if status.month_to_date >= status.budget_monthly * warn_share:
+            warnings.append(f"this month's usage is ${status.month_to_date} of the ${status.budget_monthly} budget")
+    return warnings
+
+
+def budget_set(
+    organization: Organization, *, per_hour: Decimal | None, monthly: Decimal | None, by: str
+) -> Organization:
+    """Set (or clear, with None) the organisation's budgets, in cents; ledgered, so a change is on the record."""
+    per_hour = None if per_hour is None else per_hour.quantize(_CENTS)
+    monthly = None if monthly is None else monthly.quantize(_CENTS)
+    with transaction.atomic():
+        Organization.objects.filter(pk=organization.pk).update(budget_per_hour=per_hour, budget_monthly=monthly)
+        ledger_append(
+            kind="organization.budget",
+            subject=f"organization:{organization.pk}",
+            payload={"organization": organization.pk, "per_hour": per_hour, "monthly": monthly, "by": by},
+        )
+    organization.budget_per_hour, organization.budget_monthly = per_hour, monthly
+    return organization
