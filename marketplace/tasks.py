@@ -12,12 +12,13 @@ from marketplace.models import Order, OrderState
 from marketplace.orders.provisioning import (
     Step,
     attempt_settle_after_transient,
+    order_check_running,
     order_give_up,
     order_poll,
     order_provision,
     order_terminate_instance,
 )
-from providers.errors import TransientProviderError
+from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,14 @@ def orders_sweep_task() -> int:
     from marketplace.orders.services import orders_end_scheduled
 
     count = orders_end_scheduled()
+    # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed.
+    for order_id in Order.objects.filter(state=OrderState.RUNNING).values_list("pk", flat=True):
+        try:
+            if order_check_running(order_id=order_id) == Step.PROVISION:
+                order_provision_task.delay(order_id)
+                count += 1
+        except ProviderError as exc:
+            log.warning("could not check order %s: %s", order_id, exc)
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):

@@ -65,7 +65,9 @@ class Order(models.Model):
     TRANSITIONS: dict[str, frozenset[str]] = {
         OrderState.PLACED: frozenset({OrderState.PROVISIONING, OrderState.CANCELLED, OrderState.FAILED}),
         OrderState.PROVISIONING: frozenset({OrderState.RUNNING, OrderState.FAILED, OrderState.TERMINATING}),
-        OrderState.RUNNING: frozenset({OrderState.TERMINATING}),
+        # A running order whose machine the provider took away (spot preemption, host loss) is provisioned
+        # again when the buyer allowed failover, and fails otherwise.
+        OrderState.RUNNING: frozenset({OrderState.TERMINATING, OrderState.PROVISIONING, OrderState.FAILED}),
         OrderState.TERMINATING: frozenset({OrderState.TERMINATED}),
         OrderState.TERMINATED: frozenset(),
         OrderState.FAILED: frozenset(),

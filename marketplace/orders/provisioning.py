@@ -337,3 +337,42 @@ def order_terminate_instance(*, order_id: int) -> Step:
     except TransitionRefused:
         pass
     return Step.DONE
+
+
+def order_check_running(*, order_id: int) -> Step:
+    """Is the running order's machine still there? If the provider took it (spot preemption, host loss),
+    record the loss and provision the order again when the buyer allowed failover (``Step.PROVISION``),
+    else fail the order. ``Step.DONE`` when nothing changed."""
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.RUNNING:
+        return Step.DONE
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    if instance is None:
+        return Step.DONE
+    handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
+    if handle.state not in (InstanceState.TERMINATED, InstanceState.FAILED, InstanceState.STOPPING):
+        return Step.DONE
+    spot = order.pricing_model == PricingModel.SPOT
+    reason = f"instance {instance.provider_instance_id} {handle.state.value} by the provider" + (
+        " (spot preemption)" if spot else ""
+    )
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(
+            state=handle.state.value, active=False, terminated_at=timezone.now()
+        )
+        ledger_append(
+            kind="order.instance_lost",
+            subject=f"order:{order.public_id}",
+            payload={
+                "order": str(order.public_id),
+                "instance": instance.provider_instance_id,
+                "state": handle.state.value,
+                "spot": spot,
+                "code": str(handle.extra.get("error_code") or ""),
+            },
+        )
+        if order.allow_failover:
+            order_transition(order=order, to=OrderState.PROVISIONING, reason=reason + "; provisioning again")
+        else:
+            order_transition(order=order, to=OrderState.FAILED, reason=reason)
+    return Step.PROVISION if order.allow_failover else Step.DONE
