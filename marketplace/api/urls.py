@@ -10,6 +10,7 @@ urlpatterns = [
     path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),
     path("orders", views.OrderListCreateApi.as_view(), name="orders"),
     path("budget", views.BudgetApi.as_view(), name="budget"),
+    path("invoice", views.InvoiceApi.as_view(), name="invoice"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 from django.utils import timezone
@@ -24,7 +25,7 @@ from marketplace.api.serializers import (
 )
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.matching import Ranking, effective_requirements
-from marketplace.models import Membership, Order, Organization, Role
+from marketplace.models import InvoiceLine, Membership, Order, Organization, Role
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
 from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
@@ -236,3 +237,30 @@ class BudgetApi(APIView):
             by=request.user.get_username(),
         )
         return Response(_budget_body(organization))
+
+
+class InvoiceApi(APIView):
+    """GET /api/v1/invoice?month=YYYY-MM: the lines of the orders that ended that month (UTC) and their total."""
+
+    def get(self, request: Request) -> Response:
+        organization = _organization(request)
+        raw = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
+        try:
+            start = dt.datetime.strptime(raw, "%Y-%m").replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise ValidationError({"month": ["give the month as YYYY-MM"]}) from None
+        end = (start + dt.timedelta(days=32)).replace(day=1)
+        lines = InvoiceLine.objects.filter(organization=organization, ended_at__gte=start, ended_at__lt=end)
+        rows = [
+            {
+                "order": str(line.order.public_id),
+                "description": line.description,
+                "seconds": line.seconds,
+                "price_per_hour": format(line.price_per_hour, "f"),
+                "amount_usd": format(line.amount_usd, "f"),
+                "ended_at": line.ended_at.isoformat(),
+            }
+            for line in lines.select_related("order")
+        ]
+        total = sum((line.amount_usd for line in lines), Decimal(0))
+        return Response({"month": raw, "lines": rows, "total_usd": format(total.quantize(Decimal("0.01")), "f")})

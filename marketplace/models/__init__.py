@@ -1,5 +1,5 @@
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
-from marketplace.models.orders import Attempt, AttemptOutcome, Instance, Order, OrderState, Quote
+from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
 from marketplace.models.organizations import Membership, Organization, OrganizationKind, Role
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "FxRate",
     "GpuModel",
     "Instance",
+    "InvoiceLine",
     "Membership",
     "Offer",
     "OfferStatus",

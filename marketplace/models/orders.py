@@ -191,3 +191,26 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider_instance_id} ({self.state})"
+
+
+class InvoiceLine(models.Model):
+    """What one order costs, written when it ends: the seconds its machines ran at its locked price.
+
+    Written in the transaction of the order's final transition, so an ended order has its line or has not
+    ended; one line per order (a unique column), never edited.
+    """
+
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="invoice_lines")
+    order = models.OneToOneField(Order, on_delete=models.PROTECT, related_name="invoice_line")
+    description = models.CharField(max_length=255)
+    seconds = models.PositiveIntegerField()
+    price_per_hour = models.DecimalField(max_digits=14, decimal_places=6)
+    amount_usd = models.DecimalField(max_digits=16, decimal_places=6)
+    ended_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["ended_at", "id"]
+        indexes = [models.Index(fields=["organization", "ended_at"], name="invoice_line_org_time")]
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.amount_usd} USD"

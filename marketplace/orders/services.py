@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append
-from marketplace.models import Offer, OfferStatus, Order, OrderState, Organization, Quote
+from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
 
 
 class OrderError(Exception):
@@ -78,9 +78,31 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
         )
         if claimed != 1:
             raise TransitionRefused(f"order {order.public_id} is no longer {current}")
+        line = _invoice_line(order, now) if to in Order.FINAL_STATES else None
+        if line is not None:
+            ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
         _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
     order.state, order.state_reason, order.state_changed_at = to, reason, now
     return order
+
+
+def _invoice_line(order: Order, now: dt.datetime) -> InvoiceLine | None:
+    """The ended order's line, at its locked price, if its machines ran at all."""
+    from marketplace.orders.selectors import order_usage
+
+    order = Order.objects.select_related("gpu_model").prefetch_related("instances").get(pk=order.pk)
+    usage = order_usage(order, now=now)
+    if usage.seconds == 0:
+        return None
+    return InvoiceLine.objects.create(
+        organization_id=order.organization_id,
+        order=order,
+        description=f"{order.gpu_count}x {order.gpu_model.key} {order.pricing_model}, order {order.public_id}",
+        seconds=usage.seconds,
+        price_per_hour=order.price_per_hour,
+        amount_usd=usage.amount_usd,
+        ended_at=now,
+    )
 
 
 @dataclass(frozen=True)
