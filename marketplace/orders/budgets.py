@@ -100,3 +100,15 @@ def budget_set(
         )
     organization.budget_per_hour, organization.budget_monthly = per_hour, monthly
     return organization
+
+
+def budget_room_per_hour(order: Order, *, now: dt.datetime) -> Decimal | None:
+    """What ``order`` may cost per hour within its organisation's hourly budget, its own current rate set
+    aside (for failing over to a dearer offer); None without an hourly budget."""
+    organization = Organization.objects.get(pk=order.organization_id)
+    if organization.budget_per_hour is None:
+        return None
+    others = budget_status(organization, now=now).live_per_hour
+    if order.state in LIVE_STATES:
+        others -= order.price_per_hour
+    return max(Decimal(0), organization.budget_per_hour - others)

@@ -18,6 +18,7 @@ from marketplace.catalog.selectors import offer_view, offer_views_for
 from marketplace.matching import Demand, rank_offers
 from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState
 from marketplace.orders.blocks import order_exclusion
+from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.services import TransitionRefused, order_transition
 from providers.errors import (
     ProviderError,
@@ -75,6 +76,10 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     candidates = offer_views_for(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)
     # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for.
     candidates = [c for c in candidates if c.gpu_count == order.gpu_count]
+    # A dearer offer must also fit the organisation's hourly budget, this order's own rate set aside.
+    room = budget_room_per_hour(order, now=now)
+    if room is not None and room < (demand.max_price_per_hour or room):
+        demand = dataclasses.replace(demand, max_price_per_hour=room)
     best = rank_offers(demand, candidates, now=now, max_age=max_age, exclusion=exclusion).best
     return None if best is None else Offer.objects.select_related("account").get(pk=best.offer.offer_id)
 

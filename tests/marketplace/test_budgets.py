@@ -118,3 +118,27 @@ def test_concurrent_orders_cannot_both_take_the_last_room(acme, alice, t4):
     assert Order.objects.filter(organization=acme).count() == 3
     assert sum(o.price_per_hour for o in Order.objects.all()) <= Organization.objects.get(pk=acme.pk).budget_per_hour
     assert ledger_verify().ok
+
+
+def test_failover_to_a_dearer_offer_stays_within_the_hourly_budget(
+    acme, alice, aws_account, aws_sandbox, tencent_account, django_capture_on_commit_callbacks
+):
+    from marketplace.models import Offer
+
+    aws_t4 = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
+    tencent_t4 = Offer.objects.filter(account=tencent_account, gpu_model__key="T4", gpu_count=1).order_by("price_usd")[
+        0
+    ]
+    assert tencent_t4.price_usd > aws_t4.price_usd
+    aws_sandbox.faults.inject("capacity", instance_type="g4dn.xlarge")  # every AWS zone sold out
+    # The buyer's cap admits Tencent's T4, the organisation's hourly budget does not.
+    budget_set(acme, per_hour=aws_t4.price_usd + Decimal("0.01"), monthly=None, by="test")
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(offer_id=aws_t4.pk, max_price_per_hour=tencent_t4.price_usd + Decimal("0.01")),
+        ).order
+    order.refresh_from_db()
+    assert order.state == "failed"
+    assert {a.offer.account_id for a in order.attempts.all()} == {aws_account.pk}
