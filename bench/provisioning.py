@@ -38,6 +38,8 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
     os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
     os.environ["BROKER_BLOCK_CAPACITY_S"] = "0"
+    # The steps are called directly; the tasks order_place enqueues go nowhere (not to the dev server's queue).
+    os.environ["CELERY_BROKER_URL"] = "memory://"
     import django
 
     django.setup()
