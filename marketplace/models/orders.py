@@ -59,7 +59,8 @@ class Order(models.Model):
     choose another offer that satisfies it; ``offer`` is the one being tried or running.
 
     State changes go only through ``marketplace.orders.services.order_transition``; the allowed moves are
-    the ``TRANSITIONS`` table below.
+    the ``TRANSITIONS`` table below. The life cycle starts one step earlier, as a ``Quote`` (quoted: a
+    price locked until it expires); ordering the quote creates the order, placed.
     """
 
     TRANSITIONS: dict[str, frozenset[str]] = {
