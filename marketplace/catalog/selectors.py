@@ -6,6 +6,7 @@ import datetime as dt
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Max, Q, QuerySet
@@ -44,7 +45,9 @@ def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None =
     return qs.order_by("price_usd", "id")
 
 
-def offer_view(offer: Offer) -> OfferView:
+def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:
+    """The engine's view of ``offer``; ``engine_fields`` adds what only ranking needs (spec, jurisdiction,
+    reliability, ...)."""
     return OfferView(
         offer_id=offer.pk,
         account_id=offer.account_id,
@@ -59,6 +62,7 @@ def offer_view(offer: Offer) -> OfferView:
         price_usd_per_hour=offer.price_usd,
         observed_at=offer.last_seen_at,
         capacity=offer.capacity,
+        **engine_fields,
     )
 
 
@@ -133,24 +137,11 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
         spec = specs.get(offer.gpu_model_id)
         if spec is None:
             spec = specs[offer.gpu_model_id] = gpu_spec(offer.gpu_model)
-        kind = offer.account.kind
         views.append(
-            OfferView(
-                offer_id=offer.pk,
-                account_id=offer.account_id,
-                provider_kind=kind,
-                region=offer.region,
-                zone=offer.zone,
-                instance_type=offer.instance_type,
-                pricing_model=offer.pricing_model,
-                gpu_model=offer.gpu_model.key,
-                gpu_count=offer.gpu_count,
-                gpu_memory_gb=offer.gpu_memory_gb,
-                price_usd_per_hour=offer.price_usd,
-                observed_at=offer.last_seen_at,
-                capacity=offer.capacity,
+            offer_view(
+                offer,
                 spec=spec,
-                jurisdiction=jurisdiction_of(kind, offer.region),
+                jurisdiction=jurisdiction_of(offer.account.kind, offer.region),
                 rdma=bool((offer.extra or {}).get("rdma")) or offer.interconnect in ("efa", "infiniband", "rdma"),
                 reliability=reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
                 interruption_rate_per_hour=spot_rate if offer.pricing_model == "spot" else 0.0,
