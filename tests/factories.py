@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+from typing import Any
+
 import factory
 from django.contrib.auth import get_user_model
 
 from marketplace.models import Membership, Organization, OrganizationKind, Role
 from providers.models import Provider, ProviderAccount
+from providers.types import OfferQuote
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -51,3 +55,25 @@ class ProviderAccountFactory(factory.django.DjangoModelFactory):
     kind = "aws"
     name = factory.Sequence(lambda n: f"account-{n}")
     regions = factory.LazyFunction(lambda: ["us-east-1"])
+
+
+def listed_quotes(rows: list[tuple[Any, ...]]) -> list[OfferQuote]:
+    """What a provider lists, from compact rows: (instance type, GPU, count, GB per GPU, USD/h, region,
+    pricing[, capacity]); the zone is the region's "a" zone."""
+    return [
+        OfferQuote(
+            region=row[5],
+            zone=row[5] + "a",
+            instance_type=row[0],
+            pricing_model=row[6],
+            gpu_model=row[1],
+            gpu_count=row[2],
+            gpu_memory_gb=row[3],
+            vcpus=8,
+            memory_gib=Decimal(64),
+            price=Decimal(row[4]),
+            currency="USD",
+            capacity=row[7] if len(row) > 7 else None,
+        )
+        for row in rows
+    ]

@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 from ledger.models import LedgerEntry
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, OfferStatus, Order, OrderState, Quote
-from providers.types import OfferQuote, PricingModel
-from tests.factories import ProviderAccountFactory, UserFactory
+from providers.types import PricingModel
+from tests.factories import ProviderAccountFactory, UserFactory, listed_quotes
 
 pytestmark = pytest.mark.django_db
 
@@ -34,24 +34,12 @@ BOOK = [
 def _ingest(account, prices: dict[tuple[str, str, str], str] | None = None, drop: tuple[str, str, str] | None = None):
     """Sync the book as a provider would; ``prices`` overrides by (instance type, region, pricing)."""
     prices = prices or {}
-    quotes = [
-        OfferQuote(
-            region=region,
-            zone=region + "a",
-            instance_type=itype,
-            pricing_model=pricing,
-            gpu_model=gpu,
-            gpu_count=count,
-            gpu_memory_gb=mem,
-            vcpus=8,
-            memory_gib=Decimal(64),
-            price=Decimal(prices.get((itype, region, pricing.value), price)),
-            currency="USD",
-            capacity=capacity,
-        )
+    rows = [
+        (itype, gpu, count, mem, prices.get((itype, region, pricing.value), price), region, pricing, capacity)
         for itype, gpu, count, mem, price, region, pricing, capacity in BOOK
         if (itype, region, pricing.value) != drop
     ]
+    quotes = listed_quotes(rows)
     report = offers_ingest(account=account, quotes=quotes, now=timezone.now() - dt.timedelta(seconds=5))
     assert report.quarantined == 0, report.reasons
 

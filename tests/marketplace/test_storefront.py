@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
 
 import pytest
 from django.test import Client
@@ -11,8 +10,8 @@ from django.utils import timezone
 
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, Order
-from providers.types import OfferQuote, PricingModel
-from tests.factories import ProviderAccountFactory
+from providers.types import PricingModel
+from tests.factories import ProviderAccountFactory, listed_quotes
 
 pytestmark = pytest.mark.django_db
 
@@ -26,22 +25,7 @@ def offers(db):
         ("p4de.24xlarge", "A100-80GB-SXM4", 8, 80, "27.44705", "us-east-1", PricingModel.ON_DEMAND),
         ("p5.48xlarge", "H100-SXM5", 8, 80, "55.04", "us-west-2", PricingModel.ON_DEMAND),
     ]
-    quotes = [
-        OfferQuote(
-            region=region,
-            zone=region + "a",
-            instance_type=itype,
-            pricing_model=pricing,
-            gpu_model=gpu,
-            gpu_count=count,
-            gpu_memory_gb=mem,
-            vcpus=8,
-            memory_gib=Decimal(64),
-            price=Decimal(price),
-            currency="USD",
-        )
-        for itype, gpu, count, mem, price, region, pricing in rows
-    ]
+    quotes = listed_quotes(rows)
     offers_ingest(account=account, quotes=quotes, now=timezone.now() - dt.timedelta(seconds=5))
     return account
 
