@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 
 from ledger.services import ledger_append
 from marketplace.models import Instance, Order, OrderState, Organization
@@ -40,7 +41,7 @@ def _month_start(now: dt.datetime) -> dt.datetime:
 
 def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStatus:
     live = Order.objects.filter(organization=organization, state__in=LIVE_STATES)
-    live_per_hour = sum((o.price_per_hour for o in live.only("price_per_hour")), Decimal(0))
+    live_per_hour = live.aggregate(total=Sum("price_per_hour"))["total"] or Decimal(0)
     start = _month_start(now)
     month = Decimal(0)
     instances = Instance.objects.filter(order__organization=organization, running_at__isnull=False).exclude(
