@@ -24,7 +24,7 @@ from marketplace.api.serializers import (
     demand_from,
 )
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.matching import Ranking, effective_requirements
+from marketplace.matching import Ranking
 from marketplace.models import InvoiceLine, Membership, Order, Organization, Role
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
@@ -123,7 +123,7 @@ class OrderTerminateApi(APIView):
 def _ranking_extras(ranking: Ranking) -> dict[str, object]:
     """What a buyer needs when the quotes are few or none: the defaults applied and the nearest misses."""
     return {
-        "defaults": demand_json(effective_requirements(ranking.demand)),
+        "defaults": demand_json(ranking.demand),  # already the requirements the ranking applied
         "rejected": ranking.rejected,
         "near_misses": [
             {

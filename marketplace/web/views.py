@@ -11,7 +11,6 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.api.serializers import demand_from
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.matching import effective_requirements
 from marketplace.models import Organization
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
@@ -97,10 +96,11 @@ def workload(request: HttpRequest) -> HttpResponse:
     form = WorkloadForm(request.POST if request.method == "POST" else None)
     context: dict[str, object] = {"form": form, "result": None, "requirements": None}
     if form.is_bound and form.is_valid():
-        demand = demand_from(form.demand_data())
-        requirements = effective_requirements(demand)
+        result = quote_request(organization=org, user=request.user, demand=demand_from(form.demand_data()))  # type: ignore[arg-type]
+        # The requirements the ranking applied (the profile's defaults resolved against the GPU specs).
+        requirements = result.ranking.demand
         context.update(
-            result=quote_request(organization=org, user=request.user, demand=demand),  # type: ignore[arg-type]
+            result=result,
             requirements=requirements,
             # A set prints in hash order, different on every run; the page lists the models sorted.
             allowed_models=sorted(requirements.gpu_models),

@@ -446,3 +446,11 @@ def test_an_order_from_a_quote_launches_the_quoted_offer_at_the_locked_price(
     assert order.state == OrderState.RUNNING
     assert order.offer_id == offer.pk
     assert order.price_per_hour == Decimal(quote["price_per_hour"])
+
+
+def test_the_defaults_shown_are_the_ones_applied(api, book):
+    # Inference prefers 24 GB cards, but none holds 80 GB per GPU: the preference is dropped, and shown so.
+    body = _quote(api, profile="inference", min_gpu_memory_gb=80)
+    assert body["defaults"]["gpu_models"] == []
+    assert {q["offer"]["gpu_model"] for q in body["quotes"]} <= {"A100-80GB-SXM4", "H100-SXM5"}
+    assert _quote(api, profile="inference")["defaults"]["gpu_models"] == ["A10", "A10G", "L4", "T4"]
