@@ -61,7 +61,7 @@ def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:
         gpu_memory_gb=offer.gpu_memory_gb,
         price_usd_per_hour=offer.price_usd,
         observed_at=offer.last_seen_at,
-        capacity=offer.capacity,
+        capacity=None if offer.capacity is None else offer.capacity - offer.reserved,
         **engine_fields,
     )
 

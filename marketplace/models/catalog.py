@@ -56,6 +56,8 @@ class Offer(models.Model):
 
     Upserted in bulk by that natural key on every sync. ``price`` is per hour for the whole instance in
     ``currency``; ``price_usd`` is the same converted with ``fx_rate`` (1 when the currency is USD).
+    ``capacity`` is None for a cloud's offer (its stock is the cloud's business); a finite listing counts
+    its units there, and ``reserved`` counts those held by orders (marketplace/orders/reservations.py).
     """
 
     # No separate index: the natural-key unique index starts with account and serves every account lookup.
@@ -74,6 +76,7 @@ class Offer(models.Model):
     fx_rate = models.DecimalField(max_digits=14, decimal_places=8, default=Decimal(1))
     price_usd = models.DecimalField(max_digits=14, decimal_places=6)
     capacity = models.PositiveIntegerField(null=True, blank=True)
+    reserved = models.PositiveIntegerField(default=0, db_default=0)  # raw-SQL sync inserts leave it out
     interconnect = models.CharField(max_length=32, blank=True, default="")
     status = models.CharField(max_length=16, choices=OfferStatus.choices, default=OfferStatus.AVAILABLE)
     extra = models.JSONField(default=dict, blank=True)
@@ -87,6 +90,11 @@ class Offer(models.Model):
             ),
             models.CheckConstraint(condition=models.Q(price__gt=0), name="offer_price_positive"),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="offer_gpu_count_positive"),
+            # The last line of defence against overselling: no update can hold more than the listing has.
+            models.CheckConstraint(
+                condition=models.Q(capacity__isnull=True) | models.Q(reserved__lte=models.F("capacity")),
+                name="offer_reserved_within_capacity",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "gpu_model", "price_usd"], name="offer_search"),

@@ -151,6 +151,7 @@ class Attempt(models.Model):
     provider_message = models.TextField(blank=True, default="")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    reserved = models.PositiveIntegerField(default=0)  # units held on a finite listing until released
 
     class Meta:
         ordering = ["order", "number"]

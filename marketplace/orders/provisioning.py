@@ -19,8 +19,10 @@ from marketplace.matching import Demand, rank_offers
 from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
+from marketplace.orders.reservations import reservation_release, reservation_take
 from marketplace.orders.services import TransitionRefused, order_transition
 from providers.errors import (
+    CapacityUnavailable,
     ProviderError,
     TransientProviderError,
 )
@@ -85,6 +87,9 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
 
 
 def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
+    """Record the attempt before the provider hears of it and, on a finite listing, hold its units in the same
+    transaction. A listing with too few units left fails the attempt at once (a capacity error, so the
+    failover and the shared blocks treat it like a cloud's sold-out zone) and nobody is called."""
     number = (order.attempts.count() or 0) + 1
     with transaction.atomic():
         attempt = Attempt.objects.create(
@@ -95,6 +100,12 @@ def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
             started_at=now,
         )
         _attempt_ledger(attempt, "attempt.started", zone=offer.zone, instance_type=offer.instance_type)
+        if not reservation_take(attempt=attempt):
+            sold_out = CapacityUnavailable(
+                f"listing {offer.instance_type} in {offer.zone} has no units left", code="listing.sold_out"
+            )
+            attempt_fail(attempt=attempt, error=sold_out)
+            attempt.outcome = AttemptOutcome.FAILED
     return attempt
 
 
@@ -110,6 +121,7 @@ def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
         )
         if updated:
             _attempt_ledger(attempt, "attempt.failed", error_class=error.error_class, provider_code=error.code)
+        reservation_release(attempt_id=attempt.pk)
 
 
 def attempt_settle_after_transient(*, order_id: int, error: ProviderError) -> Step:
@@ -176,6 +188,8 @@ def order_provision(*, order_id: int) -> Step:
                     pass
                 return Step.DONE
             attempt = _open_attempt(order, offer, now)
+            if attempt.outcome == AttemptOutcome.FAILED:
+                continue
         offer = attempt.offer
         spec = LaunchSpec(
             region=offer.region,
@@ -365,6 +379,7 @@ def order_check_running(*, order_id: int) -> Step:
         Instance.objects.filter(pk=instance.pk).update(
             state=handle.state.value, active=False, terminated_at=timezone.now()
         )
+        reservation_release(attempt_id=instance.attempt_id)
         ledger_append(
             kind="order.instance_lost",
             subject=f"order:{order.public_id}",

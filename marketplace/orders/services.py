@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ledger.services import ledger_append
 from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
+from marketplace.orders.reservations import reservations_release_for_order
 
 
 class OrderError(Exception):
@@ -78,7 +79,10 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
         )
         if claimed != 1:
             raise TransitionRefused(f"order {order.public_id} is no longer {current}")
-        line = _invoice_line(order, now) if to in Order.FINAL_STATES else None
+        line = None
+        if to in Order.FINAL_STATES:
+            line = _invoice_line(order, now)
+            reservations_release_for_order(order_id=order.pk)
         if line is not None:
             ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
         _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
