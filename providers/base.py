@@ -9,7 +9,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
-from providers.types import Credentials, InstanceHandle, LaunchSpec, OfferQuote
+from providers.errors import QuotaExceeded
+from providers.types import Credentials, InstanceHandle, LaunchSpec, OfferQuote, QuotaUse
 
 
 class ProviderAdapter(abc.ABC):
@@ -52,6 +53,16 @@ class ProviderAdapter(abc.ABC):
         The SDK's own retries are off for this call: the broker decides whether to retry or fail over.
         """
 
+    def quota_check(self, spec: LaunchSpec) -> None:
+        """Refuse, before any launch call, a launch the account's published quotas cannot hold.
+
+        Raises ``QuotaExceeded`` (code ``precheck``) naming the quota, its limit, its usage and what the launch
+        needs. Returns when there is room, or when the provider publishes no quota this launch counts against
+        (the default: the launch itself is then the only judge). Read-only; may raise
+        ``TransientProviderError`` or ``CredentialsRejected``, after which a caller may still try the launch.
+        """
+        return None  # AWS, Alibaba and Tencent: their quotas surface as launch errors only
+
     @abc.abstractmethod
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The instance's current state. Raises ``ProviderRequestRejected`` if the provider does not know it."""
@@ -63,3 +74,18 @@ class ProviderAdapter(abc.ABC):
     @abc.abstractmethod
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Instances tagged with the broker's order reference, in every region of the account (for reconciling)."""
+
+
+def quota_refuse_short(provider: str, region: str, quotas: dict[str, QuotaUse], needs: dict[str, float]) -> None:
+    """Raise ``QuotaExceeded`` for the first quota in ``needs`` (name -> amount the launch adds) that ``quotas``
+    cannot hold; quotas the provider did not report are not judged."""
+    for name, needed in needs.items():
+        quota = quotas.get(name)
+        if quota is None or needed <= 0:
+            continue
+        if quota.usage + needed > quota.limit:
+            raise QuotaExceeded(
+                f"quota {name} in {region}: {quota.usage:g} of {quota.limit:g} in use, the launch needs {needed:g}",
+                code="precheck",
+                provider=provider,
+            )

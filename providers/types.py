@@ -69,7 +69,9 @@ class OfferQuote:
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What to launch. ``client_token`` is derived from (order, attempt) by the caller and is the
-    provider-side idempotency key: the same token in the same region returns the same instance."""
+    provider-side idempotency key: the same token in the same region returns the same instance.
+    ``gpu_count``, ``vcpus`` and ``offer_extra`` repeat what the adapter's own ``list_offers`` said of the offer
+    (0 and empty when unknown), so a quota pre-check needs no second catalogue read."""
 
     region: str
     zone: str
@@ -80,6 +82,18 @@ class LaunchSpec:
     max_price: Decimal | None = None
     image: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    gpu_count: int = 0
+    vcpus: int = 0
+    offer_extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaUse:
+    """One published quota as the provider reports it: its name, limit and current usage in a region."""
+
+    name: str
+    limit: float
+    usage: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,3 +141,44 @@ def tencent_account(db, tencent_sandbox):
     outcome = offers_sync(account_id=account.pk)
     assert outcome.ok, outcome.error
     return ProviderAccount.objects.get(pk=account.pk)
+
+
+@pytest.fixture(scope="session")
+def gcp_sandbox_server():
+    from providers.sandbox.gcp import GcpSandbox
+
+    # Operations finish at once, so an eagerly run poll sees the instance running on its first look.
+    sandbox = GcpSandbox(settle_seconds=0)
+    sandbox.start()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def gcp_sandbox(gcp_sandbox_server):
+    gcp_sandbox_server.reset()
+    yield gcp_sandbox_server
+    gcp_sandbox_server.reset()
+
+
+@pytest.fixture
+def gcp_account(db, gcp_sandbox):
+    """Petra's GCP project pointed at the sandbox (us-central1 and europe-west4), synced through the real adapter."""
+    import json
+
+    from marketplace.catalog.services import offers_sync
+    from providers.models import ProviderAccount
+    from providers.services import provider_account_connect
+
+    key = gcp_sandbox.new_service_account("broker@petra-gpu.iam.gserviceaccount.com", "petra-gpu")
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="gcp",
+        name="gcp-sandbox",
+        credentials={"service_account_json": json.dumps(key), "project_id": "petra-gpu"},
+        regions=["us-central1", "europe-west4"],
+        endpoint_url=gcp_sandbox.url,
+    )
+    outcome = offers_sync(account_id=account.pk)
+    assert outcome.ok, outcome.error
+    return ProviderAccount.objects.get(pk=account.pk)

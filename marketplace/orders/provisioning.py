@@ -21,9 +21,11 @@ from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.reservations import reservation_release, reservation_take
 from marketplace.orders.services import TransitionRefused, order_transition
+from providers.base import ProviderAdapter
 from providers.errors import (
     CapacityUnavailable,
     ProviderError,
+    QuotaExceeded,
     TransientProviderError,
 )
 from providers.services import adapter_for_account
@@ -179,6 +181,7 @@ def order_provision(*, order_id: int) -> Step:
     while True:
         now = timezone.now()
         attempt = order.attempts.select_related("offer__account").filter(outcome=AttemptOutcome.PENDING).first()
+        fresh = attempt is None
         if attempt is None:
             offer = _next_offer(order, now)
             if offer is None:
@@ -191,18 +194,13 @@ def order_provision(*, order_id: int) -> Step:
             if attempt.outcome == AttemptOutcome.FAILED:
                 continue
         offer = attempt.offer
-        spec = LaunchSpec(
-            region=offer.region,
-            zone=offer.zone,
-            instance_type=offer.instance_type,
-            pricing_model=PricingModel(offer.pricing_model),
-            client_token=attempt.client_token,
-            order_ref=order.ref,
-            max_price=order.max_price_per_hour if offer.pricing_model == PricingModel.SPOT else None,
-            tags={"broker:attempt": str(attempt.number)},
-        )
+        spec = _launch_spec(order, attempt)
+        adapter = adapter_for_account(offer.account)
+        # Only a fresh attempt: a resumed one may already have launched, and its machine counts in the usage.
+        if fresh and not _quota_allows(adapter, attempt, spec):
+            continue
         try:
-            handle = adapter_for_account(offer.account).launch(spec)
+            handle = adapter.launch(spec)
         except TransientProviderError:
             raise
         except ProviderError as exc:
@@ -213,12 +211,44 @@ def order_provision(*, order_id: int) -> Step:
         order.refresh_from_db(fields=["state"])
         if order.state != OrderState.PROVISIONING:
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
-            stopped = adapter_for_account(offer.account).terminate(handle.region, handle.instance_id)
+            stopped = adapter.terminate(handle.region, handle.instance_id)
             Instance.objects.filter(order=order, active=True).update(
                 state=stopped.state.value, terminated_at=timezone.now()
             )
             return Step.DONE
         return Step.POLL
+
+
+def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
+    offer = attempt.offer
+    return LaunchSpec(
+        region=offer.region,
+        zone=offer.zone,
+        instance_type=offer.instance_type,
+        pricing_model=PricingModel(offer.pricing_model),
+        client_token=attempt.client_token,
+        order_ref=order.ref,
+        max_price=order.max_price_per_hour if offer.pricing_model == PricingModel.SPOT else None,
+        tags={"broker:attempt": str(attempt.number)},
+        gpu_count=offer.gpu_count,
+        vcpus=offer.vcpus,
+        offer_extra=dict(offer.extra or {}),
+    )
+
+
+def _quota_allows(adapter: ProviderAdapter, attempt: Attempt, spec: LaunchSpec) -> bool:
+    """The provider's published quotas leave room for the launch. A shortfall fails the attempt as a quota
+    error (so the region is blocked for every order) without a launch call; a pre-check that cannot be
+    answered leaves the decision to the launch itself."""
+    try:
+        adapter.quota_check(spec)
+    except QuotaExceeded as exc:
+        log.info("order %s attempt %s refused by quota pre-check: %s", attempt.order.public_id, attempt.number, exc)
+        attempt_fail(attempt=attempt, error=exc)
+        return False
+    except ProviderError as exc:
+        log.info("quota pre-check for attempt %s unanswered, launching anyway: %s", attempt.client_token, exc)
+    return True
 
 
 def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, adopted: bool = False) -> None:

@@ -17,7 +17,7 @@ from providers.azure.client import (
     AzureClient,
     ClientSettings,
 )
-from providers.base import ProviderAdapter
+from providers.base import ProviderAdapter, quota_refuse_short
 from providers.errors import CredentialsRejected, TransientProviderError
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
@@ -173,6 +173,14 @@ class AzureAdapter(ProviderAdapter):
             interconnect=spec.gpu.interconnect,
             extra={**spec.extra, **extra},
         )
+
+    def quota_check(self, spec: LaunchSpec) -> None:
+        """The region's vCPU quotas from ``usage.list`` (the family from the offer's ``family``) against the VM's
+        vCPUs; Spot VMs against the low-priority quota."""
+        quotas = mapping.quota_uses(self._client.usages(spec.region))
+        family = str(spec.offer_extra.get("family") or "")
+        needs = mapping.quota_needs(family, spec.vcpus, spec.pricing_model is PricingModel.SPOT)
+        quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The VM's state from its instance view. A VM whose create failed is ``FAILED`` with ``error_class``,

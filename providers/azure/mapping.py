@@ -28,7 +28,7 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel, QuotaUse
 
 PROVIDER = "azure"
 ORDER_TAG = "broker:order"
@@ -626,3 +626,29 @@ def gone_handle(region: str, name: str, resource_group: str) -> InstanceHandle:
         state=InstanceState.TERMINATED,
         extra={"provisioning_state": "Deleted", "resource_group": resource_group},
     )
+
+
+def quota_uses(usages: Iterable[Mapping[str, Any]]) -> dict[str, QuotaUse]:
+    """The usage list of a region (``usage.list``, as the SDK's ``as_dict`` spells it) by quota name."""
+    uses: dict[str, QuotaUse] = {}
+    for item in usages:
+        name = (item.get("name") or {}).get("value")
+        current = item.get("current_value", item.get("currentValue"))
+        try:
+            uses[str(name)] = QuotaUse(str(name), float(item["limit"]), float(current or 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return uses
+
+
+def quota_needs(family: str, vcpus: int, spot: bool) -> dict[str, float]:
+    """The vCPU quotas a VM counts against: a Spot VM only the regional low-priority quota, any other VM its
+    size family's quota and the regional total."""
+    if not vcpus:
+        return {}
+    if spot:
+        return {"lowPriorityCores": vcpus}
+    needs: dict[str, float] = {"cores": vcpus}
+    if family:
+        needs[family] = vcpus
+    return needs

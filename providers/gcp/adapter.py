@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from providers.base import ProviderAdapter
+from providers.base import ProviderAdapter, quota_refuse_short
 from providers.errors import CredentialsRejected, ProviderRequestRejected
 from providers.gcp import mapping
 from providers.gcp.client import (
@@ -294,6 +294,16 @@ class GcpAdapter(ProviderAdapter):
                 **mapping.operation_extra(operation),
             },
         )
+
+    def quota_check(self, spec: LaunchSpec) -> None:
+        """The region's GPU and vCPU quotas from ``regions.get`` against what the launch adds (the accelerator
+        type from the offer's ``accelerator_type``). The project-wide GPUS_ALL_REGIONS quota is not read: it
+        needs a second call (projects.get) and the launch still reports it."""
+        quotas = mapping.quota_uses(self._client.regions_get(spec.region))
+        accelerator = str(spec.offer_extra.get("accelerator_type") or "")
+        spot = spec.pricing_model is PricingModel.SPOT
+        needs = mapping.quota_needs(quotas, accelerator, spec.gpu_count, spec.vcpus, spot)
+        quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """``instances.delete`` (Spot and on-demand alike). Idempotent: an instance GCP no longer has (404) is

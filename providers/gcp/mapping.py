@@ -25,7 +25,7 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.types import InstanceHandle, InstanceState
+from providers.types import InstanceHandle, InstanceState, QuotaUse
 
 PROVIDER = "gcp"
 ORDER_LABEL = "broker-order"  # GCP label keys allow only [a-z0-9_-]: the broker's "broker:order" becomes this
@@ -217,6 +217,51 @@ HOST_FAMILIES: tuple[tuple[str, str], ...] = (
     ("n1-", "N1 Predefined"),
 )
 # Series whose GPUs are attached to the instance (guest_accelerators) rather than part of the machine type.
+# The regional quota metric each accelerator type counts against (Compute Engine's GPU quota names).
+GPU_QUOTA_METRICS = {
+    "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
+    "nvidia-tesla-p4": "NVIDIA_P4_GPUS",
+    "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
+    "nvidia-tesla-a100": "NVIDIA_A100_GPUS",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+    "nvidia-l4": "NVIDIA_L4_GPUS",
+    "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
+    "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
+    "nvidia-h200-141gb": "NVIDIA_H200_GPUS",
+    "nvidia-b200": "NVIDIA_B200_GPUS",
+}
+
+
+def quota_uses(region: Mapping[str, Any]) -> dict[str, QuotaUse]:
+    """The ``quotas[]`` of a regions.get answer by metric."""
+    uses: dict[str, QuotaUse] = {}
+    for item in region.get("quotas") or ():
+        try:
+            uses[str(item["metric"])] = QuotaUse(str(item["metric"]), float(item["limit"]), float(item.get("usage", 0)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return uses
+
+
+def quota_needs(
+    quotas: Mapping[str, QuotaUse], accelerator: str, gpus: int, vcpus: int, spot: bool
+) -> dict[str, float]:
+    """What a launch adds to which metric. Spot VMs count against the PREEMPTIBLE_ quotas where the project has
+    them (a limit above zero) and against the standard ones otherwise, as Compute Engine does."""
+
+    def metric(standard: str) -> str:
+        preemptible = quotas.get(f"PREEMPTIBLE_{standard}")
+        return preemptible.name if spot and preemptible is not None and preemptible.limit > 0 else standard
+
+    needs: dict[str, float] = {}
+    gpu_metric = GPU_QUOTA_METRICS.get(accelerator)
+    if gpu_metric and gpus:
+        needs[metric(gpu_metric)] = gpus
+    if vcpus:
+        needs[metric("CPUS")] = vcpus
+    return needs
+
+
 ATTACHED_GPU_SERIES = ("n1-",)
 
 # GCP attaches GPUs to any N1 shape; quoting every pairing would flood the catalogue with near-duplicates.

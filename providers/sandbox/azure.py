@@ -77,6 +77,9 @@ WINDOWS_UPLIFT_PER_VCPU = Decimal("0.046")  # decoy Windows rows only: never a p
 RESERVATION_DISCOUNT = Decimal("0.62")  # decoy reservation rows only
 TOKEN_LIFETIME_S = 3600
 DEFAULT_CREATE_SECONDS = 0.2
+# vCPU quota limits per region unless a test sets its own with ``set_quota`` (usage names as Azure spells them).
+DEFAULT_CORE_QUOTAS = {"cores": 10000, "lowPriorityCores": 10000}
+DEFAULT_FAMILY_CORES = 2000
 PRICE_PAGE_SIZE = 100
 SKU_PAGE_SIZE = 100
 VM_PAGE_SIZE = 50
@@ -372,6 +375,7 @@ class AzureSandbox(SandboxApp):
         self._vms: dict[tuple[str, str, str], _Vm] = {}
         self._operations: dict[str, _Operation] = {}
         self._valid_client_ids: frozenset[str] | None = None
+        self._quota_limits: dict[str, int] = {}
 
     def ssl_context(self) -> ssl.SSLContext:
         if not self._key_path.exists():  # started again after stop() removed the throwaway certificates
@@ -592,12 +596,65 @@ class AzureSandbox(SandboxApp):
             self._operations.clear()
             self.clear_calls()
             self._valid_client_ids = None
+            self._quota_limits.clear()
         self.create_seconds = DEFAULT_CREATE_SECONDS
         self.delete_seconds = 0.0
         self.retry_after_s = 1
         self.price_page_size = PRICE_PAGE_SIZE
 
+    def set_quota(self, name: str, limit: int | None) -> None:
+        """Set a vCPU quota's limit (``cores``, ``lowPriorityCores`` or a family such as
+        ``standardNCADSH100v5Family``) in every region; None restores the default. The usages list reports it
+        beside the live usage, and a create that would exceed it is refused with 409 OperationNotAllowed."""
+        with self._lock:
+            if limit is None:
+                self._quota_limits.pop(name, None)
+            else:
+                self._quota_limits[name] = int(limit)
+
+    def _quota_limit(self, name: str) -> int:
+        return self._quota_limits.get(name, DEFAULT_CORE_QUOTAS.get(name, DEFAULT_FAMILY_CORES))
+
+    def _core_needs(self, location: str, size: str, spot: bool) -> dict[str, int]:
+        """The quotas a VM of ``size`` counts against, with its vCPUs: Spot VMs only against the regional
+        low-priority quota, the others against their family's and the regional total."""
+        seed = self._seed_by_key.get((location, size))
+        vcpus = seed.vcpus if seed else 0
+        return {"lowPriorityCores": vcpus} if spot else {_family(size): vcpus, "cores": vcpus}
+
+    def _core_usage(self, location: str) -> dict[str, int]:
+        """vCPUs in use per quota name in ``location``. Caller holds the lock."""
+        usage: dict[str, int] = {}
+        for vm in self._vms.values():
+            if vm.location != location:
+                continue
+            spot = (vm.body.get("properties") or {}).get("priority") == "Spot"
+            for name, vcpus in self._core_needs(vm.location, vm.size, spot).items():
+                usage[name] = usage.get(name, 0) + vcpus
+        return usage
+
+    def _quota_refusal(self, location: str, size: str, spot: bool) -> Response | None:
+        """Azure's 409 when the VM would take a vCPU quota past its limit. Caller holds the lock."""
+        usage = self._core_usage(location)
+        for name, vcpus in self._core_needs(location, size, spot).items():
+            limit, used = self._quota_limit(name), usage.get(name, 0)
+            if used + vcpus > limit:
+                label = "LowPriorityCores" if name == "lowPriorityCores" else name
+                message = (
+                    f"Operation could not be completed as it results in exceeding approved {label} Cores quota. "
+                    f"Additional details - Deployment Model: Resource Manager, Location: {location}, Current Limit: "
+                    f"{limit}, Current Usage: {used}, Additional Required: {vcpus}, (Minimum) New Limit Required: "
+                    f"{used + vcpus}."
+                )
+                return _arm_error("OperationNotAllowed", message, 409)
+        return None
+
     def control_extra(self, request: Request, route: str) -> Response | None:
+        if route == "quotas" and request.method == "POST":
+            body = request.get_json(force=True, silent=True) or {}
+            limit = body.get("limit")
+            self.set_quota(str(body.get("name", "")), None if limit is None else int(limit))
+            return json_response({"name": body.get("name"), "limit": limit})
         if route == "credentials" and request.method in ("PUT", "POST"):
             body = request.get_json(force=True, silent=True) or {}
             ids = body.get("valid_client_ids")
@@ -874,27 +931,34 @@ class AzureSandbox(SandboxApp):
                 "NoRegisteredProviderFound", f"No registered resource provider found for location '{location}'.", 400
             )
         now = time.monotonic()
+        location = location.lower()
         with self._lock:
             self._sweep(now)
-            cores = sum(
-                self._seed_by_key[(vm.location, vm.size)].vcpus
-                for vm in self._vms.values()
-                if vm.location == location.lower() and (vm.location, vm.size) in self._seed_by_key
-            )
-        value = [
+            usage = self._core_usage(location)
+            machines = sum(1 for vm in self._vms.values() if vm.location == location)
+            families = sorted({_family(r.instance_type) for r in self.seed if r.region == location})
+            names = [
+                ("cores", "Total Regional vCPUs"),
+                ("lowPriorityCores", "Total Regional Low-priority vCPUs"),
+                *((family, family) for family in families),
+            ]
+            value = [
+                {
+                    "unit": "Count",
+                    "currentValue": usage.get(name, 0),
+                    "limit": self._quota_limit(name),
+                    "name": {"value": name, "localizedValue": label},
+                }
+                for name, label in names
+            ]
+        value.append(
             {
                 "unit": "Count",
-                "currentValue": cores,
-                "limit": 10000,
-                "name": {"value": "cores", "localizedValue": "Total Regional vCPUs"},
-            },
-            {
-                "unit": "Count",
-                "currentValue": 0,
+                "currentValue": machines,
                 "limit": 25000,
                 "name": {"value": "virtualMachines", "localizedValue": "Virtual Machines"},
-            },
-        ]
+            }
+        )
         return json_response({"value": value})
 
     def _operation(self, op_id: str) -> Response:
@@ -1059,6 +1123,9 @@ class AzureSandbox(SandboxApp):
                 return _arm_error(
                     "PreconditionFailed", "The condition specified using HTTP conditional header(s) is not met.", 412
                 )
+            refusal = self._quota_refusal(location, size, body["properties"].get("priority") == "Spot")
+            if refusal is not None:
+                return refusal
             op = self._new_operation(location, self.create_seconds, failure)
             vm = _Vm(
                 subscription=args["sub"],

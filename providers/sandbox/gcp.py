@@ -94,11 +94,13 @@ GPU_QUOTA_METRICS = {
     "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
     "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
     "nvidia-tesla-a100": "NVIDIA_A100_GPUS",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
     "nvidia-l4": "NVIDIA_L4_GPUS",
     "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
     "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
     "nvidia-h200-141gb": "NVIDIA_H200_GPUS",
 }
+DEFAULT_GPU_QUOTA = 64.0  # per GPU metric and region, unless a test sets its own with ``set_quota``
 # Non-GPU machine types every zone lists, so a client has something to skip.
 PLAIN_MACHINE_TYPES = (("e2-standard-4", 4, 16), ("n2-standard-8", 8, 32), ("n1-standard-1", 1, 3.75))
 
@@ -195,6 +197,7 @@ class GcpSandbox(SandboxApp):
         self.settle_seconds = settle_seconds
         self.keys = KeyRing()
         self._lock = threading.Lock()
+        self._quota_limits: dict[str, float] = {}
         self._machine_types: dict[str, dict[str, dict[str, Any]]] = {z: {} for zs in REGION_ZONES.values() for z in zs}
         self._accelerators: dict[str, dict[str, dict[str, Any]]] = {z: {} for z in self._machine_types}
         self._seed_by_name: dict[tuple[str, str], SeedMachine] = {}
@@ -284,7 +287,42 @@ class GcpSandbox(SandboxApp):
             self._instances.clear()
             self._operations.clear()
             self._request_ids.clear()
+            self._quota_limits.clear()
             self.clear_calls()
+
+    def set_quota(self, metric: str, limit: float | None) -> None:
+        """Set a regional quota's limit in every region (None restores the default). ``regions.get`` reports it
+        beside the live usage, and an insert that would exceed it is refused with QUOTA_EXCEEDED."""
+        with self._lock:
+            if limit is None:
+                self._quota_limits.pop(metric, None)
+            else:
+                self._quota_limits[metric] = float(limit)
+
+    def _gpu_use(self, body: dict[str, Any]) -> tuple[str, int] | None:
+        """The GPU quota metric an instance body counts against, and how many GPUs."""
+        attached = [a for a in body.get("guestAccelerators") or [] if a]
+        if not attached:
+            return None
+        accelerator = last_segment(str(attached[0].get("acceleratorType", "")))
+        metric = GPU_QUOTA_METRICS.get(accelerator, "GPUS_ALL_REGIONS")
+        if body.get("scheduling", {}).get("provisioningModel") == "SPOT":
+            metric = f"PREEMPTIBLE_{metric}"
+        return metric, sum(int(a.get("acceleratorCount") or 0) for a in attached)
+
+    def _gpu_usage(self, project: str, region: str) -> dict[str, float]:
+        """GPUs in use per quota metric in ``region``, from the live instances. Caller holds the lock."""
+        usage: dict[str, float] = {}
+        for inst in self._instances.values():
+            live = inst.body.get("status") != "TERMINATED"
+            if live and inst.project == project and inst.zone.rsplit("-", 1)[0] == region:
+                use = self._gpu_use(inst.body)
+                if use is not None:
+                    usage[use[0]] = usage.get(use[0], 0.0) + use[1]
+        return usage
+
+    def _quota_limit(self, metric: str) -> float:
+        return self._quota_limits.get(metric, DEFAULT_GPU_QUOTA)
 
     def _snapshot(self, inst: _Instance) -> SandboxInstance:
         body = inst.body
@@ -311,6 +349,11 @@ class GcpSandbox(SandboxApp):
         return machine
 
     def control_extra(self, request: Request, route: str) -> Response | None:
+        if route == "quotas" and request.method == "POST":
+            body = request.get_json(force=True, silent=True) or {}
+            limit = body.get("limit")
+            self.set_quota(str(body.get("metric", "")), None if limit is None else float(limit))
+            return json_response({"metric": body.get("metric"), "limit": limit})
         if route == "credentials" and request.method in ("PUT", "POST"):
             body = request.get_json(force=True, silent=True) or {}
             emails = body.get("service_accounts")
@@ -586,15 +629,14 @@ class GcpSandbox(SandboxApp):
         with self._lock:
             live = [i for i in self._instances.values() if i.project == request.project and i.zone.startswith(region)]
             cpus = sum(self._vcpus(i) for i in live)
-        quotas = [
-            {"metric": "CPUS", "limit": 2400.0, "usage": float(cpus)},
-            {"metric": "INSTANCES", "limit": 6000.0, "usage": float(len(live))},
-        ]
-        quotas += [{"metric": metric, "limit": 64.0, "usage": 0.0} for metric in sorted(GPU_QUOTA_METRICS.values())]
-        quotas += [
-            {"metric": f"PREEMPTIBLE_{metric}", "limit": 64.0, "usage": 0.0}
-            for metric in sorted(GPU_QUOTA_METRICS.values())
-        ]
+            quotas = [
+                {"metric": "CPUS", "limit": 2400.0, "usage": float(cpus)},
+                {"metric": "INSTANCES", "limit": 6000.0, "usage": float(len(live))},
+            ]
+            gpus = self._gpu_usage(request.project, region)
+            metrics = sorted(GPU_QUOTA_METRICS.values())
+            for metric in [*metrics, *(f"PREEMPTIBLE_{m}" for m in metrics)]:
+                quotas.append({"metric": metric, "limit": self._quota_limit(metric), "usage": gpus.get(metric, 0.0)})
         return json_response(
             {
                 "kind": "compute#region",
@@ -743,11 +785,26 @@ class GcpSandbox(SandboxApp):
                     "alreadyExists",
                 )
             inst = _Instance(request.project, zone, self._instance_body(request.project, zone, resource), request_id)
+            self._check_gpu_quota(request, zone, inst.body)
             self._instances[key] = inst
             op = self._new_operation(request.project, zone, "insert", inst, principal, failure)
             if request_id:
                 self._request_ids[(request.project, request_id)] = (zone, op.body["name"])
             return json_response(op.body)
+
+    def _check_gpu_quota(self, request: _Request, zone: str, body: dict[str, Any]) -> None:
+        """GCP refuses an insert that would take the region past a GPU quota. Caller holds the lock."""
+        use = self._gpu_use(body)
+        if use is None:
+            return
+        metric, count = use
+        region = zone.rsplit("-", 1)[0]
+        limit = self._quota_limit(metric)
+        if self._gpu_usage(request.project, region).get(metric, 0.0) + count > limit:
+            status, reason, info_reason, _template = SYNC_ERRORS["QUOTA_EXCEEDED"]
+            message = f"Quota '{metric}' exceeded.  Limit: {limit} in region {region}."
+            metadata = {"quota_metric": f"compute.googleapis.com/{metric.lower()}", "region": region}
+            raise ApiError(status, message, reason, info_reason, metadata)
 
     def _operation_failure(self, code: str, request: _Request, zone: str, name: str) -> tuple[str, int, str, str]:
         status, status_message, template = OPERATION_ERRORS.get(code, (400, "BAD REQUEST", f"Sandbox fault {code}."))

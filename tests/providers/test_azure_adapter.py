@@ -415,3 +415,41 @@ def test_find_by_order_lists_the_orders_vms_in_the_accounts_regions(adapter, san
     ]
     assert [h.instance_id for h in everywhere.find_by_order("ord-bob")] == ["ord-bob-a1", "ord-bob-a2", "ord-bob-a3"]
     assert adapter().find_by_order("ord-nobody") == []
+
+
+# ------------------------------------------------------------------------------------------------ quotas
+
+
+def _quoted(offers, pricing_model: PricingModel = PricingModel.ON_DEMAND, attempt: str = "ord-alice-a1"):
+    quote = _by_key(offers)[("eastus", "eastus-2", "Standard_NC4as_T4_v3", pricing_model.value)]
+    return _spec(
+        attempt, pricing_model=pricing_model, gpu_count=quote.gpu_count, vcpus=quote.vcpus, offer_extra=quote.extra
+    )
+
+
+def test_the_quota_precheck_reads_the_family_quota_the_launch_would_hit(adapter, sandbox, offers):
+    family = _quoted(offers).offer_extra["family"]
+    vcpus = _quoted(offers).vcpus
+    sandbox.set_quota(family, vcpus)  # room for exactly one VM of this size
+    azure = adapter()
+    azure.quota_check(_quoted(offers))
+    azure.launch(_quoted(offers))
+
+    second = _quoted(offers, attempt="ord-bob-a1")
+    with pytest.raises(QuotaExceeded) as precheck:
+        azure.quota_check(second)
+    assert precheck.value.code == "precheck"
+    assert f"quota {family} in eastus: {vcpus} of {vcpus} in use, the launch needs {vcpus}" in str(precheck.value)
+    with pytest.raises(QuotaExceeded, match=f"exceeding approved {family} Cores quota"):
+        azure.launch(second)
+    assert len(sandbox.instances()) == 1
+
+
+def test_spot_vms_count_only_against_the_low_priority_quota(adapter, sandbox, offers):
+    spot = _quoted(offers, PricingModel.SPOT)
+    sandbox.set_quota(spot.offer_extra["family"], 0)
+    azure = adapter()
+    azure.quota_check(spot)  # the family quota does not apply to Spot
+    sandbox.set_quota("lowPriorityCores", spot.vcpus - 1)
+    with pytest.raises(QuotaExceeded, match="quota lowPriorityCores in eastus"):
+        azure.quota_check(spot)

@@ -428,3 +428,62 @@ def test_terminating_an_instance_gcp_never_had_writes_nothing(sandbox, gcp_adapt
 
     assert result.state is InstanceState.TERMINATED
     assert sandbox.calls("compute.instances.delete") == []
+
+
+# ------------------------------------------------------------------------------------------------ quotas
+
+
+def _quoted_spec(adapter: GcpAdapter, attempt: str, *, pricing_model: PricingModel = PricingModel.ON_DEMAND):
+    """A launch spec carrying what the adapter's own offer said (GPUs, vCPUs, accelerator type)."""
+    [quote] = [
+        q
+        for q in adapter.list_offers()
+        if (q.zone, q.instance_type, q.pricing_model) == ("us-central1-a", "n1-standard-4+1xT4", pricing_model)
+    ]
+    spec = _spec(attempt, pricing_model=pricing_model)
+    return LaunchSpec(
+        **{f: getattr(spec, f) for f in ("region", "zone", "instance_type", "pricing_model", "client_token")},
+        order_ref=spec.order_ref,
+        gpu_count=quote.gpu_count,
+        vcpus=quote.vcpus,
+        offer_extra=quote.extra,
+    )
+
+
+def test_the_quota_precheck_predicts_what_the_launch_would_answer(sandbox, gcp_adapter):
+    adapter = gcp_adapter(regions=["us-central1"])
+    sandbox.set_quota("NVIDIA_T4_GPUS", 1)
+    first = _quoted_spec(adapter, "ord-1-a1")
+    adapter.quota_check(first)  # room for one
+    adapter.launch(first)
+
+    second = _quoted_spec(adapter, "ord-2-a1")
+    with pytest.raises(QuotaExceeded) as precheck:
+        adapter.quota_check(second)
+    assert precheck.value.code == "precheck"
+    assert (
+        str(precheck.value) == "gcp: precheck: quota NVIDIA_T4_GPUS in us-central1: 1 of 1 in use, the launch needs 1"
+    )
+    # Had the broker launched anyway, GCP would have refused it for the same quota.
+    with pytest.raises(QuotaExceeded) as launch:
+        adapter.launch(second)
+    assert "NVIDIA_T4_GPUS" in str(launch.value)
+    assert len(sandbox.instances()) == 1
+
+
+def test_spot_counts_against_the_preemptible_quota_where_the_project_has_one(sandbox, gcp_adapter):
+    adapter = gcp_adapter(regions=["us-central1"])
+    sandbox.set_quota("NVIDIA_T4_GPUS", 0)
+    spot = _quoted_spec(adapter, "ord-1-a1", pricing_model=PricingModel.SPOT)
+    adapter.quota_check(spot)  # PREEMPTIBLE_NVIDIA_T4_GPUS still has room
+
+    sandbox.set_quota("PREEMPTIBLE_NVIDIA_T4_GPUS", 0)  # no preemptible quota: spot uses the standard one
+    with pytest.raises(QuotaExceeded, match="quota NVIDIA_T4_GPUS in us-central1: 0 of 0 in use"):
+        adapter.quota_check(spot)
+
+
+def test_quota_needs_skip_what_the_provider_does_not_report():
+    quotas = mapping.quota_uses({"quotas": [{"metric": "CPUS", "limit": 24, "usage": 20}, {"metric": "bad"}]})
+    assert set(quotas) == {"CPUS"}
+    assert mapping.quota_needs(quotas, "nvidia-unknown", 1, 8, spot=False) == {"CPUS": 8}
+    assert mapping.quota_needs(quotas, "nvidia-l4", 2, 0, spot=True) == {"NVIDIA_L4_GPUS": 2}
