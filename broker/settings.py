@@ -176,6 +176,7 @@ CELERY_BEAT_SCHEDULE = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
+    "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": env_float("LEDGER_CHECKPOINT_INTERVAL_S", 300.0)},
 }
 
 # --- The broker ---------------------------------------------------------------------------------------------
@@ -206,6 +207,18 @@ if _keys_file:
         SECRETS_KEYS = [k.strip() for k in Path(_keys_file).read_text().split(",") if k.strip()]
     except OSError as exc:
         raise ImproperlyConfigured(f"BROKER_SECRETS_KEYS_FILE={_keys_file!r} cannot be read: {exc}") from None
+
+# The ledger's signed checkpoints and their anchors (ledger/checkpoints.py, ledger/anchoring.py).
+LEDGER_ORIGIN = env_str("LEDGER_ORIGIN", "gpu-broker/ledger")
+# Base64 of a 32-byte Ed25519 seed, or a file holding it; with neither, a key is made once in VAR_DIR.
+LEDGER_SIGNING_KEY = env_str("LEDGER_SIGNING_KEY")
+LEDGER_SIGNING_KEY_FILE = env_str("LEDGER_SIGNING_KEY_FILE", str(VAR_DIR / "ledger-signing.key"))
+LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 300.0, minimum=5.0)
+# Empty: an in-process test chain (eth-tester). Otherwise any Ethereum JSON-RPC endpoint, with the sender's
+# key in LEDGER_CHAIN_PRIVATE_KEY (hex) or LEDGER_CHAIN_PRIVATE_KEY_FILE.
+LEDGER_CHAIN_RPC_URL = env_str("LEDGER_CHAIN_RPC_URL")
+LEDGER_CHAIN_PRIVATE_KEY = env_str("LEDGER_CHAIN_PRIVATE_KEY")
+LEDGER_CHAIN_PRIVATE_KEY_FILE = env_str("LEDGER_CHAIN_PRIVATE_KEY_FILE")
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,25 @@
+from __future__ import annotations
+
+import threading
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+
+# SQLite has no session settings: the append-only triggers ask this per-thread flag through a SQL function.
+wipe_allowed = threading.local()
+
+
+def _register_sqlite_functions(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.vendor == "sqlite":
+        connection.connection.create_function(
+            "ledger_maintenance", 0, lambda: int(getattr(wipe_allowed, "on", False)), deterministic=False
+        )
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        connection_created.connect(_register_sqlite_functions, dispatch_uid="ledger-sqlite-functions")

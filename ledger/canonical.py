@@ -42,3 +42,20 @@ def canonical_bytes(value: Any) -> bytes:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def entry_envelope(
+    *, sequence: int, kind: str, subject: str, created_at: dt.datetime | str, payload_hash: str, prev_hash: str
+) -> bytes:
+    """The bytes ``entry_hash`` is computed over; also the entry's Merkle leaf. ``created_at`` may be the
+    datetime or its canonical text (``2026-12-03T11:49:00Z``, as published): both give the same bytes."""
+    return canonical_bytes(
+        {
+            "sequence": sequence,
+            "kind": kind,
+            "subject": subject,
+            "created_at": created_at,
+            "payload_sha256": payload_hash,
+            "prev": prev_hash,
+        }
+    )

@@ -1,17 +1,63 @@
-"""Ledger rows. Created only by ``ledger.services.ledger_append`` inside the caller's transaction."""
+"""Ledger rows. Created only by ``ledger.services`` inside the caller's transaction.
+
+Entries and checkpoints are append-only three times over: the model refuses to save a changed row or delete one,
+the queryset refuses ``update``/``delete``, and database triggers (migration 0002) refuse UPDATE, DELETE and
+TRUNCATE whatever the client. Someone who can drop the triggers can still rewrite rows; that is what the
+Merkle checkpoints, their signatures and their anchors on a chain catch.
+"""
 
 from __future__ import annotations
+
+from typing import Any, NoReturn
 
 from django.db import models
 
 GENESIS_HASH = "0" * 64
 
 
-class LedgerEntry(models.Model):
+class LedgerImmutable(Exception):
+    """An attempt to change or delete a ledger row."""
+
+
+def _refuse(what: str) -> NoReturn:
+    raise LedgerImmutable(f"ledger rows are append-only: {what} refused")
+
+
+class AppendOnlyQuerySet(models.QuerySet[Any]):
+    def update(self, **kwargs: Any) -> NoReturn:
+        _refuse("update")
+
+    def delete(self) -> NoReturn:
+        _refuse("delete")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse("bulk_update")
+
+
+class AppendOnlyModel(models.Model):
+    """A row that is written once."""
+
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            _refuse(f"changing {type(self).__name__} {self.pk}")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(f"deleting {type(self).__name__} {self.pk}")
+
+
+class LedgerEntry(AppendOnlyModel):
     """One entry. ``entry_hash`` = SHA-256 of the canonical envelope, which includes ``prev_hash``.
 
-    The envelope (sequence, kind, subject, created_at, payload_hash, prev_hash) is what later proofs commit to;
-    ``payload`` keeps the canonical JSON text so anyone can recompute ``payload_hash``.
+    The envelope (sequence, kind, subject, created_at, payload_hash, prev_hash) is the entry's Merkle leaf:
+    ``leaf_hash`` = SHA-256(0x00 || envelope), kept so checkpoints and proofs need not rebuild envelopes.
+    ``payload`` keeps the canonical JSON text so anyone can recompute ``payload_hash``; it never holds
+    personal data, only commitments to it (``PersonalDatum``).
     """
 
     sequence = models.PositiveBigIntegerField(unique=True)
@@ -21,6 +67,7 @@ class LedgerEntry(models.Model):
     payload_hash = models.CharField(max_length=64)
     prev_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64, unique=True)
+    leaf_hash = models.CharField(max_length=64, default="")  # filled by ledger_append; "" only mid-migration
     created_at = models.DateTimeField()
 
     class Meta:
@@ -43,3 +90,56 @@ class LedgerHead(models.Model):
 
     def __str__(self) -> str:
         return f"ledger head size={self.size}"
+
+
+class Checkpoint(AppendOnlyModel):
+    """A signed statement of the tree: its first ``size`` entries have Merkle root ``root_hash``.
+
+    ``note`` is the whole signed note as published (C2SP tlog-checkpoint body, a blank line, the signature
+    line); ``key_id`` names the Ed25519 key that signed it.
+    """
+
+    size = models.PositiveBigIntegerField(unique=True)
+    root_hash = models.CharField(max_length=64)
+    origin = models.CharField(max_length=255)
+    note = models.TextField()
+    key_id = models.CharField(max_length=8)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["size"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.size} {self.root_hash[:12]}"
+
+
+class Anchor(AppendOnlyModel):
+    """A checkpoint's (size, root) written to a chain: the transaction that carries it and its block."""
+
+    checkpoint = models.OneToOneField(Checkpoint, on_delete=models.PROTECT, related_name="anchor")
+    chain_id = models.PositiveBigIntegerField()
+    tx_hash = models.CharField(max_length=66, unique=True)
+    block_number = models.PositiveBigIntegerField()
+    block_hash = models.CharField(max_length=66)
+    sender = models.CharField(max_length=42)
+    anchored_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"anchor of {self.checkpoint_id} in block {self.block_number}"
+
+
+class PersonalDatum(models.Model):
+    """Personal data an entry commits to: ``commitment`` = SHA-256(salt || canonical JSON of ``value``).
+
+    Entries carry only the commitment. Erasing a person deletes these rows (salt and value); the entries,
+    their hashes and every proof stay exactly as they were, and the commitment alone reveals nothing.
+    """
+
+    commitment = models.CharField(max_length=64, unique=True)
+    person = models.CharField(max_length=64, db_index=True)
+    salt = models.CharField(max_length=64)
+    value = models.TextField()
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.person} {self.commitment[:12]}"

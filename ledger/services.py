@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import json
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.canonical import canonical_bytes, sha256_hex
-from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
+from ledger import merkle
+from ledger.apps import wipe_allowed
+from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
+from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead, PersonalDatum
 
 
 class LedgerError(Exception):
     """Raised when an append is attempted outside a transaction or the chain head is inconsistent."""
-
-
-def entry_envelope(
-    *, sequence: int, kind: str, subject: str, created_at: dt.datetime, payload_hash: str, prev_hash: str
-) -> bytes:
-    """The bytes ``entry_hash`` is computed over; also the leaf data for Merkle proofs."""
-    return canonical_bytes(
-        {
-            "sequence": sequence,
-            "kind": kind,
-            "subject": subject,
-            "created_at": created_at,
-            "payload_sha256": payload_hash,
-            "prev": prev_hash,
-        }
-    )
 
 
 def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> LedgerEntry:
@@ -65,6 +52,7 @@ def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> Ledger
         payload_hash=payload_hash,
         prev_hash=head.head_hash,
         entry_hash=sha256_hex(envelope),
+        leaf_hash=merkle.leaf_hash(envelope).hex(),
         created_at=created_at,
     )
     updated = LedgerHead.objects.filter(id=1, size=head.size).update(size=sequence, head_hash=entry.entry_hash)
@@ -123,6 +111,8 @@ def ledger_verify() -> VerifyResult:
         )
         if sha256_hex(envelope) != entry.entry_hash:
             return VerifyResult(count, entry.sequence, "entry_hash does not match its recomputed envelope")
+        if merkle.leaf_hash(envelope).hex() != entry.leaf_hash:
+            return VerifyResult(count, entry.sequence, "leaf_hash does not match its recomputed envelope")
         prev_hash = entry.entry_hash
         expected += 1
     head = LedgerHead.objects.filter(id=1).first()
@@ -131,3 +121,48 @@ def ledger_verify() -> VerifyResult:
     if size != count or head_hash != prev_hash:
         return VerifyResult(count, None, f"head says size {size} / {head_hash[:12]}, chain has {count} entries")
     return VerifyResult(count, None, "")
+
+
+def ledger_allow_wipe(allow: bool = True) -> None:
+    """Let this database session empty the ledger tables wholesale (PostgreSQL TRUNCATE, SQLite DELETE), or stop
+    letting it. For flushing a test database only: the triggers refuse every other UPDATE or DELETE anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('ledger.maintenance', %s, false)", ["on" if allow else "off"])
+    wipe_allowed.on = allow
+
+
+# --- Personal data ----------------------------------------------------------------------------------------------
+
+
+def personal_commitment(*, person: str, value: Any) -> str:
+    """Keep ``value`` (personal data of ``person``, e.g. ``user:42``) outside the ledger and return the salted
+    commitment to put in an entry's payload instead: SHA-256(salt || canonical JSON of value), hex.
+
+    Call inside the transaction of the entry, so the datum and the entry commit together."""
+    salt = secrets.token_bytes(32)
+    text = canonical_bytes(value)
+    commitment = sha256_hex(salt + text)
+    PersonalDatum.objects.create(
+        commitment=commitment, person=person, salt=salt.hex(), value=text.decode("utf-8"), created_at=timezone.now()
+    )
+    return commitment
+
+
+def personal_reveal(commitment: str) -> Any | None:
+    """The value behind a commitment, checked against it; None once the person was erased (or never existed)."""
+    datum = PersonalDatum.objects.filter(commitment=commitment).first()
+    if datum is None:
+        return None
+    if sha256_hex(bytes.fromhex(datum.salt) + datum.value.encode("utf-8")) != commitment:
+        raise LedgerError(f"personal datum {commitment[:12]} does not match its commitment")
+    return json.loads(datum.value)
+
+
+def personal_erase(*, person: str, reason: str) -> int:
+    """Erase everything kept about ``person``: their salts and values go, the entries stay, and every hash and
+    proof still verifies (the commitments alone reveal nothing). Ledgered without personal data."""
+    with transaction.atomic():
+        erased, _ = PersonalDatum.objects.filter(person=person).delete()
+        ledger_append(kind="personal.erased", subject=f"person:{person}", payload={"data": erased, "reason": reason})
+    return erased

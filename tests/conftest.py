@@ -18,6 +18,23 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
+@pytest.fixture(autouse=True)
+def _ledger_wipe_after_transactional_tests(request):
+    """A transactional test ends with Django flushing every table, which the ledger's append-only triggers
+    refuse unless the session allows a wipe: allow it just for that flush."""
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or bool(marker and marker.kwargs.get("transaction"))
+    if not transactional:
+        yield
+        return
+    from ledger.services import ledger_allow_wipe
+
+    request.getfixturevalue("_django_db_helper")  # set up first, so it flushes after this teardown
+    ledger_allow_wipe(False)
+    yield
+    ledger_allow_wipe(True)
+
+
 @pytest.fixture
 def acme(db) -> Organization:
     return OrganizationFactory(name="Acme Research", kind=OrganizationKind.BUYER)

@@ -3,11 +3,12 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, transaction
+from django.db import transaction
 
 from ledger.canonical import canonical_bytes
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
 from ledger.services import LedgerError, ledger_append, ledger_verify
+from tests.ledger.tamper import triggers_bypassed
 
 
 def _append(n: int) -> list[LedgerEntry]:
@@ -58,7 +59,7 @@ def test_canonical_json_refuses_floats_and_sorts_keys():
 def test_verify_command_names_the_tampered_entry(capsys):
     _append(4)
     # Tamper the way an attacker with table access would: rewrite a stored payload directly.
-    with connection.cursor() as cursor:
+    with triggers_bypassed() as cursor:
         cursor.execute("UPDATE ledger_ledgerentry SET payload = %s WHERE sequence = 3", ['{"i":99}'])
 
     with pytest.raises(CommandError) as excinfo:
@@ -75,9 +76,11 @@ def test_verify_detects_a_rehashed_entry_by_its_broken_link():
     import hashlib
 
     new_payload = '{"i":42}'
-    LedgerEntry.objects.filter(sequence=2).update(
-        payload=new_payload, payload_hash=hashlib.sha256(new_payload.encode()).hexdigest()
-    )
+    with triggers_bypassed() as cursor:
+        cursor.execute(
+            "UPDATE ledger_ledgerentry SET payload = %s, payload_hash = %s WHERE sequence = 2",
+            [new_payload, hashlib.sha256(new_payload.encode()).hexdigest()],
+        )
 
     result = ledger_verify()
 
@@ -89,7 +92,8 @@ def test_verify_detects_a_rehashed_entry_by_its_broken_link():
 @pytest.mark.django_db
 def test_verify_detects_a_deleted_entry():
     _append(3)
-    LedgerEntry.objects.filter(sequence=2).delete()
+    with triggers_bypassed() as cursor:
+        cursor.execute("DELETE FROM ledger_ledgerentry WHERE sequence = 2")
 
     result = ledger_verify()
 

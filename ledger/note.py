@@ -1,0 +1,135 @@
+"""Signed checkpoints as plain text, in the format of C2SP's tlog-checkpoint inside a C2SP signed note.
+
+Standard library and ``cryptography`` only (no Django), so an auditor's tool can check them. A checkpoint's
+body is three lines: the log's origin, the tree size in decimal, and the base64 Merkle root. The note is the
+body, a blank line, and one signature line per signer::
+
+    gpu-broker/ledger
+    1234
+    x4Kz...=
+
+    — gpu-broker/ledger AAAAAb...==
+
+A signature line is an em dash, the key's name, and base64 of the 4-byte key id followed by the Ed25519
+signature of the body. The key id is the first four bytes of SHA-256(name || 0x0A || 0x01 || public key),
+so a verifier picks the right key without trying them all. A verifier key is written
+``<name>+<key id hex>+<base64(0x01 || public key)>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+_ED25519 = b"\x01"  # the signed-note algorithm byte for Ed25519
+_DASH = "\u2014"
+
+
+class NoteError(ValueError):
+    """A note, key or signature that is malformed or does not verify."""
+
+
+@dataclass(frozen=True)
+class CheckpointBody:
+    origin: str
+    size: int
+    root: bytes
+
+    def text(self) -> str:
+        return f"{self.origin}\n{self.size}\n{base64.b64encode(self.root).decode()}\n"
+
+
+def _raw_public(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def key_id(name: str, public_key: Ed25519PublicKey) -> bytes:
+    """The 4-byte id a signature line carries for ``name``'s key."""
+    return hashlib.sha256(name.encode() + b"\n" + _ED25519 + _raw_public(public_key)).digest()[:4]
+
+
+def verifier_key(name: str, public_key: Ed25519PublicKey) -> str:
+    """The public half, as one line an auditor can be given: ``name+keyid+base64(0x01 || key)``."""
+    encoded = base64.b64encode(_ED25519 + _raw_public(public_key)).decode()
+    return f"{name}+{key_id(name, public_key).hex()}+{encoded}"
+
+
+def parse_verifier_key(vkey: str) -> tuple[str, bytes, Ed25519PublicKey]:
+    """(name, key id, public key) from a verifier key line; raises ``NoteError`` if it is malformed."""
+    try:
+        name, id_hex, encoded = vkey.strip().split("+", 2)  # a name has no "+", base64 may
+        raw = base64.b64decode(encoded, validate=True)
+        expected_id = bytes.fromhex(id_hex)
+    except (ValueError, binascii.Error) as exc:
+        raise NoteError(f"verifier key is malformed: {exc}") from None
+    if not name or len(raw) != 33 or raw[:1] != _ED25519:
+        raise NoteError("verifier key is not an Ed25519 signed-note key")
+    public_key = Ed25519PublicKey.from_public_bytes(raw[1:])
+    if key_id(name, public_key) != expected_id:
+        raise NoteError("verifier key's id does not match its name and key")
+    return name, expected_id, public_key
+
+
+def sign(body: CheckpointBody, name: str, private_key: Ed25519PrivateKey) -> str:
+    """The signed note for ``body``."""
+    text = body.text()
+    signature = private_key.sign(text.encode())
+    stamp = base64.b64encode(key_id(name, private_key.public_key()) + signature).decode()
+    return f"{text}\n{_DASH} {name} {stamp}\n"
+
+
+def parse_body(text: str) -> CheckpointBody:
+    """The checkpoint in a note's body (origin, size, root); raises ``NoteError`` if it is malformed."""
+    lines = text.split("\n")
+    if len(lines) < 4 or lines[-1] != "":
+        raise NoteError("checkpoint body must be origin, size and root lines, each ending in a newline")
+    origin, size_text, root_text = lines[0], lines[1], lines[2]
+    if not origin or not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+        raise NoteError("checkpoint body has no origin or a size that is not a decimal number")
+    try:
+        root = base64.b64decode(root_text, validate=True)
+    except binascii.Error:
+        raise NoteError("checkpoint root is not base64") from None
+    if len(root) != 32:
+        raise NoteError("checkpoint root is not 32 bytes")
+    return CheckpointBody(origin, int(size_text), root)
+
+
+def open_note(note: str, vkey: str) -> CheckpointBody:
+    """The checkpoint a note states, after checking its signature by ``vkey``'s key.
+
+    Raises ``NoteError`` when the note is malformed, carries no signature by that key, or the signature does
+    not verify. Signatures by other keys are ignored, as the signed-note format allows.
+    """
+    name, expected_id, public_key = parse_verifier_key(vkey)
+    text, separator, signatures = note.partition("\n\n")
+    if not separator:
+        raise NoteError("note has no blank line between its text and its signatures")
+    text += "\n"
+    body = parse_body(text)
+    for line in signatures.split("\n"):
+        if not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 3 or parts[0] != _DASH:
+            raise NoteError(f"malformed signature line: {line!r}")
+        if parts[1] != name:
+            continue
+        try:
+            stamp = base64.b64decode(parts[2], validate=True)
+        except binascii.Error:
+            raise NoteError("signature is not base64") from None
+        if stamp[:4] != expected_id:
+            continue
+        try:
+            public_key.verify(stamp[4:], text.encode())
+        except InvalidSignature:
+            raise NoteError(f"signature by {name} does not verify") from None
+        return body
+    raise NoteError(f"note carries no signature by {name}")
