@@ -234,7 +234,7 @@ class BudgetApi(APIView):
             organization,
             per_hour=body.validated_data["budget_per_hour"],
             monthly=body.validated_data["budget_monthly"],
-            by=request.user.get_username(),
+            by=request.user,
         )
         return Response(_budget_body(organization))
 

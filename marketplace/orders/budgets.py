@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Sum
 
-from ledger.services import ledger_append
+from ledger.services import ledger_append, personal_commitment
 from marketplace.models import Instance, Order, OrderState, Organization
 from marketplace.orders.services import OrderError
 
@@ -87,9 +88,10 @@ def budget_check(organization: Organization, *, adding_per_hour: Decimal, now: d
 
 
 def budget_set(
-    organization: Organization, *, per_hour: Decimal | None, monthly: Decimal | None, by: str
+    organization: Organization, *, per_hour: Decimal | None, monthly: Decimal | None, by: AbstractBaseUser
 ) -> Organization:
-    """Set (or clear, with None) the organisation's budgets, in cents; ledgered, so a change is on the record."""
+    """Set (or clear, with None) the organisation's budgets, in cents; ledgered, so a change is on the record
+    (who changed it as a commitment: erasable personal data stays out of the ledger)."""
     per_hour = None if per_hour is None else per_hour.quantize(_CENTS)
     monthly = None if monthly is None else monthly.quantize(_CENTS)
     with transaction.atomic():
@@ -97,7 +99,12 @@ def budget_set(
         ledger_append(
             kind="organization.budget",
             subject=f"organization:{organization.pk}",
-            payload={"organization": organization.pk, "per_hour": per_hour, "monthly": monthly, "by": by},
+            payload={
+                "organization": organization.pk,
+                "per_hour": per_hour,
+                "monthly": monthly,
+                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+            },
         )
     organization.budget_per_hour, organization.budget_monthly = per_hour, monthly
     return organization

@@ -37,8 +37,8 @@ def t4(aws_account):
     return aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
 
 
-def test_the_hourly_budget_refuses_the_order_that_would_exceed_it(api, acme, t4):
-    budget_set(acme, per_hour=t4.price_usd * 2 + Decimal("0.10"), monthly=None, by="test")
+def test_the_hourly_budget_refuses_the_order_that_would_exceed_it(api, acme, alice, t4):
+    budget_set(acme, per_hour=t4.price_usd * 2 + Decimal("0.10"), monthly=None, by=alice)
     first = _post(api, "/api/v1/orders", {"offer": t4.pk})
     assert first.status_code == 201 and first.json()["warnings"] == []
     second = _post(api, "/api/v1/orders", {"offer": t4.pk})
@@ -64,10 +64,10 @@ def test_the_monthly_budget_counts_this_months_usage(api, acme, alice, t4, djang
     )
     status = budget_status(acme, now=now)
     assert status.month_to_date == (order.price_per_hour * 10).quantize(Decimal("0.01"))
-    budget_set(acme, per_hour=None, monthly=status.month_to_date, by="test")
+    budget_set(acme, per_hour=None, monthly=status.month_to_date, by=alice)
     refused = _post(api, "/api/v1/orders", {"offer": t4.pk})
     assert refused.status_code == 402 and "monthly budget" in refused.json()["error"]["message"]
-    budget_set(acme, per_hour=None, monthly=status.month_to_date + Decimal("1.00"), by="test")
+    budget_set(acme, per_hour=None, monthly=status.month_to_date + Decimal("1.00"), by=alice)
     placed = _post(api, "/api/v1/orders", {"offer": t4.pk})
     assert placed.status_code == 201 and "this month's usage" in placed.json()["warnings"][0]
 
@@ -95,7 +95,7 @@ def test_concurrent_orders_cannot_both_take_the_last_room(acme, alice, t4):
     if connection.vendor != "postgresql":
         pytest.skip("row locks need PostgreSQL; SQLite serialises every write anyway")
     # Room for three orders at this price; eight buyers race for it.
-    budget_set(acme, per_hour=t4.price_usd * 3, monthly=None, by="test")
+    budget_set(acme, per_hour=t4.price_usd * 3, monthly=None, by=alice)
     barrier = threading.Barrier(8)
     outcomes: list[str] = []
 
@@ -132,7 +132,7 @@ def test_failover_to_a_dearer_offer_stays_within_the_hourly_budget(
     assert tencent_t4.price_usd > aws_t4.price_usd
     aws_sandbox.faults.inject("capacity", instance_type="g4dn.xlarge")  # every AWS zone sold out
     # The buyer's cap admits Tencent's T4, the organisation's hourly budget does not.
-    budget_set(acme, per_hour=aws_t4.price_usd + Decimal("0.01"), monthly=None, by="test")
+    budget_set(acme, per_hour=aws_t4.price_usd + Decimal("0.01"), monthly=None, by=alice)
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(
             organization=acme,
