@@ -63,7 +63,8 @@ def verifier_key() -> str:
     return note.verifier_key(settings.LEDGER_ORIGIN, signing_key().public_key())
 
 
-def _leaf_hashes(size: int) -> list[bytes]:
+def leaf_hashes(size: int) -> list[bytes]:
+    """The first ``size`` leaf hashes, in order; raises ``ProofUnavailable`` on a gap."""
     hashes = LedgerEntry.objects.filter(sequence__lte=size).order_by("sequence").values_list("leaf_hash", flat=True)
     leaves = [bytes.fromhex(h) for h in hashes.iterator(chunk_size=20_000)]
     if len(leaves) != size:
@@ -81,7 +82,7 @@ def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
     latest = Checkpoint.objects.order_by("-size").first()
     if size == 0 or (latest is not None and latest.size >= size):
         return None
-    root = merkle.root_from_hashes(_leaf_hashes(size))
+    root = merkle.root_from_hashes(leaf_hashes(size))
     body = note.CheckpointBody(settings.LEDGER_ORIGIN, size, root)
     key = signing_key()
     try:
@@ -108,7 +109,7 @@ class InclusionProof:
 
 def inclusion_proofs(sequences: list[int], checkpoint: Checkpoint) -> list[InclusionProof]:
     """Each entry's audit path to ``checkpoint``'s root (entries must be within its size)."""
-    leaves = _leaf_hashes(checkpoint.size)
+    leaves = leaf_hashes(checkpoint.size)
     proofs = []
     for sequence in sequences:
         if not 1 <= sequence <= checkpoint.size:
@@ -125,7 +126,7 @@ def consistency_proof(old_size: int, new_size: int) -> list[str]:
     head = LedgerHead.objects.filter(id=1).first()
     if head is None or new_size > head.size:
         raise ProofUnavailable(f"the ledger has fewer than {new_size} entries")
-    leaves = _leaf_hashes(new_size)
+    leaves = leaf_hashes(new_size)
     return [p.hex() for p in merkle.consistency_proof_from_hashes(old_size, leaves)]
 
 

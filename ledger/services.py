@@ -11,7 +11,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import merkle
+from ledger import merkle, note
 from ledger.apps import wipe_allowed
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead, PersonalDatum
@@ -84,14 +84,19 @@ def _entries(batch: int = 2000) -> Iterator[LedgerEntry]:
         last = rows[-1].sequence
 
 
-def ledger_verify() -> VerifyResult:
-    """Recompute every hash from the stored payloads and check the links, the sequence and the head.
+def ledger_verify(*, chain: Any = None) -> VerifyResult:
+    """Recompute every hash from the stored payloads and check the links, the sequence and the head; then
+    recompute the Merkle root at every checkpoint, check the checkpoint's signature, and, given ``chain`` (a
+    ``Web3``), check each anchor's transaction states that same size and root.
 
-    Reports the first entry that does not check out; never modifies anything.
+    A chain rewritten consistently from the first entry passes the link checks but not the checkpoints'
+    signed roots; rewritten checkpoints fail their signatures or their anchors. Reports the first problem;
+    never modifies anything.
     """
     prev_hash = GENESIS_HASH
     expected = 1
     count = 0
+    leaves: list[bytes] = []
     for entry in _entries():
         count += 1
         if entry.sequence != expected:
@@ -111,8 +116,10 @@ def ledger_verify() -> VerifyResult:
         )
         if sha256_hex(envelope) != entry.entry_hash:
             return VerifyResult(count, entry.sequence, "entry_hash does not match its recomputed envelope")
-        if merkle.leaf_hash(envelope).hex() != entry.leaf_hash:
+        leaf = merkle.leaf_hash(envelope)
+        if leaf.hex() != entry.leaf_hash:
             return VerifyResult(count, entry.sequence, "leaf_hash does not match its recomputed envelope")
+        leaves.append(leaf)
         prev_hash = entry.entry_hash
         expected += 1
     head = LedgerHead.objects.filter(id=1).first()
@@ -120,7 +127,39 @@ def ledger_verify() -> VerifyResult:
     head_hash = head.head_hash if head else GENESIS_HASH
     if size != count or head_hash != prev_hash:
         return VerifyResult(count, None, f"head says size {size} / {head_hash[:12]}, chain has {count} entries")
-    return VerifyResult(count, None, "")
+    problem = _checkpoints_problem(leaves, chain)
+    return VerifyResult(count, None, problem)
+
+
+def _checkpoints_problem(leaves: list[bytes], chain: Any) -> str:
+    """The first checkpoint or anchor that disagrees with the entries, or ""."""
+    from ledger.chain import AnchorError, read_anchor
+    from ledger.checkpoints import verifier_key
+    from ledger.models import Anchor, Checkpoint
+
+    vkey = verifier_key() if Checkpoint.objects.exists() else ""
+    for checkpoint in Checkpoint.objects.order_by("size"):
+        where = f"checkpoint {checkpoint.size}"
+        if checkpoint.size > len(leaves):
+            return f"{where} covers more entries than the ledger has ({len(leaves)})"
+        try:
+            body = note.open_note(checkpoint.note, vkey)
+        except note.NoteError as exc:
+            return f"{where}: {exc}"
+        if (body.size, body.root.hex()) != (checkpoint.size, checkpoint.root_hash):
+            return f"{where}: its row differs from its signed note"
+        if merkle.root_from_hashes(leaves[: checkpoint.size]).hex() != checkpoint.root_hash:
+            return f"{where}: the entries' Merkle root differs from the signed root"
+        anchor = Anchor.objects.filter(checkpoint=checkpoint).first()
+        if chain is None or anchor is None:
+            continue
+        try:
+            on_chain = read_anchor(chain, anchor.tx_hash)
+        except AnchorError as exc:
+            return f"{where}: anchor {anchor.tx_hash}: {exc}"
+        if (on_chain.size, on_chain.root.hex()) != (checkpoint.size, checkpoint.root_hash):
+            return f"{where}: the chain anchored size {on_chain.size} root {on_chain.root.hex()[:12]}, not this"
+    return ""
 
 
 def ledger_allow_wipe(allow: bool = True) -> None:

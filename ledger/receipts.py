@@ -1,0 +1,116 @@
+"""What the broker publishes for outside verification, as plain JSON-ready dicts.
+
+- ``entry_json``: an entry with everything needed to recompute its hashes (``created_at`` in the canonical
+  text the envelope uses).
+- ``checkpoint_json``: a signed checkpoint and its anchor.
+- ``receipt``: one subject's entries (an order's), each with its inclusion proof against the newest
+  checkpoint that covers it, that checkpoint, and the verifier key. Entries newer than every checkpoint are
+  listed as ``pending``: the next checkpoint (``LEDGER_CHECKPOINT_INTERVAL_S``) covers them.
+- ``audit_bundle``: checkpoints, the consistency proofs between consecutive ones, and optionally every leaf
+  hash and every entry: the input of ``python -m ledger.audit``.
+
+Formats are versioned by their ``format`` field; ``ledger/audit.py`` is their reader.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from django.conf import settings
+
+from ledger import merkle
+from ledger.canonical import canonical_bytes
+from ledger.checkpoints import inclusion_proofs, leaf_hashes, verifier_key
+from ledger.models import Checkpoint, LedgerEntry
+
+RECEIPT_FORMAT = "broker-ledger-receipt/1"
+BUNDLE_FORMAT = "broker-ledger-audit/1"
+
+
+def entry_json(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "sequence": entry.sequence,
+        "kind": entry.kind,
+        "subject": entry.subject,
+        "created_at": canonical_bytes(entry.created_at).decode().strip('"'),
+        "payload": entry.payload,
+        "payload_hash": entry.payload_hash,
+        "prev_hash": entry.prev_hash,
+        "entry_hash": entry.entry_hash,
+        "leaf_hash": entry.leaf_hash,
+    }
+
+
+def checkpoint_json(checkpoint: Checkpoint) -> dict[str, Any]:
+    anchor = getattr(checkpoint, "anchor", None)
+    return {
+        "size": checkpoint.size,
+        "root": checkpoint.root_hash,
+        "note": checkpoint.note,
+        "key_id": checkpoint.key_id,
+        "created_at": canonical_bytes(checkpoint.created_at).decode().strip('"'),
+        "anchor": None
+        if anchor is None
+        else {
+            "chain_id": anchor.chain_id,
+            "tx_hash": anchor.tx_hash,
+            "block_number": anchor.block_number,
+            "block_hash": anchor.block_hash,
+            "sender": anchor.sender,
+        },
+    }
+
+
+def latest_checkpoint() -> Checkpoint | None:
+    return Checkpoint.objects.select_related("anchor").order_by("-size").first()
+
+
+def receipt(subject: str) -> dict[str, Any]:
+    """The receipt of ``subject``'s entries against the newest checkpoint."""
+    checkpoint = latest_checkpoint()
+    entries = list(LedgerEntry.objects.filter(subject=subject).order_by("sequence"))
+    covered = [e for e in entries if checkpoint is not None and e.sequence <= checkpoint.size]
+    proofs = (
+        {}
+        if checkpoint is None
+        else {p.sequence: p.path for p in inclusion_proofs([e.sequence for e in covered], checkpoint)}
+    )
+    return {
+        "format": RECEIPT_FORMAT,
+        "origin": settings.LEDGER_ORIGIN,
+        "verifier_key": verifier_key(),
+        "subject": subject,
+        "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
+        "entries": [{**entry_json(e), "inclusion_proof": proofs[e.sequence]} for e in covered],
+        "pending": [entry_json(e) for e in entries if e not in covered],
+    }
+
+
+def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dict[str, Any]:
+    """Every checkpoint with the consistency proof from the one before, and (optionally) every leaf hash up to
+    the newest checkpoint, and every entry. Entries carry no personal data, but they show every
+    organisation's activity: full bundles are for auditors the operator trusts with that, not for buyers."""
+    checkpoints = list(Checkpoint.objects.select_related("anchor").order_by("size"))
+    size = checkpoints[-1].size if checkpoints else 0
+    leaves = leaf_hashes(size)
+    consistency = [
+        {
+            "old_size": old.size,
+            "new_size": new.size,
+            "proof": [p.hex() for p in merkle.consistency_proof_from_hashes(old.size, leaves[: new.size])],
+        }
+        for old, new in itertools.pairwise(checkpoints)
+    ]
+    bundle: dict[str, Any] = {
+        "format": BUNDLE_FORMAT,
+        "origin": settings.LEDGER_ORIGIN,
+        "verifier_key": verifier_key(),
+        "checkpoints": [checkpoint_json(c) for c in checkpoints],
+        "consistency": consistency,
+    }
+    if with_leaves:
+        bundle["leaf_hashes"] = [leaf.hex() for leaf in leaves]
+    if with_entries:
+        bundle["entries"] = [entry_json(e) for e in LedgerEntry.objects.filter(sequence__lte=size).order_by("sequence")]
+    return bundle
