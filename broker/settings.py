@@ -172,11 +172,13 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
+# How often the ledger is checkpointed (when it grew) and anchored.
+LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
 CELERY_BEAT_SCHEDULE = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
-    "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": env_float("LEDGER_CHECKPOINT_INTERVAL_S", 300.0)},
+    "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
 }
 
 # --- The broker ---------------------------------------------------------------------------------------------
@@ -213,7 +215,6 @@ LEDGER_ORIGIN = env_str("LEDGER_ORIGIN", "gpu-broker/ledger")
 # Base64 of a 32-byte Ed25519 seed, or a file holding it; with neither, a key is made once in VAR_DIR.
 LEDGER_SIGNING_KEY = env_str("LEDGER_SIGNING_KEY")
 LEDGER_SIGNING_KEY_FILE = env_str("LEDGER_SIGNING_KEY_FILE", str(VAR_DIR / "ledger-signing.key"))
-LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 300.0, minimum=5.0)
 # Empty: an in-process test chain (eth-tester). Otherwise any Ethereum JSON-RPC endpoint, with the sender's
 # key in LEDGER_CHAIN_PRIVATE_KEY (hex) or LEDGER_CHAIN_PRIVATE_KEY_FILE.
 LEDGER_CHAIN_RPC_URL = env_str("LEDGER_CHAIN_RPC_URL")

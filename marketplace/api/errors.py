@@ -8,6 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from ledger.checkpoints import ProofUnavailable
 from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.services import (
     IdempotencyConflict,
@@ -40,6 +41,8 @@ def error_response(code: str, message: str, http_status: int, fields: dict[str, 
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ProofUnavailable):
+        return error_response("proof_unavailable", str(exc), status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, OrderError):
         return error_response(exc.code, str(exc), _STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST))
     response = drf_exception_handler(exc, context)

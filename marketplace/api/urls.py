@@ -13,4 +13,10 @@ urlpatterns = [
     path("invoice", views.InvoiceApi.as_view(), name="invoice"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
+    path("orders/<str:order_id>/receipt", views.OrderReceiptApi.as_view(), name="order-receipt"),
+    path("ledger/key", views.LedgerKeyApi.as_view(), name="ledger-key"),
+    path("ledger/checkpoints", views.CheckpointListApi.as_view(), name="ledger-checkpoints"),
+    path("ledger/checkpoints/latest", views.CheckpointLatestApi.as_view(), name="ledger-checkpoint-latest"),
+    path("ledger/consistency", views.ConsistencyApi.as_view(), name="ledger-consistency"),
+    path("ledger/leaves", views.LeafHashesApi.as_view(), name="ledger-leaves"),
 ]

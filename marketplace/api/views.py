@@ -5,13 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework import status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ledger.checkpoints import consistency_proof, verifier_key
+from ledger.models import Checkpoint, LedgerEntry
+from ledger.receipts import checkpoint_json, latest_checkpoint, receipt
 from marketplace.api.serializers import (
     BudgetInput,
     OfferListInput,
@@ -264,3 +269,88 @@ class InvoiceApi(APIView):
         ]
         total = sum((line.amount_usd for line in lines), Decimal(0))
         return Response({"month": raw, "lines": rows, "total_usd": format(total.quantize(Decimal("0.01")), "f")})
+
+
+class OrderReceiptApi(APIView):
+    """GET /api/v1/orders/<id>/receipt: the order's ledger entries, each with its inclusion proof against the
+    newest checkpoint, that checkpoint's signed note and anchor, and the verifier key (ledger/receipts.py)."""
+
+    def get(self, request: Request, order_id: str) -> Response:
+        order = _order_or_404(request, order_id)
+        return Response(receipt(f"order:{order.public_id}"))
+
+
+def _count(request: Request, name: str, default: int, *, minimum: int, maximum: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not minimum <= int(raw) <= maximum:
+        raise ValidationError({name: [f"a whole number from {minimum} to {maximum}"]})
+    return int(raw)
+
+
+class LedgerKeyApi(APIView):
+    """GET /api/v1/ledger/key: the key checkpoints are signed with. Public, like everything an auditor needs."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response({"origin": settings.LEDGER_ORIGIN, "verifier_key": verifier_key()})
+
+
+class CheckpointListApi(APIView):
+    """GET /api/v1/ledger/checkpoints?after=<size>&limit=<n>: signed checkpoints in size order, with anchors."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        after = _count(request, "after", 0, minimum=0, maximum=2**63 - 1)
+        limit = _count(request, "limit", 100, minimum=1, maximum=1000)
+        page = list(Checkpoint.objects.select_related("anchor").filter(size__gt=after).order_by("size")[: limit + 1])
+        more = len(page) > limit
+        page = page[:limit]
+        return Response(
+            {
+                "checkpoints": [checkpoint_json(c) for c in page],
+                "next_after": page[-1].size if more and page else None,
+            }
+        )
+
+
+class CheckpointLatestApi(APIView):
+    """GET /api/v1/ledger/checkpoints/latest: the newest signed checkpoint."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        checkpoint = latest_checkpoint()
+        if checkpoint is None:
+            raise NotFound("no checkpoint has been signed yet")
+        return Response(checkpoint_json(checkpoint))
+
+
+class ConsistencyApi(APIView):
+    """GET /api/v1/ledger/consistency?old=<size>&new=<size>: proof that the larger tree extends the smaller."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        missing = [name for name in ("old", "new") if name not in request.query_params]
+        if missing:
+            raise ValidationError({name: ["required"] for name in missing})
+        old = _count(request, "old", 0, minimum=1, maximum=2**63 - 1)
+        new = _count(request, "new", 0, minimum=1, maximum=2**63 - 1)
+        return Response({"old_size": old, "new_size": new, "proof": consistency_proof(old, new)})
+
+
+class LeafHashesApi(APIView):
+    """GET /api/v1/ledger/leaves?start=<sequence>&limit=<n>: leaf hashes in order, enough to recompute every
+    checkpoint's root; they reveal nothing of the entries."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request: Request) -> Response:
+        start = _count(request, "start", 1, minimum=1, maximum=2**63 - 1)
+        limit = _count(request, "limit", 10_000, minimum=1, maximum=10_000)
+        rows = LedgerEntry.objects.filter(sequence__gte=start).order_by("sequence")[:limit]
+        return Response({"start": start, "leaf_hashes": list(rows.values_list("leaf_hash", flat=True))})

@@ -11,4 +11,5 @@ urlpatterns = [
     path("orders/", views.orders, name="orders"),
     path("orders/place", views.order_place_view, name="order-place"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
+    path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
 ]

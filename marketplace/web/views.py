@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from ledger.receipts import receipt
 from marketplace.api.serializers import demand_from
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.models import Organization
@@ -144,6 +145,16 @@ def orders(request: HttpRequest) -> HttpResponse:
         "storefront/orders.html",
         {"orders": [(o, heads.get(o.pk, ""), order_usage(o, now=now)) for o in rows], "organization": org},
     )
+
+
+@login_required
+def order_receipt(request: HttpRequest, order_id: str) -> HttpResponse:
+    """The order's ledger receipt: entries, inclusion proofs, the signed checkpoint and its anchor. The page
+    checks the proofs and the signature itself (static/receipt.js), not trusting the server's word."""
+    order = order_get(organization=_org_or_404(request), public_id=order_id)
+    if order is None:
+        raise Http404("no such order")
+    return render(request, "storefront/receipt.html", {"order": order, "receipt": receipt(f"order:{order.public_id}")})
 
 
 @login_required
