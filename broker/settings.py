@@ -215,6 +215,8 @@ LEDGER_ORIGIN = env_str("LEDGER_ORIGIN", "gpu-broker/ledger")
 # Base64 of a 32-byte Ed25519 seed, or a file holding it; with neither, a key is made once in VAR_DIR.
 LEDGER_SIGNING_KEY = env_str("LEDGER_SIGNING_KEY")
 LEDGER_SIGNING_KEY_FILE = env_str("LEDGER_SIGNING_KEY_FILE", str(VAR_DIR / "ledger-signing.key"))
+# Verifier keys of earlier signing keys (comma-separated), so checkpoints signed before a rotation still verify.
+LEDGER_PREVIOUS_VERIFIER_KEYS = env_list("LEDGER_PREVIOUS_VERIFIER_KEYS", [])
 # Empty: an in-process test chain (eth-tester). Otherwise any Ethereum JSON-RPC endpoint, with the sender's
 # key in LEDGER_CHAIN_PRIVATE_KEY (hex) or LEDGER_CHAIN_PRIVATE_KEY_FILE.
 LEDGER_CHAIN_RPC_URL = env_str("LEDGER_CHAIN_RPC_URL")

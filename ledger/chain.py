@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from web3 import Web3
+from web3.exceptions import TransactionNotFound
 from web3.types import Wei
 
 ANCHOR_PREFIX = b"broker-ledger/1"
@@ -93,17 +94,20 @@ def read_anchor(w3: Web3, tx_hash: str) -> AnchorRecord:
     """What the chain holds for ``tx_hash``: raises ``AnchorError`` if the transaction is unknown, failed, or
     carries no anchor."""
     try:
+        chain_id = int(w3.eth.chain_id)
         tx = w3.eth.get_transaction(tx_hash)  # type: ignore[arg-type]
         receipt = w3.eth.get_transaction_receipt(tx_hash)  # type: ignore[arg-type]
-    except Exception as exc:  # web3 raises its own error types per provider for an unknown hash
+    except (TransactionNotFound, ValueError) as exc:  # unknown hash; a malformed one is a ValueError
         raise AnchorError(f"the chain has no transaction {tx_hash}: {exc}") from None
+    except Exception as exc:  # the node could not be asked: each provider raises its own transport errors
+        raise AnchorError(f"the chain could not be asked about {tx_hash}: {type(exc).__name__}: {exc}") from None
     if receipt["status"] != 1:
         raise AnchorError(f"transaction {tx_hash} failed on chain")
     size, root = parse_anchor_data(bytes(tx["input"]))
     if tx["to"] != tx["from"]:
         raise AnchorError(f"transaction {tx_hash} is not sent to its own sender")
     return AnchorRecord(
-        chain_id=int(w3.eth.chain_id),
+        chain_id=chain_id,
         tx_hash=_hex(tx["hash"]),
         block_number=int(receipt["blockNumber"]),
         block_hash=_hex(receipt["blockHash"]),

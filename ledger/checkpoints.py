@@ -63,6 +63,19 @@ def verifier_key() -> str:
     return note.verifier_key(settings.LEDGER_ORIGIN, signing_key().public_key())
 
 
+def verifier_keys() -> dict[str, str]:
+    """Every verifier key a checkpoint may have been signed with, by key id (hex): the current key and
+    ``LEDGER_PREVIOUS_VERIFIER_KEYS``."""
+    keys = {}
+    for vkey in [*settings.LEDGER_PREVIOUS_VERIFIER_KEYS, verifier_key()]:
+        try:
+            _name, key_id, _public = note.parse_verifier_key(vkey)
+        except note.NoteError as exc:
+            raise ImproperlyConfigured(f"LEDGER_PREVIOUS_VERIFIER_KEYS holds a bad key: {exc}") from None
+        keys[key_id.hex()] = vkey
+    return keys
+
+
 def leaf_hashes(size: int) -> list[bytes]:
     """The first ``size`` leaf hashes, in order; raises ``ProofUnavailable`` on a gap."""
     hashes = LedgerEntry.objects.filter(sequence__lte=size).order_by("sequence").values_list("leaf_hash", flat=True)
@@ -156,6 +169,13 @@ def _chain_private_key() -> str:
     if settings.LEDGER_CHAIN_RPC_URL:
         raise ImproperlyConfigured("LEDGER_CHAIN_RPC_URL needs LEDGER_CHAIN_PRIVATE_KEY or its _FILE to sign anchors")
     return ""
+
+
+def anchor_sender(w3: Web3) -> str:
+    """The address the broker's anchors come from on ``w3``: the configured key's, or the test chain's first
+    account."""
+    private_key = _chain_private_key()
+    return str(w3.eth.account.from_key(private_key).address if private_key else w3.eth.accounts[0])
 
 
 def checkpoint_anchor(checkpoint: Checkpoint) -> Anchor:

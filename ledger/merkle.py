@@ -27,7 +27,7 @@ a consistency proof each costs at most about n hash calls.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeGuard
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "node_hash",
     "root",
     "root_from_hashes",
+    "roots_at",
     "verify_consistency",
     "verify_inclusion",
 ]
@@ -85,6 +86,35 @@ def root_from_hashes(hashes: Sequence[bytes]) -> bytes:
     if not level:
         return EMPTY_ROOT
     return _subtree_root(level, 0, len(level))
+
+
+def roots_at(leaves: Sequence[bytes], sizes: Iterable[int]) -> dict[int, bytes]:
+    """The RFC 6962 root of the leaf hashes ``leaves[:size]`` for each size in ``sizes`` within ``leaves``, in
+    one pass.
+
+    Keeps the perfect subtrees the leaves so far fall into (largest first, as the RFC's split puts them); the
+    root of the leaves so far folds them from the right. So a bundle with many checkpoints costs one pass over
+    the leaves plus O(log n) per checkpoint, not one full root per checkpoint.
+    """
+    wanted = sorted({s for s in sizes if 0 < s <= len(leaves)})
+    roots: dict[int, bytes] = {}
+    stack: list[tuple[bytes, int]] = []  # (subtree root, number of leaves in it)
+    position = 0
+    for count, leaf in enumerate(leaves, start=1):
+        if position == len(wanted):
+            break
+        node, width = leaf, 1
+        while stack and stack[-1][1] == width:
+            left, _ = stack.pop()
+            node, width = node_hash(left, node), 2 * width
+        stack.append((node, width))
+        if wanted[position] == count:
+            acc = stack[-1][0]
+            for left, _ in reversed(stack[:-1]):
+                acc = node_hash(left, acc)
+            roots[count] = acc
+            position += 1
+    return roots
 
 
 def inclusion_proof(index: int, leaves: Sequence[bytes]) -> list[bytes]:

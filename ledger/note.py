@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -90,7 +91,8 @@ def parse_body(text: str) -> CheckpointBody:
     if len(lines) < 4 or lines[-1] != "":
         raise NoteError("checkpoint body must be origin, size and root lines, each ending in a newline")
     origin, size_text, root_text = lines[0], lines[1], lines[2]
-    if not origin or not size_text.isdigit() or (size_text != "0" and size_text.startswith("0")):
+    # ASCII only: str.isdigit() would accept other scripts' digits and superscripts, which int() mangles.
+    if not origin or not re.fullmatch(r"0|[1-9][0-9]*", size_text):
         raise NoteError("checkpoint body has no origin or a size that is not a decimal number")
     try:
         root = base64.b64decode(root_text, validate=True)

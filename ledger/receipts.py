@@ -21,7 +21,7 @@ from django.conf import settings
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import inclusion_proofs, leaf_hashes, verifier_key
+from ledger.checkpoints import ProofUnavailable, inclusion_proofs, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 
 RECEIPT_FORMAT = "broker-ledger-receipt/1"
@@ -71,19 +71,23 @@ def receipt(subject: str) -> dict[str, Any]:
     checkpoint = latest_checkpoint()
     entries = list(LedgerEntry.objects.filter(subject=subject).order_by("sequence"))
     covered = [e for e in entries if checkpoint is not None and e.sequence <= checkpoint.size]
-    proofs = (
-        {}
-        if checkpoint is None
-        else {p.sequence: p.path for p in inclusion_proofs([e.sequence for e in covered], checkpoint)}
-    )
+    proofs: dict[int, list[str]] = {}
+    problem = ""
+    if checkpoint is not None:
+        try:
+            proofs = {p.sequence: p.path for p in inclusion_proofs([e.sequence for e in covered], checkpoint)}
+        except ProofUnavailable as exc:
+            # A gap below the checkpoint: publish what there is, so the reader sees the problem, not a 500.
+            problem = f"no inclusion proofs: {exc}"
     return {
         "format": RECEIPT_FORMAT,
         "origin": settings.LEDGER_ORIGIN,
         "verifier_key": verifier_key(),
         "subject": subject,
         "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
-        "entries": [{**entry_json(e), "inclusion_proof": proofs[e.sequence]} for e in covered],
+        "entries": [{**entry_json(e), "inclusion_proof": proofs.get(e.sequence)} for e in covered],
         "pending": [entry_json(e) for e in entries if e not in covered],
+        **({"problem": problem} if problem else {}),
     }
 
 
@@ -93,7 +97,11 @@ def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dic
     organisation's activity: full bundles are for auditors the operator trusts with that, not for buyers."""
     checkpoints = list(Checkpoint.objects.select_related("anchor").order_by("size"))
     size = checkpoints[-1].size if checkpoints else 0
-    leaves = leaf_hashes(size)
+    # The stored leaf hashes as they are, gaps included: an export must not refuse the ledger an auditor
+    # most needs to see. Consistency proofs need every leaf, so a gap leaves them out (and says so).
+    stored = LedgerEntry.objects.filter(sequence__lte=size).order_by("sequence").values_list("leaf_hash", flat=True)
+    leaves = [bytes.fromhex(h) for h in stored]
+    complete = len(leaves) == size
     consistency = [
         {
             "old_size": old.size,
@@ -101,6 +109,7 @@ def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dic
             "proof": [p.hex() for p in merkle.consistency_proof_from_hashes(old.size, leaves[: new.size])],
         }
         for old, new in itertools.pairwise(checkpoints)
+        if complete
     ]
     bundle: dict[str, Any] = {
         "format": BUNDLE_FORMAT,
@@ -109,6 +118,8 @@ def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dic
         "checkpoints": [checkpoint_json(c) for c in checkpoints],
         "consistency": consistency,
     }
+    if not complete:
+        bundle["problem"] = f"the ledger holds {len(leaves)} entries up to #{size}: consistency proofs left out"
     if with_leaves:
         bundle["leaf_hashes"] = [leaf.hex() for leaf in leaves]
     if with_entries:

@@ -133,22 +133,34 @@ def ledger_verify(*, chain: Any = None) -> VerifyResult:
 
 def _checkpoints_problem(leaves: list[bytes], chain: Any) -> str:
     """The first checkpoint or anchor that disagrees with the entries, or ""."""
+    from django.conf import settings
+
     from ledger.chain import AnchorError, read_anchor
-    from ledger.checkpoints import verifier_key
+    from ledger.checkpoints import anchor_sender, verifier_keys
     from ledger.models import Anchor, Checkpoint
 
-    vkey = verifier_key() if Checkpoint.objects.exists() else ""
-    for checkpoint in Checkpoint.objects.order_by("size"):
+    checkpoints = list(Checkpoint.objects.order_by("size"))
+    if not checkpoints:
+        return ""
+    keys = verifier_keys()
+    roots = merkle.roots_at(leaves, [c.size for c in checkpoints])
+    sender = anchor_sender(chain) if chain is not None else ""
+    for checkpoint in checkpoints:
         where = f"checkpoint {checkpoint.size}"
         if checkpoint.size > len(leaves):
             return f"{where} covers more entries than the ledger has ({len(leaves)})"
+        vkey = keys.get(checkpoint.key_id)
+        if vkey is None:
+            return f"{where}: signed by key {checkpoint.key_id}, which is not a key of this ledger"
         try:
             body = note.open_note(checkpoint.note, vkey)
         except note.NoteError as exc:
             return f"{where}: {exc}"
+        if body.origin != settings.LEDGER_ORIGIN:
+            return f"{where}: its note names origin {body.origin!r}, not {settings.LEDGER_ORIGIN!r}"
         if (body.size, body.root.hex()) != (checkpoint.size, checkpoint.root_hash):
             return f"{where}: its row differs from its signed note"
-        if merkle.root_from_hashes(leaves[: checkpoint.size]).hex() != checkpoint.root_hash:
+        if roots[checkpoint.size].hex() != checkpoint.root_hash:
             return f"{where}: the entries' Merkle root differs from the signed root"
         anchor = Anchor.objects.filter(checkpoint=checkpoint).first()
         if chain is None or anchor is None:
@@ -159,6 +171,12 @@ def _checkpoints_problem(leaves: list[bytes], chain: Any) -> str:
             return f"{where}: anchor {anchor.tx_hash}: {exc}"
         if (on_chain.size, on_chain.root.hex()) != (checkpoint.size, checkpoint.root_hash):
             return f"{where}: the chain anchored size {on_chain.size} root {on_chain.root.hex()[:12]}, not this"
+        recorded = (anchor.chain_id, anchor.block_number, anchor.block_hash.lower(), anchor.sender.lower())
+        found = (on_chain.chain_id, on_chain.block_number, on_chain.block_hash.lower(), on_chain.sender.lower())
+        if recorded != found:
+            return f"{where}: anchor {anchor.tx_hash} is recorded as {recorded}, the chain says {found}"
+        if on_chain.sender.lower() != sender.lower():
+            return f"{where}: anchor {anchor.tx_hash} was sent by {on_chain.sender}, not the broker's {sender}"
     return ""
 
 

@@ -78,13 +78,15 @@
     const payloadOk = hex(await sha256(enc.encode(entry.payload))) === entry.payload_hash;
     const leaf = await leafHash(enc.encode(envelope(entry)));
     const leafOk = hex(leaf) === entry.leaf_hash;
-    const proof = entry.inclusion_proof.map(fromHex);
-    const included = leafOk && await verifyInclusion(leaf, entry.sequence - 1, checkpoint.size, proof, root);
+    const proof = (entry.inclusion_proof || []).map(fromHex);
+    const included = leafOk && entry.inclusion_proof !== null
+      && await verifyInclusion(leaf, entry.sequence - 1, checkpoint.size, proof, root);
     const ok = payloadOk && included;
     failures += ok ? 0 : 1;
     cell.className = "proof-check nowrap " + (ok ? "check-ok" : "check-bad");
     cell.textContent = ok ? `\u2713 in checkpoint (${proof.length} hash${proof.length === 1 ? "" : "es"})`
-      : !payloadOk ? "\u2717 payload altered" : !leafOk ? "\u2717 entry fields altered" : "\u2717 proof fails";
+      : !payloadOk ? "\u2717 payload altered" : !leafOk ? "\u2717 entry fields altered"
+      : entry.inclusion_proof === null ? "\u2717 no proof given" : "\u2717 proof fails";
   }
   const [signed, message] = await checkSignature(checkpoint);
   const signatureCell = document.getElementById("signature-check");

@@ -137,3 +137,48 @@ def test_erasing_a_person_keeps_every_entry_and_proof():
     after = checkpoint_create()  # the erasure is itself on the record, without the person's data
     erased = LedgerEntry.objects.get(kind="personal.erased")
     assert "alice" not in erased.payload and after.size == erased.sequence
+
+
+@pytest.mark.parametrize("size", ["\u0661\u0662", "\u00b2", "012", "-1", ""])
+def test_a_size_that_is_not_ascii_decimal_is_refused(size):
+    _append(2)
+    checkpoint = checkpoint_create()
+    forged = checkpoint.note.replace("\n2\n", f"\n{size}\n", 1)
+    with pytest.raises(note.NoteError):
+        note.open_note(forged, verifier_key())
+
+
+def test_a_rotated_key_still_verifies_the_old_checkpoints(settings):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ledger.checkpoints import signing_key
+
+    _append(2)
+    checkpoint_create()
+    old_vkey = verifier_key()
+    new_key = Ed25519PrivateKey.generate()
+    signing_key.cache_clear()
+    import base64
+
+    settings.LEDGER_SIGNING_KEY = base64.b64encode(new_key.private_bytes_raw()).decode()
+    try:
+        _append(1, start=2)
+        checkpoint_create()
+        problem = ledger_verify().problem
+        assert "not a key of this ledger" in problem and "checkpoint 2" in problem
+        settings.LEDGER_PREVIOUS_VERIFIER_KEYS = [old_vkey]
+        assert ledger_verify().ok
+    finally:
+        signing_key.cache_clear()
+
+
+def test_a_gap_below_the_checkpoint_gives_a_receipt_that_says_so():
+    from ledger.receipts import receipt
+    from tests.ledger.tamper import triggers_bypassed
+
+    _append(4)
+    checkpoint_create()
+    with triggers_bypassed() as cursor:
+        cursor.execute("DELETE FROM ledger_ledgerentry WHERE sequence = 2")
+    body = receipt("thing:3")
+    assert "a gap" in body["problem"] and body["entries"][0]["inclusion_proof"] is None
