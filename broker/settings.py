@@ -172,6 +172,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
+# An independent provider's machine whose agent is silent this long is withdrawn from sale.
+AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
 CELERY_BEAT_SCHEDULE = {
@@ -179,6 +181,7 @@ CELERY_BEAT_SCHEDULE = {
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
+    "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
 }
 
 # --- The broker ---------------------------------------------------------------------------------------------

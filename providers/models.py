@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.db import models
 
 from providers.registry import ADAPTERS
@@ -64,8 +66,122 @@ class ProviderAccount(models.Model):
         self.credentials_encrypted = encrypt_secret(values)
 
     def credentials(self) -> Credentials:
-        return Credentials(
-            kind=self.kind,
-            values=decrypt_secret(self.credentials_encrypted),
-            endpoint_url=self.endpoint_url or None,
-        )
+        values = decrypt_secret(self.credentials_encrypted)
+        if self.kind == ProviderKind.COMMUNITY:
+            # An independent fleet authenticates per machine: its adapter gets the machines it may sell.
+            values = {**values, "machines": json.dumps(self.community_machines())}
+        return Credentials(kind=self.kind, values=values, endpoint_url=self.endpoint_url or None)
+
+    def community_machines(self) -> list[dict[str, object]]:
+        """The verified, online machines of a community account, as its adapter reads them."""
+        rows = self.machines.filter(state=MachineState.VERIFIED, online=True).order_by("name")
+        return [
+            {
+                "name": m.name,
+                "url": m.agent_url,
+                "key_id": m.key_id,
+                "secret": m.secret(),
+                "region": m.region,
+                "country": m.country,
+                "gpu_model": m.gpu_model,
+                "gpu_count": m.gpu_count,
+                "gpu_memory_gb": m.gpu_memory_gb,
+                "vcpus": m.vcpus,
+                "memory_gib": m.memory_gib,
+                "price_per_gpu_hour": str(m.price_per_gpu_hour),
+                "min_bid_per_gpu_hour": None if m.min_bid_per_gpu_hour is None else str(m.min_bid_per_gpu_hour),
+                "availability": m.availability,
+            }
+            for m in rows
+        ]
+
+
+class MachineState(models.TextChoices):
+    PENDING = "pending", "pending verification"
+    VERIFIED = "verified", "verified"
+    SUSPENDED = "suspended", "suspended"
+
+
+class Machine(models.Model):
+    """An independent provider's machine, listed for sale and reached through its host agent.
+
+    Belongs to the provider's ``community`` account. Sold only while verified by staff, online (heartbeats
+    within ``BROKER_AGENT_SILENCE_S``) and inside an availability window. ``secret_encrypted`` is the
+    agent's HMAC secret (providers/community/protocol.py), shown once when listed.
+    """
+
+    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="machines")
+    name = models.SlugField(max_length=60)
+    key_id = models.CharField(max_length=40, unique=True)
+    secret_encrypted = models.TextField()
+    agent_url = models.URLField(blank=True, default="")
+    gpu_model = models.CharField(max_length=32)
+    gpu_count = models.PositiveSmallIntegerField()
+    gpu_memory_gb = models.PositiveIntegerField()
+    vcpus = models.PositiveIntegerField()
+    memory_gib = models.PositiveIntegerField()
+    disk_gb = models.PositiveIntegerField()
+    network_gbps = models.DecimalField(max_digits=8, decimal_places=2)
+    country = models.CharField(max_length=2)
+    region = models.CharField(max_length=64)
+    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    min_bid_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    # [{"weekdays": [0..6], "start": "HH:MM", "end": "HH:MM"}] in UTC; empty: always available.
+    availability = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.PENDING)
+    online = models.BooleanField(default=False)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    hardware = models.JSONField(default=dict, blank=True)
+    self_test = models.JSONField(default=dict, blank=True)
+    self_test_ok = models.BooleanField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "name"], name="machine_unique_name"),
+            models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="machine_gpu_count_positive"),
+            models.CheckConstraint(condition=models.Q(price_per_gpu_hour__gt=0), name="machine_price_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.gpu_count}x {self.gpu_model})"
+
+    def secret(self) -> str:
+        return decrypt_secret(self.secret_encrypted)["secret"]
+
+    def set_secret(self, secret: str) -> None:
+        self.secret_encrypted = encrypt_secret({"secret": secret})
+
+
+class MachineHeartbeat(models.Model):
+    """One heartbeat's telemetry: the utilization chart and uptime are computed from these."""
+
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="heartbeats", db_index=False)
+    at = models.DateTimeField()
+    utilization_pct = models.DecimalField(max_digits=5, decimal_places=1)
+    temperature_c = models.DecimalField(max_digits=5, decimal_places=1)
+    power_w = models.DecimalField(max_digits=9, decimal_places=1)
+    gpus = models.JSONField(default=list)
+    instances = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["machine", "at"], name="heartbeat_machine_time")]
+
+    def __str__(self) -> str:
+        return f"{self.machine_id} at {self.at}"
+
+
+class AgentNonce(models.Model):
+    """Nonces seen from agents within the signature window: a second request with one is a replay."""
+
+    key_id = models.CharField(max_length=40)
+    nonce = models.CharField(max_length=128)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key_id", "nonce"], name="agent_nonce_unique")]
+        indexes = [models.Index(fields=["seen_at"], name="agent_nonce_seen")]
+
+    def __str__(self) -> str:
+        return f"{self.key_id} {self.nonce}"

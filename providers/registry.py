@@ -14,6 +14,7 @@ ADAPTERS: dict[str, str] = {
     "tencent": "providers.tencent.adapter.TencentAdapter",
     "alibaba": "providers.alibaba.adapter.AlibabaAdapter",
     "gcp": "providers.gcp.adapter.GcpAdapter",
+    "community": "providers.community.adapter.CommunityAdapter",
 }
 
 

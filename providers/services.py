@@ -51,7 +51,7 @@ def provider_account_connect(
         raise AccountInvalid(f"kind: no adapter for {kind!r} yet")
     if not regions:
         raise AccountInvalid("regions: name at least one region")
-    if not credentials:
+    if not credentials and kind != ProviderKind.COMMUNITY:  # an independent fleet signs per machine instead
         raise AccountInvalid("credentials: none given")
     provider, _ = Provider.objects.get_or_create(name=provider_name)
     account, _ = ProviderAccount.objects.get_or_create(provider=provider, name=name, defaults={"kind": kind})

@@ -25,7 +25,8 @@ def _infeasible(demand: Demand, offer: OfferView, now: dt.datetime, max_age: dt.
         return "pricing model"
     if demand.max_price_per_hour is not None and offer.price_usd_per_hour > demand.max_price_per_hour:
         return "price cap"
-    if offer.capacity is not None and offer.capacity < demand.gpu_count:
+    # Capacity counts instances, or GPUs of a divisible listing (OfferView's contract).
+    if offer.capacity is not None and offer.capacity < (demand.gpu_count if offer.divisible else 1):
         return "capacity"
     if now - offer.observed_at > max_age:
         return "stale price"

@@ -111,3 +111,14 @@ def test_no_feasible_offer_gives_an_empty_ranking():
 
     assert result.best is None
     assert result.rejected == {"gpu count": 1}
+
+
+def test_capacity_counts_instances_unless_the_listing_is_divisible():
+    whole_machine = offer(1, price="15.20", gpus=8, capacity=1)
+    last_four_gpus = offer(2, price="15.20", gpus=8, capacity=4, divisible=True)
+    taken = offer(3, price="15.20", gpus=8, capacity=0)
+
+    result = rank_offers(Demand(gpu_count=8), [whole_machine, last_four_gpus, taken], now=NOW, max_age=HOUR)
+
+    assert [r.offer.offer_id for r in result.ranked] == [1]
+    assert result.rejected == {"capacity": 2}

@@ -1,0 +1,340 @@
+"""The reference host agent an independent provider runs on each machine (protocol: ``protocol.py``).
+
+    python -m providers.community.agent --broker https://broker.example --key-id mk_... --secret-file S \\
+        --listen 0.0.0.0:7070 --public-url https://host.example:7070 [--simulate H100:80x8]
+
+It registers with the broker, reports a self-test and sends a heartbeat with each GPU's utilization,
+temperature and power every ``protocol.HEARTBEAT_S`` seconds, and answers the broker's signed launch,
+describe and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
+for them (the sandbox runs several simulated hosts this way). Workloads are simulated in both modes: a
+launch reserves the GPUs and reports the instance running after ``--launch-seconds``; running containers
+is the provider's integration (a real executor would start ``docker run --gpus`` here).
+
+Standard library plus werkzeug, so it installs anywhere the broker's source does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from providers.community import protocol
+
+log = logging.getLogger("providers.community.agent")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    model: str
+    memory_gb: int
+
+
+@dataclass
+class Instance:
+    id: str
+    client_token: str
+    order_ref: str
+    gpus: int
+    tags: dict[str, str]
+    state: str = "pending"
+    started: float = field(default_factory=time.monotonic)
+
+    def json(self, ssh: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "client_token": self.client_token,
+            "order_ref": self.order_ref,
+            "gpus": self.gpus,
+            "tags": self.tags,
+            "ssh": ssh,
+        }
+
+
+def parse_simulated(spec: str) -> list[Gpu]:
+    """``H100:80x8`` -> eight 80 GB H100s."""
+    model_memory, _, count = spec.partition("x")
+    model, _, memory = model_memory.partition(":")
+    if not model or not memory.isdigit() or not count.isdigit() or int(count) < 1:
+        raise ValueError(f"--simulate wants MODEL:GBxCOUNT, e.g. H100:80x8, not {spec!r}")
+    return [Gpu(model, int(memory))] * int(count)
+
+
+def read_nvidia_smi() -> tuple[list[Gpu], list[dict[str, Any]]]:
+    """(GPUs, telemetry) from ``nvidia-smi``; raises ``RuntimeError`` when it is missing or fails."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        raise RuntimeError("nvidia-smi not found: no NVIDIA driver on this machine (use --simulate to test)")
+    query = "name,memory.total,utilization.gpu,temperature.gpu,power.draw,memory.used"
+    out = subprocess.run(  # noqa: S603 - a fixed binary and arguments
+        [binary, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"nvidia-smi failed: {out.stderr.strip()[:200]}")
+    gpus, telemetry = [], []
+    for index, line in enumerate(out.stdout.strip().splitlines()):
+        name, total, util, temp, power, used = (part.strip() for part in line.split(","))
+        gpus.append(Gpu(name.removeprefix("NVIDIA "), round(float(total) / 1024)))
+        telemetry.append(_sample(index, float(util), float(temp), float(power), float(used) / 1024))
+    return gpus, telemetry
+
+
+def _sample(index: int, util: float, temp: float, power: float, used_gb: float) -> dict[str, Any]:
+    return {
+        "index": index,
+        "utilization_pct": round(util, 1),
+        "temperature_c": round(temp, 1),
+        "power_w": round(power, 1),
+        "memory_used_gb": round(used_gb, 2),
+    }
+
+
+class Agent:
+    """One machine's agent: the broker-facing HTTP app and the register/heartbeat loop."""
+
+    def __init__(
+        self,
+        *,
+        broker_url: str,
+        key_id: str,
+        secret: str,
+        public_url: str = "",
+        simulated: list[Gpu] | None = None,
+        launch_seconds: float = 0.5,
+        heartbeat_s: float = protocol.HEARTBEAT_S,
+    ):
+        self.broker_url = broker_url.rstrip("/")
+        self.key_id = key_id
+        self.secret = secret
+        self.public_url = public_url
+        self.simulated = simulated
+        self.launch_seconds = launch_seconds
+        self.heartbeat_s = heartbeat_s
+        self.instances: dict[str, Instance] = {}
+        self._seen_nonces: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server: Any = None
+        self.rejected: list[str] = []  # refusal codes, for the operator (and tests)
+
+    # ------------------------------------------------------------------------------------------ hardware
+
+    def gpus(self) -> list[Gpu]:
+        return list(self.simulated) if self.simulated is not None else read_nvidia_smi()[0]
+
+    def telemetry(self) -> list[dict[str, Any]]:
+        if self.simulated is None:
+            return read_nvidia_smi()[1]
+        busy = self._busy_gpus()
+        samples = []
+        for index, gpu in enumerate(self.simulated):
+            working = index < busy
+            util = random.uniform(85, 99) if working else random.uniform(0, 3)  # noqa: S311 - simulation
+            samples.append(
+                _sample(index, util, 38 + util * 0.4, 60 + util * 6, gpu.memory_gb * (0.7 if working else 0.01))
+            )
+        return samples
+
+    def self_test(self) -> dict[str, Any]:
+        """What the broker compares with the listing: GPUs found, driver, and a host-to-device copy rate."""
+        try:
+            gpus = self.gpus()
+        except RuntimeError as exc:
+            return {"ok": False, "error": str(exc)}
+        return {
+            "ok": bool(gpus),
+            "gpus": [{"model": g.model, "memory_gb": g.memory_gb} for g in gpus],
+            "driver": "simulated" if self.simulated is not None else "nvidia",
+            "h2d_bandwidth_gbs": 24.5 if self.simulated is not None else None,
+        }
+
+    def _busy_gpus(self) -> int:
+        with self._lock:
+            return sum(i.gpus for i in self.instances.values() if i.state in ("pending", "running"))
+
+    # ----------------------------------------------------------------------------------- broker calls
+
+    def _call_broker(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", **protocol.sign(self.key_id, self.secret, "POST", path, body)}
+        request = urllib.request.Request(self.broker_url + path, data=body, headers=headers, method="POST")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the operator's broker URL
+            return dict(json.loads(response.read() or b"{}"))
+
+    def register(self) -> dict[str, Any]:
+        gpus = self.gpus()
+        hardware = {"gpus": [{"model": g.model, "memory_gb": g.memory_gb} for g in gpus]}
+        return self._call_broker(
+            "/agent/v1/register", {"agent_url": self.public_url, "hardware": hardware, "self_test": self.self_test()}
+        )
+
+    def heartbeat(self) -> dict[str, Any]:
+        return self._call_broker("/agent/v1/heartbeat", {"gpus": self.telemetry(), "instances": self._live_count()})
+
+    def _live_count(self) -> int:
+        with self._lock:
+            return sum(1 for i in self.instances.values() if i.state in ("pending", "running"))
+
+    def _loop(self) -> None:
+        registered = False
+        while not self._stop.is_set():
+            try:
+                if not registered:
+                    self.register()
+                    registered = True
+                self.heartbeat()
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                log.warning("broker unreachable or refused: %s", exc)
+                registered = False
+            self._stop.wait(self.heartbeat_s)
+
+    # ---------------------------------------------------------------------------------- HTTP server
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        request = Request(environ)
+        return self._handle(request)(environ, start_response)
+
+    def _handle(self, request: Request) -> Response:
+        body = request.get_data()
+        target = request.full_path.rstrip("?") if request.query_string else request.path
+        try:
+            signed = protocol.check(request.headers, None, request.method, target, body, secret=self.secret)
+            if signed.key_id != self.key_id:
+                raise protocol.Rejected("unknown_key", "signed with another machine's key")
+            self._remember_nonce(signed.nonce)
+        except protocol.Rejected as exc:
+            log.warning("refused %s %s: %s (%s)", request.method, request.path, exc.code, exc.message)
+            self.rejected.append(exc.code)
+            return _json({"code": exc.code, "message": exc.message}, 401)
+        parts = [p for p in request.path.split("/") if p]
+        if parts == ["v1", "status"] and request.method == "GET":
+            return _json({"hardware": self.self_test(), "gpus_free": self._free(), "instances": self._live_count()})
+        if parts == ["v1", "instances"] and request.method == "POST":
+            return self._launch(json.loads(body or b"{}"))
+        if parts == ["v1", "instances"] and request.method == "GET":
+            order_ref = request.args.get("order_ref", "")
+            with self._lock:
+                found = [self._refresh(i) for i in self.instances.values() if i.order_ref == order_ref]
+            return _json({"instances": [i.json(self._ssh()) for i in found]})
+        if len(parts) == 3 and parts[:2] == ["v1", "instances"]:
+            with self._lock:
+                instance = self.instances.get(parts[2])
+                if instance is None:
+                    return _json({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
+                if request.method == "DELETE":
+                    instance.state = "terminated"
+                return _json(self._refresh(instance).json(self._ssh()))
+        return _json({"code": "not_found", "message": f"no route {request.method} {request.path}"}, 404)
+
+    def _remember_nonce(self, nonce: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for old, seen in list(self._seen_nonces.items()):
+                if now - seen > 2 * protocol.MAX_SKEW_S:
+                    del self._seen_nonces[old]
+            if nonce in self._seen_nonces:
+                raise protocol.Rejected("replayed", "this nonce was already used")
+            self._seen_nonces[nonce] = now
+
+    def _free(self) -> int:
+        return len(self.gpus()) - self._busy_gpus()
+
+    def _ssh(self) -> str:
+        host = self.public_url.split("://", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
+        return f"{host}:22"
+
+    def _refresh(self, instance: Instance) -> Instance:
+        if instance.state == "pending" and time.monotonic() - instance.started >= self.launch_seconds:
+            instance.state = "running"
+        return instance
+
+    def _launch(self, request: dict[str, Any]) -> Response:
+        token = str(request.get("client_token") or "")
+        gpus = request.get("gpus")
+        if not token or not isinstance(gpus, int) or gpus < 1:
+            return _json({"code": "invalid", "message": "client_token and a positive gpus count are required"}, 400)
+        with self._lock:
+            for instance in self.instances.values():
+                if instance.client_token == token:
+                    return _json(self._refresh(instance).json(self._ssh()))
+            busy = sum(i.gpus for i in self.instances.values() if i.state in ("pending", "running"))
+            total = len(self.simulated) if self.simulated is not None else len(read_nvidia_smi()[0])
+            if busy + gpus > total:
+                return _json({"code": "no_capacity", "message": f"{total - busy} of {total} GPUs free"}, 409)
+            instance = Instance(
+                id="i-" + uuid.uuid4().hex[:12],
+                client_token=token,
+                order_ref=str(request.get("order_ref") or ""),
+                gpus=gpus,
+                tags={str(k): str(v) for k, v in (request.get("tags") or {}).items()},
+            )
+            self.instances[instance.id] = instance
+        return _json(instance.json(self._ssh()), 201)
+
+    def serve(self, host: str, port: int, *, report: bool = True) -> str:
+        """Serve in a daemon thread and (unless ``report`` is off) start registering and heartbeating; returns
+        the URL."""
+        self._server = make_server(host, port, self, threaded=True)
+        url = f"http://{host}:{self._server.server_port}"
+        self.public_url = self.public_url or url
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        if report:
+            threading.Thread(target=self._loop, daemon=True).start()
+        return url
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status=status, mimetype="application/json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m providers.community.agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--broker", required=True, help="the broker's base URL")
+    parser.add_argument("--key-id", required=True)
+    parser.add_argument("--secret-file", required=True, help="file holding the machine secret shown when listed")
+    parser.add_argument("--listen", default="127.0.0.1:7070", help="host:port to serve the broker on")
+    parser.add_argument("--public-url", default="", help="URL the broker reaches this agent at")
+    parser.add_argument("--simulate", help="simulated GPUs, e.g. H100:80x8 (no nvidia-smi needed)")
+    parser.add_argument("--launch-seconds", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    host, _, port = args.listen.rpartition(":")
+    agent = Agent(
+        broker_url=args.broker,
+        key_id=args.key_id,
+        secret=Path(args.secret_file).read_text().strip(),
+        public_url=args.public_url,
+        simulated=parse_simulated(args.simulate) if args.simulate else None,
+        launch_seconds=args.launch_seconds,
+    )
+    print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""The host agent protocol: how the broker and an independent provider's machine talk, both ways, over HTTP.
+
+Every request, in either direction, is signed with the machine's secret (issued once when the machine is
+listed) and carries four headers:
+
+- ``X-Agent-Key``: the machine's key id (public);
+- ``X-Agent-Timestamp``: Unix seconds when the request was made;
+- ``X-Agent-Nonce``: 16+ random characters, never reused with that key;
+- ``X-Agent-Signature``: hex HMAC-SHA256 over ``METHOD \\n PATH?QUERY \\n TIMESTAMP \\n NONCE \\n
+  hex SHA-256(body)``, keyed by the secret.
+
+A receiver refuses (401, ``{"code": "bad_signature" | "stale" | "replayed" | "unknown_key"}``) a request
+whose signature does not match, whose timestamp is more than ``MAX_SKEW_S`` away from its clock, or whose
+nonce it has seen with that key within the window; it logs each refusal.
+
+Agent -> broker (``/agent/v1/...`` on the broker):
+
+- ``POST register`` ``{"agent_url", "hardware": {"gpus": [{"model", "memory_gb"}], "driver", "cuda"},
+  "self_test": {...}}``: the agent is up at ``agent_url``; the broker records the hardware and self-test.
+- ``POST heartbeat`` ``{"gpus": [{"index", "utilization_pct", "temperature_c", "power_w", "memory_used_gb"}],
+  "instances": n}``: every ``HEARTBEAT_S``; a machine silent for longer than the broker's limit is withdrawn.
+
+Broker -> agent (on ``agent_url``):
+
+- ``GET /v1/status``: ``{"hardware", "gpus_free", "instances"}``;
+- ``POST /v1/instances`` ``{"client_token", "order_ref", "gpus", "image", "tags"}``: start a workload on the
+  machine's GPUs. Idempotent on ``client_token``: a repeat returns the same instance. ``409 {"code":
+  "no_capacity"}`` when the GPUs are taken;
+- ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
+
+An instance is ``{"id", "state": "pending"|"running"|"terminated"|"failed", "client_token", "order_ref",
+"gpus", "tags", "ssh": "host:port"}``. Errors are ``{"code", "message"}``.
+
+Standard library only, so the reference agent runs on a bare machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SKEW_S = 300
+HEARTBEAT_S = 15
+HEADER_KEY = "X-Agent-Key"
+HEADER_TIMESTAMP = "X-Agent-Timestamp"
+HEADER_NONCE = "X-Agent-Nonce"
+HEADER_SIGNATURE = "X-Agent-Signature"
+
+
+class Rejected(Exception):
+    """A request that fails authentication. ``code`` is what the 401 answer names."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def new_secret() -> str:
+    """A machine secret: 32 random bytes, URL-safe text."""
+    return secrets.token_urlsafe(32)
+
+
+def new_key_id() -> str:
+    return "mk_" + secrets.token_hex(8)
+
+
+def _message(method: str, target: str, timestamp: str, nonce: str, body: bytes) -> bytes:
+    return "\n".join([method.upper(), target, timestamp, nonce, hashlib.sha256(body).hexdigest()]).encode()
+
+
+def signature(secret: str, method: str, target: str, timestamp: str, nonce: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), _message(method, target, timestamp, nonce, body), hashlib.sha256).hexdigest()
+
+
+def sign(
+    key_id: str, secret: str, method: str, target: str, body: bytes, *, now: float | None = None
+) -> dict[str, str]:
+    """The headers that authenticate one request; ``target`` is the path with its query string."""
+    timestamp = str(int(now if now is not None else time.time()))
+    nonce = secrets.token_hex(12)
+    return {
+        HEADER_KEY: key_id,
+        HEADER_TIMESTAMP: timestamp,
+        HEADER_NONCE: nonce,
+        HEADER_SIGNATURE: signature(secret, method, target, timestamp, nonce, body),
+    }
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    key_id: str
+    timestamp: int
+    nonce: str
+
+
+def check(
+    headers: Mapping[str, str] | Any, secret_for: Mapping[str, str] | None, method: str, target: str, body: bytes, *,
+    now: float | None = None, secret: str | None = None,
+) -> SignedRequest:  # fmt: skip
+    """Authenticate a request's headers; raises ``Rejected``. The caller keeps the nonce to refuse replays
+    (``SignedRequest.nonce``) within ``MAX_SKEW_S``. Give the secret directly or a key id -> secret map."""
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}  # header names are case-insensitive
+    key_id = lower.get(HEADER_KEY.lower(), "")
+    timestamp = lower.get(HEADER_TIMESTAMP.lower(), "")
+    nonce = lower.get(HEADER_NONCE.lower(), "")
+    given = lower.get(HEADER_SIGNATURE.lower(), "")
+    if not (key_id and timestamp and nonce and given):
+        raise Rejected("bad_signature", "missing authentication headers")
+    if not timestamp.isascii() or not timestamp.isdigit() or not 16 <= len(nonce) <= 128:
+        raise Rejected("bad_signature", "malformed timestamp or nonce")
+    if secret is None:
+        secret = (secret_for or {}).get(key_id)
+        if secret is None:
+            raise Rejected("unknown_key", f"unknown key {key_id[:32]!r}")
+    expected = signature(secret, method, target, timestamp, nonce, body)
+    if not hmac.compare_digest(expected, given):
+        raise Rejected("bad_signature", "the signature does not match the request")
+    if abs((now if now is not None else time.time()) - int(timestamp)) > MAX_SKEW_S:
+        raise Rejected("stale", f"timestamp {timestamp} is more than {MAX_SKEW_S} s from the receiver's clock")
+    return SignedRequest(key_id, int(timestamp), nonce)

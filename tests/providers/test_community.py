@@ -1,0 +1,239 @@
+"""Independent providers' machines: the host agent protocol, the reference agent, the broker's agent
+endpoints, and the community adapter selling and provisioning through agents."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from providers.community import protocol
+from providers.community.adapter import available_now
+from providers.community.agent import Agent, parse_simulated
+from providers.community.services import machine_list, machines_withdraw_silent
+from providers.errors import CapacityUnavailable, CredentialsRejected
+from providers.models import Machine, MachineHeartbeat, MachineState
+from providers.services import adapter_for_account, provider_account_connect
+from providers.types import InstanceState, LaunchSpec, PricingModel
+
+LISTING = {
+    "gpu_model": "H100-SXM5",
+    "gpu_count": 8,
+    "gpu_memory_gb": 80,
+    "vcpus": 96,
+    "memory_gib": 1024,
+    "disk_gb": 4000,
+    "network_gbps": Decimal("100"),
+    "country": "DE",
+    "region": "eu-de",
+    "price_per_gpu_hour": Decimal("1.9000"),
+    "min_bid_per_gpu_hour": Decimal("0.9500"),
+}
+
+
+# --- The protocol ------------------------------------------------------------------------------------------------
+
+
+def test_a_signed_request_checks_and_any_change_is_refused():
+    body = b'{"gpus": 8}'
+    headers = protocol.sign("mk_1", "s3cret", "POST", "/v1/instances", body, now=1_000_000)
+    assert protocol.check(headers, {"mk_1": "s3cret"}, "POST", "/v1/instances", body, now=1_000_010).key_id == "mk_1"
+    for method, target, changed in [("POST", "/v1/instances", b'{"gpus": 9}'), ("GET", "/v1/instances", body),
+                                    ("POST", "/v1/instances?x=1", body)]:  # fmt: skip
+        with pytest.raises(protocol.Rejected) as refused:
+            protocol.check(headers, {"mk_1": "s3cret"}, method, target, changed, now=1_000_010)
+        assert refused.value.code == "bad_signature"
+    with pytest.raises(protocol.Rejected, match="more than 300 s"):
+        protocol.check(headers, {"mk_1": "s3cret"}, "POST", "/v1/instances", body, now=1_000_000 + 301)
+    with pytest.raises(protocol.Rejected) as unknown:
+        protocol.check(headers, {}, "POST", "/v1/instances", body, now=1_000_010)
+    assert unknown.value.code == "unknown_key"
+    with pytest.raises(protocol.Rejected, match="missing"):
+        protocol.check({}, {"mk_1": "s3cret"}, "POST", "/v1/instances", body)
+
+
+@pytest.mark.parametrize(
+    "windows, moment, expected",
+    [
+        ([], "2026-12-07T03:00", True),
+        ([{"weekdays": [0, 1, 2, 3, 4], "start": "08:00", "end": "20:00"}], "2026-12-07T09:30", True),  # Monday
+        ([{"weekdays": [0, 1, 2, 3, 4], "start": "08:00", "end": "20:00"}], "2026-12-06T09:30", False),  # Sunday
+        ([{"weekdays": [4], "start": "22:00", "end": "06:00"}], "2026-12-05T02:00", True),  # Friday night, Sat 2am
+        ([{"weekdays": [4], "start": "22:00", "end": "06:00"}], "2026-12-06T02:00", False),
+    ],
+)
+def test_availability_windows(windows, moment, expected):
+    assert available_now(windows, dt.datetime.fromisoformat(moment).replace(tzinfo=dt.UTC)) is expected
+
+
+# --- The broker's agent endpoints ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(db):
+    return provider_account_connect(
+        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
+    )
+
+
+@pytest.fixture
+def listed(fleet):
+    return machine_list(account=fleet, name="fra-h100-1", listing=dict(LISTING))
+
+
+def _post(client: Client, path: str, payload: dict, key_id: str, secret: str, **override: str):
+    body = json.dumps(payload).encode()
+    headers = {**protocol.sign(key_id, secret, "POST", path, body), **override}
+    extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
+    return client.post(path, data=body, content_type="application/json", **extra), extra, body
+
+
+def test_an_agent_registers_with_a_self_test_and_heartbeats(client, listed):
+    machine, secret = listed.machine, listed.secret
+    self_test = {"ok": True, "gpus": [{"model": "H100 80GB HBM3", "memory_gb": 80}] * 8, "driver": "550.54"}
+    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070",
+                         "hardware": {}, "self_test": self_test}, machine.key_id, secret)  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["self_test_ok"] is True
+    machine.refresh_from_db()
+    assert (machine.agent_url, machine.online, machine.state) == ("http://10.0.0.7:7070", True, MachineState.PENDING)
+
+    gpus = [{"index": i, "utilization_pct": 90, "temperature_c": 60 + i, "power_w": 600} for i in range(8)]
+    beat, _, _ = _post(client, "/agent/v1/heartbeat", {"gpus": gpus, "instances": 1}, machine.key_id, secret)
+    assert beat.status_code == 200
+    row = MachineHeartbeat.objects.get(machine=machine)
+    assert (row.utilization_pct, row.temperature_c, row.power_w, row.instances) == (90, 67, 4800, 1)
+
+
+def test_a_self_test_that_does_not_match_the_listing_is_flagged(client, listed):
+    found = {"ok": True, "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}] * 8}
+    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070", "self_test": found},
+                         listed.machine.key_id, listed.secret)  # fmt: skip
+    assert answer.json()["self_test_ok"] is False
+    assert "8x H100-SXM5, the agent found 0" in answer.json()["problem"]
+
+
+def test_forged_and_replayed_agent_requests_are_refused_and_logged(client, listed, caplog):
+    machine = listed.machine
+    caplog.set_level(logging.WARNING, logger="providers.community.security")
+    forged, _, _ = _post(client, "/agent/v1/heartbeat", {"gpus": []}, machine.key_id, "not-the-secret")
+    assert forged.status_code == 401 and forged.json()["code"] == "bad_signature"
+
+    first, extra, body = _post(client, "/agent/v1/heartbeat", {"gpus": []}, machine.key_id, listed.secret)
+    assert first.status_code == 200
+    replay = client.post("/agent/v1/heartbeat", data=body, content_type="application/json", **extra)
+    assert replay.status_code == 401 and replay.json()["code"] == "replayed"
+
+    stranger, _, _ = _post(client, "/agent/v1/heartbeat", {"gpus": []}, "mk_nobody", "x")
+    assert stranger.status_code == 401 and stranger.json()["code"] == "unknown_key"
+    refusals = [r.getMessage() for r in caplog.records if "agent request refused" in r.getMessage()]
+    assert len(refusals) == 3 and any("code=replayed" in r for r in refusals)
+    assert MachineHeartbeat.objects.filter(machine=machine).count() == 1
+    assert listed.secret not in caplog.text
+
+
+def test_a_silent_machine_is_withdrawn(listed):
+    Machine.objects.filter(pk=listed.machine.pk).update(online=True, last_heartbeat_at=timezone.now())
+    assert machines_withdraw_silent() == 0
+    later = timezone.now() + dt.timedelta(seconds=121)
+    assert machines_withdraw_silent(now=later) == 1
+    assert Machine.objects.get(pk=listed.machine.pk).online is False
+
+
+# --- Selling and provisioning through agents ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def hosts(fleet):
+    """Two verified machines of the fleet, each with a simulated agent in this process."""
+    agents = []
+    for name in ("fra-h100-1", "fra-h100-2"):
+        listed = machine_list(account=fleet, name=name, listing=dict(LISTING))
+        agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
+                      simulated=parse_simulated("H100:80x8"), launch_seconds=0)  # fmt: skip
+        url = agent.serve("127.0.0.1", 0, report=False)
+        Machine.objects.filter(pk=listed.machine.pk).update(
+            agent_url=url, state=MachineState.VERIFIED, online=True, last_heartbeat_at=timezone.now()
+        )
+        agents.append(agent)
+    yield agents
+    for agent in agents:
+        agent.stop()
+
+
+def _spec(zone: str, token: str) -> LaunchSpec:
+    return LaunchSpec(region="eu-de", zone=zone, instance_type="community-8xH100-SXM5",
+                      pricing_model=PricingModel.ON_DEMAND, client_token=token, order_ref="ord-x")  # fmt: skip
+
+
+def test_the_adapter_lists_launches_idempotently_and_terminates(fleet, hosts):
+    adapter = adapter_for_account(fleet)
+    offers = adapter.list_offers()
+    assert sorted((o.zone, o.pricing_model.value, o.price) for o in offers) == [
+        ("fra-h100-1", "on_demand", Decimal("15.2000")),
+        ("fra-h100-1", "spot", Decimal("7.6000")),
+        ("fra-h100-2", "on_demand", Decimal("15.2000")),
+        ("fra-h100-2", "spot", Decimal("7.6000")),
+    ]
+    handle = adapter.launch(_spec("fra-h100-1", "ord-x-a1"))
+    again = adapter.launch(_spec("fra-h100-1", "ord-x-a1"))
+    assert handle.instance_id == again.instance_id and handle.instance_id.startswith("fra-h100-1/i-")
+    with pytest.raises(CapacityUnavailable, match="0 of 8 GPUs free"):
+        adapter.launch(_spec("fra-h100-1", "ord-y-a1"))
+    assert adapter.describe("eu-de", handle.instance_id).state is InstanceState.RUNNING
+    assert [h.instance_id for h in adapter.find_by_order("ord-x")] == [handle.instance_id]
+    # A busy machine is not offered; the other still is.
+    assert {o.zone for o in adapter.list_offers()} == {"fra-h100-2"}
+    assert adapter.terminate("eu-de", handle.instance_id).state is InstanceState.TERMINATED
+    assert adapter.terminate("eu-de", handle.instance_id).state is InstanceState.TERMINATED
+
+
+def test_an_agent_refuses_the_broker_with_a_wrong_secret(fleet, hosts):
+    Machine.objects.filter(name="fra-h100-1").update(
+        secret_encrypted=Machine.objects.get(name="fra-h100-2").secret_encrypted
+    )
+    adapter = adapter_for_account(fleet)
+    with pytest.raises(CredentialsRejected, match="signature"):
+        adapter.launch(_spec("fra-h100-1", "ord-x-a1"))
+    assert "bad_signature" in hosts[0].rejected
+
+
+def test_an_unreachable_machine_is_left_out_of_the_offers(fleet, hosts):
+    hosts[1].stop()
+    assert {o.zone for o in adapter_for_account(fleet).list_offers()} == {"fra-h100-1"}
+
+
+def test_orders_run_on_independent_machines_and_fail_over_between_them(
+    fleet, hosts, acme, alice, django_capture_on_commit_callbacks
+):
+    from ledger.services import ledger_verify
+    from marketplace.catalog.services import offers_sync
+    from marketplace.models import Offer, OrderState
+    from marketplace.orders.services import PlaceRequest, order_place
+
+    assert offers_sync(account_id=fleet.pk).ok
+    first_offer = Offer.objects.get(account=fleet, zone="fra-h100-1", pricing_model="on_demand")
+    assert (first_offer.capacity, first_offer.gpu_model.key, first_offer.price_usd) == (
+        1,
+        "H100-SXM5",
+        Decimal("15.2"),
+    )
+
+    def place():
+        with django_capture_on_commit_callbacks(execute=True):
+            order = order_place(organization=acme, user=alice, request=PlaceRequest(
+                offer_id=first_offer.pk, max_price_per_hour=Decimal("16"))).order  # fmt: skip
+        order.refresh_from_db()
+        return order
+
+    first, second = place(), place()
+    assert first.state == second.state == OrderState.RUNNING, (first.state_reason, second.state_reason)
+    assert first.instance.zone == "fra-h100-1"
+    # The first machine is taken (reserved by the broker): the second order lands on the other one.
+    assert second.instance.zone == "fra-h100-2"
+    assert [i.state for i in hosts[0].instances.values()] == ["running"]
+    assert ledger_verify().ok
