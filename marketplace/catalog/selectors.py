@@ -14,7 +14,9 @@ from django.db.models import Count, Max, Q, QuerySet
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
 from marketplace.models import Attempt, AttemptOutcome, GpuModel, Offer, OfferStatus
+from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
+from providers.models import Machine, MachineHeartbeat, ProviderKind
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,37 @@ def account_reliability() -> dict[int, float]:
     return {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
 
 
+def machine_reliability(*, now: dt.datetime) -> dict[tuple[int, str], float]:
+    """Per independent machine (account, machine name = the offer's zone): its launches' success share,
+    smoothed like an account's, times its uptime over the last day (heartbeats received over heartbeats
+    due since it registered, at most one)."""
+    day_ago = now - dt.timedelta(days=1)
+    beats = dict(MachineHeartbeat.objects.filter(at__gte=day_ago).values_list("machine_id").annotate(n=Count("id")))
+    launches = {
+        (r["offer__account_id"], r["offer__zone"]): (r["ok"], r["total"])
+        for r in Attempt.objects.filter(offer__account__kind=ProviderKind.COMMUNITY)
+        .exclude(outcome=AttemptOutcome.PENDING)
+        .exclude(error_class__in=_NOT_RELIABILITY)
+        .values("offer__account_id", "offer__zone")
+        .annotate(total=Count("id"), ok=Count("id", filter=Q(outcome=AttemptOutcome.LAUNCHED)))
+    }
+    scores = {}
+    for machine in Machine.objects.exclude(registered_at=None).only("id", "account_id", "name", "registered_at"):
+        assert machine.registered_at is not None
+        listened_s = (now - max(machine.registered_at, day_ago)).total_seconds()
+        due = max(listened_s / HEARTBEAT_S, 1.0)
+        uptime = min(beats.get(machine.pk, 0) / due, 1.0)
+        ok, total = launches.get((machine.account_id, machine.name), (0, 0))
+        scores[(machine.account_id, machine.name)] = uptime * (ok + _PRIOR_OK) / (total + _PRIOR_ALL)
+    return scores
+
+
 def offer_views(*, now: dt.datetime) -> list[OfferView]:
-    """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk."""
+    """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk. An
+    independent machine's reliability is its own (``machine_reliability``), a cloud account's its launches'."""
     since = now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
     reliability = account_reliability()
+    machines = machine_reliability(now=now)
     spot_rate = settings.SPOT_INTERRUPTIONS_PER_HOUR
     specs: dict[int, GpuSpec] = {}
     views = []
@@ -143,7 +172,9 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
                 spec=spec,
                 jurisdiction=jurisdiction_of(offer.account.kind, offer.region),
                 rdma=bool((offer.extra or {}).get("rdma")) or offer.interconnect in ("efa", "infiniband", "rdma"),
-                reliability=reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
+                reliability=machines[(offer.account_id, offer.zone)]
+                if (offer.account_id, offer.zone) in machines
+                else reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
                 interruption_rate_per_hour=spot_rate if offer.pricing_model == "spot" else 0.0,
             )
         )

@@ -144,7 +144,29 @@ def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
     return withdrawn
 
 
-def machine_verify(*, machine: Machine, verified: bool) -> Machine:
-    Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED if verified else MachineState.SUSPENDED)
+def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Machine:
+    """Staff verify (or suspend) a machine; ledgered with why, and who as an erasable commitment."""
+    from ledger.services import ledger_append, personal_commitment
+
+    if state not in (MachineState.VERIFIED, MachineState.SUSPENDED):
+        raise MachineInvalid(f"state: {state!r} is not verified or suspended")
+    if not reason.strip():
+        raise MachineInvalid("reason: say why, for the record")
+    with transaction.atomic():
+        previous = Machine.objects.select_for_update().get(pk=machine.pk).state
+        Machine.objects.filter(pk=machine.pk).update(state=state)
+        ledger_append(
+            kind=f"machine.{state}",
+            subject=f"machine:{machine.key_id}",
+            payload={
+                "machine": machine.key_id,
+                "account": machine.account_id,
+                "previous": previous,
+                "state": state,
+                "reason": reason,
+                "self_test_ok": machine.self_test_ok,
+                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+            },
+        )
     machine.refresh_from_db()
     return machine

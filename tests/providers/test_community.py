@@ -237,3 +237,45 @@ def test_orders_run_on_independent_machines_and_fail_over_between_them(
     assert second.instance.zone == "fra-h100-2"
     assert [i.state for i in hosts[0].instances.values()] == ["running"]
     assert ledger_verify().ok
+
+
+def test_a_machine_that_misses_heartbeats_ranks_below_a_steady_one(fleet, hosts, acme):
+    from marketplace.catalog.selectors import machine_reliability, offer_book
+    from marketplace.catalog.services import offers_sync
+    from marketplace.matching import Demand, rank
+    from providers.community.services import machine_heartbeat
+
+    assert offers_sync(account_id=fleet.pk).ok
+    now = timezone.now()
+    registered = now - dt.timedelta(minutes=10)  # 40 heartbeats due at one per 15 s
+    Machine.objects.update(registered_at=registered)
+    steady, flaky = Machine.objects.get(name="fra-h100-2"), Machine.objects.get(name="fra-h100-1")
+    for _ in range(40):
+        machine_heartbeat(machine=steady, gpus=[{"utilization_pct": 0}], instances=0)
+    for _ in range(10):
+        machine_heartbeat(machine=flaky, gpus=[{"utilization_pct": 0}], instances=0)
+
+    scores = machine_reliability(now=now + dt.timedelta(seconds=1))
+    assert scores[(fleet.pk, "fra-h100-2")] == pytest.approx(0.95, abs=0.01)  # full uptime x the 19-in-20 prior
+    assert scores[(fleet.pk, "fra-h100-1")] == pytest.approx(0.95 * 10 / 40, abs=0.01)
+    demand = Demand(gpu_count=8, gpu_models=frozenset({"H100-SXM5"}), pricing_models=frozenset({"on_demand"}))
+    ranking = rank(demand, offer_book(now=now), now=now, limit=10)
+    assert [q.offer.zone for q in ranking.quotes] == ["fra-h100-2", "fra-h100-1"]
+
+
+def test_staff_verify_a_machine_only_after_a_passing_self_test(admin_client, listed, client):
+    from ledger.models import LedgerEntry
+    from ledger.services import ledger_verify
+
+    machine = listed.machine
+    admin_client.post("/admin/providers/machine/", {"action": "verify", "_selected_action": [machine.pk]})
+    assert Machine.objects.get(pk=machine.pk).state == MachineState.PENDING  # no self-test yet
+    self_test = {"ok": True, "gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_gb": 80}] * 8}
+    _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070", "self_test": self_test},
+          machine.key_id, listed.secret)  # fmt: skip
+    admin_client.post("/admin/providers/machine/", {"action": "verify", "_selected_action": [machine.pk]})
+    assert Machine.objects.get(pk=machine.pk).state == MachineState.VERIFIED
+    entry = LedgerEntry.objects.get(kind="machine.verified")
+    payload = json.loads(entry.payload)
+    assert (payload["previous"], payload["self_test_ok"]) == ("pending", True) and "admin" not in entry.payload
+    assert ledger_verify().ok
