@@ -93,17 +93,24 @@ def main() -> int:
         )  # fmt: skip
         _manage("migrate", "--verbosity", "0")
         _wait_file(manifest, "the sandbox", sandbox)
-        _manage("demo", "seed", "--sandbox-manifest", str(manifest))
+        hosts = ROOT / "var" / "community-hosts.json"
+        _manage("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts))
         _manage("offers", "sync")
         start("worker", [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", "2"])
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
         web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)
+        # Independent providers' machines: simulated hosts whose agents register with the broker just started.
+        start("hosts", [PY, "-m", "providers.sandbox.community", "--broker", f"http://127.0.0.1:{args.port}",
+                        "--hosts", str(hosts)])  # fmt: skip
+        time.sleep(3)
+        _manage("offers", "sync")
         from marketplace.demo import DEMO_PASSWORD
 
         print(
             f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"
             f"  Sign in as alice / {DEMO_PASSWORD} (buyer). API: http://127.0.0.1:{args.port}/api/v1/offers\n"
+            f"  Providers: petra (cloud reseller) and helga (three independent machines), same password.\n"
             f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json). Press Ctrl-C to stop everything.\n",
             flush=True,
         )

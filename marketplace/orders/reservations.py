@@ -6,9 +6,16 @@ error. A listing with a capacity (an independent provider's machines) is reserve
 ``UPDATE ... SET reserved = reserved + n WHERE reserved + n <= capacity``: PostgreSQL re-checks the condition
 on the row's newest version after waiting for a concurrent writer, so two transactions can never both take
 the last unit. The ``offer_reserved_within_capacity`` check constraint backs that up in the schema.
+
+One listing can be sold several ways (an independent machine on demand and interruptible): its offers in
+the same zone of the same account share the units, so a reservation takes them on every such offer, locked
+in id order so two reservations never wait on each other, or on none. The locks are FOR NO KEY UPDATE, like
+the UPDATE's own: an order or attempt row being inserted with a foreign key to the offer does not wait.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -21,17 +28,30 @@ def units_for(offer: Offer, order: Order) -> int:
     return 1
 
 
+class _ListingFull(Exception):
+    pass
+
+
+def _listing_offers(offer: Offer) -> Any:
+    return Offer.objects.filter(account_id=offer.account_id, zone=offer.zone, capacity__isnull=False)
+
+
 def reservation_take(*, attempt: Attempt) -> bool:
-    """Hold the attempt's units on its offer. True when held (or the offer is unlimited), False when the
+    """Hold the attempt's units on its listing. True when held (or the offer is unlimited), False when the
     listing has too few units left. Call inside the transaction that opens the attempt."""
     offer = attempt.offer
     if offer.capacity is None:
         return True
     units = units_for(offer, attempt.order)
-    taken = Offer.objects.filter(pk=offer.pk, reserved__lte=F("capacity") - units).update(
-        reserved=F("reserved") + units
-    )
-    if not taken:
+    try:
+        with transaction.atomic():
+            siblings = list(_listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True))
+            taken = Offer.objects.filter(pk__in=siblings, reserved__lte=F("capacity") - units).update(
+                reserved=F("reserved") + units
+            )
+            if taken != len(siblings):
+                raise _ListingFull
+    except _ListingFull:
         return False
     Attempt.objects.filter(pk=attempt.pk).update(reserved=units)
     attempt.reserved = units
@@ -47,7 +67,10 @@ def reservation_release(*, attempt_id: int) -> int:
             return 0
         units = attempt.reserved
         Attempt.objects.filter(pk=attempt.pk).update(reserved=0)
-        Offer.objects.filter(pk=attempt.offer_id).update(reserved=F("reserved") - units)
+        offer = Offer.objects.get(pk=attempt.offer_id)
+        siblings = list(_listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True))
+        # An offer listed after the reservation never held these units: leave it at zero.
+        Offer.objects.filter(pk__in=siblings, reserved__gte=units).update(reserved=F("reserved") - units)
         return units
 
 

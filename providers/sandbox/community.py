@@ -21,10 +21,11 @@ from types import FrameType
 from typing import Any
 
 from providers.community.agent import Agent, parse_simulated
+from providers.community.protocol import HEARTBEAT_S
 
 
 def start_hosts(
-    broker_url: str, hosts: Sequence[dict[str, Any]], *, report: bool = True, heartbeat_s: float = 5.0
+    broker_url: str, hosts: Sequence[dict[str, Any]], *, report: bool = True, heartbeat_s: float = HEARTBEAT_S
 ) -> list[Agent]:
     """Start one simulated agent per host entry ({"key_id", "secret", "simulate", "launch_seconds"?})."""
     agents = []

@@ -279,3 +279,26 @@ def test_staff_verify_a_machine_only_after_a_passing_self_test(admin_client, lis
     payload = json.loads(entry.payload)
     assert (payload["previous"], payload["self_test_ok"]) == ("pending", True) and "admin" not in entry.payload
     assert ledger_verify().ok
+
+
+def test_a_machine_sold_on_demand_and_interruptible_is_reserved_once_for_both(
+    fleet, hosts, acme, alice, django_capture_on_commit_callbacks
+):
+    from marketplace.catalog.services import offers_sync
+    from marketplace.models import Offer, OrderState
+    from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+
+    assert offers_sync(account_id=fleet.pk).ok
+    spot = Offer.objects.get(account=fleet, zone="fra-h100-1", pricing_model="spot")
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            offer_id=spot.pk, max_price_per_hour=spot.price_usd, allow_failover=False)).order  # fmt: skip
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING, order.state_reason
+    assert dict(Offer.objects.filter(zone="fra-h100-1").values_list("pricing_model", "reserved")) == {
+        "spot": 1,
+        "on_demand": 1,
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    assert set(Offer.objects.filter(zone="fra-h100-1").values_list("reserved", flat=True)) == {0}

@@ -24,6 +24,9 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         seed = sub.add_parser("seed")
         seed.add_argument("--sandbox-manifest", required=True, help="the JSON file the running sandbox wrote")
+        seed.add_argument(
+            "--community-hosts", help="write the demo independent machines' agent keys here (for the simulated hosts)"
+        )
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -55,6 +58,65 @@ class Command(BaseCommand):
             name="Petra Cloud Resale", defaults={"kind": OrganizationKind.PROVIDER, "provider": account.provider}
         )
         Membership.objects.get_or_create(user=petra, organization=seller, defaults={"role": Role.OWNER})
+        if options.get("community_hosts"):
+            accounts.append(_seed_community(users, Path(options["community_hosts"])))
         self.stdout.write(
             json.dumps({"buyer": "alice", "provider_admin": "petra", "accounts": {a.kind: a.pk for a in accounts}})
         )
+
+
+# The demo's independent provider: machines listed at plausible community prices (USD per GPU-hour), each
+# run by a simulated agent (providers/sandbox/community.py).
+DEMO_MACHINES = [
+    ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", "H100:80x8"),
+    ("fra-l40s-1", "L40S", 4, 48, "DE", "eu-de", "0.79", "0.39", "L40S:48x4"),
+    ("dal-a100-1", "A100-80GB-SXM4", 4, 80, "US", "us-tx", "1.15", None, "A100:80x4"),
+]
+
+
+def _seed_community(users: Any, hosts_path: Path) -> Any:
+    """Helga's independent fleet: three verified machines; their agents' keys go to ``hosts_path`` (0600)."""
+    from decimal import Decimal
+
+    from providers.community.protocol import new_secret
+    from providers.community.services import machine_list
+    from providers.models import Machine, MachineState
+
+    helga, created = users.objects.get_or_create(username="helga", defaults={"email": "helga@example.com"})
+    if created:
+        helga.set_password(DEMO_PASSWORD)
+        helga.save()
+    fleet = provider_account_connect(
+        provider_name="Helga's GPU Farm",
+        kind="community",
+        name="helga-fleet",
+        credentials={},
+        regions=["eu-de", "us-tx"],
+    )
+    org, _ = Organization.objects.get_or_create(
+        name="Helga's GPU Farm", defaults={"kind": OrganizationKind.PROVIDER, "provider": fleet.provider}
+    )
+    Membership.objects.get_or_create(user=helga, organization=org, defaults={"role": Role.OWNER})
+    hosts = []
+    for name, model, count, memory, country, region, price, bid, simulate in DEMO_MACHINES:
+        machine = Machine.objects.filter(account=fleet, name=name).first()
+        if machine is None:
+            listing = {
+                "gpu_model": model, "gpu_count": count, "gpu_memory_gb": memory, "vcpus": 16 * count,
+                "memory_gib": 128 * count, "disk_gb": 2000, "network_gbps": Decimal(25), "country": country,
+                "region": region, "price_per_gpu_hour": Decimal(price),
+                "min_bid_per_gpu_hour": None if bid is None else Decimal(bid),
+            }  # fmt: skip
+            listed = machine_list(account=fleet, name=name, listing=listing)
+            machine, secret = listed.machine, listed.secret
+        else:
+            # The secret is shown once: a re-seed issues a new one for the simulated agent.
+            secret = new_secret()
+            machine.set_secret(secret)
+            machine.save(update_fields=["secret_encrypted"])
+        Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED)
+        hosts.append({"key_id": machine.key_id, "secret": secret, "simulate": simulate, "launch_seconds": 2})
+    hosts_path.parent.mkdir(parents=True, exist_ok=True)
+    hosts_path.touch(mode=0o600)
+    hosts_path.write_text(json.dumps(hosts, indent=1))
+    return fleet
