@@ -45,7 +45,9 @@ def reservation_take(*, attempt: Attempt) -> bool:
     units = units_for(offer, attempt.order)
     try:
         with transaction.atomic():
-            siblings = list(_listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True))
+            siblings = list(
+                _listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True)
+            )
             taken = Offer.objects.filter(pk__in=siblings, reserved__lte=F("capacity") - units).update(
                 reserved=F("reserved") + units
             )
@@ -68,7 +70,9 @@ def reservation_release(*, attempt_id: int) -> int:
         units = attempt.reserved
         Attempt.objects.filter(pk=attempt.pk).update(reserved=0)
         offer = Offer.objects.get(pk=attempt.offer_id)
-        siblings = list(_listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True))
+        siblings = list(
+            _listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True)
+        )
         # An offer listed after the reservation never held these units: leave it at zero.
         Offer.objects.filter(pk__in=siblings, reserved__gte=units).update(reserved=F("reserved") - units)
         return units
