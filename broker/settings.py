@@ -172,6 +172,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
+# The marketplace's commission on what buyers pay, deducted in providers' payout statements.
+COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 # An independent provider's machine whose agent is silent this long is withdrawn from sale.
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
 # How often the ledger is checkpointed (when it grew) and anchored.
