@@ -302,3 +302,42 @@ def test_a_machine_sold_on_demand_and_interruptible_is_reserved_once_for_both(
     with django_capture_on_commit_callbacks(execute=True):
         order_terminate(order=order)
     assert set(Offer.objects.filter(zone="fra-h100-1").values_list("reserved", flat=True)) == {0}
+
+
+def test_utilization_over_time_comes_from_heartbeats(listed):
+    from providers.community.selectors import machine_utilization
+    from providers.community.services import machine_heartbeat
+
+    machine = listed.machine
+    for util in (20, 40):
+        machine_heartbeat(
+            machine=machine, gpus=[{"utilization_pct": util}, {"utilization_pct": util + 10}], instances=1
+        )
+    series = machine_utilization(machine=machine, since=timezone.now() - dt.timedelta(hours=1))
+    assert sum(len([p]) for p in series) >= 1
+    assert series[-1][1] in (Decimal("25.0"), Decimal("35.0"), Decimal("30.0"))
+
+
+def test_a_price_change_never_alters_an_order_already_placed(
+    fleet, hosts, acme, alice, django_capture_on_commit_callbacks
+):
+    from marketplace.catalog.services import offers_sync
+    from marketplace.models import Offer
+    from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+
+    assert offers_sync(account_id=fleet.pk).ok
+    offer = Offer.objects.get(account=fleet, zone="fra-h100-1", pricing_model="on_demand")
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            offer_id=offer.pk, max_price_per_hour=Decimal("16"), allow_failover=False)).order  # fmt: skip
+    order.refresh_from_db()
+    locked = order.price_per_hour
+    assert locked == Decimal("15.2")
+    Machine.objects.filter(name="fra-h100-1").update(price_per_gpu_hour=Decimal("3.10"))
+    order.instances.update(running_at=timezone.now() - dt.timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    assert offers_sync(account_id=fleet.pk).ok
+    assert Offer.objects.get(pk=offer.pk).price_usd == Decimal("24.8")  # the listing moved; the order did not
+    order.refresh_from_db()
+    assert order.price_per_hour == locked and order.invoice_line.price_per_hour == locked
