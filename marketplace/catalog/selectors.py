@@ -30,7 +30,9 @@ class OfferFilters:
 
 def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None = None) -> QuerySet[Offer]:
     """Offers a buyer can order now, cheapest per GPU-hour first."""
-    qs = Offer.objects.filter(status=OfferStatus.AVAILABLE).select_related("gpu_model", "account")
+    qs = Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True).select_related(
+        "gpu_model", "account"
+    )
     if now is not None:
         qs = qs.filter(last_seen_at__gte=now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S))
     f = filters or OfferFilters()

@@ -106,3 +106,12 @@ def test_a_double_submitted_form_places_one_order(offers, alice, django_capture_
         client.post("/orders/place", form)
 
     assert Order.objects.count() == 1
+
+
+def test_a_disabled_account_sells_nothing_in_the_storefront(aws_account):
+    from marketplace.catalog.selectors import offer_list
+
+    assert offer_list().filter(account=aws_account).exists()
+    aws_account.enabled = False
+    aws_account.save(update_fields=["enabled"])
+    assert not offer_list().filter(account=aws_account).exists()
