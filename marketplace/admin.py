@@ -1,6 +1,23 @@
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
-from marketplace.models import Attempt, GpuModel, Instance, Membership, Offer, Order, Organization, QuarantinedOffer
+from marketplace.models import (
+    Attempt,
+    GpuModel,
+    Instance,
+    Membership,
+    Offer,
+    Order,
+    Organization,
+    ProviderProfile,
+    ProviderState,
+    QuarantinedOffer,
+)
+from marketplace.portal.services import PortalError, provider_state_change
 
 
 @admin.register(Offer)
@@ -14,6 +31,72 @@ class OrderAdmin(admin.ModelAdmin):
     list_display = ["public_id", "organization", "state", "gpu_model", "gpu_count", "price_per_hour", "created_at"]
     list_filter = ["state"]
     readonly_fields = [f.name for f in Order._meta.fields]
+
+
+class StateReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=1000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Recorded on the provider and in the ledger. No personal data: the ledger cannot forget it.",
+    )
+
+
+@admin.register(ProviderProfile)
+class ProviderProfileAdmin(admin.ModelAdmin):
+    """Marketplace staff verify or suspend providers here; the state changes only through the two actions."""
+
+    list_display = ["organization", "state", "legal_name", "country", "terms_version", "state_changed_at"]
+    list_filter = ["state", "country"]
+    search_fields = ["organization__name", "legal_name", "tax_id"]
+    readonly_fields = [f.name for f in ProviderProfile._meta.fields]
+    actions = ["verify", "suspend"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # profiles are made by signing up
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def _decide(self, request: HttpRequest, queryset: QuerySet[ProviderProfile], to: str, action: str) -> object:
+        """The intermediate page asking for the reason; once given, one service call (and transaction) per
+        provider, so one refused transition does not hold back the others."""
+        form = StateReasonForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            done = 0
+            for profile in queryset.order_by("pk"):
+                try:
+                    provider_state_change(
+                        profile_id=profile.pk, to=to, reason=form.cleaned_data["reason"], by=request.user
+                    )
+                except PortalError as error:
+                    self.message_user(request, error.message, messages.ERROR)
+                else:
+                    done += 1
+            if done:
+                self.message_user(request, f"{done} provider{'s' if done != 1 else ''} {to}.", messages.SUCCESS)
+            return None
+        return TemplateResponse(
+            request,
+            "portal/admin_state_change.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{action.capitalize()} providers",
+                "opts": self.model._meta,
+                "profiles": queryset.select_related("organization"),
+                "form": form,
+                "action": action,
+                "to": to,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    @admin.action(description="Verify the selected providers (their accounts sell)", permissions=["change"])
+    def verify(self, request: HttpRequest, queryset: QuerySet[ProviderProfile]) -> object:
+        return self._decide(request, queryset, ProviderState.VERIFIED, "verify")
+
+    @admin.action(description="Suspend the selected providers (their accounts stop selling)", permissions=["change"])
+    def suspend(self, request: HttpRequest, queryset: QuerySet[ProviderProfile]) -> object:
+        return self._decide(request, queryset, ProviderState.SUSPENDED, "suspend")
 
 
 admin.site.register([GpuModel, QuarantinedOffer, Attempt, Instance, Organization, Membership])

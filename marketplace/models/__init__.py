@@ -1,13 +1,17 @@
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
-from marketplace.models.organizations import Membership, Organization, OrganizationKind, Role
+from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
+from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
 
 __all__ = [
+    "PROVIDER_ROLES",
     "Attempt",
     "AttemptOutcome",
     "FxRate",
     "GpuModel",
     "Instance",
+    "Invitation",
+    "InvitationStatus",
     "InvoiceLine",
     "Membership",
     "Offer",
@@ -17,6 +21,8 @@ __all__ = [
     "Organization",
     "OrganizationKind",
     "PricePoint",
+    "ProviderProfile",
+    "ProviderState",
     "QuarantinedOffer",
     "Quote",
     "Role",

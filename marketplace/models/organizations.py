@@ -14,9 +14,15 @@ class OrganizationKind(models.TextChoices):
 
 
 class Role(models.TextChoices):
+    """Buyers use owner, member and viewer; providers owner, operator and viewer (``PROVIDER_ROLES``)."""
+
     OWNER = "owner", "owner"
     MEMBER = "member", "member"
+    OPERATOR = "operator", "operator"
     VIEWER = "viewer", "viewer"
+
+
+PROVIDER_ROLES = (Role.OWNER, Role.OPERATOR, Role.VIEWER)
 
 
 class Organization(models.Model):

@@ -1,0 +1,309 @@
+"""Forms of the provider portal. Every field validates on its own and says what is wrong next to it."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django import forms
+from django.contrib.auth import get_user_model, password_validation
+from django.core.validators import RegexValidator, URLValidator
+
+from marketplace.models import PROVIDER_ROLES, ProviderProfile
+from marketplace.portal.clouds import Cloud, CloudField
+from marketplace.portal.countries import COUNTRIES
+from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
+
+
+def _label(choice: tuple[str, str]) -> str:
+    return choice[1]
+
+
+ROLE_CHOICES = [(role.value, role.label) for role in PROVIDER_ROLES]
+COUNTRY_CHOICES = [("", "choose a country"), *sorted(((c, f"{n} ({c})") for c, n in COUNTRIES.items()), key=_label)]
+_TAX_ID = re.compile(r"[A-Z0-9][A-Z0-9.\-/]{3,31}")
+MAX_REGIONS = 64
+
+
+class WebURLField(forms.URLField):
+    """An endpoint the adapters call: http or https only (Django's URLField also admits ftp)."""
+
+    default_validators = [URLValidator(schemes=["http", "https"])]
+
+
+class _PasswordsForm(forms.Form):
+    """A new password typed twice, checked against the site's password validators."""
+
+    password1 = forms.CharField(
+        label="Password", strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+    password2 = forms.CharField(
+        label="Password again", strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "new-password"})
+    )
+
+    def _user_for_validation(self) -> Any:
+        return get_user_model()(username=self.cleaned_data.get("username", ""))
+
+    def clean_password2(self) -> str:
+        first, second = self.cleaned_data.get("password1"), self.cleaned_data["password2"]
+        if first and first != second:
+            raise forms.ValidationError("the two passwords differ")
+        return second
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        password = data.get("password1")
+        if password:
+            try:
+                # After the other fields, so "too similar to the username" can be judged.
+                password_validation.validate_password(password, self._user_for_validation())
+            except forms.ValidationError as error:
+                self.add_error("password1", error)
+        return data
+
+
+class SignupForm(_PasswordsForm):
+    username = forms.CharField(
+        max_length=150,
+        validators=[get_user_model().username_validator],
+        help_text="letters, digits and @ . + - _",
+        widget=forms.TextInput(attrs={"autocomplete": "username", "autofocus": True}),
+    )
+    email = forms.EmailField(label="Your email", widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+    organization_name = forms.CharField(
+        label="Organisation name", max_length=120, help_text="how buyers will see you; must be unique"
+    )
+    field_order = ["username", "email", "password1", "password2", "organization_name"]
+
+    def clean_organization_name(self) -> str:
+        name = " ".join(self.cleaned_data["organization_name"].split())
+        if len(name) < 2:
+            raise forms.ValidationError("give at least 2 characters")
+        return name
+
+    def _user_for_validation(self) -> Any:
+        return get_user_model()(username=self.cleaned_data.get("username", ""), email=self.cleaned_data.get("email"))
+
+
+class InvitationSignupForm(_PasswordsForm):
+    """Signing up from an invitation: the address is the invited one, so only a username and a password."""
+
+    username = forms.CharField(
+        max_length=150,
+        validators=[get_user_model().username_validator],
+        widget=forms.TextInput(attrs={"autocomplete": "username"}),
+    )
+    field_order = ["username", "password1", "password2"]
+
+
+class DetailsForm(forms.Form):
+    legal_name = forms.CharField(max_length=200, help_text="as registered")
+    country = forms.ChoiceField(choices=COUNTRY_CHOICES, help_text="of registration")
+    registered_address = forms.CharField(max_length=1000, widget=forms.Textarea(attrs={"rows": 3}))
+    tax_id = forms.CharField(label="Tax / VAT id", max_length=40, help_text="e.g. DE123456789")
+    contact_email = forms.EmailField(label="Contact email", help_text="for the marketplace's questions")
+
+    @classmethod
+    def for_profile(cls, profile: ProviderProfile, data: Any = None) -> DetailsForm:
+        initial = {
+            "legal_name": profile.legal_name,
+            "country": profile.country,
+            "registered_address": profile.registered_address,
+            "tax_id": profile.tax_id,
+            "contact_email": profile.contact_email,
+        }
+        return cls(data, initial=initial)
+
+    def clean_legal_name(self) -> str:
+        return " ".join(self.cleaned_data["legal_name"].split())
+
+    def clean_tax_id(self) -> str:
+        value = re.sub(r"\s+", "", self.cleaned_data["tax_id"]).upper()
+        if not _TAX_ID.fullmatch(value):
+            raise forms.ValidationError("use 4 to 32 letters and digits (dots, dashes and slashes allowed)")
+        return value
+
+    def clean_registered_address(self) -> str:
+        lines = [" ".join(line.split()) for line in self.cleaned_data["registered_address"].splitlines()]
+        value = "\n".join(line for line in lines if line)
+        if len(value) < 5:
+            raise forms.ValidationError("give the full registered address")
+        return value
+
+    def details(self) -> BusinessDetails:
+        d = self.cleaned_data
+        return BusinessDetails(
+            legal_name=d["legal_name"],
+            country=d["country"],
+            registered_address=d["registered_address"],
+            tax_id=d["tax_id"],
+            contact_email=d["contact_email"].lower(),
+        )
+
+
+class TermsForm(forms.Form):
+    version = forms.CharField(widget=forms.HiddenInput, initial=TERMS_VERSION)
+    accept = forms.BooleanField(label=f"I accept the provider terms, version {TERMS_VERSION}, for my organisation")
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(widget=forms.EmailInput(attrs={"placeholder": "name@example.com"}))
+    role = forms.ChoiceField(choices=ROLE_CHOICES, initial="operator")
+
+    def clean_email(self) -> str:
+        return self.cleaned_data["email"].strip().lower()
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=ROLE_CHOICES)
+
+
+# --- Cloud accounts -------------------------------------------------------------------------------------------
+
+
+class SecretTextarea(forms.Textarea):
+    """A textarea that never writes its value back into the page (a key file pasted into a refused form)."""
+
+    def format_value(self, value: Any) -> None:
+        return None
+
+
+def _cloud_field(spec: CloudField, *, required: bool, credential: bool) -> forms.Field:
+    attrs = {"autocomplete": "off", "spellcheck": "false"}
+    field: forms.Field
+    if spec.kind == "textarea":
+        textarea = SecretTextarea if spec.secret else forms.Textarea
+        widget = textarea(attrs={**attrs, "rows": 6 if spec.secret else 3})
+        field = forms.CharField(widget=widget, max_length=20000, strip=True)
+    elif spec.kind == "url":
+        field = WebURLField(assume_scheme="https", max_length=500)
+    elif spec.kind in ("number", "integer"):
+        field = forms.CharField(max_length=20, widget=forms.TextInput(attrs={"inputmode": "decimal"}))
+    elif spec.secret:
+        field = forms.CharField(
+            max_length=4000, strip=True, widget=forms.PasswordInput(attrs={**attrs, "autocomplete": "new-password"})
+        )
+    else:
+        field = forms.CharField(max_length=500 if credential else 2000, strip=True, widget=forms.TextInput(attrs=attrs))
+    field.required = required
+    field.label = spec.label
+    field.help_text = spec.help
+    if spec.validator is not None:
+        field.validators.append(spec.validator)
+    return field
+
+
+def _number(spec: CloudField, raw: str) -> str:
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise forms.ValidationError("enter a number") from None
+    if not value.is_finite():
+        raise forms.ValidationError("enter a number")
+    if spec.kind == "integer" and value != value.to_integral_value():
+        raise forms.ValidationError("enter a whole number")
+    if spec.min_value is not None and value < Decimal(str(spec.min_value)):
+        raise forms.ValidationError(f"at least {spec.min_value:g}")
+    if spec.max_value is not None and value > Decimal(str(spec.max_value)):
+        raise forms.ValidationError(f"at most {spec.max_value:g}")
+    return str(int(value)) if spec.kind == "integer" else format(value.normalize(), "f")
+
+
+class AccountForm(forms.Form):
+    """One cloud account: its name, regions and endpoint, the cloud's credentials and options.
+
+    On an existing account the credentials are write-only: their inputs start empty, an empty input keeps the
+    stored value, and the page only says which are set."""
+
+    name = forms.CharField(
+        max_length=120,
+        validators=[RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "letters, digits, dots, dashes and underscores")],
+        help_text="yours to choose, e.g. main or eu-prod",
+    )
+    regions = forms.CharField(max_length=2000, help_text="comma-separated")
+    endpoint_url = WebURLField(
+        label="Endpoint override",
+        required=False,
+        assume_scheme="https",
+        max_length=500,
+        help_text="optional: a sovereign region's or a private endpoint",
+    )
+
+    def __init__(
+        self,
+        data: Any = None,
+        *,
+        cloud: Cloud,
+        editing: bool = False,
+        stored: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ):
+        super().__init__(data, **kwargs)
+        self.cloud = cloud
+        self.stored = stored
+        self.editing = editing
+        self.fields["regions"].help_text = f"comma-separated, e.g. {', '.join(cloud.region_examples)}"
+        self.fields["regions"].widget.attrs["placeholder"] = ", ".join(cloud.region_examples)
+        for spec in cloud.credentials:
+            self.fields[spec.key] = _cloud_field(
+                spec, required=spec.required and spec.key not in stored, credential=True
+            )
+            if spec.key in stored:
+                self.fields[spec.key].widget.attrs["placeholder"] = "set: leave empty to keep"
+                if not spec.required:
+                    self.fields[f"clear_{spec.key}"] = forms.BooleanField(required=False, label="remove")
+            elif spec.secret and self.is_bound:
+                self.fields[spec.key].widget.attrs["placeholder"] = "enter it again: secrets are never sent back"
+        for spec in cloud.all_options:
+            self.fields[spec.key] = _cloud_field(spec, required=False, credential=False)
+        if self.editing:
+            self.fields["name"].disabled = True
+
+    def credential_fields(self) -> list[tuple[forms.BoundField, bool, forms.BoundField | None]]:
+        """(input, whether a value is stored, the "remove" checkbox if any), in the cloud's order."""
+        clear = {name: self[name] for name in self.fields if name.startswith("clear_")}
+        return [(self[s.key], s.key in self.stored, clear.get(f"clear_{s.key}")) for s in self.cloud.credentials]
+
+    def option_fields(self) -> list[forms.BoundField]:
+        return [self[s.key] for s in self.cloud.all_options]
+
+    def clean_regions(self) -> list[str]:
+        names = [n for n in re.split(r"[\s,;]+", self.cleaned_data["regions"].strip().lower()) if n]
+        if not names:
+            raise forms.ValidationError("name at least one region")
+        bad = [n for n in names if not self.cloud.region_pattern.fullmatch(n)]
+        if bad:
+            shown = ", ".join(f"“{n[:40]}”" for n in bad[:5])
+            raise forms.ValidationError(
+                f"not {self.cloud.label} region names: {shown} (they look like {', '.join(self.cloud.region_examples)})"
+            )
+        unique = list(dict.fromkeys(names))
+        if len(unique) > MAX_REGIONS:
+            raise forms.ValidationError(f"at most {MAX_REGIONS} regions")
+        return unique
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for spec in self.cloud.all_options:
+            raw = (data.get(spec.key) or "").strip()
+            if raw and spec.kind in ("number", "integer"):
+                try:
+                    data[spec.key] = _number(spec, raw)
+                except forms.ValidationError as error:
+                    self.add_error(spec.key, error)
+        return data
+
+    def account_input(self, *, kind: str) -> AccountInput:
+        d = self.cleaned_data
+        return AccountInput(
+            kind=kind,
+            name=d["name"],
+            regions=d["regions"],
+            endpoint_url=d.get("endpoint_url") or "",
+            credentials={s.key: d.get(s.key) or "" for s in self.cloud.credentials},
+            clear=frozenset(s.key for s in self.cloud.credentials if d.get(f"clear_{s.key}")),
+            options={s.key: str(d.get(s.key) or "") for s in self.cloud.all_options},
+            managed_options=frozenset(s.key for s in self.cloud.all_options),
+            required_credentials=frozenset(s.key for s in self.cloud.credentials if s.required),
+        )

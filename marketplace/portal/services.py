@@ -1,0 +1,437 @@
+"""Writes of the provider portal: signing up, business details and terms, the team and its invitations, cloud
+accounts, and marketplace staff's verification decisions.
+
+Each public function is one transaction. Refusals raise ``PortalError`` with the form field at fault; a failed
+credentials check raises the provider's own ``ProviderError`` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from dataclasses import dataclass, field
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.services import ledger_append, personal_commitment
+from marketplace.models import (
+    PROVIDER_ROLES,
+    Invitation,
+    InvitationStatus,
+    Membership,
+    Offer,
+    OfferStatus,
+    Organization,
+    OrganizationKind,
+    ProviderProfile,
+    ProviderState,
+    Role,
+)
+from marketplace.portal.selectors import token_hash
+from marketplace.tasks import offers_sync_account_task
+from providers.errors import ProviderError
+from providers.models import Provider, ProviderAccount
+from providers.registry import build_adapter
+from providers.secrets import SecretUnreadable
+from providers.services import AccountInvalid, provider_account_connect
+from providers.types import Credentials
+
+log = logging.getLogger(__name__)
+
+# The provider terms a seller accepts (templates/portal/terms.html); a new text gets a new version.
+TERMS_VERSION = "2026-12"
+INVITATION_TTL = dt.timedelta(days=7)
+# The connect check's limits: a form must answer quickly even when the endpoint is wrong or down.
+CHECK_OPTIONS = {"connect_timeout": "5", "read_timeout": "10", "max_attempts": "2"}
+
+
+class PortalError(Exception):
+    """A refused request; ``field`` names the form field at fault, "" the whole form."""
+
+    def __init__(self, message: str, *, field: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+# --- Signing up -----------------------------------------------------------------------------------------------
+
+
+def _signup_conflicts(*, username: str, organization_name: str = "") -> None:
+    if get_user_model().objects.filter(username__iexact=username).exists():
+        raise PortalError("that username is taken", field="username")
+    if organization_name and (
+        Organization.objects.filter(name__iexact=organization_name).exists()
+        or Provider.objects.filter(name__iexact=organization_name).exists()
+    ):
+        raise PortalError("an organisation of that name is already on the marketplace", field="organization_name")
+
+
+def provider_signup(*, username: str, email: str, password: str, organization_name: str) -> AbstractBaseUser:
+    """Create a provider organisation and its first person: the user, the ``Provider``, the ``Organization``
+    (kind provider) with its ``ProviderProfile`` (pending) and the owner ``Membership``.
+
+    Raises ``PortalError`` (field ``username`` or ``organization_name``) when either is taken, also when a
+    concurrent signup took it between the check and the insert.
+    """
+    try:
+        with transaction.atomic():
+            _signup_conflicts(username=username, organization_name=organization_name)
+            user = get_user_model().objects.create_user(username=username, email=email.lower(), password=password)
+            provider = Provider.objects.create(name=organization_name)
+            organization = Organization.objects.create(
+                name=organization_name, kind=OrganizationKind.PROVIDER, provider=provider
+            )
+            ProviderProfile.objects.create(organization=organization, contact_email=email.lower())
+            Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
+    except IntegrityError:
+        # A concurrent signup won the unique name: say which, outside the rolled-back transaction.
+        _signup_conflicts(username=username, organization_name=organization_name)
+        raise
+    log.info("provider organisation %s signed up", organization.pk)
+    return user
+
+
+# Why a profile was made for a provider organisation that predates the portal (or was made by another path,
+# like ``manage.py demo``): the same words as migration 0012's.
+GRANDFATHERED_REASON = "selling before provider verification existed"
+
+
+def provider_profile_ensure(*, organization: Organization) -> ProviderProfile:
+    """The organisation's profile, made now if it has none: verified when its provider already has an enabled
+    account (it sells: changing that is staff's decision, not a page view's), pending otherwise. Idempotent."""
+    selling = ProviderAccount.objects.filter(provider_id=organization.provider_id, enabled=True).exists()
+    profile, created = ProviderProfile.objects.get_or_create(
+        organization=organization,
+        defaults={
+            "state": ProviderState.VERIFIED if selling else ProviderState.PENDING,
+            "state_reason": GRANDFATHERED_REASON if selling else "",
+        },
+    )
+    if created:
+        log.info("made a %s profile for provider organisation %s", profile.state, organization.pk)
+    return profile
+
+
+# --- Details and terms ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BusinessDetails:
+    legal_name: str
+    country: str
+    registered_address: str
+    tax_id: str
+    contact_email: str
+
+
+def provider_details_update(*, organization: Organization, details: BusinessDetails) -> None:
+    """Replace the organisation's business details. Idempotent."""
+    ProviderProfile.objects.filter(organization=organization).update(
+        legal_name=details.legal_name,
+        country=details.country,
+        registered_address=details.registered_address,
+        tax_id=details.tax_id,
+        contact_email=details.contact_email,
+        details_updated_at=timezone.now(),
+    )
+
+
+def provider_terms_accept(*, organization: Organization, user: AbstractBaseUser, version: str) -> bool:
+    """Record that ``user`` accepted the terms ``version`` for the organisation, now. Returns False when that
+    version was already accepted (the first acceptance stays on record). Raises ``PortalError`` when
+    ``version`` is not the current text (it changed while the page was open)."""
+    if version != TERMS_VERSION:
+        raise PortalError("the terms changed while the page was open: read the current version", field="accept")
+    accepted = (
+        ProviderProfile.objects.filter(organization=organization)
+        .exclude(terms_version=version)
+        .update(terms_version=version, terms_accepted_at=timezone.now(), terms_accepted_by=user)
+    )
+    return accepted == 1
+
+
+# --- The team -------------------------------------------------------------------------------------------------
+
+
+def invitation_create(
+    *, organization: Organization, email: str, role: str, by: AbstractBaseUser
+) -> tuple[Invitation, str]:
+    """Invite ``email`` to the organisation with ``role``; returns the invitation and the link's token, which is
+    not stored (only its hash) and so can be shown only now. An open invitation to the same address is
+    revoked. Raises ``PortalError`` for a provider role it does not know or an address already a member."""
+    email = email.strip().lower()
+    if role not in PROVIDER_ROLES:
+        raise PortalError(f"choose one of {', '.join(PROVIDER_ROLES)}", field="role")
+    if Membership.objects.filter(organization=organization, user__email__iexact=email).exists():
+        raise PortalError("someone with this address is already in the team", field="email")
+    token = secrets.token_urlsafe(32)
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            Invitation.objects.filter(
+                organization=organization, email=email, accepted_at__isnull=True, revoked_at__isnull=True
+            ).update(revoked_at=now)
+            invitation = Invitation.objects.create(
+                organization=organization,
+                email=email,
+                role=role,
+                token_hash=token_hash(token),
+                invited_by=by,
+                created_at=now,
+                expires_at=now + INVITATION_TTL,
+            )
+    except IntegrityError:
+        raise PortalError("this address was invited at the same moment; try again", field="email") from None
+    return invitation, token
+
+
+def invitation_revoke(*, invitation: Invitation) -> bool:
+    """Revoke an open invitation; False when it was already accepted or revoked."""
+    return (
+        Invitation.objects.filter(pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        == 1
+    )
+
+
+def _invitation_claim(invitation: Invitation, user: AbstractBaseUser) -> Membership:
+    """Inside the caller's transaction: turn an open invitation into ``user``'s membership."""
+    now = timezone.now()
+    status = invitation.status(now=now)
+    if status != InvitationStatus.OPEN:
+        raise PortalError(f"this invitation is {status.label}; ask for a new one")
+    email = (getattr(user, "email", "") or "").lower()
+    if email != invitation.email:
+        raise PortalError(f"this invitation is for {invitation.email}; sign in with the account of that address")
+    if Membership.objects.filter(user=user, organization=invitation.organization).exists():
+        raise PortalError(f"you are already in {invitation.organization.name}")
+    if Membership.objects.filter(user=user, organization__kind=OrganizationKind.PROVIDER).exists():
+        raise PortalError("you are already in another provider organisation")
+    # Claim the invitation before using it: a second tab accepting at once finds it taken.
+    claimed = Invitation.objects.filter(
+        pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=now
+    ).update(accepted_at=now, accepted_by=user)
+    if claimed != 1:
+        raise PortalError("this invitation was just used or revoked")
+    return Membership.objects.create(user=user, organization=invitation.organization, role=invitation.role)
+
+
+def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Membership:
+    """``user`` (signed in, with the invited address) joins the team with the invited role. Raises
+    ``PortalError`` for an invitation no longer open, another address, or someone already in a provider."""
+    with transaction.atomic():
+        return _invitation_claim(invitation, user)
+
+
+def invitation_signup(*, invitation: Invitation, username: str, password: str) -> AbstractBaseUser:
+    """Create a user with the invited address and accept the invitation for them, in one transaction."""
+    try:
+        with transaction.atomic():
+            _signup_conflicts(username=username)
+            user = get_user_model().objects.create_user(username=username, email=invitation.email, password=password)
+            _invitation_claim(invitation, user)
+    except IntegrityError:
+        _signup_conflicts(username=username)
+        raise
+    return user
+
+
+def _refuse_ownerless(organization: Organization, *, changing: int, new_role: str | None) -> None:
+    """Lock the team (in pk order) and refuse a change of member ``changing`` to ``new_role`` (None: removed)
+    that would leave the organisation without an owner."""
+    members = list(Membership.objects.select_for_update().filter(organization=organization).order_by("pk"))
+    owners = sum(1 for m in members if (new_role if m.pk == changing else m.role) == Role.OWNER)
+    if owners == 0:
+        raise PortalError("the organisation needs at least one owner")
+
+
+def membership_role_set(*, membership: Membership, role: str) -> None:
+    """Give a member another provider role; the last owner keeps theirs."""
+    if role not in PROVIDER_ROLES:
+        raise PortalError(f"choose one of {', '.join(PROVIDER_ROLES)}", field="role")
+    with transaction.atomic():
+        _refuse_ownerless(membership.organization, changing=membership.pk, new_role=role)
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+
+
+def membership_remove(*, membership: Membership) -> None:
+    """Take someone off the team; the last owner stays."""
+    with transaction.atomic():
+        _refuse_ownerless(membership.organization, changing=membership.pk, new_role=None)
+        Membership.objects.filter(pk=membership.pk).delete()
+
+
+# --- Cloud accounts -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AccountInput:
+    """A cloud account as the connect form gives it. Empty credential values keep what is stored; the keys in
+    ``clear`` remove a stored optional credential. ``managed_options`` are the option keys the form shows:
+    those absent from ``options`` are removed, any other stored option is kept."""
+
+    kind: str
+    name: str
+    regions: list[str]
+    endpoint_url: str = ""
+    credentials: dict[str, str] = field(default_factory=dict)
+    clear: frozenset[str] = frozenset()
+    options: dict[str, str] = field(default_factory=dict)
+    managed_options: frozenset[str] = frozenset()
+    required_credentials: frozenset[str] = frozenset()
+
+
+def _stored_credentials(account: ProviderAccount | None) -> dict[str, str]:
+    if account is None:
+        return {}
+    try:
+        return dict(account.credentials().values)
+    except SecretUnreadable:
+        return {}  # no key reads them any more: the seller enters them again
+
+
+def provider_account_save(
+    *, organization: Organization, data: AccountInput, account: ProviderAccount | None = None
+) -> ProviderAccount:
+    """Connect a new cloud account (``account`` None) or change one of the organisation's provider's accounts.
+
+    First a cheap real read through the cloud's adapter, with short timeouts, proves the credentials; only then
+    is the account written (credentials encrypted), so a refused check leaves nothing behind. The account
+    sells (``enabled``) only while the provider is verified.
+
+    Raises the provider's ``ProviderError`` (``CredentialsRejected``, ``TransientProviderError``, ...) when the
+    check fails, and ``PortalError`` for settings the adapter refuses or a name already used.
+    """
+    if account is not None and (account.kind != data.kind or account.provider_id != organization.provider_id):
+        raise PortalError("this account belongs to another cloud or provider")
+    values = {k: v for k, v in _stored_credentials(account).items() if k not in data.clear}
+    values.update({k: v for k, v in data.credentials.items() if v})
+    for key in sorted(data.required_credentials):
+        if not values.get(key):
+            raise PortalError("this field is required", field=key)
+    options = {k: v for k, v in (account.options if account else {}).items() if k not in data.managed_options}
+    options.update({k: v for k, v in data.options.items() if v})
+    taken = ProviderAccount.objects.filter(provider_id=organization.provider_id, name=data.name)
+    if account is None and taken.exists():
+        raise PortalError("you already have an account of that name", field="name")
+
+    credentials = Credentials(kind=data.kind, values=values, endpoint_url=data.endpoint_url or None)
+    try:
+        adapter = build_adapter(data.kind, credentials, data.regions, {**options, **CHECK_OPTIONS})
+    except ValueError as exc:
+        key = str(exc).partition(":")[0].removeprefix("options.")
+        raise PortalError(str(exc), field=key if key in data.managed_options else "") from None
+    try:
+        adapter.check_credentials()
+    except ProviderError as exc:
+        # The error's class and code only: a provider's message is shown to the seller, not logged.
+        log.info(
+            "credentials check refused for provider %s (%s): %s %s",
+            organization.provider_id,
+            data.kind,
+            type(exc).__name__,
+            exc.code,
+        )
+        raise
+
+    with transaction.atomic():
+        # The profile row orders this against a verification or suspension deciding ``enabled``.
+        profile = ProviderProfile.objects.select_for_update().get(organization=organization)
+        provider = Provider.objects.get(pk=organization.provider_id)
+        if account is None and ProviderAccount.objects.filter(provider=provider, name=data.name).exists():
+            raise PortalError("you already have an account of that name", field="name")
+        was_enabled = account is not None and ProviderAccount.objects.filter(pk=account.pk, enabled=True).exists()
+        try:
+            saved = provider_account_connect(
+                provider_name=provider.name,
+                kind=data.kind,
+                name=account.name if account else data.name,
+                credentials=values,
+                regions=data.regions,
+                endpoint_url=data.endpoint_url,
+                options=options,
+            )
+        except AccountInvalid as exc:
+            name, _, message = str(exc).partition(": ")
+            raise PortalError(message or str(exc), field=name) from None
+        # A new account sells if the provider is verified; an edit never turns selling on for an account staff
+        # turned off (``provider_account_connect`` itself always enables).
+        enabled = profile.state == ProviderState.VERIFIED and (account is None or was_enabled)
+        ProviderAccount.objects.filter(pk=saved.pk).update(enabled=enabled)
+        saved.enabled = enabled
+    log.info("provider %s saved %s account %s", organization.provider_id, data.kind, saved.pk)
+    return saved
+
+
+def provider_account_sync(*, account: ProviderAccount) -> None:
+    """Queue a sync of the account's offers now, rather than at the next scheduled sync. Raises
+    ``PortalError`` for an account that does not sell (its provider is not verified)."""
+    if not account.enabled:
+        raise PortalError("this account syncs once your organisation is verified")
+    offers_sync_account_task.delay_on_commit(account.pk)
+
+
+# --- Verification (marketplace staff) -------------------------------------------------------------------------
+
+
+def provider_state_change(*, profile_id: int, to: str, reason: str, by: AbstractBaseUser) -> ProviderProfile:
+    """Verify or suspend a provider, as marketplace staff decided for ``reason``.
+
+    Follows ``ProviderProfile.TRANSITIONS``; verifying needs complete business details and accepted terms.
+    Claims the profile with a conditional update on its previous state, enables (verified) or disables
+    (suspended) every account of the provider, takes a suspended provider's offers off sale, and ledgers
+    ``provider.verified`` / ``provider.suspended`` in the same transaction, the decider as a personal-data
+    commitment. A verification queues a sync of each account after commit. Raises ``PortalError``.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise PortalError("give a reason", field="reason")
+    with transaction.atomic():
+        profile = ProviderProfile.objects.select_for_update().select_related("organization").get(pk=profile_id)
+        organization = profile.organization
+        previous = profile.state
+        if to not in ProviderProfile.TRANSITIONS.get(previous, frozenset()):
+            raise PortalError(f"{organization.name} is {previous}: it cannot become {to}")
+        if to == ProviderState.VERIFIED and not (profile.details_complete and profile.terms_accepted):
+            raise PortalError(f"{organization.name} has not completed its business details and accepted the terms")
+        now = timezone.now()
+        claimed = ProviderProfile.objects.filter(pk=profile.pk, state=previous).update(
+            state=to, state_reason=reason, state_changed_at=now
+        )
+        if claimed != 1:
+            raise PortalError(f"{organization.name} changed state meanwhile; look again")
+        accounts = ProviderAccount.objects.filter(provider_id=organization.provider_id)
+        account_ids = list(accounts.order_by("pk").values_list("pk", flat=True))
+        accounts.update(enabled=to == ProviderState.VERIFIED)
+        withdrawn = 0
+        if to == ProviderState.SUSPENDED:
+            # Stale offers leave the storefront and the offer book at once, not at the next sync.
+            withdrawn = Offer.objects.filter(account_id__in=account_ids, status=OfferStatus.AVAILABLE).update(
+                status=OfferStatus.STALE
+            )
+        ledger_append(
+            kind=f"provider.{to}",
+            subject=f"provider:{organization.provider_id}",
+            payload={
+                "provider": organization.provider_id,
+                "organization": organization.pk,
+                "from": previous,
+                "to": to,
+                "reason": reason,
+                "accounts": account_ids,
+                "offers_withdrawn": withdrawn,
+                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+            },
+        )
+        if to == ProviderState.VERIFIED:
+            for account_id in account_ids:
+                offers_sync_account_task.delay_on_commit(account_id)
+    profile.refresh_from_db()
+    log.info("provider %s: %s -> %s", organization.provider_id, previous, to)
+    return profile

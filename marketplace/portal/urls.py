@@ -1,0 +1,20 @@
+from django.urls import path
+
+from marketplace.portal import views
+
+app_name = "portal"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("signup", views.signup, name="signup"),
+    path("details", views.details, name="details"),
+    path("terms", views.terms, name="terms"),
+    path("team", views.team, name="team"),
+    path("team/members/<int:membership_id>", views.member_update, name="member-update"),
+    path("team/invitations/<int:invitation_id>/revoke", views.invitation_revoke_view, name="invitation-revoke"),
+    path("invitations/<str:token>", views.invitation, name="invitation"),
+    path("accounts", views.accounts, name="accounts"),
+    path("accounts/connect/<str:kind>", views.account_connect, name="account-connect"),
+    path("accounts/<int:account_id>/edit", views.account_edit, name="account-edit"),
+    path("accounts/<int:account_id>/sync", views.account_sync, name="account-sync"),
+]

@@ -1,0 +1,387 @@
+"""Provider portal pages: signing up, the organisation's details, terms and team, and its cloud accounts.
+
+Every page but signup and an invitation link needs a member of a provider organisation: anyone else gets 404,
+as do another provider's accounts, members and invitations. A role short of an action gets 403.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.forms import Form
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import patch_cache_control
+from django.views.decorators.cache import never_cache
+from django.views.decorators.debug import sensitive_post_parameters
+from django.views.decorators.http import require_http_methods, require_POST
+
+from marketplace.models import InvitationStatus, Membership, ProviderState
+from marketplace.portal import selectors
+from marketplace.portal.clouds import CLOUDS, Cloud
+from marketplace.portal.forms import (
+    AccountForm,
+    DetailsForm,
+    InvitationSignupForm,
+    InviteForm,
+    RoleForm,
+    SignupForm,
+    TermsForm,
+)
+from marketplace.portal.selectors import Permission, role_allows
+from marketplace.portal.services import (
+    TERMS_VERSION,
+    PortalError,
+    invitation_accept,
+    invitation_create,
+    invitation_revoke,
+    invitation_signup,
+    membership_remove,
+    membership_role_set,
+    provider_account_save,
+    provider_account_sync,
+    provider_details_update,
+    provider_profile_ensure,
+    provider_signup,
+    provider_terms_accept,
+)
+from providers.errors import ProviderError, TransientProviderError
+from providers.models import ProviderAccount
+
+AUTH_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+def _membership(request: HttpRequest, permission: Permission = Permission.READ) -> Membership:
+    membership = selectors.provider_membership(request.user)
+    if membership is None:
+        raise Http404("no provider organisation")
+    if not role_allows(membership.role, permission):
+        raise PermissionDenied(f"a {membership.role} cannot do this")
+    if not hasattr(membership.organization, "provider_profile"):
+        # An organisation made outside the signup (manage.py demo, the admin) has no profile yet.
+        membership.organization.provider_profile = provider_profile_ensure(organization=membership.organization)
+    return membership
+
+
+def _page(request: HttpRequest, template: str, membership: Membership, tab: str, **context: Any) -> HttpResponse:
+    organization = membership.organization
+    context.update(
+        membership=membership,
+        organization=organization,
+        profile=organization.provider_profile,
+        tab=tab,
+        can_accounts=role_allows(membership.role, Permission.ACCOUNTS),
+        can_team=role_allows(membership.role, Permission.TEAM),
+        can_details=role_allows(membership.role, Permission.DETAILS),
+    )
+    return render(request, template, context)
+
+
+def _form_error(form: Form, error: PortalError) -> None:
+    form.add_error(error.field if error.field in form.fields else None, error.message)
+
+
+# --- Signing up -----------------------------------------------------------------------------------------------
+
+
+@sensitive_post_parameters("password1", "password2")
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if selectors.provider_membership(request.user) is not None:
+        return redirect("portal:home")
+    form = SignupForm(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        data = form.cleaned_data
+        try:
+            user = provider_signup(
+                username=data["username"],
+                email=data["email"],
+                password=data["password1"],
+                organization_name=data["organization_name"],
+            )
+        except PortalError as error:
+            _form_error(form, error)
+        else:
+            login(request, user, backend=AUTH_BACKEND)
+            messages.success(request, f"Welcome, {data['organization_name']}. Next: your business details.")
+            return redirect("portal:details")
+    return render(request, "portal/signup.html", {"form": form})
+
+
+@never_cache
+@sensitive_post_parameters("password1", "password2")
+@require_http_methods(["GET", "POST"])
+def invitation(request: HttpRequest, token: str) -> HttpResponse:
+    """An invitation link: sign up with the invited address, or accept while signed in with it."""
+    found = selectors.invitation_by_token(token)
+    if found is None:
+        raise Http404("no such invitation")
+    status = found.status()
+    form = InvitationSignupForm(request.POST or None) if not request.user.is_authenticated else None
+    context: dict[str, Any] = {"invitation": found, "status": status, "form": form, "error": ""}
+    if status != InvitationStatus.OPEN:
+        return render(request, "portal/invitation.html", context, status=410)
+    if request.method == "POST":
+        try:
+            if request.user.is_authenticated:
+                invitation_accept(invitation=found, user=request.user)
+            elif form is not None and form.is_valid():
+                user = invitation_signup(
+                    invitation=found, username=form.cleaned_data["username"], password=form.cleaned_data["password1"]
+                )
+                login(request, user, backend=AUTH_BACKEND)
+            else:
+                return render(request, "portal/invitation.html", context)
+        except PortalError as error:
+            if form is not None:
+                _form_error(form, error)
+            else:
+                context["error"] = error.message
+        else:
+            messages.success(request, f"You joined {found.organization.name} as {found.get_role_display()}.")
+            return redirect("portal:home")
+    return render(request, "portal/invitation.html", context)
+
+
+# --- The organisation -----------------------------------------------------------------------------------------
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    membership = _membership(request)
+    accounts = list(selectors.account_list(organization=membership.organization))
+    return _page(
+        request,
+        "portal/home.html",
+        membership,
+        "home",
+        accounts=accounts,
+        terms_current=membership.organization.provider_profile.terms_version == TERMS_VERSION,
+        verified=membership.organization.provider_profile.state == ProviderState.VERIFIED,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def details(request: HttpRequest) -> HttpResponse:
+    membership = _membership(request, Permission.DETAILS if request.method == "POST" else Permission.READ)
+    profile = membership.organization.provider_profile
+    form = DetailsForm.for_profile(profile, request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        provider_details_update(organization=membership.organization, details=form.details())
+        messages.success(request, "Business details saved.")
+        return redirect("portal:home" if profile.terms_accepted else "portal:terms")
+    return _page(request, "portal/details.html", membership, "details", form=form)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def terms(request: HttpRequest) -> HttpResponse:
+    membership = _membership(request, Permission.DETAILS if request.method == "POST" else Permission.READ)
+    form = TermsForm(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        try:
+            accepted = provider_terms_accept(
+                organization=membership.organization,
+                user=request.user,  # type: ignore[arg-type]
+                version=form.cleaned_data["version"],
+            )
+        except PortalError as error:
+            _form_error(form, error)
+        else:
+            if accepted:
+                messages.success(request, f"Terms version {TERMS_VERSION} accepted.")
+            return redirect("portal:home")
+    return _page(request, "portal/terms.html", membership, "terms", form=form, terms_version=TERMS_VERSION)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def team(request: HttpRequest) -> HttpResponse:
+    """The team and its invitations; a POST invites someone and shows the link, once, on this response."""
+    membership = _membership(request, Permission.TEAM if request.method == "POST" else Permission.READ)
+    organization = membership.organization
+    form = InviteForm(request.POST if request.method == "POST" else None)
+    link = ""
+    if form.is_bound and form.is_valid():
+        try:
+            created, token = invitation_create(
+                organization=organization,
+                email=form.cleaned_data["email"],
+                role=form.cleaned_data["role"],
+                by=request.user,  # type: ignore[arg-type]
+            )
+        except PortalError as error:
+            _form_error(form, error)
+        else:
+            link = request.build_absolute_uri(reverse("portal:invitation", args=[token]))
+            messages.success(request, f"Invitation for {created.email} created. Copy the link below: it is shown once.")
+            form = InviteForm()
+    response = _page(
+        request,
+        "portal/team.html",
+        membership,
+        "team",
+        form=form,
+        link=link,
+        members=[
+            (m, RoleForm(initial={"role": m.role}, prefix=f"m{m.pk}"))
+            for m in selectors.member_list(organization=organization)
+        ],
+        invitations=selectors.invitation_list(organization=organization),
+    )
+    if link:
+        patch_cache_control(response, no_store=True)
+    return response
+
+
+@login_required
+@require_POST
+def invitation_revoke_view(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    membership = _membership(request, Permission.TEAM)
+    found = selectors.invitation_get(organization=membership.organization, invitation_id=invitation_id)
+    if found is None:
+        raise Http404("no such invitation")
+    if invitation_revoke(invitation=found):
+        messages.success(request, f"Invitation for {found.email} revoked.")
+    else:
+        messages.info(request, f"The invitation for {found.email} was already {found.status().label}.")
+    return redirect("portal:team")
+
+
+@login_required
+@require_POST
+def member_update(request: HttpRequest, membership_id: int) -> HttpResponse:
+    """Change a member's role, or (``remove`` in the POST) take them off the team."""
+    membership = _membership(request, Permission.TEAM)
+    member = selectors.member_get(organization=membership.organization, membership_id=membership_id)
+    if member is None:
+        raise Http404("no such member")
+    try:
+        if "remove" in request.POST:
+            membership_remove(membership=member)
+            messages.success(request, f"{member.user.get_username()} is no longer in the team.")
+        else:
+            form = RoleForm(request.POST, prefix=f"m{member.pk}")
+            if not form.is_valid():
+                messages.error(request, f"Role: {form.errors['role'][0]}")
+                return redirect("portal:team")
+            membership_role_set(membership=member, role=form.cleaned_data["role"])
+            messages.success(request, f"{member.user.get_username()} is now {form.cleaned_data['role']}.")
+    except PortalError as error:
+        messages.error(request, error.message)
+    return redirect("portal:team")
+
+
+# --- Cloud accounts -------------------------------------------------------------------------------------------
+
+
+@login_required
+def accounts(request: HttpRequest) -> HttpResponse:
+    membership = _membership(request)
+    rows = list(selectors.account_list(organization=membership.organization))
+    return _page(
+        request,
+        "portal/accounts.html",
+        membership,
+        "accounts",
+        accounts=rows,
+        clouds=CLOUDS.values(),
+        editable_kinds=list(CLOUDS),
+    )
+
+
+def _account_save(
+    request: HttpRequest, form: AccountForm, membership: Membership, cloud: Cloud, account: ProviderAccount | None
+) -> HttpResponse | None:
+    """Save a valid form through the service; None (and the errors on the form) when it refused."""
+    try:
+        saved = provider_account_save(
+            organization=membership.organization, data=form.account_input(kind=cloud.kind), account=account
+        )
+    except PortalError as error:
+        _form_error(form, error)
+        return None
+    except ProviderError as error:
+        what = "could not be reached" if isinstance(error, TransientProviderError) else "refused the credentials"
+        form.add_error(None, f"{cloud.label} {what}; nothing was saved. {error}")
+        return None
+    sells = "it sells now" if saved.enabled else "it sells once your organisation is verified"
+    messages.success(request, f"Account {saved.name} saved: the credentials check passed and {sells}.")
+    return redirect("portal:accounts")
+
+
+@sensitive_post_parameters()  # every field: an error report never carries credentials
+@login_required
+@require_http_methods(["GET", "POST"])
+def account_connect(request: HttpRequest, kind: str) -> HttpResponse:
+    membership = _membership(request, Permission.ACCOUNTS)
+    cloud = CLOUDS.get(kind)
+    if cloud is None:
+        raise Http404("no such cloud")
+    form = AccountForm(request.POST if request.method == "POST" else None, cloud=cloud)
+    if form.is_bound and form.is_valid():
+        done = _account_save(request, form, membership, cloud, None)
+        if done is not None:
+            return done
+    return _page(request, "portal/account_form.html", membership, "accounts", form=form, cloud=cloud, account=None)
+
+
+@sensitive_post_parameters()
+@login_required
+@require_http_methods(["GET", "POST"])
+def account_edit(request: HttpRequest, account_id: int) -> HttpResponse:
+    membership = _membership(request, Permission.ACCOUNTS)
+    account = selectors.account_get(organization=membership.organization, account_id=account_id)
+    cloud = CLOUDS.get(account.kind) if account is not None else None
+    if account is None or cloud is None:
+        raise Http404("no such account")
+    keys = selectors.account_credential_keys(account)
+    initial = {
+        "name": account.name,
+        "regions": ", ".join(account.regions),
+        "endpoint_url": account.endpoint_url,
+        **{spec.key: account.options.get(spec.key, "") for spec in cloud.all_options},
+    }
+    form = AccountForm(
+        request.POST if request.method == "POST" else None,
+        cloud=cloud,
+        editing=True,
+        stored=keys or frozenset(),
+        initial=initial,
+    )
+    if form.is_bound and form.is_valid():
+        done = _account_save(request, form, membership, cloud, account)
+        if done is not None:
+            return done
+    return _page(
+        request,
+        "portal/account_form.html",
+        membership,
+        "accounts",
+        form=form,
+        cloud=cloud,
+        account=account,
+        unreadable=keys is None,
+    )
+
+
+@login_required
+@require_POST
+def account_sync(request: HttpRequest, account_id: int) -> HttpResponse:
+    membership = _membership(request, Permission.ACCOUNTS)
+    account = selectors.account_get(organization=membership.organization, account_id=account_id)
+    if account is None:
+        raise Http404("no such account")
+    try:
+        provider_account_sync(account=account)
+    except PortalError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Sync of {account.name} queued; its status updates when it finishes.")
+    return redirect("portal:accounts")
