@@ -32,6 +32,10 @@ class PayoutLine:
     commission_usd: Decimal
     net_usd: Decimal
 
+    @property
+    def hours(self) -> Decimal:
+        return (Decimal(self.seconds) / 3600).quantize(_CENT)
+
 
 @dataclass(frozen=True)
 class PayoutStatement:

@@ -307,3 +307,95 @@ class AccountForm(forms.Form):
             managed_options=frozenset(s.key for s in self.cloud.all_options),
             required_credentials=frozenset(s.key for s in self.cloud.credentials if s.required),
         )
+
+
+_WINDOW = re.compile(
+    r"^(?P<days>[a-z]{3}(?:-[a-z]{3})?(?:,[a-z]{3}(?:-[a-z]{3})?)*)\s+(?P<start>\d\d:\d\d)-(?P<end>\d\d:\d\d)$"
+)
+_DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+_REGION = re.compile(r"[a-z][a-z0-9-]{1,30}[a-z0-9]")
+
+
+def parse_windows(text: str) -> list[dict[str, Any]]:
+    """``mon-fri 08:00-20:00`` per line (UTC; an end before the start runs past midnight) -> availability
+    windows; raises ``ValidationError`` naming the bad line. Empty: always available."""
+    windows = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = " ".join(raw.lower().split())
+        if not line:
+            continue
+        match = _WINDOW.match(line)
+        if match is None:
+            raise forms.ValidationError(f"line {number}: write days and hours like 'mon-fri 08:00-20:00'")
+        weekdays: set[int] = set()
+        for part in match["days"].split(","):
+            first, _, last = part.partition("-")
+            if first not in _DAYS or (last and last not in _DAYS):
+                raise forms.ValidationError(f"line {number}: days are mon, tue, wed, thu, fri, sat, sun")
+            a, b = _DAYS.index(first), _DAYS.index(last or first)
+            weekdays.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+        for time in (match["start"], match["end"]):
+            hours, minutes = int(time[:2]), int(time[3:])
+            if hours > 24 or minutes > 59 or (hours == 24 and minutes):
+                raise forms.ValidationError(f"line {number}: {time} is not a time of day")
+        if match["start"] == match["end"]:
+            raise forms.ValidationError(f"line {number}: a window needs different start and end times")
+        windows.append({"weekdays": sorted(weekdays), "start": match["start"], "end": match["end"]})
+    return windows
+
+
+class MachineForm(forms.Form):
+    """A machine listing: what it is, where, and at what price. Prices in USD per GPU-hour."""
+
+    name = forms.SlugField(max_length=60, help_text="letters, digits and dashes, e.g. fra-h100-1")
+    gpu_model = forms.ChoiceField(label="GPU model")
+    gpu_count = forms.IntegerField(label="GPUs", min_value=1, max_value=16)
+    gpu_memory_gb = forms.IntegerField(label="Memory per GPU (GB)", min_value=1, max_value=1024)
+    vcpus = forms.IntegerField(label="vCPUs", min_value=1, max_value=1024)
+    memory_gib = forms.IntegerField(label="RAM (GiB)", min_value=1, max_value=32768)
+    disk_gb = forms.IntegerField(label="Disk (GB)", min_value=10, max_value=1_000_000)
+    network_gbps = forms.DecimalField(
+        label="Network (Gbit/s)", min_value=Decimal("0.1"), max_value=Decimal(3200), decimal_places=2
+    )
+    country = forms.ChoiceField(choices=COUNTRY_CHOICES)
+    region = forms.CharField(max_length=32, help_text="your region label, e.g. eu-de or us-tx")
+    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour, on demand (USD)", min_value=Decimal("0.01"),
+                                            max_value=Decimal(100), decimal_places=4)  # fmt: skip
+    min_bid_per_gpu_hour = forms.DecimalField(label="Minimum bid per GPU-hour, interruptible (USD)", required=False,
+                                              min_value=Decimal("0.01"), max_value=Decimal(100), decimal_places=4,
+                                              help_text="leave empty to sell on demand only")  # fmt: skip
+    availability = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="one window per line in UTC, e.g. mon-fri 08:00-20:00; empty: always",
+    )
+
+    def __init__(self, *args: Any, gpu_models: list[tuple[str, int]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.memory_of = dict(gpu_models)
+        self.fields["gpu_model"].choices = [("", "choose a model"), *((k, f"{k} ({m} GB)") for k, m in gpu_models)]
+
+    def clean_region(self) -> str:
+        value = self.cleaned_data["region"].strip().lower()
+        if not _REGION.fullmatch(value):
+            raise forms.ValidationError("use 3 to 32 lower-case letters, digits and dashes, e.g. eu-de")
+        return value
+
+    def clean_availability(self) -> list[dict[str, Any]]:
+        return parse_windows(self.cleaned_data.get("availability") or "")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        model, memory = data.get("gpu_model"), data.get("gpu_memory_gb")
+        if model and memory and memory > self.memory_of.get(model, memory):
+            self.add_error("gpu_memory_gb", f"a {model} has {self.memory_of[model]} GB")
+        price, bid = data.get("price_per_gpu_hour"), data.get("min_bid_per_gpu_hour")
+        if price is not None and bid is not None and bid >= price:
+            self.add_error("min_bid_per_gpu_hour", "the minimum bid must be below the on-demand price")
+        return data
+
+    def listing(self) -> dict[str, Any]:
+        d = self.cleaned_data
+        return {key: d[key] for key in ("gpu_model", "gpu_count", "gpu_memory_gb", "vcpus", "memory_gib", "disk_gb",
+                                        "network_gbps", "country", "region", "price_per_gpu_hour",
+                                        "min_bid_per_gpu_hour", "availability")}  # fmt: skip

@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -33,8 +34,9 @@ from marketplace.models import (
 )
 from marketplace.portal.selectors import token_hash
 from marketplace.tasks import offers_sync_account_task
+from providers.community.services import ListedMachine, MachineInvalid, machine_list
 from providers.errors import ProviderError
-from providers.models import Provider, ProviderAccount
+from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import build_adapter
 from providers.secrets import SecretUnreadable
 from providers.services import AccountInvalid, provider_account_connect
@@ -435,3 +437,31 @@ def provider_state_change(*, profile_id: int, to: str, reason: str, by: Abstract
     profile.refresh_from_db()
     log.info("provider %s: %s -> %s", organization.provider_id, previous, to)
     return profile
+
+
+# --- Independent machines -----------------------------------------------------------------------------------
+
+
+def machine_listing_create(*, organization: Organization, name: str, listing: dict[str, Any]) -> ListedMachine:
+    """List a machine for the organisation's provider, on its independent-machines (``community``) account,
+    which is made on first use and sells, like any account, only while the provider is verified. Returns the
+    machine with its agent secret, to be shown once. Raises ``PortalError`` naming the field."""
+    with transaction.atomic():
+        profile = ProviderProfile.objects.select_for_update().get(organization=organization)
+        provider = Provider.objects.get(pk=organization.provider_id)
+        account = ProviderAccount.objects.filter(provider=provider, kind=ProviderKind.COMMUNITY).first()
+        if account is None:
+            account = provider_account_connect(
+                provider_name=provider.name, kind=ProviderKind.COMMUNITY, name="independent-machines",
+                credentials={}, regions=[listing["region"]],
+            )  # fmt: skip
+            account.enabled = profile.state == ProviderState.VERIFIED
+            account.save(update_fields=["enabled"])
+        if listing["region"] not in account.regions:
+            account.regions = [*account.regions, listing["region"]]
+            account.save(update_fields=["regions"])
+        try:
+            return machine_list(account=account, name=name, listing=listing)
+        except MachineInvalid as exc:
+            field, _, message = str(exc).partition(": ")
+            raise PortalError(message or str(exc), field=field) from None

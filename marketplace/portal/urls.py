@@ -17,4 +17,8 @@ urlpatterns = [
     path("accounts/connect/<str:kind>", views.account_connect, name="account-connect"),
     path("accounts/<int:account_id>/edit", views.account_edit, name="account-edit"),
     path("accounts/<int:account_id>/sync", views.account_sync, name="account-sync"),
+    path("machines", views.machines, name="machines"),
+    path("machines/new", views.machine_new, name="machine-new"),
+    path("earnings", views.earnings, name="earnings"),
+    path("orders/<uuid:order_id>/receipt", views.order_receipt, name="order-receipt"),
 ]

@@ -6,6 +6,7 @@ as do another provider's accounts, members and invitations. A role short of an a
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.contrib import messages
@@ -13,15 +14,18 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
-from marketplace.models import InvitationStatus, Membership, ProviderState
+from ledger.receipts import receipt
+from marketplace.models import GpuModel, InvitationStatus, Membership, Order, ProviderState
+from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
 from marketplace.portal import selectors
 from marketplace.portal.clouds import CLOUDS, Cloud
 from marketplace.portal.forms import (
@@ -29,6 +33,7 @@ from marketplace.portal.forms import (
     DetailsForm,
     InvitationSignupForm,
     InviteForm,
+    MachineForm,
     RoleForm,
     SignupForm,
     TermsForm,
@@ -41,6 +46,7 @@ from marketplace.portal.services import (
     invitation_create,
     invitation_revoke,
     invitation_signup,
+    machine_listing_create,
     membership_remove,
     membership_role_set,
     provider_account_save,
@@ -50,6 +56,7 @@ from marketplace.portal.services import (
     provider_signup,
     provider_terms_accept,
 )
+from providers.community.selectors import machine_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
 
@@ -385,3 +392,77 @@ def account_sync(request: HttpRequest, account_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Sync of {account.name} queued; its status updates when it finishes.")
     return redirect("portal:accounts")
+
+
+# --- Independent machines and earnings ----------------------------------------------------------------------
+
+
+def _sparkline(series: list[tuple[Any, Any]], width: int = 160, height: int = 32) -> str:
+    """SVG polyline points for utilization percentages (0-100), oldest left; "" for no data."""
+    if not series:
+        return ""
+    step = width / max(len(series) - 1, 1)
+    return " ".join(f"{i * step:.1f},{height - float(v) / 100 * height:.1f}" for i, (_, v) in enumerate(series))
+
+
+@login_required
+def machines(request: HttpRequest) -> HttpResponse:
+    """The provider's listed machines: state, agent, self-test, utilization over the last day, price."""
+    membership = _membership(request)
+    since = timezone.now() - dt.timedelta(days=1)
+    rows = [
+        (machine, _sparkline(machine_utilization(machine=machine, since=since, hourly=True)))
+        for machine in provider_machines(provider=membership.organization.provider)
+    ]
+    return _page(request, "portal/machines.html", membership, "machines", machines=rows)
+
+
+@sensitive_post_parameters()
+@login_required
+@require_http_methods(["GET", "POST"])
+def machine_new(request: HttpRequest) -> HttpResponse:
+    """List a machine; the agent's key and secret are shown once, on the page that follows the listing."""
+    membership = _membership(request, Permission.ACCOUNTS)
+    models = list(GpuModel.objects.order_by("key").values_list("key", "memory_gb"))
+    form = MachineForm(request.POST or None, gpu_models=models)
+    if request.method == "POST" and form.is_valid():
+        try:
+            listed = machine_listing_create(
+                organization=membership.organization, name=form.cleaned_data["name"], listing=form.listing()
+            )
+        except PortalError as exc:
+            _form_error(form, exc)
+        else:
+            response = _page(
+                request, "portal/machine_listed.html", membership, "machines", machine=listed.machine,
+                secret=listed.secret, broker_url=request.build_absolute_uri("/").rstrip("/"),
+            )  # fmt: skip
+            patch_cache_control(response, no_store=True)  # the secret must not linger in a cache
+            return response
+    return _page(request, "portal/machine_form.html", membership, "machines", form=form)
+
+
+@login_required
+def earnings(request: HttpRequest) -> HttpResponse:
+    """Orders running on the provider's capacity, and the month's payout statement with the commission."""
+    membership = _membership(request)
+    provider = membership.organization.provider
+    month = request.GET.get("month") or timezone.now().strftime("%Y-%m")
+    try:
+        statement = payout_statement(provider=provider, month=month)
+    except ValueError as exc:
+        raise Http404(str(exc)) from None
+    return _page(
+        request, "portal/earnings.html", membership, "earnings", statement=statement,
+        running=provider_running_orders(provider=provider), to_date=provider_earnings_to_date(provider=provider),
+    )  # fmt: skip
+
+
+@login_required
+def order_receipt(request: HttpRequest, order_id: str) -> HttpResponse:
+    """The ledger receipt (JSON) of an order that ran on the provider's capacity; any other is 404."""
+    membership = _membership(request)
+    order = Order.objects.filter(public_id=order_id, offer__account__provider=membership.organization.provider).first()
+    if order is None:
+        raise Http404("no such order on your capacity")
+    return JsonResponse(receipt(f"order:{order.public_id}"))

@@ -1,0 +1,76 @@
+"""Listing independent machines in the portal, watching them, and the earnings page."""
+
+from __future__ import annotations
+
+import pytest
+
+from marketplace.portal.forms import parse_windows
+from providers.models import Machine, ProviderAccount
+from tests.portal.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+LISTING = {
+    "name": "fra-h100-1", "gpu_model": "H100-SXM5", "gpu_count": "8", "gpu_memory_gb": "80", "vcpus": "96",
+    "memory_gib": "1024", "disk_gb": "4000", "network_gbps": "100", "country": "DE", "region": "eu-de",
+    "price_per_gpu_hour": "1.95", "min_bid_per_gpu_hour": "0.95",
+    "availability": "mon-fri 06:00-22:00\nsat 10:00-02:00",
+}  # fmt: skip
+
+
+def test_an_operator_lists_a_machine_and_sees_its_secret_once(petra, olga):
+    client = client_for(olga)
+    page = client.post("/provider/machines/new", LISTING)
+    assert page.status_code == 200 and page["Cache-Control"].count("no-store") == 1
+    machine = Machine.objects.get(name="fra-h100-1")
+    html = page.content.decode()
+    assert machine.key_id in html and machine.secret() in html  # shown now...
+    listing = client.get("/provider/machines").content.decode()
+    assert machine.key_id in listing and machine.secret() not in listing  # ...and never again
+    assert machine.availability == [
+        {"weekdays": [0, 1, 2, 3, 4], "start": "06:00", "end": "22:00"},
+        {"weekdays": [5], "start": "10:00", "end": "02:00"},
+    ]
+    account = ProviderAccount.objects.get(kind="community", provider__name="Petra GPU Cloud")
+    assert account.enabled is False  # Petra is not verified yet: her machines do not sell
+    assert machine.secret_encrypted and machine.secret() not in machine.secret_encrypted
+
+
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        ({"gpu_model": ""}, "gpu_model", "required"),
+        ({"gpu_memory_gb": "96"}, "gpu_memory_gb", "has 80 GB"),
+        ({"min_bid_per_gpu_hour": "2.10"}, "min_bid_per_gpu_hour", "below the on-demand price"),
+        ({"region": "EU DE"}, "region", "lower-case"),
+        ({"availability": "weekdays 9-5"}, "availability", "line 1"),
+        ({"price_per_gpu_hour": "0"}, "price_per_gpu_hour", "greater than or equal to 0.01"),
+        ({"gpu_count": "17"}, "gpu_count", "less than or equal to 16"),
+    ],
+)
+def test_a_bad_listing_names_the_field(petra, change, field, message):
+    page = client_for(petra).post("/provider/machines/new", {**LISTING, **change})
+    assert page.status_code == 200
+    assert message in " ".join(page.context["form"].errors[field])
+    assert not Machine.objects.exists()
+
+
+def test_a_viewer_cannot_list_and_a_stranger_sees_nothing(petra, victor, quentin, alice):
+    client_for(petra).post("/provider/machines/new", LISTING)
+    assert client_for(victor).get("/provider/machines/new").status_code == 403
+    assert "fra-h100-1" in client_for(victor).get("/provider/machines").content.decode()
+    assert "fra-h100-1" not in client_for(quentin).get("/provider/machines").content.decode()
+    assert client_for(alice).get("/provider/machines").status_code == 404
+    assert client_for(quentin).get("/provider/earnings").status_code == 200
+
+
+def test_the_same_name_twice_is_refused_on_the_name_field(petra):
+    client = client_for(petra)
+    client.post("/provider/machines/new", LISTING)
+    again = client.post("/provider/machines/new", LISTING)
+    assert "already has a machine called" in " ".join(again.context["form"].errors["name"])
+
+
+def test_windows_wrap_round_the_week():
+    assert parse_windows("sun-mon 22:00-06:00") == [{"weekdays": [0, 6], "start": "22:00", "end": "06:00"}]
+    assert parse_windows("") == []
