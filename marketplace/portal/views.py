@@ -401,19 +401,21 @@ def _sparkline(series: list[tuple[Any, Any]], width: int = 160, height: int = 32
     """SVG polyline points for utilization percentages (0-100), oldest left; "" for no data."""
     if not series:
         return ""
-    step = width / max(len(series) - 1, 1)
+    if len(series) == 1:
+        series = series * 2  # one sample: a level line across the chart
+    step = width / (len(series) - 1)
     return " ".join(f"{i * step:.1f},{height - float(v) / 100 * height:.1f}" for i, (_, v) in enumerate(series))
 
 
 @login_required
 def machines(request: HttpRequest) -> HttpResponse:
-    """The provider's listed machines: state, agent, self-test, utilization over the last day, price."""
+    """The provider's listed machines: state, agent, self-test, utilization over the last hour, price."""
     membership = _membership(request)
-    since = timezone.now() - dt.timedelta(days=1)
-    rows = [
-        (machine, _sparkline(machine_utilization(machine=machine, since=since, hourly=True)))
-        for machine in provider_machines(provider=membership.organization.provider)
-    ]
+    since = timezone.now() - dt.timedelta(hours=1)
+    rows = []
+    for machine in provider_machines(provider=membership.organization.provider):
+        series = machine_utilization(machine=machine, since=since)
+        rows.append((machine, _sparkline(series), series[-1][1] if series else None))
     return _page(request, "portal/machines.html", membership, "machines", machines=rows)
 
 
