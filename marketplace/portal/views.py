@@ -24,6 +24,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
+from marketplace.catalog.selectors import machine_reliability
 from marketplace.models import GpuModel, InvitationStatus, Membership, Order, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
 from marketplace.portal import selectors
@@ -411,12 +412,17 @@ def _sparkline(series: list[tuple[Any, Any]], width: int = 160, height: int = 32
 def machines(request: HttpRequest) -> HttpResponse:
     """The provider's listed machines: state, agent, self-test, utilization over the last hour, price."""
     membership = _membership(request)
-    since = timezone.now() - dt.timedelta(hours=1)
+    now = timezone.now()
+    since = now - dt.timedelta(hours=1)
+    scores = machine_reliability(now=now)
     rows = []
     for machine in provider_machines(provider=membership.organization.provider):
         series = machine_utilization(machine=machine, since=since)
-        rows.append((machine, _sparkline(series), series[-1][1] if series else None))
-    return _page(request, "portal/machines.html", membership, "machines", machines=rows)
+        score = scores.get((machine.account_id, machine.name))
+        rows.append((machine, _sparkline(series), series[-1][1] if series else None, score))
+    known = [score for *_, score in rows if score is not None]
+    overall = sum(known) / len(known) if known else None
+    return _page(request, "portal/machines.html", membership, "machines", machines=rows, reliability=overall)
 
 
 @sensitive_post_parameters()

@@ -74,3 +74,27 @@ def test_the_same_name_twice_is_refused_on_the_name_field(petra):
 def test_windows_wrap_round_the_week():
     assert parse_windows("sun-mon 22:00-06:00") == [{"weekdays": [0, 6], "start": "22:00", "end": "06:00"}]
     assert parse_windows("") == []
+
+
+def test_an_order_receipt_is_only_for_the_provider_it_ran_for(petra, quentin, acme, alice, aws_account,
+                                                              django_capture_on_commit_callbacks):  # fmt: skip
+    from decimal import Decimal
+
+    from marketplace.models import Organization
+    from marketplace.orders.services import PlaceRequest, order_place
+
+    # Petra's organisation resells the AWS sandbox account in this test.
+    org = Organization.objects.get(name="Petra GPU Cloud")
+    aws_account.provider = org.provider
+    aws_account.save(update_fields=["provider"])
+    offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01"))).order  # fmt: skip
+    url = f"/provider/orders/{order.public_id}/receipt"
+    mine = client_for(petra).get(url)
+    assert mine.status_code == 200 and mine.json()["subject"] == f"order:{order.public_id}"
+    assert client_for(quentin).get(url).status_code == 404
+    assert client_for(alice).get(url).status_code == 404
+    earnings = client_for(petra).get("/provider/earnings").content.decode()
+    assert str(order.public_id)[:8] in earnings
