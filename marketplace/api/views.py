@@ -28,6 +28,7 @@ from marketplace.api.serializers import (
     QuoteOutput,
     demand_from,
 )
+from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.matching import Ranking
 from marketplace.models import InvoiceLine, Membership, Order, Organization, Role
@@ -51,9 +52,17 @@ def _order_output(order: Order) -> dict[str, object]:
 
 
 class OfferListApi(APIView):
-    """GET /api/v1/offers: offers for sale now, cheapest first."""
+    """GET /api/v1/offers: offers for sale now, cheapest first; ``q`` searches in the query language
+    (marketplace/catalog/query.py) and ``sort`` is price, gpuprice or tflops."""
 
     def get(self, request: Request) -> Response:
+        search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
+        if search or sort != "price":
+            try:
+                found = offers_search(search, now=timezone.now(), sort=sort)
+            except QueryError as exc:
+                raise ValidationError({"q" if search else "sort": [str(exc)]}) from None
+            return Response({"results": OfferOutput(found, many=True).data})
         params = OfferListInput(data=request.query_params)
         params.is_valid(raise_exception=True)
         data = params.validated_data

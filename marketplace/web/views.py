@@ -11,6 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
 from marketplace.api.serializers import demand_from
+from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.models import Organization
 from marketplace.orders.quoting import quote_request
@@ -35,7 +36,26 @@ def _org_or_404(request: HttpRequest) -> Organization:
 
 
 def offers(request: HttpRequest) -> HttpResponse:
+    """Offers for sale, by the filter fields or by a search in the query language (marketplace/catalog/query.py)."""
     form = OfferFilterForm(request.GET or None)
+    search = request.GET.get("q", "").strip()
+    sort = request.GET.get("sort", "price")
+    now = timezone.now()
+    if search or sort != "price":
+        try:
+            found = offers_search(search, now=now, sort=sort, limit=PAGE_SIZE + 1)
+        except QueryError as exc:
+            form.is_valid()
+            return render(
+                request, "storefront/offers.html",
+                {"form": form, "offers": [], "total": 0, "page_size": PAGE_SIZE, "q": search, "sort": sort,
+                 "query_error": exc},
+            )  # fmt: skip
+        return render(
+            request, "storefront/offers.html",
+            {"form": form, "offers": found[:PAGE_SIZE], "total": len(found), "page_size": PAGE_SIZE, "q": search,
+             "sort": sort},
+        )  # fmt: skip
     filters = OfferFilters()
     if form.is_bound and form.is_valid():
         data = form.cleaned_data
@@ -46,12 +66,12 @@ def offers(request: HttpRequest) -> HttpResponse:
             pricing_model=data["pricing"] or "",
             max_price_per_hour=data["max_price"],
         )
-    qs = offer_list(filters=filters, now=timezone.now())
+    qs = offer_list(filters=filters, now=now)
     total = qs.count()
     return render(
         request,
         "storefront/offers.html",
-        {"form": form, "offers": qs[:PAGE_SIZE], "total": total, "page_size": PAGE_SIZE},
+        {"form": form, "offers": qs[:PAGE_SIZE], "total": total, "page_size": PAGE_SIZE, "q": "", "sort": "price"},
     )
 
 
