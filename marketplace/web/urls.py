@@ -7,6 +7,7 @@ app_name = "storefront"
 urlpatterns = [
     path("", views.offers, name="offers"),
     path("workload/", views.workload, name="workload"),
+    path("offers/<int:offer_id>/prices", views.prices, name="prices"),
     path("quotes/order", views.quote_order_view, name="quote-order"),
     path("orders/", views.orders, name="orders"),
     path("orders/place", views.order_place_view, name="order-place"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -11,9 +13,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
 from marketplace.api.serializers import demand_from
+from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.models import Organization
+from marketplace.models import Offer, Organization
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
     buyer_organization,
@@ -54,7 +57,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         return render(
             request, "storefront/offers.html",
             {"form": form, "offers": found[:PAGE_SIZE], "total": len(found), "page_size": PAGE_SIZE, "q": search,
-             "sort": sort},
+             "sort": sort, "savings": spot_savings(found[:PAGE_SIZE])},
         )  # fmt: skip
     filters = OfferFilters()
     if form.is_bound and form.is_valid():
@@ -68,11 +71,46 @@ def offers(request: HttpRequest) -> HttpResponse:
         )
     qs = offer_list(filters=filters, now=now)
     total = qs.count()
+    page = list(qs[:PAGE_SIZE])
     return render(
         request,
         "storefront/offers.html",
-        {"form": form, "offers": qs[:PAGE_SIZE], "total": total, "page_size": PAGE_SIZE, "q": "", "sort": "price"},
+        {"form": form, "offers": page, "total": total, "page_size": PAGE_SIZE, "q": "", "sort": "price",
+         "savings": spot_savings(page)},
+    )  # fmt: skip
+
+
+DAYS = {"1": 1, "7": 7, "30": 30, "90": 90}
+
+
+def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
+    """Price history of an offer's instance type in its region: on-demand and spot per zone, over 1-90 days."""
+    offer = Offer.objects.select_related("account", "gpu_model").filter(pk=offer_id).first()
+    if offer is None:
+        raise Http404("no such offer")
+    days = DAYS.get(request.GET.get("days", "30"), 30)
+    until = timezone.now()
+    since = until - dt.timedelta(days=days)
+    series = price_history(
+        account_id=offer.account_id, instance_type=offer.instance_type, region=offer.region, since=since
     )
+    seen = [moment for s in series for moment, _ in s.points]
+    if seen and min(seen) > since:
+        # A young listing: draw from its first recorded price, not from an empty month.
+        since = min(seen) - max((until - min(seen)) / 20, dt.timedelta(minutes=1))
+    geometry = chart(series, since=since, until=until)
+    latest = [line["latest"] for line in geometry["lines"]]  # type: ignore[attr-defined]
+    on_demand = [ln["latest"] for ln in geometry["lines"] if ln["pricing_model"] == "on_demand"]  # type: ignore[attr-defined]
+    spot = [ln["latest"] for ln in geometry["lines"] if ln["pricing_model"] == "spot"]  # type: ignore[attr-defined]
+    saving = None
+    if on_demand and spot and min(on_demand) > 0:
+        saving = int((1 - min(spot) / min(on_demand)) * 100)
+    return render(
+        request,
+        "storefront/prices.html",
+        {"offer": offer, "chart": geometry, "days": days, "since": since, "until": until, "saving": saving,
+         "points": sum(len(s.points) for s in series), "has_prices": bool(latest)},
+    )  # fmt: skip
 
 
 @login_required

@@ -1,0 +1,94 @@
+"""Price history for buyers: how an instance type's on-demand and spot prices in a region moved, and what a
+pricing model saves against on-demand."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from marketplace.models import Offer, OfferStatus, PricePoint
+
+
+@dataclass(frozen=True)
+class Series:
+    """One offer's price over time (USD per hour), as a step line: each point holds until the next."""
+
+    zone: str
+    pricing_model: str
+    points: list[tuple[dt.datetime, Decimal]]
+
+
+def price_history(*, account_id: int, instance_type: str, region: str, since: dt.datetime) -> list[Series]:
+    """Every offer of the type in the region with its price points since ``since`` (and the last one before,
+    so each line starts at the price then in force)."""
+    offers = Offer.objects.filter(account_id=account_id, instance_type=instance_type, region=region).order_by(
+        "pricing_model", "zone"
+    )
+    series = []
+    for offer in offers:
+        before = PricePoint.objects.filter(offer=offer, observed_at__lt=since).order_by("-observed_at").first()
+        points = list(PricePoint.objects.filter(offer=offer, observed_at__gte=since).order_by("observed_at"))
+        if before is not None:
+            points.insert(0, before)
+        series.append(
+            Series(offer.zone, offer.pricing_model, [(max(p.observed_at, since), p.price_usd) for p in points])
+        )
+    return series
+
+
+def spot_savings(offers: Iterable[Offer]) -> dict[int, int]:
+    """For each spot offer among ``offers``: the percentage it saves against the cheapest on-demand offer of the
+    same account, region and instance type on sale now (no entry when there is none)."""
+    spot = [o for o in offers if o.pricing_model == "spot"]
+    if not spot:
+        return {}
+    keys = {(o.account_id, o.region, o.instance_type) for o in spot}
+    on_demand: dict[tuple[int, str, str], Decimal] = {}
+    rows = Offer.objects.filter(
+        status=OfferStatus.AVAILABLE,
+        pricing_model="on_demand",
+        account_id__in={k[0] for k in keys},
+        instance_type__in={k[2] for k in keys},
+    ).values_list("account_id", "region", "instance_type", "price_usd")
+    for account_id, region, instance_type, price in rows:
+        key = (account_id, region, instance_type)
+        if key in keys and (key not in on_demand or price < on_demand[key]):
+            on_demand[key] = price
+    savings = {}
+    for offer in spot:
+        reference = on_demand.get((offer.account_id, offer.region, offer.instance_type))
+        if reference and reference > offer.price_usd:
+            savings[offer.pk] = int((1 - offer.price_usd / reference) * 100)
+    return savings
+
+
+def chart(
+    series: list[Series], *, since: dt.datetime, until: dt.datetime, width: int = 860, height: int = 260
+) -> dict[str, object]:
+    """SVG geometry for ``series``: step-line point strings per series, and the price axis' top and bottom."""
+    prices = [price for s in series for _, price in s.points]
+    if not prices:
+        return {"lines": [], "top": None, "bottom": None, "width": width, "height": height}
+    top, bottom = max(prices) * Decimal("1.1"), Decimal(0)
+    span = (until - since).total_seconds() or 1.0
+
+    def x(moment: dt.datetime) -> float:
+        return (moment - since).total_seconds() / span * width
+
+    def y(price: Decimal) -> float:
+        return float(height - (price - bottom) / (top - bottom) * height)
+
+    lines = []
+    for s in series:
+        coords: list[str] = []
+        for i, (moment, price) in enumerate(s.points):
+            if i:
+                coords.append(f"{x(moment):.1f},{y(s.points[i - 1][1]):.1f}")  # hold the last price until now
+            coords.append(f"{x(moment):.1f},{y(price):.1f}")
+        if s.points:
+            coords.append(f"{width:.1f},{y(s.points[-1][1]):.1f}")
+        lines.append({"zone": s.zone, "pricing_model": s.pricing_model, "points": " ".join(coords),
+                      "latest": s.points[-1][1] if s.points else None})  # fmt: skip
+    return {"lines": lines, "top": top.quantize(Decimal("0.01")), "bottom": bottom, "width": width, "height": height}
