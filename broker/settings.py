@@ -70,7 +70,28 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "broker.security.ContentSecurityPolicyMiddleware",
 ]
+
+# Secure headers everywhere; HTTPS-only cookies, HSTS and the redirect when deployed (DJANGO_DEBUG=0).
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+if not DEBUG:
+    SECURE_SSL_REDIRECT = env_bool("BROKER_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("BROKER_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    if env_bool("BROKER_BEHIND_TLS_PROXY", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Bearer token for Prometheus scraping /metrics from another host (loopback needs none).
+METRICS_TOKEN = env_str("BROKER_METRICS_TOKEN")
+# Sign-in throttling: this many failures per username or address within the window refuse further tries.
+LOGIN_FAILURE_LIMIT = env_int("BROKER_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_FAILURE_WINDOW_S = env_int("BROKER_LOGIN_FAILURE_WINDOW_S", 900, minimum=1)
 
 ROOT_URLCONF = "broker.urls"
 WSGI_APPLICATION = "broker.wsgi.application"

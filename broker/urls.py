@@ -2,9 +2,13 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from broker.metrics import metrics_view
+from broker.security import ThrottledLoginView
+
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path("metrics", metrics_view, name="metrics"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("marketplace.api.urls")),
     path("provider/", include("marketplace.portal.urls")),

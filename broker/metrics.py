@@ -1,0 +1,254 @@
+"""Prometheus metrics at ``GET /metrics`` for the operator's Prometheus.
+
+Every figure is read from the database at scrape time by a few aggregate queries, so any web process answers
+the same. The collector is registered on its own ``CollectorRegistry`` (not the process-global one), so the
+scrape holds only the broker's figures.
+
+Access: a request from a loopback address that no proxy forwarded, or one carrying
+``Authorization: Bearer <METRICS_TOKEN>``; anything else gets 403.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import ipaddress
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Max, OuterRef, Q, Subquery, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from ledger.models import Anchor, Checkpoint, LedgerHead
+from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, OfferStatus, Order, OrderState
+from providers.models import Machine, MachineHeartbeat, ProviderAccount, SyncStatus
+
+# Seconds from placement until an order first ran.
+PROVISIONING_BUCKETS: tuple[int, ...] = (1, 5, 15, 30, 60, 120, 300, 600)
+
+# A request carrying one of these came through a proxy: its loopback REMOTE_ADDR is the proxy's, not the client's.
+_FORWARDING_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
+
+
+class BrokerCollector:
+    """Yields the broker's metric families, computed from the database on every ``collect()``."""
+
+    def describe(self) -> list[Metric]:
+        # Nothing to describe up front: registering must not query the database.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        yield from self._offers()
+        yield from self._accounts(now)
+        yield from self._orders()
+        yield from self._provisioning()
+        yield from self._ledger(now)
+        yield from self._machines()
+
+    # --- Catalogue and accounts ------------------------------------------------------------------------------
+
+    def _offers(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "broker_offers", "Offers in the catalogue by provider kind and status.", labels=["provider", "status"]
+        )
+        counts = {
+            (row["account__kind"], row["status"]): row["n"]
+            for row in Offer.objects.order_by().values("account__kind", "status").annotate(n=Count("pk"))
+        }
+        kinds = set(ProviderAccount.objects.order_by().values_list("kind", flat=True).distinct())
+        kinds |= {kind for kind, _ in counts}
+        for kind in sorted(kinds):
+            for status in OfferStatus.values:
+                family.add_metric([kind, status], counts.get((kind, status), 0))
+        yield family
+
+    def _accounts(self, now: dt.datetime) -> Iterator[Metric]:
+        labels = ["account", "provider", "seller"]
+        age = GaugeMetricFamily(
+            "broker_offer_sync_age_seconds",
+            "Seconds since the account's offers were last synced successfully (enabled accounts that synced once).",
+            labels=labels,
+        )
+        failed = GaugeMetricFamily(
+            "broker_offer_sync_failed",
+            "1 when the account's last offer sync failed, else 0 (enabled accounts).",
+            labels=labels,
+        )
+        rows = (
+            ProviderAccount.objects.filter(enabled=True)
+            .order_by("provider__name", "name")
+            .values("name", "kind", "provider__name", "sync_status", "last_synced_at")
+        )
+        for row in rows:
+            values = [row["name"], row["kind"], row["provider__name"]]
+            if row["last_synced_at"] is not None:
+                age.add_metric(values, max(0.0, (now - row["last_synced_at"]).total_seconds()))
+            failed.add_metric(values, 1 if row["sync_status"] == SyncStatus.FAILED else 0)
+        yield age
+        yield failed
+
+    # --- Orders and provisioning -----------------------------------------------------------------------------
+
+    def _orders(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("broker_orders", "Orders by state.", labels=["state"])
+        counts = dict(Order.objects.order_by().values_list("state").annotate(n=Count("pk")))
+        for state in OrderState.values:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
+
+    def _provisioning(self) -> Iterator[Metric]:
+        attempts = CounterMetricFamily(
+            "broker_provisioning_attempts",
+            "Finished launch attempts by outcome (launched, failed) and error class (empty when launched).",
+            labels=["outcome", "error_class"],
+        )
+        rows = (
+            Attempt.objects.exclude(outcome=AttemptOutcome.PENDING)
+            .order_by()
+            .values_list("outcome", "error_class")
+            .annotate(n=Count("pk"))
+        )
+        for outcome, error_class, n in rows:
+            attempts.add_metric([outcome, error_class], n)
+        yield attempts
+
+        failovers = Attempt.objects.filter(outcome=AttemptOutcome.LAUNCHED, number__gt=1).aggregate(
+            n=Count("order", distinct=True)
+        )["n"]
+        yield CounterMetricFamily(
+            "broker_failovers",
+            "Orders that launched on a later attempt than their first (a launched attempt numbered above 1).",
+            value=failovers,
+        )
+
+        # Per order, the first time one of its instances ran: a re-provisioned order (after a preemption)
+        # counts once, with its first launch.
+        first_running = (
+            Instance.objects.filter(order=OuterRef("pk"), running_at__isnull=False)
+            .order_by("running_at")
+            .values("running_at")[:1]
+        )
+        ran = Order.objects.annotate(first_running=Subquery(first_running)).filter(first_running__isnull=False)
+        aggregates: dict[str, Any] = {
+            f"le_{b}": Count("pk", filter=Q(first_running__lte=F("created_at") + dt.timedelta(seconds=b)))
+            for b in PROVISIONING_BUCKETS
+        }
+        figures = ran.aggregate(
+            total=Count("pk"),
+            seconds=Sum(ExpressionWrapper(F("first_running") - F("created_at"), output_field=DurationField())),
+            **aggregates,
+        )
+        buckets = [(str(float(b)), figures[f"le_{b}"]) for b in PROVISIONING_BUCKETS]
+        buckets.append(("+Inf", figures["total"]))
+        seconds = figures["seconds"]
+        yield HistogramMetricFamily(
+            "broker_provisioning_seconds",
+            "Seconds from an order's placement until its first instance was running (failovers included).",
+            buckets=buckets,
+            sum_value=seconds.total_seconds() if seconds is not None else 0.0,
+        )
+
+    # --- Ledger ----------------------------------------------------------------------------------------------
+
+    def _ledger(self, now: dt.datetime) -> Iterator[Metric]:
+        size = LedgerHead.objects.order_by().aggregate(size=Max("size"))["size"] or 0
+        yield GaugeMetricFamily("broker_ledger_entries", "Entries in the append-only ledger.", value=size)
+
+        checkpoint = Checkpoint.objects.order_by().aggregate(size=Max("size"))["size"]
+        if checkpoint is not None:
+            yield GaugeMetricFamily(
+                "broker_ledger_checkpoint_size",
+                "Ledger size covered by the latest signed checkpoint.",
+                value=checkpoint,
+            )
+        anchored = Anchor.objects.order_by().aggregate(at=Max("anchored_at"))["at"]
+        if anchored is not None:
+            yield GaugeMetricFamily(
+                "broker_ledger_last_anchor_age_seconds",
+                "Seconds since the latest checkpoint was anchored on chain.",
+                value=max(0.0, (now - anchored).total_seconds()),
+            )
+
+    # --- Independent providers' machines ---------------------------------------------------------------------
+
+    def _machines(self) -> Iterator[Metric]:
+        labels = ["machine", "account", "provider", "seller"]
+        online = GaugeMetricFamily(
+            "broker_machine_online", "1 when the listed machine's agent is online, else 0.", labels=labels
+        )
+        utilization = GaugeMetricFamily(
+            "broker_machine_gpu_utilization_percent",
+            "Mean GPU utilization in the online machine's latest heartbeat.",
+            labels=labels,
+        )
+        temperature = GaugeMetricFamily(
+            "broker_machine_gpu_temperature_celsius",
+            "Hottest GPU temperature in the online machine's latest heartbeat.",
+            labels=labels,
+        )
+        power = GaugeMetricFamily(
+            "broker_machine_power_watts",
+            "Total GPU power draw in the online machine's latest heartbeat.",
+            labels=labels,
+        )
+        latest = MachineHeartbeat.objects.filter(machine=OuterRef("machine")).order_by("-at", "-pk").values("pk")[:1]
+        beats = {
+            row["machine_id"]: row
+            for row in MachineHeartbeat.objects.filter(machine__online=True, pk=Subquery(latest)).values(
+                "machine_id", "utilization_pct", "temperature_c", "power_w"
+            )
+        }
+        machines = Machine.objects.order_by("account__provider__name", "account__name", "name").values_list(
+            "pk", "name", "account__name", "account__kind", "account__provider__name", "online"
+        )
+        for pk, name, account, kind, seller, is_online in machines:
+            values = [name, account, kind, seller]
+            online.add_metric(values, 1 if is_online else 0)
+            beat = beats.get(pk)
+            if is_online and beat is not None:
+                utilization.add_metric(values, float(beat["utilization_pct"]))
+                temperature.add_metric(values, float(beat["temperature_c"]))
+                power.add_metric(values, float(beat["power_w"]))
+        yield online
+        yield utilization
+        yield temperature
+        yield power
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(BrokerCollector())
+
+
+def metrics_allowed(request: HttpRequest) -> bool:
+    """A configured token that the request carries, or a loopback address that no proxy forwarded.
+    A request carrying a bearer token is judged by that token alone: a wrong one is refused even from loopback."""
+    token = getattr(settings, "METRICS_TOKEN", "") or ""
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() == "bearer" and presented.strip():
+        return bool(token) and hmac.compare_digest(presented.strip().encode(), token.encode())
+    if any(request.META.get(name) for name in _FORWARDING_HEADERS):
+        return False
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not metrics_allowed(request):
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain; charset=utf-8")
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
