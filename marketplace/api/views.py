@@ -55,6 +55,8 @@ class OfferListApi(APIView):
     """GET /api/v1/offers: offers for sale now, cheapest first; ``q`` searches in the query language
     (marketplace/catalog/query.py) and ``sort`` is price, gpuprice or tflops."""
 
+    required_scopes = {"GET": ("offers:read",)}
+
     def get(self, request: Request) -> Response:
         search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
         if search or sort != "price":
@@ -79,6 +81,8 @@ class OfferListApi(APIView):
 
 class OrderListCreateApi(APIView):
     """GET lists the caller's orders; POST places one (``Idempotency-Key`` makes a retry return the same order)."""
+
+    required_scopes = {"GET": ("orders:place", "instances:manage"), "POST": ("orders:place",)}
 
     def get(self, request: Request) -> Response:
         orders = list(order_list(organization=_organization(request))[:200])
@@ -121,12 +125,16 @@ def _order_or_404(request: Request, order_id: str) -> Order:
 
 
 class OrderDetailApi(APIView):
+    required_scopes = {"GET": ("orders:place", "instances:manage")}
+
     def get(self, request: Request, order_id: str) -> Response:
         return Response(_order_output(_order_or_404(request, order_id)))
 
 
 class OrderTerminateApi(APIView):
     """POST /api/v1/orders/<id>/terminate: idempotent; 202 while the provider stops the instance."""
+
+    required_scopes = {"POST": ("instances:manage",)}
 
     def post(self, request: Request, order_id: str) -> Response:
         order = order_terminate(order=_order_or_404(request, order_id))
@@ -157,6 +165,8 @@ def _ranking_extras(ranking: Ranking) -> dict[str, object]:
 class QuoteCreateApi(APIView):
     """POST /api/v1/quotes: one workload -> ranked quotes, prices locked until ``expires_at``."""
 
+    required_scopes = {"POST": ("offers:read",)}
+
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = QuoteCreateInput(data=request.data)
@@ -180,6 +190,8 @@ class QuoteCreateApi(APIView):
 
 class ProcurementCreateApi(APIView):
     """POST /api/v1/procurements: many workloads assigned jointly against finite capacity."""
+
+    required_scopes = {"POST": ("offers:read",)}
 
     def post(self, request: Request) -> Response:
         organization = _organization(request)
@@ -235,6 +247,8 @@ def _budget_body(organization: Organization) -> dict[str, object]:
 class BudgetApi(APIView):
     """GET /api/v1/budget: the organisation's budgets and where it stands; PUT sets them (owners only)."""
 
+    required_scopes = {"GET": ("orders:place",)}  # changing budgets needs an owner's session, never a token
+
     def get(self, request: Request) -> Response:
         return Response(_budget_body(_organization(request)))
 
@@ -255,6 +269,8 @@ class BudgetApi(APIView):
 
 class InvoiceApi(APIView):
     """GET /api/v1/invoice?month=YYYY-MM: the lines of the orders that ended that month (UTC) and their total."""
+
+    required_scopes = {"GET": ("orders:place", "instances:manage")}
 
     def get(self, request: Request) -> Response:
         organization = _organization(request)
@@ -283,6 +299,8 @@ class InvoiceApi(APIView):
 class OrderReceiptApi(APIView):
     """GET /api/v1/orders/<id>/receipt: the order's ledger entries, each with its inclusion proof against the
     newest checkpoint, that checkpoint's signed note and anchor, and the verifier key (ledger/receipts.py)."""
+
+    required_scopes = {"GET": ("ledger:read",)}
 
     def get(self, request: Request, order_id: str) -> Response:
         order = _order_or_404(request, order_id)

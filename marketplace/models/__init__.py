@@ -2,9 +2,11 @@ from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, Pri
 from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
+from marketplace.models.tokens import ApiToken, TokenScope
 
 __all__ = [
     "PROVIDER_ROLES",
+    "ApiToken",
     "Attempt",
     "AttemptOutcome",
     "FxRate",
@@ -26,4 +28,5 @@ __all__ = [
     "QuarantinedOffer",
     "Quote",
     "Role",
+    "TokenScope",
 ]

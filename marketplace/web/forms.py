@@ -6,7 +6,7 @@ from django import forms
 
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.matching import PROFILES, Profile, Tolerance
-from marketplace.models import GpuModel
+from marketplace.models import GpuModel, TokenScope
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
 
@@ -79,3 +79,10 @@ class WorkloadForm(forms.Form):
             if d.get(key) is not None:
                 data[key] = d[key]
         return data
+
+
+class ApiTokenForm(forms.Form):
+    name = forms.CharField(max_length=80, help_text="what uses it, e.g. ci-pipeline")
+    scopes = forms.MultipleChoiceField(
+        choices=TokenScope.choices, widget=forms.CheckboxSelectMultiple, help_text="only what that program needs"
+    )

@@ -13,10 +13,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
 from marketplace.api.serializers import demand_from
+from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.models import Offer, Organization
+from marketplace.models import ApiToken, Offer, Organization
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
     buyer_organization,
@@ -26,7 +27,7 @@ from marketplace.orders.selectors import (
     order_usage,
 )
 from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
-from marketplace.web.forms import OfferFilterForm, OrderPlaceForm, WorkloadForm
+from marketplace.web.forms import ApiTokenForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
 
 PAGE_SIZE = 200
 
@@ -229,3 +230,36 @@ def order_terminate_view(request: HttpRequest, order_id: str) -> HttpResponse:
     else:
         messages.success(request, f"Order {order.public_id} is being terminated.")
     return redirect("storefront:orders")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    """The organisation's API tokens: create one with scopes (shown once), see them, revoke them."""
+    org = _org_or_404(request)
+    form = ApiTokenForm(request.POST or None)
+    issued = None
+    if request.method == "POST" and form.is_valid():
+        issued = api_token_create(
+            organization=org, user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"]
+        )
+        form = ApiTokenForm()
+    response = render(
+        request,
+        "storefront/tokens.html",
+        {"organization": org, "form": form, "issued": issued, "tokens": ApiToken.objects.filter(organization=org)},
+    )
+    if issued is not None:
+        response.headers["Cache-Control"] = "no-store"  # the token must not linger in a cache
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = ApiToken.objects.filter(pk=token_id, organization=_org_or_404(request)).first()
+    if token is None:
+        raise Http404("no such token")
+    api_token_revoke(token=token)
+    messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
+    return redirect("storefront:tokens")
