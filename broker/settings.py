@@ -57,6 +57,8 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "providers",
     "ledger",
     "marketplace",
@@ -169,6 +171,19 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "COERCE_DECIMAL_TO_STRING": True,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+# OpenAPI 3 at /api/v1/schema, an interactive UI at /api/v1/docs served from this site (no CDN).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPU Broker procurement API",
+    "DESCRIPTION": "Search GPU offers across clouds and independent providers, quote workloads, order, watch, "
+    "terminate, and fetch ledger receipts. Authenticate with `Authorization: Bearer brk_...` (a scoped token).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # --- Celery -------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -87,3 +88,13 @@ class HasScope(permissions.BasePermission):
             self.message = f"this token lacks the scope {' or '.join(wanted) or 'for this endpoint'}"
             return False
         return True
+
+
+class ScopedTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call,misc]
+    """How the OpenAPI schema describes the bearer tokens."""
+
+    target_class = "marketplace.api.tokens.ScopedTokenAuthentication"
+    name = "scopedToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "a brk_... token made under API tokens"}

@@ -1,10 +1,13 @@
 from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from marketplace.api import views
 
 app_name = "api"
 
 urlpatterns = [
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("docs", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
     path("offers", views.OfferListApi.as_view(), name="offers"),
     path("quotes", views.QuoteCreateApi.as_view(), name="quotes"),
     path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),

@@ -7,6 +7,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.permissions import AllowAny
@@ -38,6 +40,16 @@ from marketplace.orders.selectors import buyer_organization, order_get, order_le
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 
 MAX_IDEMPOTENCY_KEY = 255
+# For the OpenAPI schema: untyped JSON objects, the one error shape, and shared parameters.
+OBJECT = OpenApiTypes.OBJECT
+ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
+SEARCH_PARAMS = [
+    OpenApiParameter("q", str, description="the query language, e.g. gpu=H100 count>=8 region=eu price<40"),
+    OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops"]),
+]
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, description="a retry with the same key returns the same order"
+)
 
 
 def _organization(request: Request) -> Organization:
@@ -57,6 +69,7 @@ class OfferListApi(APIView):
 
     required_scopes = {"GET": ("offers:read",)}
 
+    @extend_schema(parameters=[OfferListInput, *SEARCH_PARAMS], responses={200: OBJECT, 400: ERROR})
     def get(self, request: Request) -> Response:
         search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
         if search or sort != "price":
@@ -84,11 +97,17 @@ class OrderListCreateApi(APIView):
 
     required_scopes = {"GET": ("orders:place", "instances:manage"), "POST": ("orders:place",)}
 
+    @extend_schema(operation_id="orders_list", responses={200: OBJECT})
     def get(self, request: Request) -> Response:
         orders = list(order_list(organization=_organization(request))[:200])
         heads = order_ledger_heads(orders)
         return Response({"results": OrderOutput(orders, many=True, context={"ledger_heads": heads}).data})
 
+    @extend_schema(
+        request=OrderPlaceInput,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={200: OBJECT, 201: OBJECT, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
+    )
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         key = request.headers.get("Idempotency-Key", "").strip() or None
@@ -127,6 +146,7 @@ def _order_or_404(request: Request, order_id: str) -> Order:
 class OrderDetailApi(APIView):
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
+    @extend_schema(responses={200: OBJECT, 404: ERROR})
     def get(self, request: Request, order_id: str) -> Response:
         return Response(_order_output(_order_or_404(request, order_id)))
 
@@ -136,6 +156,7 @@ class OrderTerminateApi(APIView):
 
     required_scopes = {"POST": ("instances:manage",)}
 
+    @extend_schema(request=None, responses={202: OBJECT, 404: ERROR, 409: ERROR})
     def post(self, request: Request, order_id: str) -> Response:
         order = order_terminate(order=_order_or_404(request, order_id))
         order = _order_or_404(request, str(order.public_id))
@@ -167,6 +188,7 @@ class QuoteCreateApi(APIView):
 
     required_scopes = {"POST": ("offers:read",)}
 
+    @extend_schema(request=QuoteCreateInput, responses={201: OBJECT, 400: ERROR})
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = QuoteCreateInput(data=request.data)
@@ -193,6 +215,7 @@ class ProcurementCreateApi(APIView):
 
     required_scopes = {"POST": ("offers:read",)}
 
+    @extend_schema(request=ProcurementInput, responses={201: OBJECT, 400: ERROR})
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = ProcurementInput(data=request.data)
@@ -249,9 +272,11 @@ class BudgetApi(APIView):
 
     required_scopes = {"GET": ("orders:place",)}  # changing budgets needs an owner's session, never a token
 
+    @extend_schema(responses={200: OBJECT})
     def get(self, request: Request) -> Response:
         return Response(_budget_body(_organization(request)))
 
+    @extend_schema(request=BudgetInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
     def put(self, request: Request) -> Response:
         organization = _organization(request)
         if not Membership.objects.filter(user=request.user, organization=organization, role=Role.OWNER).exists():
@@ -272,6 +297,9 @@ class InvoiceApi(APIView):
 
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
+    @extend_schema(
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM (UTC)")], responses={200: OBJECT, 400: ERROR}
+    )
     def get(self, request: Request) -> Response:
         organization = _organization(request)
         raw = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
@@ -302,6 +330,7 @@ class OrderReceiptApi(APIView):
 
     required_scopes = {"GET": ("ledger:read",)}
 
+    @extend_schema(responses={200: OBJECT, 404: ERROR})
     def get(self, request: Request, order_id: str) -> Response:
         order = _order_or_404(request, order_id)
         return Response(receipt(f"order:{order.public_id}"))
@@ -321,6 +350,7 @@ class LedgerKeyApi(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(responses={200: OBJECT})
     def get(self, request: Request) -> Response:
         return Response({"origin": settings.LEDGER_ORIGIN, "verifier_key": verifier_key()})
 
@@ -330,6 +360,9 @@ class CheckpointListApi(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: OBJECT, 400: ERROR}
+    )
     def get(self, request: Request) -> Response:
         after = _count(request, "after", 0, minimum=0, maximum=2**63 - 1)
         limit = _count(request, "limit", 100, minimum=1, maximum=1000)
@@ -349,6 +382,7 @@ class CheckpointLatestApi(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(responses={200: OBJECT, 404: ERROR})
     def get(self, request: Request) -> Response:
         checkpoint = latest_checkpoint()
         if checkpoint is None:
@@ -361,6 +395,10 @@ class ConsistencyApi(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        parameters=[OpenApiParameter("old", int, required=True), OpenApiParameter("new", int, required=True)],
+        responses={200: OBJECT, 400: ERROR},
+    )
     def get(self, request: Request) -> Response:
         missing = [name for name in ("old", "new") if name not in request.query_params]
         if missing:
@@ -376,6 +414,9 @@ class LeafHashesApi(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        parameters=[OpenApiParameter("start", int), OpenApiParameter("limit", int)], responses={200: OBJECT, 400: ERROR}
+    )
     def get(self, request: Request) -> Response:
         start = _count(request, "start", 1, minimum=1, maximum=2**63 - 1)
         limit = _count(request, "limit", 10_000, minimum=1, maximum=10_000)

@@ -262,6 +262,8 @@ def _model(problem: Problem) -> highspy.Highs:
 
 
 def _add_columns(h: highspy.Highs, problem: Problem, cols: IntArray) -> None:
+    if cols.size == 0:  # no demand has a feasible offer: nothing to add (and no start index to write)
+        return
     n = problem.n_demands
     rows = problem.row[cols]
     limited = rows >= 0

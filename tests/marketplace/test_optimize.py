@@ -120,3 +120,11 @@ def test_solves_in_parallel_threads_and_after_an_abandoned_one() -> None:
     for answer in answers:
         assert problem.fits(answer.choice)  # type: ignore[attr-defined]
         assert answer.lower_bound <= answer.objective  # type: ignore[attr-defined]
+
+
+def test_a_batch_in_which_nothing_fits_any_demand_is_answered_not_crashed() -> None:
+    # Found by schemathesis through POST /api/v1/procurements: no column at all reached the LP.
+    demands = [Demand(demand_id="big", gpu_count=16), Demand(demand_id="bigger", gpu_count=64)]
+    result = assign(demands, [offer(1, g.L4, 1, "0.8")], now=NOW)
+    assert [d.quote for d in result.demands] == [None, None]
+    assert result.demands[0].reason == "no offer fits: mostly size"
