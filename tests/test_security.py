@@ -48,6 +48,7 @@ def test_production_settings_pass_the_deploy_checks(tmp_path):
         "BROKER_VAR_DIR": str(tmp_path),
         "DJANGO_SETTINGS_MODULE": "broker.settings",
     }
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser tests' process-wide allowance is no deployment's
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

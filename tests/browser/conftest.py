@@ -50,3 +50,13 @@ def shoot(page: Any, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@pytest.fixture
+def gpu_models(transactional_db: Any) -> None:
+    """The GPU spec table, which a transactional test before this one may have flushed with every table."""
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
+    from marketplace.models import GpuModel
+
+    if not GpuModel.objects.exists():
+        gpu_models_upsert(GpuModel)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-battery-9"
 
 
-def test_sign_up_connect_list_a_machine_and_see_it_earn(page, live_server, aws_sandbox, acme, alice):
+def test_sign_up_connect_list_a_machine_and_see_it_earn(page, live_server, aws_sandbox, acme, alice, gpu_models):
     base = live_server.url
     # Sign up.
     page.goto(f"{base}/provider/signup")

@@ -236,7 +236,19 @@ def test_the_standalone_sandbox_serves_until_interrupted() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        # Only AWS: the other sandboxes would take the following ports, which another process may hold.
+        [
+            sys.executable,
+            "-m",
+            "providers.sandbox",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--only",
+            "aws",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
