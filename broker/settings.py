@@ -217,6 +217,8 @@ OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum
 COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 # An independent provider's machine whose agent is silent this long is withdrawn from sale.
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
+# Heartbeats kept for reliability (a day) and the utilization chart; older ones are deleted.
+HEARTBEAT_RETENTION_S = env_float("BROKER_HEARTBEAT_RETENTION_S", 2 * 86400.0, minimum=86400.0)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
 CELERY_BEAT_SCHEDULE = {

@@ -206,6 +206,11 @@ def personal_commitment(*, person: str, value: Any) -> str:
     return commitment
 
 
+def user_commitment(user: Any) -> str:
+    """The commitment an entry carries for the user who made a change (``user:<pk>``, their username)."""
+    return personal_commitment(person=f"user:{user.pk}", value={"username": user.get_username()})
+
+
 def personal_reveal(commitment: str) -> Any | None:
     """The value behind a commitment, checked against it; None once the person was erased (or never existed)."""
     datum = PersonalDatum.objects.filter(commitment=commitment).first()

@@ -18,22 +18,9 @@ from marketplace.orders.services import PlaceRequest, order_place
 from providers.community.services import machine_heartbeat, machine_list
 from providers.models import Machine, MachineHeartbeat, ProviderAccount
 from providers.services import provider_account_connect
+from tests.providers.test_community import LISTING
 
 pytestmark = pytest.mark.django_db
-
-LISTING = {
-    "gpu_model": "H100-SXM5",
-    "gpu_count": 8,
-    "gpu_memory_gb": 80,
-    "vcpus": 96,
-    "memory_gib": 1024,
-    "disk_gb": 4000,
-    "network_gbps": Decimal("100"),
-    "country": "DE",
-    "region": "eu-de",
-    "price_per_gpu_hour": Decimal("1.9000"),
-    "min_bid_per_gpu_hour": Decimal("0.9500"),
-}
 
 
 def _scrape(client, **extra) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Sum
 
-from ledger.services import ledger_append, personal_commitment
+from ledger.services import ledger_append, user_commitment
 from marketplace.models import Instance, Order, OrderState, Organization
 from marketplace.orders.services import OrderError
 
@@ -103,7 +103,7 @@ def budget_set(
                 "organization": organization.pk,
                 "per_hour": per_hour,
                 "monthly": monthly,
-                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+                "by": user_commitment(by),
             },
         )
     organization.budget_per_hour, organization.budget_monthly = per_hour, monthly

@@ -18,7 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger.services import ledger_append, personal_commitment
+from ledger.services import ledger_append, user_commitment
 from marketplace.models import (
     PROVIDER_ROLES,
     Invitation,
@@ -428,7 +428,7 @@ def provider_state_change(*, profile_id: int, to: str, reason: str, by: Abstract
                 "reason": reason,
                 "accounts": account_ids,
                 "offers_withdrawn": withdrawn,
-                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+                "by": user_commitment(by),
             },
         )
         if to == ProviderState.VERIFIED:

@@ -132,7 +132,8 @@ def machine_heartbeat(*, machine: Machine, gpus: list[dict[str, Any]], instances
 
 def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
     """Take offline every machine whose agent has not been heard for ``BROKER_AGENT_SILENCE_S``; their offers go
-    at the account's next sync. Also forgets nonces older than the signature window. Returns how many."""
+    at the account's next sync. Also forgets nonces older than the signature window and heartbeats older than
+    ``BROKER_HEARTBEAT_RETENTION_S``. Returns how many machines went offline."""
     moment = now or timezone.now()
     cutoff = moment - dt.timedelta(seconds=settings.AGENT_SILENCE_S)
     silent = Machine.objects.filter(online=True, last_heartbeat_at__lt=cutoff)
@@ -141,12 +142,14 @@ def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
     if withdrawn:
         log.info("withdrew %d silent machine(s): %s", withdrawn, ", ".join(names))
     AgentNonce.objects.filter(seen_at__lt=moment - dt.timedelta(seconds=2 * protocol.MAX_SKEW_S)).delete()
+    # Reliability reads a day of heartbeats and the chart an hour: older ones would only grow the table.
+    MachineHeartbeat.objects.filter(at__lt=moment - dt.timedelta(seconds=settings.HEARTBEAT_RETENTION_S)).delete()
     return withdrawn
 
 
 def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Machine:
     """Staff verify (or suspend) a machine; ledgered with why, and who as an erasable commitment."""
-    from ledger.services import ledger_append, personal_commitment
+    from ledger.services import ledger_append, user_commitment
 
     if state not in (MachineState.VERIFIED, MachineState.SUSPENDED):
         raise MachineInvalid(f"state: {state!r} is not verified or suspended")
@@ -165,7 +168,7 @@ def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Mac
                 "state": state,
                 "reason": reason,
                 "self_test_ok": machine.self_test_ok,
-                "by": personal_commitment(person=f"user:{by.pk}", value={"username": by.get_username()}),
+                "by": user_commitment(by),
             },
         )
     machine.refresh_from_db()

@@ -144,6 +144,16 @@ def test_a_silent_machine_is_withdrawn(listed):
     assert Machine.objects.get(pk=listed.machine.pk).online is False
 
 
+def test_heartbeats_older_than_the_retention_are_deleted(listed):
+    from providers.community.services import machine_heartbeat
+
+    machine_heartbeat(machine=listed.machine, gpus=[{"utilization_pct": 50}], instances=0)
+    machines_withdraw_silent(now=timezone.now() + dt.timedelta(days=1))
+    assert MachineHeartbeat.objects.count() == 1  # still needed for a day's reliability
+    machines_withdraw_silent(now=timezone.now() + dt.timedelta(days=3))
+    assert MachineHeartbeat.objects.count() == 0
+
+
 # --- Selling and provisioning through agents ---------------------------------------------------------------------
 
 
