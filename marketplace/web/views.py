@@ -100,17 +100,15 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
         # A young listing: draw from its first recorded price, not from an empty month.
         since = min(seen) - max((until - min(seen)) / 20, dt.timedelta(minutes=1))
     geometry = chart(series, since=since, until=until)
-    latest = [line["latest"] for line in geometry["lines"]]  # type: ignore[attr-defined]
-    on_demand = [ln["latest"] for ln in geometry["lines"] if ln["pricing_model"] == "on_demand"]  # type: ignore[attr-defined]
-    spot = [ln["latest"] for ln in geometry["lines"] if ln["pricing_model"] == "spot"]  # type: ignore[attr-defined]
-    saving = None
-    if on_demand and spot and min(on_demand) > 0:
-        saving = int((1 - min(spot) / min(on_demand)) * 100)
+    now_prices = {(s.pricing_model, s.zone): s.points[-1][1] for s in series if s.points}
+    on_demand = [p for (model, _), p in now_prices.items() if model == "on_demand"]
+    spot = [p for (model, _), p in now_prices.items() if model == "spot"]
+    saving = int((1 - min(spot) / min(on_demand)) * 100) if spot and on_demand and min(on_demand) > 0 else None
     return render(
         request,
         "storefront/prices.html",
         {"offer": offer, "chart": geometry, "days": days, "since": since, "until": until, "saving": saving,
-         "points": sum(len(s.points) for s in series), "has_prices": bool(latest)},
+         "points": sum(len(s.points) for s in series)},
     )  # fmt: skip
 
 
