@@ -1,4 +1,5 @@
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
+from marketplace.models.idempotency import IdempotentResponse
 from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
@@ -11,6 +12,7 @@ __all__ = [
     "AttemptOutcome",
     "FxRate",
     "GpuModel",
+    "IdempotentResponse",
     "Instance",
     "Invitation",
     "InvitationStatus",

@@ -13,6 +13,7 @@ class TokenScope(models.TextChoices):
     ORDERS_PLACE = "orders:place", "place and list orders"
     INSTANCES_MANAGE = "instances:manage", "list and terminate orders' instances"
     LEDGER_READ = "ledger:read", "read ledger receipts"
+    WEBHOOKS_MANAGE = "webhooks:manage", "create, list and delete webhooks and read their deliveries"
 
 
 class ApiToken(models.Model):
