@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from ledger.checkpoints import consistency_proof, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import checkpoint_json, latest_checkpoint, receipt
+from marketplace.api import pagination
 from marketplace.api.serializers import (
     BudgetInput,
     OfferListInput,
@@ -30,8 +31,8 @@ from marketplace.api.serializers import (
     QuoteOutput,
     demand_from,
 )
-from marketplace.catalog.query import QueryError, offers_search
-from marketplace.catalog.selectors import OfferFilters, offer_list
+from marketplace.catalog.query import QueryError, offers_query
+from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.matching import Ranking
 from marketplace.models import InvoiceLine, Membership, Order, Organization, Role
 from marketplace.orders.budgets import budget_set, budget_status
@@ -64,32 +65,42 @@ def _order_output(order: Order) -> dict[str, object]:
 
 
 class OfferListApi(APIView):
-    """GET /api/v1/offers: offers for sale now, cheapest first; ``q`` searches in the query language
-    (marketplace/catalog/query.py) and ``sort`` is price, gpuprice or tflops."""
+    """GET /api/v1/offers: offers for sale now, a page at a time (cursor pagination). ``q`` searches in the
+    query language (marketplace/catalog/query.py) and ``sort`` is price, gpuprice or tflops; the older
+    filter parameters (gpu, count, region, pricing, max_price) still work."""
 
     required_scopes = {"GET": ("offers:read",)}
 
-    @extend_schema(parameters=[OfferListInput, *SEARCH_PARAMS], responses={200: OBJECT, 400: ERROR})
+    @extend_schema(
+        parameters=[OfferListInput, *SEARCH_PARAMS, *pagination.PARAMETERS], responses={200: OBJECT, 400: ERROR}
+    )
     def get(self, request: Request) -> Response:
         search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
-        if search or sort != "price":
-            try:
-                found = offers_search(search, now=timezone.now(), sort=sort)
-            except QueryError as exc:
-                raise ValidationError({"q" if search else "sort": [str(exc)]}) from None
-            return Response({"results": OfferOutput(found, many=True).data})
         params = OfferListInput(data=request.query_params)
         params.is_valid(raise_exception=True)
         data = params.validated_data
-        filters = OfferFilters(
-            gpu_model=data.get("gpu", ""),
-            min_gpu_count=data.get("count"),
-            region=data.get("region", ""),
-            pricing_model=data.get("pricing", ""),
-            max_price_per_hour=data.get("max_price"),
+        now = timezone.now()
+        try:
+            offers = offers_query(search, now=now, sort=sort)
+        except QueryError as exc:
+            raise ValidationError({"sort" if exc.term == sort and not search else "q": [str(exc)]}) from None
+        offers = offers_filter(
+            offers,
+            OfferFilters(
+                gpu_model=data.get("gpu", ""),
+                min_gpu_count=data.get("count"),
+                region=data.get("region", ""),
+                pricing_model=data.get("pricing", ""),
+                max_price_per_hour=data.get("max_price"),
+            ),
         )
-        offers = offer_list(filters=filters, now=timezone.now())[:500]
-        return Response({"results": OfferOutput(offers, many=True).data})
+        keys = [pagination.Key("sort_key", parse=OFFER_SORT_PARSE[sort]), pagination.Key("id")]
+        tag = pagination.listing_tag("offers", search, sort, sorted(data.items()))
+        page = pagination.paginate(request, offers, keys=keys, tag=tag)
+        return Response(page.body(request, OfferOutput(page.rows, many=True).data))
+
+
+OFFER_SORT_PARSE = {"price": pagination.decimal_key, "gpuprice": pagination.float_key, "tflops": pagination.float_key}
 
 
 class OrderListCreateApi(APIView):
@@ -97,11 +108,15 @@ class OrderListCreateApi(APIView):
 
     required_scopes = {"GET": ("orders:place", "instances:manage"), "POST": ("orders:place",)}
 
-    @extend_schema(operation_id="orders_list", responses={200: OBJECT})
+    @extend_schema(operation_id="orders_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
     def get(self, request: Request) -> Response:
-        orders = list(order_list(organization=_organization(request))[:200])
-        heads = order_ledger_heads(orders)
-        return Response({"results": OrderOutput(orders, many=True, context={"ledger_heads": heads}).data})
+        organization = _organization(request)
+        orders = order_list(organization=organization).order_by("-id")
+        page = pagination.paginate(
+            request, orders, keys=[pagination.Key("id", descending=True)], tag=pagination.listing_tag("orders")
+        )
+        heads = order_ledger_heads(page.rows)
+        return Response(page.body(request, OrderOutput(page.rows, many=True, context={"ledger_heads": heads}).data))
 
     @extend_schema(
         request=OrderPlaceInput,

@@ -19,16 +19,17 @@ A mistake raises ``QueryError`` whose message names the term and its column and 
 from __future__ import annotations
 
 import datetime as dt
-import operator
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet, Value, When
+from django.db.models.functions import Cast, Coalesce, NullIf
 
-from marketplace.catalog.regions import jurisdiction_of
+from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
 from marketplace.models import Offer
 
 _TERM = re.compile(r"\S+")
@@ -39,9 +40,6 @@ FIELDS = (*_TEXT, *_NUMERIC)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
 _PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
 _LOOKUP = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-}  # fmt: skip
 
 
 class QueryError(ValueError):
@@ -110,13 +108,13 @@ def _term(field: str, op: str, value: str, raw: str, column: int) -> Term:
 
 
 def apply(
-    queryset: QuerySet[Offer], terms: list[Term], *, reliability: Callable[[Offer], float] | None = None
-) -> list[Offer]:
-    """The offers of ``queryset`` that satisfy every term. Most terms filter in the database; ``region`` as a
-    jurisdiction, ``gpuprice`` and ``reliability`` are checked on the rows (``reliability`` gives an offer's)."""
-    on_rows: list[Term] = []
+    queryset: QuerySet[Offer], terms: list[Term], *, reliability: Callable[[], Any] | None = None
+) -> QuerySet[Offer]:
+    """``queryset`` narrowed to the offers that satisfy every term, all in the database. ``reliability`` gives
+    the expression of an offer's reliability (``reliability_expression``); it is needed only when a term
+    names reliability."""
     for term in terms:
-        condition: Q | None = None
+        condition: Q
         if term.field == "gpu":
             assert isinstance(term.value, tuple)
             condition = Q()
@@ -126,57 +124,95 @@ def apply(
             condition = Q(pricing_model=term.value)
         elif term.field == "provider":
             condition = Q(account__kind=term.value)
-        elif term.field in ("count", "mem", "price"):
-            column = _NUMERIC[term.field]
+        elif term.field == "region":
+            condition = _region_condition(str(term.value))
+        else:
+            queryset, column = _numeric_column(queryset, term.field, reliability)
             if term.op in _LOOKUP:
-                queryset = queryset.filter(**{f"{column}__{_LOOKUP[term.op]}": term.value})
-            else:
-                condition = Q(**{str(column): term.value})
-        else:  # region, gpuprice, reliability
-            on_rows.append(term)
-        if condition is not None:
-            queryset = queryset.exclude(condition) if term.op == "!=" else queryset.filter(condition)
-    score = reliability or (lambda offer: 0.95)
-    return [o for o in queryset if all(_holds(o, term, score) for term in on_rows)]
+                queryset = queryset.filter(**{f"{column}__{_LOOKUP[term.op]}": _number(term)})
+                continue
+            condition = Q(**{column: _number(term)})
+        queryset = queryset.exclude(condition) if term.op == "!=" else queryset.filter(condition)
+    return queryset
 
 
-def _holds(offer: Offer, term: Term, reliability: Callable[[Offer], float]) -> bool:
-    if term.field == "region":
-        region = str(term.value)
-        inside = offer.region.lower() == region or jurisdiction_of(offer.account.kind, offer.region) == region.upper()
-        return inside == (term.op == "=")
+def _number(term: Term) -> Decimal | float:
     assert isinstance(term.value, Decimal)
-    if term.field == "gpuprice":
-        return _COMPARE[term.op](offer.price_usd / offer.gpu_count, term.value)
-    return _COMPARE[term.op](Decimal(str(reliability(offer))), term.value)
+    # The computed columns are floating point; comparing them with a Decimal would make the database cast.
+    return float(term.value) if term.field in ("gpuprice", "reliability") else term.value
 
 
-SORTS = {
-    "price": lambda o: (o.price_usd, o.pk),
-    "gpuprice": lambda o: (o.price_usd / o.gpu_count, o.pk),
-    "tflops": lambda o: (o.price_usd / (o.gpu_count * (o.gpu_model.fp16_dense_tflops or Decimal(1))), o.pk),
-}
+def _numeric_column(
+    queryset: QuerySet[Offer], field: str, reliability: Callable[[], Any] | None
+) -> tuple[QuerySet[Offer], str]:
+    if field == "gpuprice":
+        return queryset.alias(q_gpuprice=PRICE_PER_GPU), "q_gpuprice"
+    if field == "reliability":
+        assert reliability is not None, "a reliability term needs the reliability expression"
+        return queryset.alias(q_reliability=reliability()), "q_reliability"
+    return queryset, str(_NUMERIC[field])
 
 
-def offers_search(text: str, *, now: dt.datetime, sort: str = "price", limit: int = 500) -> list[Offer]:
-    """The offers for sale matching ``text``, sorted by ``price`` (per hour), ``gpuprice`` (per GPU-hour) or
-    ``tflops`` (per dense-FP16 TFLOP-hour). Raises ``QueryError``."""
-    from marketplace.catalog.selectors import account_reliability, machine_reliability, offer_list
+# Region names per jurisdiction change only when a sync finds a new region; reading them costs a scan.
+_REGIONS_TTL_S = 30.0
+_regions_cache: dict[str, Any] = {"at": -_REGIONS_TTL_S, "pairs": ()}
+
+
+def _offer_regions() -> tuple[tuple[str, str], ...]:
+    now = time.monotonic()
+    if now - _regions_cache["at"] > _REGIONS_TTL_S:
+        pairs = Offer.objects.values_list("account__kind", "region").distinct()
+        _regions_cache.update(at=now, pairs=tuple(sorted(set(pairs))))
+    return _regions_cache["pairs"]  # type: ignore[no-any-return]
+
+
+def _region_condition(region: str) -> Q:
+    """A region name, or a jurisdiction code matched against the regions offers are in."""
+    code = region.upper()
+    condition = Q(region__iexact=region)
+    if code in JURISDICTIONS:
+        for kind, name in _offer_regions():
+            if jurisdiction_of(kind, name) == code:
+                condition |= Q(account__kind=kind, region=name)
+    return condition
+
+
+PRICE_PER_GPU = ExpressionWrapper(Cast("price_usd", FloatField()) / F("gpu_count"), output_field=FloatField())
+# Per dense FP16 TFLOP-hour; a model without a figure counts as 1 TFLOP, which sorts it last, not first.
+PRICE_PER_TFLOP = ExpressionWrapper(
+    Cast("price_usd", FloatField())
+    / (F("gpu_count") * Coalesce(NullIf(Cast("gpu_model__fp16_dense_tflops", FloatField()), 0.0), 1.0)),
+    output_field=FloatField(),
+)
+SORTS: dict[str, Any] = {"price": F("price_usd"), "gpuprice": PRICE_PER_GPU, "tflops": PRICE_PER_TFLOP}
+
+
+def reliability_expression(*, now: dt.datetime) -> Any:
+    """An offer's reliability as an SQL expression: its machine's score for an independent machine, else its
+    account's, else the ranking's prior for no history (19 launches in 20)."""
+    from marketplace.catalog.selectors import account_reliability, machine_reliability
+
+    whens = [When(account_id=a, zone=z, then=Value(s)) for (a, z), s in machine_reliability(now=now).items()]
+    whens += [When(account_id=a, then=Value(s)) for a, s in account_reliability().items()]
+    return Case(*whens, default=Value(0.95), output_field=FloatField())
+
+
+def offers_query(text: str, *, now: dt.datetime, sort: str = "price") -> QuerySet[Offer]:
+    """The offers for sale matching ``text``, annotated with ``sort_key`` and ordered by it, then by id:
+    ``price`` (per hour), ``gpuprice`` (per GPU-hour) or ``tflops`` (per dense-FP16 TFLOP-hour). Filtering,
+    ordering and any slice run in the database. Raises ``QueryError``."""
+    from marketplace.catalog.selectors import offer_list
 
     if sort not in SORTS:
         raise QueryError(f"sort by one of {', '.join(SORTS)}", term=sort, column=1)
     terms = parse(text)
-    accounts: dict[int, float] = {}
-    machines: dict[tuple[int, str], float] = {}
-    if any(t.field == "reliability" for t in terms):
-        accounts, machines = account_reliability(), machine_reliability(now=now)
-
-    def reliability(offer: Offer) -> float:
-        # No history: the ranking's prior, 19 launches in 20.
-        return machines.get((offer.account_id, offer.zone), accounts.get(offer.account_id, 0.95))
-
-    rows = apply(offer_list(now=now).select_related("gpu_model", "account"), terms, reliability=reliability)
-    return sorted(rows, key=SORTS[sort])[:limit]
+    queryset = apply(offer_list(now=now), terms, reliability=lambda: reliability_expression(now=now))
+    return queryset.annotate(sort_key=SORTS[sort]).order_by("sort_key", "id")
 
 
-__all__ = ["FIELDS", "SORTS", "QueryError", "Term", "apply", "offers_search", "parse"]
+def offers_search(text: str, *, now: dt.datetime, sort: str = "price", limit: int = 500) -> list[Offer]:
+    """The first ``limit`` offers of ``offers_query``."""
+    return list(offers_query(text, now=now, sort=sort)[:limit])
+
+
+__all__ = ["FIELDS", "SORTS", "QueryError", "Term", "apply", "offers_query", "offers_search", "parse"]

@@ -29,13 +29,17 @@ class OfferFilters:
 
 
 def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None = None) -> QuerySet[Offer]:
-    """Offers a buyer can order now, cheapest per GPU-hour first."""
+    """Offers a buyer can order now, cheapest per hour first."""
     qs = Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True).select_related(
         "gpu_model", "account"
     )
     if now is not None:
         qs = qs.filter(last_seen_at__gte=now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S))
-    f = filters or OfferFilters()
+    return offers_filter(qs, filters or OfferFilters()).order_by("price_usd", "id")
+
+
+def offers_filter(qs: QuerySet[Offer], f: OfferFilters) -> QuerySet[Offer]:
+    """``qs`` narrowed by the storefront's filter fields."""
     if f.gpu_model:
         qs = qs.filter(gpu_model__key=f.gpu_model)
     if f.min_gpu_count:
@@ -46,7 +50,7 @@ def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None =
         qs = qs.filter(pricing_model=f.pricing_model)
     if f.max_price_per_hour is not None:
         qs = qs.filter(price_usd__lte=f.max_price_per_hour)
-    return qs.order_by("price_usd", "id")
+    return qs
 
 
 def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:

@@ -1,0 +1,131 @@
+"""Cursor (keyset) pagination for the API's lists.
+
+A page is ``{"results": [...], "next_cursor": str | null, "next": url | null}``; ``?limit=`` sets its size
+and ``?cursor=`` continues where the last page ended. The cursor carries the sort key and id of the last row
+given, so a page costs the same however deep it is and rows inserted meanwhile neither repeat nor vanish.
+It also carries a tag of the listing it belongs to (the sort and the filters), and a cursor from another
+listing is refused rather than silently paging the wrong set.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeVar
+
+from django.db.models import Model, Q, QuerySet
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+
+M = TypeVar("M", bound=Model)
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 500
+PARAMETERS = [
+    OpenApiParameter("limit", int, description=f"rows per page, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"),
+    OpenApiParameter("cursor", str, description="the next_cursor of the page before"),
+]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One column of the ordering: a field or annotation, its direction, and how its cursor text reads back."""
+
+    field: str
+    descending: bool = False
+    parse: Callable[[str], Any] = int
+
+
+def decimal_key(text: str) -> Decimal:
+    return Decimal(text)
+
+
+def float_key(text: str) -> float:
+    return float(text)
+
+
+def datetime_key(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, float):
+        return repr(value)  # round-trips exactly, so the boundary row compares equal to itself
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list[Any]
+    next_cursor: str | None
+
+    def body(self, request: Request, results: Any) -> dict[str, Any]:
+        next_url = None
+        if self.next_cursor is not None:
+            query = request.query_params.copy()
+            query["cursor"] = self.next_cursor
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return {"results": results, "next_cursor": self.next_cursor, "next": next_url}
+
+
+def listing_tag(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def limit_from(request: Request, default: int = DEFAULT_LIMIT) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise ValidationError({"limit": [f"a whole number from 1 to {MAX_LIMIT}"]})
+    return int(raw)
+
+
+def _decode(raw: str, keys: Sequence[Key], tag: str) -> list[Any]:
+    wrong = ValidationError({"cursor": ["not a cursor of this listing: use next_cursor from the page before"]})
+    try:
+        data = json.loads(base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)))
+        if data["t"] != tag or len(data["v"]) != len(keys):
+            raise wrong
+        return [key.parse(text) for key, text in zip(keys, data["v"], strict=True)]
+    except (ValueError, KeyError, TypeError, InvalidOperation, binascii.Error, UnicodeError):
+        raise wrong from None
+
+
+def _encode(values: list[Any], tag: str) -> str:
+    data = json.dumps({"t": tag, "v": [_text(v) for v in values]}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(data.encode()).decode().rstrip("=")
+
+
+def _after(keys: Sequence[Key], values: list[Any]) -> Q:
+    """Rows strictly after ``values`` in the ordering: (k1 > v1) or (k1 = v1 and k2 > v2) or ..."""
+    condition = Q()
+    for i, key in enumerate(keys):
+        step = Q(**{f"{key.field}__{'lt' if key.descending else 'gt'}": values[i]})
+        for earlier, value in zip(keys[:i], values[:i], strict=True):
+            step &= Q(**{earlier.field: value})
+        condition |= step
+    return condition
+
+
+def paginate(request: Request, queryset: QuerySet[M], *, keys: Sequence[Key], tag: str) -> Page:
+    """One page of ``queryset``, which must already be ordered by ``keys`` (the last of them unique)."""
+    limit = limit_from(request)
+    raw = request.query_params.get("cursor")
+    if raw:
+        queryset = queryset.filter(_after(keys, _decode(raw, keys, tag)))
+    rows = list(queryset[: limit + 1])
+    if len(rows) <= limit:
+        return Page(rows, None)
+    rows = rows[:limit]
+    last = rows[-1]
+    return Page(rows, _encode([getattr(last, key.field) for key in keys], tag))
