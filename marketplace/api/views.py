@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from decimal import Decimal
 
 from django.conf import settings
@@ -34,10 +33,17 @@ from marketplace.api.serializers import (
 from marketplace.catalog.query import QueryError, offers_query
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.matching import Ranking
-from marketplace.models import InvoiceLine, Membership, Order, Organization, Role
+from marketplace.models import Membership, Order, Organization, Role
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
-from marketplace.orders.selectors import buyer_organization, order_get, order_ledger_heads, order_list
+from marketplace.orders.selectors import (
+    buyer_organization,
+    invoice_line_list,
+    month_bounds,
+    order_get,
+    order_ledger_heads,
+    order_list,
+)
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -319,11 +325,10 @@ class InvoiceApi(APIView):
         organization = _organization(request)
         raw = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
         try:
-            start = dt.datetime.strptime(raw, "%Y-%m").replace(tzinfo=dt.UTC)
+            start, end = month_bounds(raw)
         except ValueError:
             raise ValidationError({"month": ["give the month as YYYY-MM"]}) from None
-        end = (start + dt.timedelta(days=32)).replace(day=1)
-        lines = InvoiceLine.objects.filter(organization=organization, ended_at__gte=start, ended_at__lt=end)
+        lines = list(invoice_line_list(organization=organization, start=start, end=end))
         rows = [
             {
                 "order": str(line.order.public_id),
@@ -333,7 +338,7 @@ class InvoiceApi(APIView):
                 "amount_usd": format(line.amount_usd, "f"),
                 "ended_at": line.ended_at.isoformat(),
             }
-            for line in lines.select_related("order")
+            for line in lines
         ]
         total = sum((line.amount_usd for line in lines), Decimal(0))
         return Response({"month": raw, "lines": rows, "total_usd": format(total.quantize(Decimal("0.01")), "f")})

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Avg, Max, QuerySet
+from django.db.models.functions import TruncMinute
 
-from ledger.selectors import latest_hashes
-from marketplace.models import Membership, Order, Organization, OrganizationKind
+from ledger.selectors import entries_for_subject, latest_hashes
+from marketplace.models import InvoiceLine, Membership, Order, Organization, OrganizationKind
+from marketplace.orders.budgets import LIVE_STATES
+from providers.models import Machine, MachineHeartbeat, ProviderKind
 
 
 def buyer_organization(user: AbstractBaseUser | AnonymousUser) -> Organization | None:
@@ -70,3 +74,120 @@ def order_usage(order: Order, *, now: dt.datetime) -> Usage:
         seconds += max(0, int((end - instance.running_at).total_seconds()))
     amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
     return Usage(seconds=seconds, amount_usd=amount)
+
+
+def month_bounds(raw: str) -> tuple[dt.datetime, dt.datetime]:
+    """The UTC start of the month ``raw`` ("YYYY-MM") and of the month after; ValueError when malformed."""
+    if len(raw) != 7 or raw[4] != "-":
+        # strptime alone would accept "2024-1", and a month the page then names differently.
+        raise ValueError(f"not a YYYY-MM month: {raw!r}")
+    start = dt.datetime.strptime(raw, "%Y-%m").replace(tzinfo=dt.UTC)
+    return start, (start + dt.timedelta(days=32)).replace(day=1)
+
+
+def invoice_line_list(*, organization: Organization, start: dt.datetime, end: dt.datetime) -> QuerySet[InvoiceLine]:
+    """The organisation's invoice lines of orders that ended in [start, end), oldest first, with their orders."""
+    return InvoiceLine.objects.filter(organization=organization, ended_at__gte=start, ended_at__lt=end).select_related(
+        "order"
+    )
+
+
+def membership_role(*, user: AbstractBaseUser | AnonymousUser, organization: Organization) -> str | None:
+    """The user's role in ``organization``; None for someone outside it."""
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, organization=organization).values_list("role", flat=True).first()
+
+
+def order_usage_between(order: Order, *, start: dt.datetime, end: dt.datetime) -> Usage:
+    """Like ``order_usage``, counting only the running seconds that fall in [start, end)."""
+    seconds = 0
+    for instance in order.instances.all():
+        if instance.running_at is None:
+            continue
+        stop = instance.terminated_at or (end if instance.active else instance.running_at)
+        seconds += max(0, int((min(stop, end) - max(instance.running_at, start)).total_seconds()))
+    amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+    return Usage(seconds=seconds, amount_usd=amount)
+
+
+def live_order_costs(
+    *, organization: Organization, start: dt.datetime, end: dt.datetime, now: dt.datetime
+) -> list[tuple[Order, Usage]]:
+    """The organisation's live orders (not yet invoiced) with what they ran up in [start, min(end, now))."""
+    orders = order_list(organization=organization).filter(state__in=LIVE_STATES).order_by("created_at", "id")
+    return [(o, order_usage_between(o, start=start, end=min(end, now))) for o in orders]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One ledger entry of an order, as the order page lists it."""
+
+    at: dt.datetime
+    kind: str
+    state: str
+    reason: str
+    entry_hash: str
+
+
+def order_history(order: Order) -> list[HistoryEntry]:
+    """The order's ledger entries, oldest first: every state change, with its reason, as the ledger recorded it."""
+    history = []
+    for entry in entries_for_subject(f"order:{order.public_id}"):
+        payload = json.loads(entry.payload)
+        history.append(
+            HistoryEntry(
+                at=entry.created_at,
+                kind=entry.kind,
+                state=str(payload.get("state", "")),
+                reason=str(payload.get("reason", "")),
+                entry_hash=entry.entry_hash,
+            )
+        )
+    return history
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """A machine's heartbeats while it ran the order: per-minute means, oldest first, and the latest beat."""
+
+    machine: str
+    minutes: list[tuple[dt.datetime, Decimal, Decimal, Decimal]]  # (minute, utilization %, temperature C, power W)
+    latest: MachineHeartbeat | None
+    tdp_w: int | None  # the whole machine's rated power (TDP x GPUs), when the spec table knows it
+
+
+def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Telemetry | None:
+    """GPU telemetry of the independent machine running ``order`` since ``since``; None for an instance on a
+    cloud (clouds report none to the broker) or no instance at all.
+
+    Only heartbeats from the instance's running to its termination count: the machine is sold whole, so
+    they are this order's, while those after belong to whoever rented it next."""
+    instance = order.instance
+    if instance is None or instance.account.kind != ProviderKind.COMMUNITY:
+        return None
+    # One machine is one zone of its account (providers/community/adapter.py).
+    machine = Machine.objects.filter(account_id=instance.account_id, name=instance.zone).first()
+    if machine is None:
+        return None
+    start = max(since, instance.running_at or instance.launched_at)
+    end = instance.terminated_at or now
+    beats = MachineHeartbeat.objects.filter(machine=machine, at__gte=start, at__lte=end)
+    minutes = [
+        (r["minute"], _tenth(r["util"]), _tenth(r["temp"]), _tenth(r["power"]))
+        for r in beats.annotate(minute=TruncMinute("at"))
+        .values("minute")
+        .annotate(util=Avg("utilization_pct"), temp=Max("temperature_c"), power=Avg("power_w"))
+        .order_by("minute")
+    ]
+    tdp = order.gpu_model.tdp_w
+    return Telemetry(
+        machine=machine.name,
+        minutes=minutes,
+        latest=beats.order_by("-at").first(),
+        tdp_w=tdp * machine.gpu_count if tdp else None,
+    )
+
+
+def _tenth(value: object) -> Decimal:
+    return Decimal(str(value)).quantize(Decimal("0.1"))
