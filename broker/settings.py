@@ -227,6 +227,7 @@ CELERY_BEAT_SCHEDULE = {
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
+    "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
 }
 
 # --- The broker ---------------------------------------------------------------------------------------------
@@ -237,6 +238,8 @@ PROVISION_POLL_INTERVAL_S = env_float("BROKER_PROVISION_POLL_INTERVAL_S", 2.0, m
 PROVISION_POLL_LIMIT = env_int("BROKER_PROVISION_POLL_LIMIT", 150, minimum=1)
 PROVISION_TRANSIENT_RETRIES = env_int("BROKER_PROVISION_TRANSIENT_RETRIES", 3, minimum=0)
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
+# How long the API remembers the answer to a creating POST under its Idempotency-Key.
+IDEMPOTENCY_KEEP_HOURS = env_int("BROKER_IDEMPOTENCY_KEEP_HOURS", 24, minimum=1)
 QUOTE_TTL_S = env_int("BROKER_QUOTE_TTL_S", 900, minimum=30)
 PROCUREMENT_TIME_LIMIT_S = env_float("BROKER_PROCUREMENT_TIME_LIMIT_S", 5.0, minimum=0.5)
 # Expected spot preemptions per hour when a provider publishes no rate: an assumption (about one in two

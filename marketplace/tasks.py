@@ -137,3 +137,10 @@ def orders_reconcile_task() -> dict[str, int]:
         totals["terminated"] += len(report.terminated)
         totals["errors"] += len(report.errors)
     return totals
+
+
+@shared_task(name="marketplace.idempotency_expire", **TASK_OPTIONS)
+def idempotency_expire_task() -> int:
+    from marketplace.api.idempotency import idempotent_responses_expire
+
+    return idempotent_responses_expire()

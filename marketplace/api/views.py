@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from ledger.checkpoints import consistency_proof, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import checkpoint_json, latest_checkpoint, receipt
-from marketplace.api import pagination
+from marketplace.api import idempotency, pagination
 from marketplace.api.serializers import (
     BudgetInput,
     OfferListInput,
@@ -46,7 +46,6 @@ from marketplace.orders.selectors import (
 )
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 
-MAX_IDEMPOTENCY_KEY = 255
 # For the OpenAPI schema: untyped JSON objects, the one error shape, and shared parameters.
 OBJECT = OpenApiTypes.OBJECT
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
@@ -54,9 +53,6 @@ SEARCH_PARAMS = [
     OpenApiParameter("q", str, description="the query language, e.g. gpu=H100 count>=8 region=eu price<40"),
     OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops"]),
 ]
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, description="a retry with the same key returns the same order"
-)
 
 
 def _organization(request: Request) -> Organization:
@@ -126,14 +122,12 @@ class OrderListCreateApi(APIView):
 
     @extend_schema(
         request=OrderPlaceInput,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[idempotency.PARAMETER],
         responses={200: OBJECT, 201: OBJECT, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
     )
     def post(self, request: Request) -> Response:
         organization = _organization(request)
-        key = request.headers.get("Idempotency-Key", "").strip() or None
-        if key is not None and len(key) > MAX_IDEMPOTENCY_KEY:
-            raise ValidationError({"Idempotency-Key": [f"at most {MAX_IDEMPOTENCY_KEY} characters"]})
+        key = idempotency.idempotency_key(request)
         body = OrderPlaceInput(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -209,7 +203,10 @@ class QuoteCreateApi(APIView):
 
     required_scopes = {"POST": ("offers:read",)}
 
-    @extend_schema(request=QuoteCreateInput, responses={201: OBJECT, 400: ERROR})
+    @extend_schema(
+        request=QuoteCreateInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
+    )
+    @idempotency.idempotent("quotes.create")
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = QuoteCreateInput(data=request.data)
@@ -236,7 +233,10 @@ class ProcurementCreateApi(APIView):
 
     required_scopes = {"POST": ("offers:read",)}
 
-    @extend_schema(request=ProcurementInput, responses={201: OBJECT, 400: ERROR})
+    @extend_schema(
+        request=ProcurementInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
+    )
+    @idempotency.idempotent("procurements.create")
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = ProcurementInput(data=request.data)

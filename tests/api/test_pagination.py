@@ -73,9 +73,7 @@ def test_rows_arriving_between_pages_are_neither_repeated_nor_lost(api, aws_acco
     assert newest[0].pk in rest and newest[1].pk not in rest
 
 
-@pytest.mark.parametrize(
-    "cursor", ["garbage", "eyJ0IjoieCIsInYiOlsiMSIsIjIiXX0", "eyJ0Ijp7fX0", "%%%", "e30"]
-)
+@pytest.mark.parametrize("cursor", ["garbage", "eyJ0IjoieCIsInYiOlsiMSIsIjIiXX0", "eyJ0Ijp7fX0", "%%%", "e30"])
 def test_a_cursor_that_is_not_one_is_refused_by_name(api, aws_account, cursor):
     response = api.get("/api/v1/offers", {"cursor": cursor})
     assert response.status_code == 400

@@ -1,0 +1,111 @@
+"""``Idempotency-Key`` for the API's creating POSTs.
+
+A client that sends a key and retries after a lost answer gets the first answer again (with
+``Idempotent-Replayed: true``) instead of a second quote, procurement or webhook. The same key with a different
+body is refused (409 ``idempotency_conflict``): that is a client bug, not a retry. Only successes are kept; a
+refusal (4xx) or a fault (5xx) leaves nothing behind, so the retry runs afresh.
+
+The remembered answer is inserted in the transaction that does the work, so both commit or neither does. A
+concurrent request with the same key waits on the row's unique index until the first commits and then replays
+it, which is how two racing retries still create one thing. Orders keep their own key on the order row
+(marketplace/orders/services.py), because an order outlives ``IDEMPOTENCY_KEEP_HOURS``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from marketplace.models import IdempotentResponse, Organization
+from marketplace.orders.selectors import buyer_organization
+from marketplace.orders.services import IdempotencyConflict
+
+MAX_KEY = 255
+HEADER = "Idempotency-Key"
+PARAMETER = OpenApiParameter(
+    HEADER, str, OpenApiParameter.HEADER, description="a retry with the same key and body returns the first answer"
+)
+
+View = Callable[..., Response]
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's key, stripped; None without one. Raises ValidationError for one that is too long."""
+    key = request.headers.get(HEADER, "").strip()
+    if len(key) > MAX_KEY:
+        raise ValidationError({HEADER: [f"at most {MAX_KEY} characters"]})
+    return key or None
+
+
+def request_fingerprint(request: Request, **kwargs: Any) -> str:
+    """SHA-256 of the path's arguments and the parsed body, so formatting differences are not conflicts."""
+    body = json.dumps({"path": kwargs, "body": request.data}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def idempotent(operation: str) -> Callable[[View], View]:
+    """Decorates an APIView's ``post`` so that ``Idempotency-Key`` makes it safe to retry (module docstring)."""
+
+    def decorate(method: View) -> View:
+        @functools.wraps(method)
+        def post(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
+            key = idempotency_key(request)
+            organization = buyer_organization(request.user) if key else None
+            if key is None or organization is None:
+                return method(view, request, *args, **kwargs)
+            fingerprint = request_fingerprint(request, **kwargs)
+            with transaction.atomic():
+                replay = _claim(organization, operation, key, fingerprint)
+                if replay is not None:
+                    return replay
+                response = method(view, request, *args, **kwargs)
+                if response.status_code >= 300:
+                    transaction.set_rollback(True)
+                    return response
+                IdempotentResponse.objects.filter(organization=organization, operation=operation, key=key).update(
+                    status_code=response.status_code, body=json.loads(JSONRenderer().render(response.data))
+                )
+            return response
+
+        return post
+
+    return decorate
+
+
+def _claim(organization: Organization, operation: str, key: str, fingerprint: str) -> Response | None:
+    """Inserts the key's row (None: go ahead) or returns the answer already given under it."""
+    try:
+        with transaction.atomic():
+            IdempotentResponse.objects.create(
+                organization=organization, operation=operation, key=key, request_hash=fingerprint, status_code=0,
+                body={},
+            )  # fmt: skip
+            return None
+    except IntegrityError:
+        pass
+    first = IdempotentResponse.objects.get(organization=organization, operation=operation, key=key)
+    if first.request_hash != fingerprint:
+        raise IdempotencyConflict(f"the {HEADER} {key!r} was used with a different request")
+    response = Response(first.body, status=first.status_code)
+    response["Idempotent-Replayed"] = "true"
+    return response
+
+
+def idempotent_responses_expire(*, now: dt.datetime | None = None) -> int:
+    """Forgets answers older than ``IDEMPOTENCY_KEEP_HOURS``; returns how many."""
+    cutoff = (now or timezone.now()) - dt.timedelta(hours=settings.IDEMPOTENCY_KEEP_HOURS)
+    deleted, _ = IdempotentResponse.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
