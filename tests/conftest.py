@@ -19,6 +19,13 @@ def _eager_celery():
 
 
 @pytest.fixture(autouse=True)
+def _api_unthrottled(settings):
+    """API rate limits are tests/api/test_throttling.py's subject; elsewhere their counts, shared through Redis,
+    would make one test's requests another's 429."""
+    settings.API_RATES = {}
+
+
+@pytest.fixture(autouse=True)
 def _ledger_wipe_after_transactional_tests(request):
     """A transactional test ends with Django flushing every table, which the ledger's append-only triggers
     refuse unless the session allows a wipe: allow it just for that flush."""

@@ -36,6 +36,8 @@ def _start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ({"DJANGO_DEBUG": "0"}, "SECRET_KEY must be set when DJANGO_DEBUG is off"),
         ({"BROKER_OFFER_MAX_AGE_S": "soon"}, "BROKER_OFFER_MAX_AGE_S='soon' is not valid: expected an integer"),
         ({"REDIS_URL": "127.0.0.1:6379"}, "REDIS_URL='127.0.0.1:6379' is not valid"),
+        ({"BROKER_API_RATE_READ": "lots"}, "BROKER_API_RATE_READ='lots' is not valid: expected e.g. 600/min"),
+        ({"BROKER_API_RATE_WRITE": "10/fortnight"}, "BROKER_API_RATE_WRITE='10/fortnight' is not valid"),
     ],
 )
 def test_a_bad_setting_names_the_variable(tmp_path, env, message):

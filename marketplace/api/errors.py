@@ -48,6 +48,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
+    shaped = _shape(exc, response)
+    for header in ("Retry-After", "WWW-Authenticate"):
+        if header in response:
+            shaped[header] = response[header]
+    return shaped
+
+
+def _shape(exc: Exception, response: Response) -> Response:
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         return error_response("invalid", "the request has invalid fields", response.status_code, detail)
