@@ -1,0 +1,5 @@
+"""``python -m brokerclient`` is the ``broker`` command."""
+
+from brokerclient.cli import run
+
+run()

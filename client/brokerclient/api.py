@@ -1,0 +1,386 @@
+"""``BrokerClient``: the broker's REST procurement API (``/api/v1/``) over ``requests``.
+
+Retries. A request that gets no answer (connection refused or dropped, a timeout) or a 429 or 5xx answer is
+sent again, up to ``retries`` more times, after an exponential backoff with jitter, and never sooner than the
+answer's ``Retry-After``. Every POST carries an ``Idempotency-Key`` (a fresh uuid4 per call unless the caller
+gives one) that stays the same across those retries, so an order whose response was lost is answered, on
+the retry, with the order the first try created (``Idempotent-Replayed: true``) rather than a second one.
+Other errors are not retried: they raise a ``BrokerError`` subclass with the broker's code and message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import requests
+
+from brokerclient import errors
+from brokerclient.verify import VerificationResult, verify_receipt
+
+__all__ = ["ORDER_STATES", "TERMINAL_STATES", "ApiResponse", "BrokerClient"]
+
+log = logging.getLogger("brokerclient")
+
+ORDER_STATES = frozenset({"placed", "provisioning", "running", "terminating", "terminated", "failed", "cancelled"})
+TERMINAL_STATES = frozenset({"terminated", "failed", "cancelled"})
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Everything that means "no (whole) answer came back": the request may or may not have been acted on.
+_TRANSIENT = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+_jitter = secrets.SystemRandom()
+
+Money = Decimal | str | int
+
+
+@dataclass(frozen=True)
+class ApiResponse:
+    """One answered request: status, headers, decoded JSON body, how many tries it took, and the
+    Idempotency-Key it was sent with (POSTs)."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: Any
+    attempts: int
+    idempotency_key: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """The broker answered a retry with what the first try with this Idempotency-Key created."""
+        return self.headers.get("Idempotent-Replayed", "").lower() == "true"
+
+
+def _money(value: Money) -> str:
+    return format(Decimal(value), "f") if not isinstance(value, str) else value
+
+
+class BrokerClient:
+    """A client of one broker, authenticated by a scoped API token (``brk_...``).
+
+    ``timeout`` is seconds per try (connect and read); ``retries`` how many more tries a transient failure
+    gets; ``backoff`` the first wait in seconds, doubling per try up to ``max_backoff``. A ``Retry-After`` longer
+    than ``max_retry_after`` is not waited for: the error is raised instead.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        max_retry_after: float = 120.0,
+        session: requests.Session | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if retries < 0 or timeout <= 0:
+            raise ValueError("retries must be >= 0 and timeout > 0")
+        root = base_url.rstrip("/")
+        if root.endswith("/api/v1"):
+            root = root[: -len("/api/v1")]
+        self.base_url = root
+        self.api_url = f"{root}/api/v1"
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self._sleep = sleep
+        self._session = session or requests.Session()
+        self._session.headers["Accept"] = "application/json"
+        self._session.headers["User-Agent"] = "gpu-broker-client/0.1"
+        if token:
+            # A bare brk_ token is a Bearer token; "Token abc" (a legacy DRF token) is sent as given.
+            self._session.headers["Authorization"] = token if " " in token else f"Bearer {token}"
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- Transport -----------------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        idempotency_key: str | None = None,
+    ) -> ApiResponse:
+        """Send one API request with retries; return the answer or raise a ``BrokerError``.
+
+        A POST gets an ``Idempotency-Key`` (``idempotency_key`` or a new uuid4), the same on every try.
+        """
+        method = method.upper()
+        url = path if path.startswith(("http://", "https://")) else f"{self.api_url}/{path.lstrip('/')}"
+        headers: dict[str, str] = {}
+        if method == "POST":
+            idempotency_key = idempotency_key or str(uuid.uuid4())
+            headers["Idempotency-Key"] = idempotency_key
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._session.request(
+                    method, url, params=params, json=json_body, headers=headers, timeout=self.timeout
+                )
+            except _TRANSIENT as exc:
+                if attempt > self.retries:
+                    raise errors.Unreachable(
+                        0, "unreachable", f"{method} {url}: no answer after {attempt} tries ({exc})"
+                    ) from exc
+                self._wait(attempt, None, f"{method} {url}: {type(exc).__name__}")
+                continue
+            if response.status_code in RETRY_STATUSES and attempt <= self.retries:
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+                if retry_after is None or retry_after <= self.max_retry_after:
+                    self._wait(attempt, retry_after, f"{method} {url}: HTTP {response.status_code}")
+                    continue
+            return self._answer(response, attempt, idempotency_key)
+
+    def _wait(self, attempt: int, retry_after: float | None, why: str) -> None:
+        delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+        delay = delay / 2 + _jitter.uniform(0, delay / 2)  # spread clients that failed together
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        log.warning("%s; retry %d of %d in %.2fs", why, attempt, self.retries, delay)
+        self._sleep(delay)
+
+    def _answer(self, response: requests.Response, attempts: int, idempotency_key: str | None) -> ApiResponse:
+        try:
+            body = response.json() if response.content else None
+        except ValueError:
+            body = None
+            if response.ok:
+                raise errors.BrokerError(
+                    response.status_code, "bad_response", f"the answer is not JSON: {response.text[:200]!r}"
+                ) from None
+        if not response.ok:
+            raise errors.error_for(response.status_code, body, response.text)
+        return ApiResponse(response.status_code, response.headers, body, attempts, idempotency_key)
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self.request("GET", path, params=params).body
+
+    def post(self, path: str, body: Any = None, *, idempotency_key: str | None = None) -> ApiResponse:
+        return self.request("POST", path, json_body=body, idempotency_key=idempotency_key)
+
+    def _pages(self, path: str, params: dict[str, Any], limit: int | None, page_size: int) -> Iterator[dict[str, Any]]:
+        """Follow ``next_cursor`` until the listing ends or ``limit`` rows were given."""
+        if limit is not None and limit <= 0:
+            return
+        given = 0
+        params = {**params, "limit": min(page_size, limit) if limit is not None else page_size}
+        while True:
+            page = self.get(path, params)
+            for row in page["results"]:
+                yield row
+                given += 1
+                if limit is not None and given >= limit:
+                    return
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+            params["cursor"] = cursor
+
+    # --- Offers, quotes, orders ----------------------------------------------------------------------------
+
+    def offers(
+        self,
+        query: str = "",
+        sort: str = "price",
+        *,
+        limit: int | None = None,
+        page_size: int = 100,
+        filters: Mapping[str, str] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Offers for sale matching ``query`` (the search language: ``gpu=H100 count>=8 price<40``), cheapest
+        first by ``sort`` (``price``, ``gpuprice`` or ``tflops``), fetched a page at a time as the iterator is
+        consumed; at most ``limit`` of them. ``filters`` are the older parameters (gpu, count, region, ...)."""
+        params: dict[str, Any] = {**(filters or {}), "sort": sort}
+        if query:
+            params["q"] = query
+        return self._pages("offers", params, limit, page_size)
+
+    def orders(self, *, limit: int | None = None, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """The organisation's orders, newest first."""
+        return self._pages("orders", {}, limit, page_size)
+
+    def quote(self, workload: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Ranked quotes for one workload (``profile`` and optional requirements, see the API's
+        QuoteCreateInput); each quote's price holds until ``expires_at``."""
+        body: dict[str, Any] = self.post("quotes", dict(workload), idempotency_key=idempotency_key).body
+        return body
+
+    def procure(
+        self,
+        demands: Iterable[Mapping[str, Any]],
+        *,
+        time_limit: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Many workloads assigned jointly against finite capacity; one quote per placed demand."""
+        payload: dict[str, Any] = {"demands": [dict(d) for d in demands]}
+        if time_limit is not None:
+            payload["time_limit"] = time_limit
+        body: dict[str, Any] = self.post("procurements", payload, idempotency_key=idempotency_key).body
+        return body
+
+    def order(
+        self,
+        *,
+        offer: int | None = None,
+        quote: str | None = None,
+        max_price_per_hour: Money | None = None,
+        allow_failover: bool | None = None,
+        regions: Iterable[str] | None = None,
+        duration_hours: Money | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Place an order for an ``offer`` id (at its price now) or a ``quote`` id (at the price it locked).
+
+        Safe to retry: give the same ``idempotency_key`` to be answered with the same order (the client already
+        reuses one across its own retries). The same key with a different body raises ``Conflict``
+        (``idempotency_conflict``).
+        """
+        if (offer is None) == (quote is None):
+            raise ValueError("give exactly one of offer or quote")
+        payload: dict[str, Any] = {"offer": offer} if offer is not None else {"quote": str(quote)}
+        if max_price_per_hour is not None:
+            payload["max_price_per_hour"] = _money(max_price_per_hour)
+        if allow_failover is not None:
+            payload["allow_failover"] = allow_failover
+        if regions is not None:
+            payload["regions"] = list(regions)
+        if duration_hours is not None:
+            payload["duration_hours"] = _money(duration_hours)
+        body: dict[str, Any] = self.post("orders", payload, idempotency_key=idempotency_key).body
+        return body
+
+    def order_get(self, order_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.get(f"orders/{order_id}")
+        return body
+
+    def watch(
+        self,
+        order_id: str,
+        *,
+        until: Iterable[str] = ("running",),
+        timeout: float = 600.0,
+        interval: float = 2.0,
+    ) -> Iterator[dict[str, Any]]:
+        """Poll the order every ``interval`` seconds and yield it when its state changes (the first look
+        included), until it reaches a state in ``until`` or a final one (terminated, failed, cancelled).
+
+        Raises ``WatchTimeout`` when ``timeout`` seconds pass first, ``ValueError`` for an unknown state.
+        """
+        wanted = frozenset(until)
+        unknown = wanted - ORDER_STATES
+        if unknown:
+            raise ValueError(f"unknown order state(s) {sorted(unknown)}; states: {', '.join(sorted(ORDER_STATES))}")
+        return self._watch(order_id, wanted, timeout, interval)  # checked now, not at the first next()
+
+    def _watch(
+        self, order_id: str, wanted: frozenset[str], timeout: float, interval: float
+    ) -> Iterator[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        last: str | None = None
+        while True:
+            order = self.order_get(order_id)
+            state = order["state"]
+            if state != last:
+                last = state
+                yield order
+            if state in wanted or state in TERMINAL_STATES:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.WatchTimeout(
+                    0,
+                    "watch_timeout",
+                    f"order {order_id} is still {state} after {timeout:g}s (waiting for {' or '.join(sorted(wanted))})",
+                )
+            self._sleep(min(interval, remaining))
+
+    def terminate(self, order_id: str) -> dict[str, Any]:
+        """Ask for the order's instance to be stopped (idempotent; a placed order is cancelled instead)."""
+        body: dict[str, Any] = self.post(f"orders/{order_id}/terminate").body
+        return body
+
+    # --- Ledger --------------------------------------------------------------------------------------------
+
+    def receipt(self, order_id: str) -> dict[str, Any]:
+        """The order's ledger entries with inclusion proofs against the newest checkpoint (needs ledger:read)."""
+        body: dict[str, Any] = self.get(f"orders/{order_id}/receipt")
+        return body
+
+    def verify_receipt(
+        self, receipt: Mapping[str, Any], *, trusted_key: str | None = None, order_id: str | None = None
+    ) -> VerificationResult:
+        """Verify a receipt locally (``brokerclient.verify``); nothing is fetched. Pin ``trusted_key``: without
+        it the receipt's own key is used, which shows only that whoever answered signed it."""
+        return verify_receipt(dict(receipt), trusted_key=trusted_key, order_id=order_id)
+
+    def ledger_key(self) -> dict[str, Any]:
+        """The broker's verifier key as it publishes it (to compare with one obtained out of band)."""
+        body: dict[str, Any] = self.get("ledger/key")
+        return body
+
+    def checkpoint_latest(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.get("ledger/checkpoints/latest")
+        return body
+
+    # --- Money ---------------------------------------------------------------------------------------------
+
+    def budget(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.get("budget")
+        return body
+
+    def invoice(self, month: str | None = None) -> dict[str, Any]:
+        """The lines of the orders that ended in ``month`` (``YYYY-MM``, UTC; default this month)."""
+        body: dict[str, Any] = self.get("invoice", {"month": month} if month else None)
+        return body
+
+    # --- Schema --------------------------------------------------------------------------------------------
+
+    def gpu_model_keys(self) -> list[str] | None:
+        """The GPU model keys a quote accepts, read from the OpenAPI schema; None when it does not say."""
+        schema = self.get("schema", {"format": "json"})
+        try:
+            item = schema["components"]["schemas"]["QuoteCreateInputRequest"]["properties"]["gpu_models"]["items"]
+            if "$ref" in item:
+                item = schema["components"]["schemas"][item["$ref"].rsplit("/", 1)[-1]]
+            return [str(key) for key in item["enum"]]
+        except (KeyError, TypeError):
+            return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
