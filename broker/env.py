@@ -25,6 +25,27 @@ def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, "") or default
 
 
+RATE_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+
+
+def rate_parse(rate: str) -> tuple[int, int]:
+    """``"600/min"`` -> (600, 60): requests per period of seconds. Raises ValueError."""
+    count, _, period = rate.partition("/")
+    if not count.isdigit() or period not in RATE_PERIODS:
+        raise ValueError(f"{rate!r} is not a rate like 600/min")
+    return int(count), RATE_PERIODS[period]
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate such as ``600/min`` (per s, min, hour or day)."""
+
+    def parse(raw: str) -> str:
+        rate_parse(raw)
+        return raw
+
+    return _parse(name, default, parse, "e.g. 600/min")
+
+
 def env_bool(name: str, default: bool) -> bool:
     def parse(raw: str) -> bool:
         value = raw.strip().lower()

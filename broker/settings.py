@@ -18,6 +18,7 @@ from broker.env import (
     env_float,
     env_int,
     env_list,
+    env_rate,
     env_str,
 )
 
@@ -241,13 +242,9 @@ PROVISION_TRANSIENT_RETRIES = env_int("BROKER_PROVISION_TRANSIENT_RETRIES", 3, m
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
 # Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart.
 API_RATES = {
-    "read": env_str("BROKER_API_RATE_READ", "1200/min"),
-    "write": env_str("BROKER_API_RATE_WRITE", "120/min"),
+    "read": env_rate("BROKER_API_RATE_READ", "1200/min"),
+    "write": env_rate("BROKER_API_RATE_WRITE", "120/min"),
 }
-for _scope, _rate in API_RATES.items():
-    _count, _, _period = _rate.partition("/")
-    if not _count.isdigit() or _period not in {"s", "sec", "m", "min", "h", "hour", "d", "day"}:
-        raise ImproperlyConfigured(f"BROKER_API_RATE_{_scope.upper()}={_rate!r} is not valid: expected e.g. 600/min")
 # How long the API remembers the answer to a creating POST under its Idempotency-Key.
 IDEMPOTENCY_KEEP_HOURS = env_int("BROKER_IDEMPOTENCY_KEEP_HOURS", 24, minimum=1)
 QUOTE_TTL_S = env_int("BROKER_QUOTE_TTL_S", 900, minimum=30)

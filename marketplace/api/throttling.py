@@ -1,43 +1,58 @@
-"""Rate limits per API token: each token (or signed-in user, or anonymous address) has its own bucket, one for
+"""Rate limits per API token: each token (or signed-in user, or anonymous address) has its own buckets, one for
 reads and one for writes, so one runaway script cannot starve its organisation's other tokens or the site.
 
-Counts live in the cache (Redis when ``REDIS_URL`` is set, so every process shares them). A refused request gets
-429 ``throttled`` with ``Retry-After``.
+A bucket is a counter per fixed window in the cache (Redis when ``REDIS_URL`` is set, so every process shares
+it): one atomic increment per request, whatever the rate. A fixed window lets a client spend up to twice its
+rate across a window's edge; that is the price of O(1). A refused request gets 429 ``throttled`` with
+``Retry-After`` (the seconds to the next window).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from rest_framework.request import Request
-from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle
 
+from broker.env import rate_parse
 from marketplace.models import ApiToken
 
 _SAFE = ("GET", "HEAD", "OPTIONS")
 
 
-class TokenRateThrottle(SimpleRateThrottle):
-    """``API_RATES["read"]`` for GET/HEAD/OPTIONS, ``API_RATES["write"]`` for the rest ("N/s|min|hour|day")."""
+class TokenRateThrottle(BaseThrottle):
+    """``API_RATES["read"]`` for GET/HEAD/OPTIONS, ``API_RATES["write"]`` for the rest; none set: no limit."""
 
-    def __init__(self) -> None:  # the rate depends on the request's method, so it is chosen in allow_request
-        self.history: list[float] = []
+    def __init__(self) -> None:
+        self.retry_after: float | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        rates = settings.API_RATES
-        self.scope = "read" if request.method in _SAFE else "write"
-        self.rate = rates.get(self.scope) if rates else None
-        if self.rate is None:
+        scope = "read" if request.method in _SAFE else "write"
+        rate = (settings.API_RATES or {}).get(scope)
+        if not rate:
             return True
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        limit, period = rate_parse(rate)
+        now = time.time()
+        window = int(now // period)
+        key = f"throttle:{scope}:{self._who(request)}:{window}"
+        cache.add(key, 0, timeout=period + 1)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # the window's key expired between add and incr
+            cache.set(key, 1, timeout=period + 1)
+            count = 1
+        self.retry_after = (window + 1) * period - now
+        return count <= limit
 
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
+    def _who(self, request: Request) -> str:
         if isinstance(request.auth, ApiToken):
-            who = f"token:{request.auth.pk}"
-        elif request.user and request.user.is_authenticated:
-            who = f"user:{request.user.pk}"
-        else:
-            who = f"addr:{self.get_ident(request)}"
-        return f"throttle:{self.scope}:{who}"
+            return f"token:{request.auth.pk}"
+        if request.user and request.user.is_authenticated:
+            return f"user:{request.user.pk}"
+        return f"addr:{self.get_ident(request)}"
+
+    def wait(self) -> float | None:
+        return self.retry_after

@@ -3,6 +3,7 @@ revocable, and never crossing organisations."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from decimal import Decimal
 
@@ -67,3 +68,16 @@ def test_a_revoked_or_unknown_token_is_refused_and_tokens_stay_in_their_organisa
     charlies_org = Organization.objects.get(name="Charlie Labs")
     theirs = api_token_create(organization=charlies_org, user=charlie, name="c", scopes=["orders:place"]).raw
     assert _bearer(theirs).get("/api/v1/orders").json()["results"] == []
+
+
+def test_last_use_is_recorded_to_the_minute_without_a_write_per_request(acme, alice):
+    issued = api_token_create(organization=acme, user=alice, name="ci", scopes=["offers:read"])
+    client = _bearer(issued.raw)
+    assert client.get("/api/v1/offers").status_code == 200
+    first = ApiToken.objects.get().last_used_at
+    assert first is not None
+    client.get("/api/v1/offers")
+    assert ApiToken.objects.get().last_used_at == first
+    ApiToken.objects.update(last_used_at=first - dt.timedelta(minutes=2))
+    client.get("/api/v1/offers")
+    assert ApiToken.objects.get().last_used_at > first
