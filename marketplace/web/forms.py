@@ -86,3 +86,14 @@ class ApiTokenForm(forms.Form):
     scopes = forms.MultipleChoiceField(
         choices=TokenScope.choices, widget=forms.CheckboxSelectMultiple, help_text="only what that program needs"
     )
+
+
+class BudgetForm(forms.Form):
+    """The organisation's spending limits in USD; a blank field removes that limit."""
+
+    budget_per_hour = forms.DecimalField(
+        required=False, min_value=Decimal("0.01"), max_digits=14, decimal_places=2, label="Hourly budget (USD/h)"
+    )
+    budget_monthly = forms.DecimalField(
+        required=False, min_value=Decimal("0.01"), max_digits=14, decimal_places=2, label="Monthly budget (USD)"
+    )

@@ -1,13 +1,19 @@
-"""Storefront pages: offers with filters and an order button; my orders with state, instance and ledger hash."""
+"""Storefront pages: offers with filters, an order button and a comparison; my orders with state, instance and
+ledger hash, and one order's page with its telemetry; the organisation's spending and budgets."""
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+from decimal import Decimal
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -17,17 +23,26 @@ from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.models import ApiToken, Offer, Organization
+from marketplace.models import ApiToken, Offer, Order, OrderState, Organization, Role
+from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
     buyer_organization,
+    invoice_line_list,
+    live_order_costs,
+    membership_role,
+    month_bounds,
     order_get,
+    order_history,
     order_ledger_heads,
     order_list,
+    order_telemetry,
     order_usage,
 )
 from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
-from marketplace.web.forms import ApiTokenForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
+from marketplace.portal.views import _sparkline
+from marketplace.web.compare import CompareError, compare_ids, comparison
+from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
 
 PAGE_SIZE = 200
 
@@ -261,3 +276,156 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     api_token_revoke(token=token)
     messages.success(request, f"Token {token.name} ({token.prefix}…) revoked.")
     return redirect("storefront:tokens")
+
+
+# --- Comparing offers ------------------------------------------------------------------------------------------
+
+
+def compare(request: HttpRequest) -> HttpResponse:
+    """2 to 6 chosen offers side by side (``?ids=1,2,3``), the best of each numeric row highlighted. Public
+    like the offers page: it shows only the catalogue."""
+    try:
+        columns, rows = comparison(compare_ids(request.GET.getlist("ids")), now=timezone.now())
+    except CompareError as exc:
+        response = render(request, "storefront/compare.html", {"error": str(exc), "columns": [], "rows": []})
+        response.status_code = 400
+        return response
+    return render(
+        request,
+        "storefront/compare.html",
+        {"columns": columns, "rows": rows, "error": "", "offers_left": sum(not c.on_sale for c in columns)},
+    )
+
+
+# --- Spending --------------------------------------------------------------------------------------------------
+
+
+def _month(request: HttpRequest, now: dt.datetime) -> tuple[str, dt.datetime, dt.datetime, str]:
+    """The month asked for (``?month=YYYY-MM``, this month by default) and its bounds; a bad or future month
+    falls back to this one with the reason as the fourth value."""
+    current = now.astimezone(dt.UTC).strftime("%Y-%m")
+    raw = request.GET.get("month", "").strip() or current
+    try:
+        start, end = month_bounds(raw)
+    except ValueError:
+        start, end = month_bounds(current)
+        return current, start, end, f"“{raw[:20]}” is not a month: give it as YYYY-MM, e.g. {current}."
+    if start > now:
+        start, end = month_bounds(current)
+        return current, start, end, f"{raw} has not started yet; showing {current}."
+    return raw, start, end, ""
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def spending(request: HttpRequest) -> HttpResponse:
+    """The organisation's budgets and where it stands, a month's invoice lines and total, and what its live
+    orders have run up in that month. Owners set the budgets here; everyone else sees them."""
+    org = _org_or_404(request)
+    is_owner = membership_role(user=request.user, organization=org) == Role.OWNER
+    now = timezone.now()
+    month, start, end, month_error = _month(request, now)
+    if request.method == "POST":
+        if not is_owner:
+            raise PermissionDenied("only an owner of the organisation can change its budgets")
+        form = BudgetForm(request.POST)
+        if form.is_valid():
+            budget_set(
+                org,
+                per_hour=form.cleaned_data["budget_per_hour"],
+                monthly=form.cleaned_data["budget_monthly"],
+                by=request.user,  # type: ignore[arg-type]
+            )
+            messages.success(request, "Budgets saved.")
+            return redirect(f"{reverse('storefront:spending')}?month={month}")
+    else:
+        form = BudgetForm(initial={"budget_per_hour": org.budget_per_hour, "budget_monthly": org.budget_monthly})
+    lines = list(invoice_line_list(organization=org, start=start, end=end))
+    live = live_order_costs(organization=org, start=start, end=end, now=now)
+    status = budget_status(org, now=now)
+    warn_share = Decimal(str(settings.BUDGET_WARN_SHARE))
+    response = render(
+        request,
+        "storefront/spending.html",
+        {
+            "organization": org,
+            "is_owner": is_owner,
+            "form": form,
+            "status": status,
+            "warn_share": warn_share,
+            "warn_per_hour": None if status.budget_per_hour is None else status.budget_per_hour * warn_share,
+            "warn_monthly": None if status.budget_monthly is None else status.budget_monthly * warn_share,
+            "month": month,
+            "month_start": start,
+            "month_error": month_error,
+            "previous_month": (start - dt.timedelta(days=1)).strftime("%Y-%m"),
+            "next_month": end.strftime("%Y-%m") if end <= now else "",
+            "lines": [(line, Decimal(line.seconds) / 3600) for line in lines],
+            "lines_total": sum((line.amount_usd for line in lines), Decimal(0)),
+            "live": live,
+            "live_total": sum((usage.amount_usd for _, usage in live), Decimal(0)),
+        },
+    )
+    if month_error or (request.method == "POST"):
+        response.status_code = 400  # a bad month, or a budget form sent back with its errors
+    return response
+
+
+@login_required
+def spending_csv(request: HttpRequest) -> HttpResponse:
+    """The month's invoice lines as CSV, for a spreadsheet or an accounting import."""
+    org = _org_or_404(request)
+    month, start, end, month_error = _month(request, timezone.now())
+    if month_error:
+        return HttpResponseBadRequest(month_error, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="spending-{month}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["order", "description", "ended_at", "seconds", "price_per_hour_usd", "amount_usd"])
+    for line in invoice_line_list(organization=org, start=start, end=end):
+        writer.writerow(
+            [line.order.public_id, line.description, line.ended_at.isoformat(), line.seconds,
+             format(line.price_per_hour, "f"), format(line.amount_usd, "f")]
+        )  # fmt: skip
+    return response
+
+
+# --- One order -------------------------------------------------------------------------------------------------
+
+TELEMETRY_WINDOW = dt.timedelta(hours=1)
+
+
+@login_required
+def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
+    """One order: its state and ledger history, its instances and how to reach them, price and cost so far,
+    and the last hour of GPU telemetry when it runs on an independent machine. static/storefront/order.js
+    keeps state and cost current from the orders API."""
+    order = order_get(organization=_org_or_404(request), public_id=order_id)
+    if order is None:
+        raise Http404("no such order")
+    now = timezone.now()
+    telemetry = order_telemetry(order, since=now - TELEMETRY_WINDOW, now=now)
+    charts = {}
+    if telemetry is not None and telemetry.minutes:
+        minutes = telemetry.minutes
+        charts["utilization"] = _sparkline([(m, u) for m, u, _, _ in minutes], width=320, height=64)
+        # The chart helper draws 0-100; a GPU hotter than 100 C sits on the top edge rather than above it.
+        charts["temperature"] = _sparkline([(m, min(t, Decimal(100))) for m, _, t, _ in minutes], width=320, height=64)
+        if telemetry.tdp_w:
+            share = [(m, min(p / telemetry.tdp_w * 100, Decimal(100))) for m, _, _, p in minutes]
+            charts["power"] = _sparkline(share, width=320, height=64)
+    return render(
+        request,
+        "storefront/order_detail.html",
+        {
+            "order": order,
+            "usage": order_usage(order, now=now),
+            "history": order_history(order),
+            "instances": sorted(order.instances.all(), key=lambda i: i.pk, reverse=True),
+            "telemetry": telemetry,
+            "charts": charts,
+            "live": order.state not in Order.FINAL_STATES,
+            "terminable": order.state in (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING),
+            "now": now,
+        },
+    )
