@@ -1,0 +1,117 @@
+"""The broker command, run as a subprocess against the live broker: JSON output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ledger import note
+from ledger.checkpoints import ledger_checkpoint_and_anchor, verifier_key
+from marketplace.models import Order, OrderState
+from tests.client.conftest import CLIENT_DIR
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def broker_cli(live_server, token):
+    env = {**os.environ, "BROKER_URL": live_server.url, "BROKER_TOKEN": token, "PYTHONPATH": str(CLIENT_DIR)}
+    env.pop("BROKER_VERIFIER_KEY", None)
+
+    def run(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "brokerclient", *args],
+            env={**env, **(env_extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
+
+
+def _json(result: subprocess.CompletedProcess[str]):
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_search_quote_order_watch_terminate_and_verify_from_the_shell(broker_cli, aws_account):
+    offers = _json(broker_cli("offers", "gpu=T4 pricing=on_demand", "--sort", "gpuprice", "--limit", "5", "--json"))
+    assert len(offers) == 5 and all(o["gpu_model"] == "T4" for o in offers)
+    table = broker_cli("offers", "gpu=T4", "--limit", "3")
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:3] == ["id", "provider", "gpu"]
+    assert len(table.stdout.splitlines()) == 4
+
+    quoted = _json(broker_cli("quote", "--profile", "inference", "--gpu", "T4", "--count", "1", "--pricing",
+                              "on_demand", "--hours", "8", "--limit", "3", "--json"))  # fmt: skip
+    assert 1 <= len(quoted["quotes"]) <= 3 and quoted["quotes"][0]["duration_hours"] == "8.00"
+    quote = quoted["quotes"][0]
+    placed = _json(broker_cli("order", "--quote", quote["id"], "--max-price", quote["price_per_hour"], "--json"))
+    assert placed["quote"] == quote["id"] and placed["id"] == str(Order.objects.get().public_id)
+
+    watched = broker_cli("watch", placed["id"], "--until", "running", "--interval", "0.2", "--json")
+    assert watched.returncode == 0, watched.stderr
+    states = [json.loads(line)["state"] for line in watched.stdout.splitlines()]
+    assert states[-1] == OrderState.RUNNING
+
+    stopped = _json(broker_cli("terminate", placed["id"], "--json"))
+    assert stopped["state"] in (OrderState.TERMINATING, OrderState.TERMINATED)
+    ledger_checkpoint_and_anchor()
+
+    verified = broker_cli("receipt", placed["id"], "--verify", "--key", verifier_key(), "--json")
+    body = _json(verified)
+    assert body["verification"]["ok"] and body["verification"]["key_pinned"]
+    assert body["receipt"]["subject"] == f"order:{placed['id']}"
+    readable = broker_cli("receipt", placed["id"], "--verify")
+    assert readable.returncode == 0 and "receipt VERIFIED" in readable.stdout and "not pinned" in readable.stdout
+
+    wrong = note.verifier_key(body["receipt"]["origin"], Ed25519PrivateKey.generate().public_key())
+    refused = broker_cli("receipt", placed["id"], "--verify", "--json", env_extra={"BROKER_VERIFIER_KEY": wrong})
+    assert refused.returncode == 3
+    failed = json.loads(refused.stdout)["verification"]
+    assert not failed["ok"] and [c["name"] for c in failed["checks"] if not c["ok"]] == ["signature"]
+
+
+def test_a_tampered_saved_receipt_exits_3(broker_cli, tmp_path, broker, t4_offer):
+    offer, cap = t4_offer
+    order = broker.order(offer=offer.pk, max_price_per_hour=cap)
+    ledger_checkpoint_and_anchor()
+    receipt = broker.receipt(order["id"])
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(receipt))
+    receipt["entries"][0]["payload"] += " "
+    bad.write_text(json.dumps(receipt))
+    key = verifier_key()
+    assert (
+        broker_cli("receipt", "--file", str(good), "--verify", "--key", key, env_extra={"BROKER_URL": ""}).returncode
+        == 0
+    )
+    result = broker_cli("receipt", "--file", str(bad), "--verify", "--key", key)
+    assert result.returncode == 3
+    sequence = receipt["entries"][0]["sequence"]
+    assert f"receipt FAILED: payload (entry #{sequence})" in result.stdout
+
+
+def test_api_errors_exit_1_with_the_code_and_usage_errors_exit_2(broker_cli, live_server):
+    missing = broker_cli("show", str(uuid.uuid4()))
+    assert missing.returncode == 1 and "not_found (404): no such order" in missing.stderr and missing.stdout == ""
+    invalid = broker_cli("offers", "cuont>=1", "--json")
+    assert invalid.returncode == 1 and "invalid (400)" in invalid.stderr and "cuont" in invalid.stderr
+    unauthorised = broker_cli("offers", env_extra={"BROKER_TOKEN": "brk_nope"})
+    assert unauthorised.returncode == 1 and "authentication_failed (401)" in unauthorised.stderr
+
+    assert broker_cli("order").returncode == 2  # neither --offer nor --quote
+    assert broker_cli("order", "--offer", "1", "--quote", str(uuid.uuid4())).returncode == 2
+    no_url = broker_cli("offers", env_extra={"BROKER_URL": ""})
+    assert no_url.returncode == 2 and "BROKER_URL" in no_url.stderr
+    bad_state = broker_cli("watch", str(uuid.uuid4()), "--until", "flying")
+    assert bad_state.returncode == 2 and "flying" in bad_state.stderr
+    unknown_gpu = broker_cli("quote", "--gpu", "Z9000")
+    assert unknown_gpu.returncode == 2 and "unknown GPU 'Z9000'" in unknown_gpu.stderr
+    assert Order.objects.count() == 0
