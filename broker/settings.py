@@ -230,7 +230,10 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
+    "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
 }
+# Task modules outside an app's tasks.py, which autodiscovery does not find.
+CELERY_IMPORTS = ["marketplace.webhooks.tasks"]
 
 # --- The broker ---------------------------------------------------------------------------------------------
 # Offers not refreshed within this many seconds are not sold (their price may have moved).
@@ -267,6 +270,16 @@ if _keys_file:
         SECRETS_KEYS = [k.strip() for k in Path(_keys_file).read_text().split(",") if k.strip()]
     except OSError as exc:
         raise ImproperlyConfigured(f"BROKER_SECRETS_KEYS_FILE={_keys_file!r} cannot be read: {exc}") from None
+
+# Where webhooks may be sent. "loopback": only 127.0.0.1, ::1 and localhost, the embedded default, so a
+# development machine or a test run never sends anything off the host. "public": only public addresses;
+# loopback, private and link-local ones are refused (checked again at every send, against DNS rebinding),
+# so a buyer cannot aim the broker at its own network or the cloud's metadata service.
+WEBHOOK_DESTINATIONS = env_str("BROKER_WEBHOOK_DESTINATIONS", "loopback" if DEBUG else "public")
+if WEBHOOK_DESTINATIONS not in {"loopback", "public"}:
+    raise ImproperlyConfigured(
+        f"BROKER_WEBHOOK_DESTINATIONS={WEBHOOK_DESTINATIONS!r} is not valid: expected loopback or public"
+    )
 
 # The ledger's signed checkpoints and their anchors (ledger/checkpoints.py, ledger/anchoring.py).
 LEDGER_ORIGIN = env_str("LEDGER_ORIGIN", "gpu-broker/ledger")

@@ -4,12 +4,20 @@ from marketplace.models.orders import Attempt, AttemptOutcome, Instance, Invoice
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
 from marketplace.models.tokens import ApiToken, TokenScope
+from marketplace.models.webhooks import (
+    DeliveryState,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEventType,
+)
 
 __all__ = [
     "PROVIDER_ROLES",
     "ApiToken",
     "Attempt",
     "AttemptOutcome",
+    "DeliveryState",
     "FxRate",
     "GpuModel",
     "IdempotentResponse",
@@ -31,4 +39,8 @@ __all__ = [
     "Quote",
     "Role",
     "TokenScope",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEventType",
 ]

@@ -16,11 +16,12 @@ from django.utils import timezone
 from ledger.services import ledger_append
 from marketplace.catalog.selectors import offer_view, offer_views_for
 from marketplace.matching import Demand, rank_offers
-from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState
+from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState, WebhookEventType
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.reservations import reservation_release, reservation_take
 from marketplace.orders.services import TransitionRefused, order_transition
+from marketplace.webhooks.services import instance_event_emit
 from providers.base import ProviderAdapter
 from providers.errors import (
     CapacityUnavailable,
@@ -212,9 +213,12 @@ def order_provision(*, order_id: int) -> Step:
         if order.state != OrderState.PROVISIONING:
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
             stopped = adapter.terminate(handle.region, handle.instance_id)
-            Instance.objects.filter(order=order, active=True).update(
-                state=stopped.state.value, terminated_at=timezone.now()
-            )
+            with transaction.atomic():
+                Instance.objects.filter(order=order, active=True).update(
+                    state=stopped.state.value, terminated_at=timezone.now()
+                )
+                for stopped_id in Instance.objects.filter(order=order, active=True).values_list("pk", flat=True):
+                    instance_event_emit(instance_id=stopped_id, event_type=WebhookEventType.INSTANCE_TERMINATED)
             return Step.DONE
         return Step.POLL
 
@@ -257,7 +261,7 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
     now = timezone.now()
     with transaction.atomic():
         Attempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.LAUNCHED, finished_at=now)
-        Instance.objects.create(
+        instance = Instance.objects.create(
             order=order,
             attempt=attempt,
             account=attempt.offer.account,
@@ -272,6 +276,7 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
         Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
         extra = {"adopted": True} if adopted else {}
         _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
+        instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)
 
 
 def _launch_price(order: Order, attempt: Attempt) -> Decimal:
@@ -301,6 +306,7 @@ def order_poll(*, order_id: int) -> Step:
             Instance.objects.filter(pk=instance.pk).update(
                 state=handle.state.value, public_ip=handle.public_ip or "", running_at=running_at
             )
+            instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
             run_until = None
             if order.duration_hours is not None:
                 run_until = running_at + dt.timedelta(hours=float(order.duration_hours))
@@ -342,6 +348,9 @@ def order_poll(*, order_id: int) -> Step:
                 provider_code=code,
                 instance=instance.provider_instance_id,
             )
+            instance_event_emit(
+                instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_FAILED, error_class=error_class, code=code
+            )
         return Step.PROVISION
     return Step.POLL
 
@@ -371,7 +380,10 @@ def order_terminate_instance(*, order_id: int) -> Step:
     instance = Instance.objects.select_related("account").filter(order=order, active=True).first()
     if instance is not None:
         handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
-        Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+        with transaction.atomic():
+            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+            if instance.terminated_at is None:  # else the launch race in order_provision reported it
+                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_TERMINATED)
         detail = instance.provider_instance_id
     else:
         detail = ""
@@ -410,6 +422,7 @@ def order_check_running(*, order_id: int) -> Step:
             state=handle.state.value, active=False, terminated_at=timezone.now()
         )
         reservation_release(attempt_id=instance.attempt_id)
+        instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LOST, spot=spot)
         ledger_append(
             kind="order.instance_lost",
             subject=f"order:{order.public_id}",

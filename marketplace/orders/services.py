@@ -17,6 +17,7 @@ from django.utils import timezone
 from ledger.services import ledger_append
 from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
 from marketplace.orders.reservations import reservations_release_for_order
+from marketplace.webhooks.services import order_event_emit
 
 
 class OrderError(Exception):
@@ -86,6 +87,7 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
         if line is not None:
             ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
         _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
+        order_event_emit(order=order, previous=current, now=now)
     order.state, order.state_reason, order.state_changed_at = to, reason, now
     return order
 
@@ -212,6 +214,7 @@ def order_place(
                 quote=None if quote is None else str(quote.public_id),
                 duration_hours=duration,
             )
+            order_event_emit(order=order, previous=None, now=now)
             from marketplace.tasks import order_provision_task
 
             order_provision_task.delay_on_commit(order.pk)

@@ -1,0 +1,403 @@
+"""Webhook writes: endpoints, events queued with the change they report, and sending with retries.
+
+An event becomes one ``WebhookDelivery`` per subscribed endpoint, written in the caller's transaction and
+handed to a task only after it commits. ``webhook_deliver`` sends one due delivery; failures are retried on
+``RETRY_DELAYS_S`` (with jitter) until ``MAX_ATTEMPTS``, then the delivery is dead. The sweep task sends
+whatever is due, so a lost task or a crashed worker delays a delivery but never loses it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from marketplace.models import (
+    DeliveryState,
+    Instance,
+    Order,
+    Organization,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEventType,
+)
+from marketplace.webhooks.destinations import WebhookUrlRefused, destination_check
+from marketplace.webhooks.sending import SendResult, http_post
+from marketplace.webhooks.signing import HEADER as SIGNATURE_HEADER
+from marketplace.webhooks.signing import signature_header
+from providers.secrets import SecretUnreadable, decrypt_secret, encrypt_secret
+
+MAX_ATTEMPTS = 8
+# Waits after the 1st, 2nd, ... failed attempt; 8 attempts span about a day and a half.
+RETRY_DELAYS_S = (30, 120, 600, 3600, 6 * 3600, 12 * 3600, 18 * 3600)
+JITTER = 0.2  # each wait is stretched by up to this share, so a recovering receiver is not hit all at once
+# While a worker sends, the delivery is due again only after this: longer than any send takes.
+LEASE = dt.timedelta(minutes=5)
+DISABLE_AFTER_DEAD = 5
+MAX_ENDPOINTS = 20
+MAX_DESCRIPTION = 200
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a label that makes a leaked secret recognisable, not a secret
+SUBSCRIBABLE = tuple(t for t in WebhookEventType.values if t != WebhookEventType.PING)
+_random = secrets.SystemRandom()
+
+
+class WebhookError(Exception):
+    """A refusal the user should see; ``code`` is machine-readable."""
+
+    code = "webhook_error"
+
+
+class WebhookInvalid(WebhookError):
+    """A field of a new endpoint is not acceptable; ``field`` names it."""
+
+    code = "invalid"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class WebhookLimitReached(WebhookError):
+    code = "webhook_limit"
+
+
+class WebhookDisabled(WebhookError):
+    code = "webhook_disabled"
+
+
+class DeliveryPending(WebhookError):
+    code = "delivery_pending"
+
+
+@dataclass(frozen=True)
+class CreatedEndpoint:
+    endpoint: WebhookEndpoint
+    secret: str  # shown once
+
+
+# --- Endpoints -------------------------------------------------------------------------------------------------
+
+
+def webhook_endpoint_create(
+    *,
+    organization: Organization,
+    user: AbstractBaseUser,
+    url: str,
+    description: str = "",
+    events: Iterable[str] = (),
+) -> CreatedEndpoint:
+    """Register ``url`` for the organisation's ``events`` (empty: all) and make its signing secret.
+
+    Raises ``WebhookInvalid`` naming the field (a URL refused by ``destination_check``, an unknown event
+    type, a long description) and ``WebhookLimitReached`` past ``MAX_ENDPOINTS`` active endpoints.
+    """
+    url = url.strip()
+    try:
+        destination_check(url)
+    except WebhookUrlRefused as exc:
+        raise WebhookInvalid("url", str(exc)) from None
+    chosen = sorted(set(events))
+    unknown = [e for e in chosen if e not in SUBSCRIBABLE]
+    if unknown:
+        raise WebhookInvalid("events", f"unknown event types {unknown}: choose from {', '.join(SUBSCRIBABLE)}")
+    if len(description) > MAX_DESCRIPTION:
+        raise WebhookInvalid("description", f"at most {MAX_DESCRIPTION} characters")
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        # The organisation's row serialises concurrent creations, so the limit holds.
+        Organization.objects.select_for_update().get(pk=organization.pk)
+        if WebhookEndpoint.objects.filter(organization=organization, active=True).count() >= MAX_ENDPOINTS:
+            raise WebhookLimitReached(f"an organisation has at most {MAX_ENDPOINTS} active webhooks")
+        endpoint = WebhookEndpoint.objects.create(
+            organization=organization,
+            created_by=user,
+            url=url,
+            description=description.strip(),
+            events=chosen,
+            secret_encrypted=encrypt_secret({"secret": secret}),
+        )
+    return CreatedEndpoint(endpoint, secret)
+
+
+def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
+    """Delete the endpoint with its delivery log; a send in flight finds it gone and records nothing."""
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).delete()
+
+
+def webhook_secret(endpoint: WebhookEndpoint) -> str:
+    return decrypt_secret(endpoint.secret_encrypted)["secret"]
+
+
+# --- Events ----------------------------------------------------------------------------------------------------
+
+
+def webhook_event_emit(
+    *, organization_id: int, event_type: str, data: dict[str, Any], now: dt.datetime | None = None
+) -> list[WebhookDelivery]:
+    """Queue ``event_type`` with ``data`` for every active endpoint of the organisation subscribed to it.
+
+    Call it inside the transaction of the change it reports: the deliveries commit or roll back with it, and
+    their send tasks are enqueued only after the commit.
+    """
+    active = WebhookEndpoint.objects.filter(organization_id=organization_id, active=True)
+    endpoints = [e for e in active if e.subscribes(event_type)]
+    if not endpoints:
+        return []
+    return _deliveries_create(endpoints, event_type, data, now or timezone.now())
+
+
+def _deliveries_create(
+    endpoints: list[WebhookEndpoint],
+    event_type: str,
+    data: dict[str, Any],
+    now: dt.datetime,
+    *,
+    event_id: uuid.UUID | None = None,
+    redelivery_of: WebhookDelivery | None = None,
+) -> list[WebhookDelivery]:
+    from marketplace.webhooks.tasks import webhook_deliver_task
+
+    event_id = event_id or uuid.uuid4()
+    payload = json.loads(json.dumps(data, default=str))  # what the JSON column will give back
+    with transaction.atomic():
+        deliveries = [
+            WebhookDelivery.objects.create(
+                endpoint=endpoint,
+                event_id=event_id,
+                event_type=event_type,
+                payload=payload,
+                next_attempt_at=now,
+                created_at=now,
+                redelivery_of=redelivery_of,
+            )
+            for endpoint in endpoints
+        ]
+        for delivery in deliveries:
+            webhook_deliver_task.delay_on_commit(delivery.pk)
+    return deliveries
+
+
+def _instance_json(instance: Instance | None) -> dict[str, Any] | None:
+    if instance is None:
+        return None
+    return {
+        "provider_instance_id": instance.provider_instance_id,
+        "region": instance.region,
+        "zone": instance.zone,
+        "instance_type": instance.instance_type,
+        "state": instance.state,
+        "public_ip": instance.public_ip,
+        "launched_at": instance.launched_at,
+        "running_at": instance.running_at,
+        "terminated_at": instance.terminated_at,
+    }
+
+
+def order_event_emit(*, order: Order, previous: str | None, now: dt.datetime | None = None) -> None:
+    """Queue ``order.<state>`` for the order as the database now has it (read inside the caller's
+    transaction: price and instance may have changed since ``order`` was loaded)."""
+    if not WebhookEndpoint.objects.filter(organization_id=order.organization_id, active=True).exists():
+        return  # the common case costs one query
+    order = Order.objects.select_related("gpu_model").get(pk=order.pk)
+    instance = Instance.objects.filter(order_id=order.pk).order_by("-active", "-pk").first()
+    now = now or timezone.now()
+    data = {
+        "order": str(order.public_id),
+        "previous_state": previous,
+        "state": order.state,
+        "reason": order.state_reason,
+        "price_per_hour": order.price_per_hour,
+        "currency": "USD",
+        "gpu_model": order.gpu_model.key,
+        "gpu_count": order.gpu_count,
+        "pricing_model": order.pricing_model,
+        "instance": _instance_json(instance),
+        "at": now,
+    }
+    webhook_event_emit(organization_id=order.organization_id, event_type=f"order.{order.state}", data=data, now=now)
+
+
+def instance_event_emit(*, instance_id: int, event_type: str, now: dt.datetime | None = None, **extra: Any) -> None:
+    """Queue an ``instance.*`` event for the instance as it now is (read inside the caller's transaction)."""
+    if not WebhookEndpoint.objects.filter(organization__orders__instances=instance_id, active=True).exists():
+        return  # the common case costs one query
+    instance = Instance.objects.select_related("order").get(pk=instance_id)
+    now = now or timezone.now()
+    data = {
+        "order": str(instance.order.public_id),
+        "instance": _instance_json(instance),
+        **extra,
+        "at": now,
+    }
+    webhook_event_emit(organization_id=instance.order.organization_id, event_type=event_type, data=data, now=now)
+
+
+def webhook_ping(*, endpoint: WebhookEndpoint, now: dt.datetime | None = None) -> WebhookDelivery:
+    """Queue a ``ping`` to this endpoint only. Raises ``WebhookDisabled`` for a disabled endpoint."""
+    if not endpoint.active:
+        raise WebhookDisabled(f"webhook {endpoint.pk} is disabled: {endpoint.disabled_reason}")
+    now = now or timezone.now()
+    data = {"webhook": endpoint.pk, "message": "ping from the GPU broker", "at": now}
+    return _deliveries_create([endpoint], WebhookEventType.PING, data, now)[0]
+
+
+def webhook_redeliver(*, delivery: WebhookDelivery, now: dt.datetime | None = None) -> WebhookDelivery:
+    """Send the delivery's event again as a new delivery (same event id, a fresh set of attempts).
+
+    Raises ``DeliveryPending`` while the delivery is still being tried, ``WebhookDisabled`` for a disabled
+    endpoint.
+    """
+    endpoint = delivery.endpoint
+    if not endpoint.active:
+        raise WebhookDisabled(f"webhook {endpoint.pk} is disabled: {endpoint.disabled_reason}")
+    if delivery.state == DeliveryState.PENDING:
+        raise DeliveryPending(f"delivery {delivery.pk} is still being tried; next at {delivery.next_attempt_at}")
+    created = _deliveries_create(
+        [endpoint],
+        delivery.event_type,
+        delivery.payload,
+        now or timezone.now(),
+        event_id=delivery.event_id,
+        redelivery_of=delivery,
+    )
+    return created[0]
+
+
+# --- Sending ---------------------------------------------------------------------------------------------------
+
+
+def event_body(delivery: WebhookDelivery) -> bytes:
+    """The JSON POSTed for a delivery; the same bytes on every attempt."""
+    envelope = {
+        "id": str(delivery.event_id),
+        "type": delivery.event_type,
+        "created_at": delivery.created_at.isoformat(),
+        "data": delivery.payload,
+    }
+    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+
+
+def retry_delay(failed_attempts: int) -> dt.timedelta:
+    """The wait after the ``failed_attempts``-th failure: the schedule's step, stretched by up to ``JITTER``."""
+    base = RETRY_DELAYS_S[min(failed_attempts, len(RETRY_DELAYS_S)) - 1]
+    return dt.timedelta(seconds=base * _random.uniform(1.0, 1.0 + JITTER))
+
+
+def webhook_deliveries_due(*, now: dt.datetime | None = None, limit: int = 500) -> list[int]:
+    """Ids of pending deliveries due by ``now`` on active endpoints, oldest due first.
+
+    Rows a worker is claiming right now are skipped (``skip_locked``) rather than waited for; sending one
+    twice is prevented by ``webhook_deliver``'s claim, not here.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        rows = (
+            WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now, endpoint__active=True)
+            .order_by("next_attempt_at", "pk")
+            .values_list("pk", flat=True)[:limit]
+        )
+        return list(rows)
+
+
+def webhook_deliver(*, delivery_id: int, now: dt.datetime | None = None) -> str:
+    """Try one due delivery once and record the attempt; the delivery's state after it, or ``skipped``.
+
+    Safe to call twice and from several workers: the delivery is claimed (locked, and its due time pushed
+    ``LEASE`` ahead) before the POST, so only one sends it; one not due, not pending, on a disabled or
+    deleted endpoint, is skipped. The URL is checked again before sending (DNS may have changed); a refused
+    one counts as a failed attempt. ``now`` decides what is due and when to retry; the signature's
+    timestamp is always the clock's.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        delivery = (
+            WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("endpoint")
+            .filter(pk=delivery_id, state=DeliveryState.PENDING, next_attempt_at__lte=now, endpoint__active=True)
+            .first()
+        )
+        if delivery is None:
+            return "skipped"
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now + LEASE)
+    result = _send(delivery)
+    return _record(delivery, result, now)
+
+
+def _send(delivery: WebhookDelivery) -> SendResult:
+    endpoint = delivery.endpoint
+    try:
+        destination = destination_check(endpoint.url)
+        secret = webhook_secret(endpoint)
+    except WebhookUrlRefused as exc:
+        return SendResult(status_code=None, error=f"not sent: {exc}"[:500])
+    except (SecretUnreadable, KeyError):
+        return SendResult(status_code=None, error="not sent: the signing secret cannot be decrypted")
+    body = event_body(delivery)
+    headers = {
+        "Broker-Event": delivery.event_type,
+        "Broker-Delivery": str(delivery.event_id),
+        SIGNATURE_HEADER: signature_header(secret, body),
+    }
+    return http_post(destination, body, headers)
+
+
+def _record(delivery: WebhookDelivery, result: SendResult, now: dt.datetime) -> str:
+    number = delivery.attempts + 1
+    fields: dict[str, Any]
+    if result.ok:
+        fields = {"state": DeliveryState.DELIVERED, "delivered_at": now}
+    elif number >= MAX_ATTEMPTS:
+        fields = {"state": DeliveryState.DEAD}
+    else:
+        fields = {"state": DeliveryState.PENDING, "next_attempt_at": now + retry_delay(number)}
+    with transaction.atomic():
+        # Only the claimant records: a worker that outlived its lease finds the attempt count moved on.
+        claimed = WebhookDelivery.objects.filter(
+            pk=delivery.pk, state=DeliveryState.PENDING, attempts=delivery.attempts
+        ).update(attempts=number, **fields)
+        if claimed != 1:
+            return "superseded"
+        WebhookAttempt.objects.create(
+            delivery_id=delivery.pk,
+            number=number,
+            status_code=result.status_code,
+            error=result.error[:500],
+            response_excerpt=result.excerpt[:500],
+            duration_ms=result.duration_ms,
+            at=now,
+        )
+        if result.ok:
+            WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, consecutive_failures__gt=0).update(
+                consecutive_failures=0
+            )
+        elif fields["state"] == DeliveryState.DEAD:
+            _endpoint_count_dead(delivery.endpoint_id, result, now)
+    return str(fields["state"])
+
+
+def _endpoint_count_dead(endpoint_id: int, result: SendResult, now: dt.datetime) -> None:
+    WebhookEndpoint.objects.filter(pk=endpoint_id).update(consecutive_failures=F("consecutive_failures") + 1)
+    last = f"HTTP {result.status_code}" if result.status_code is not None else result.error
+    disabled = WebhookEndpoint.objects.filter(
+        pk=endpoint_id, active=True, consecutive_failures__gte=DISABLE_AFTER_DEAD
+    ).update(
+        active=False,
+        disabled_at=now,
+        disabled_reason=f"disabled after {DISABLE_AFTER_DEAD} dead deliveries in a row (last: {last})"[:255],
+    )
+    if disabled:
+        # Nothing more goes to a disabled endpoint: what was still queued is given up with it.
+        WebhookDelivery.objects.filter(endpoint_id=endpoint_id, state=DeliveryState.PENDING).update(
+            state=DeliveryState.DEAD
+        )

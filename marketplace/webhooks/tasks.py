@@ -1,0 +1,24 @@
+"""Thin Celery tasks for webhooks (listed in ``CELERY_IMPORTS``: autodiscovery reads only ``marketplace.tasks``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from marketplace.webhooks.services import webhook_deliver, webhook_deliveries_due
+
+TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+@shared_task(name="marketplace.webhook_deliver", **TASK_OPTIONS)
+def webhook_deliver_task(delivery_id: int) -> str:
+    """Try one delivery once if it is due; safe to run twice (the service claims the row first)."""
+    return webhook_deliver(delivery_id=delivery_id)
+
+
+@shared_task(name="marketplace.webhooks_sweep", **TASK_OPTIONS)
+def webhooks_sweep_task() -> int:
+    """Enqueue one delivery task per due delivery (retries, and any whose task was lost); how many."""
+    ids = webhook_deliveries_due()
+    for delivery_id in ids:
+        webhook_deliver_task.delay(delivery_id)
+    return len(ids)
