@@ -14,6 +14,7 @@ from marketplace.webhooks.destinations import Destination
 TIMEOUT_S = 5.0
 EXCERPT_BYTES = 500
 USER_AGENT = "GPU-Broker-Webhooks/1"
+CA_BUNDLE: str | bool = True  # requests' own CA bundle; tests point it at their own certificate authority
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def http_post(destination: Destination, body: bytes, headers: dict[str, str]) ->
             timeout=TIMEOUT_S,
             allow_redirects=False,
             stream=True,
+            verify=CA_BUNDLE,
         ) as response:
             try:
                 excerpt = response.raw.read(EXCERPT_BYTES, decode_content=True) or b""

@@ -508,3 +508,58 @@ def test_an_unknown_event_type_is_refused(acme, alice, receiver):
 
     assert refused.value.field == "events"
     assert not WebhookEndpoint(events=[]).subscribes(WebhookEventType.PING)
+
+
+def _certificate(tmp_path, name: str) -> tuple[str, str]:
+    """A self-signed certificate for ``name`` and its key, as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(cert_path), str(key_path)
+
+
+@pytest.mark.parametrize(("certificate_for", "delivered"), [("localhost", True), ("other.example", False)])
+def test_https_connects_to_the_checked_address_and_verifies_the_certificate_for_the_url_host(
+    acme, alice, receiver, tmp_path, monkeypatch, certificate_for, delivered
+):
+    import ssl
+
+    cert, key = _certificate(tmp_path, certificate_for)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    receiver.server.socket = context.wrap_socket(receiver.server.socket, server_side=True)
+    monkeypatch.setattr(sending, "CA_BUNDLE", cert)
+    delivery = _ping(_endpoint(acme, alice, f"https://localhost:{receiver.port}/hooks").endpoint)
+
+    state = webhook_deliver(delivery_id=delivery.pk)
+
+    (attempt,) = WebhookAttempt.objects.filter(delivery=delivery)
+    if delivered:
+        assert (state, attempt.status_code) == (DeliveryState.DELIVERED, 200)
+        assert receiver.requests[0]["headers"]["Host"] == f"localhost:{receiver.port}"
+    else:
+        assert (state, attempt.status_code) == (DeliveryState.PENDING, None)
+        assert attempt.error.startswith("TLS error") and "localhost" in attempt.error
+        assert receiver.requests == []
