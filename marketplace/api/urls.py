@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import views
+from marketplace.api import views, webhooks
 
 app_name = "api"
 
@@ -17,6 +17,15 @@ urlpatterns = [
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.OrderReceiptApi.as_view(), name="order-receipt"),
+    path("webhooks", webhooks.WebhookListCreateApi.as_view(), name="webhooks"),
+    path("webhooks/<str:webhook_id>", webhooks.WebhookDetailApi.as_view(), name="webhook"),
+    path("webhooks/<str:webhook_id>/deliveries", webhooks.WebhookDeliveryListApi.as_view(), name="webhook-deliveries"),
+    path(
+        "webhooks/<str:webhook_id>/deliveries/<str:delivery_id>/redeliver",
+        webhooks.WebhookRedeliverApi.as_view(),
+        name="webhook-redeliver",
+    ),
+    path("webhooks/<str:webhook_id>/ping", webhooks.WebhookPingApi.as_view(), name="webhook-ping"),
     path("ledger/key", views.LedgerKeyApi.as_view(), name="ledger-key"),
     path("ledger/checkpoints", views.CheckpointListApi.as_view(), name="ledger-checkpoints"),
     path("ledger/checkpoints/latest", views.CheckpointLatestApi.as_view(), name="ledger-checkpoint-latest"),

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import views
+from marketplace.web import views, webhooks
 
 app_name = "storefront"
 
@@ -16,6 +16,15 @@ urlpatterns = [
     path("orders/<str:order_id>/", views.order_detail, name="order-detail"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
+    path("webhooks/", webhooks.webhooks, name="webhooks"),
+    path("webhooks/<int:webhook_id>/", webhooks.webhook_detail, name="webhook-detail"),
+    path("webhooks/<int:webhook_id>/delete", webhooks.webhook_delete, name="webhook-delete"),
+    path("webhooks/<int:webhook_id>/ping", webhooks.webhook_ping_view, name="webhook-ping"),
+    path(
+        "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver",
+        webhooks.delivery_redeliver,
+        name="webhook-redeliver",
+    ),
     path("orders/place", views.order_place_view, name="order-place"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
