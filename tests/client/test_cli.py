@@ -59,6 +59,8 @@ def test_search_quote_order_watch_terminate_and_verify_from_the_shell(broker_cli
     assert watched.returncode == 0, watched.stderr
     states = [json.loads(line)["state"] for line in watched.stdout.splitlines()]
     assert states[-1] == OrderState.RUNNING
+    shown = broker_cli("show", placed["id"])
+    assert shown.returncode == 0 and f"order     {placed['id']}\nstate     running\n" in shown.stdout
 
     stopped = _json(broker_cli("terminate", placed["id"], "--json"))
     assert stopped["state"] in (OrderState.TERMINATING, OrderState.TERMINATED)
