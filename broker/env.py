@@ -31,7 +31,7 @@ RATE_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "
 def rate_parse(rate: str) -> tuple[int, int]:
     """``"600/min"`` -> (600, 60): requests per period of seconds. Raises ValueError."""
     count, _, period = rate.partition("/")
-    if not count.isdigit() or period not in RATE_PERIODS:
+    if not (count.isascii() and count.isdigit()) or period not in RATE_PERIODS:
         raise ValueError(f"{rate!r} is not a rate like 600/min")
     return int(count), RATE_PERIODS[period]
 

@@ -131,6 +131,7 @@ def test_a_signature_verifies_and_a_tampered_body_or_a_wrong_secret_does_not():
     assert not signature_verify("whsec_right", header, body.replace(b"running", b"failed"))
     assert not signature_verify("whsec_wrong", header, body)
     assert not signature_verify("whsec_right", "t=abc,v1=00", body)
+    assert not signature_verify("whsec_right", "t=²,v1=00", body)
     assert not signature_verify("whsec_right", "", body)
 
 
