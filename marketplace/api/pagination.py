@@ -85,7 +85,7 @@ def limit_from(request: Request, default: int = DEFAULT_LIMIT) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise ValidationError({"limit": [f"a whole number from 1 to {MAX_LIMIT}"]})
     return int(raw)
 
@@ -117,13 +117,21 @@ def _after(keys: Sequence[Key], values: list[Any]) -> Q:
     return condition
 
 
-def paginate(request: Request, queryset: QuerySet[M], *, keys: Sequence[Key], tag: str) -> Page:
-    """One page of ``queryset``, which must already be ordered by ``keys`` (the last of them unique)."""
+def paginate(
+    request: Request,
+    queryset: QuerySet[M],
+    *,
+    keys: Sequence[Key],
+    tag: str,
+    fetch: Callable[[QuerySet[M], int], list[M]] | None = None,
+) -> Page:
+    """One page of ``queryset``, which must already be ordered by ``keys`` (the last of them unique).
+    ``fetch(queryset, n)`` reads its first n rows, if slicing is not the best way."""
     limit = limit_from(request)
     raw = request.query_params.get("cursor")
     if raw:
         queryset = queryset.filter(_after(keys, _decode(raw, keys, tag)))
-    rows = list(queryset[: limit + 1])
+    rows = fetch(queryset, limit + 1) if fetch else list(queryset[: limit + 1])
     if len(rows) <= limit:
         return Page(rows, None)
     rows = rows[:limit]

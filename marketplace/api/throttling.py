@@ -38,12 +38,10 @@ class TokenRateThrottle(BaseThrottle):
         now = time.time()
         window = int(now // period)
         key = f"throttle:{scope}:{self._who(request)}:{window}"
-        cache.add(key, 0, timeout=period + 1)
         try:
-            count = cache.incr(key)
-        except ValueError:  # the window's key expired between add and incr
-            cache.set(key, 1, timeout=period + 1)
-            count = 1
+            count = cache.incr(key)  # one round trip on every request but a window's first
+        except ValueError:  # no counter yet for this window
+            count = 1 if cache.add(key, 1, timeout=period + 1) else cache.incr(key)
         self.retry_after = (window + 1) * period - now
         return count <= limit
 

@@ -30,7 +30,7 @@ from marketplace.api.serializers import (
     QuoteOutput,
     demand_from,
 )
-from marketplace.catalog.query import QueryError, offers_query
+from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.matching import Ranking
 from marketplace.models import Membership, Order, Organization, Role
@@ -96,12 +96,21 @@ class OfferListApi(APIView):
                 max_price_per_hour=data.get("max_price"),
             ),
         )
+        offers = offers.only(*OFFER_COLUMNS)
         keys = [pagination.Key("sort_key", parse=OFFER_SORT_PARSE[sort]), pagination.Key("id")]
         tag = pagination.listing_tag("offers", search, sort, sorted(data.items()))
-        page = pagination.paginate(request, offers, keys=keys, tag=tag)
+        partitions = gpu_partitions(search, sort)
+        page = pagination.paginate(
+            request, offers, keys=keys, tag=tag, fetch=lambda qs, n: rows_in_order(qs, partitions, n)
+        )
         return Response(page.body(request, OfferOutput(page.rows, many=True).data))
 
 
+# What OfferOutput writes, and no more: the account row carries credentials and the offer its raw extras.
+OFFER_COLUMNS = [
+    *(f for f in OfferOutput.Meta.fields if f not in ("provider", "gpu_model", "price_per_gpu_hour_usd")),
+    "account__kind", "gpu_model__key", "price_per_gpu_usd", "usd_per_tflop_hour",
+]  # fmt: skip
 OFFER_SORT_PARSE = {"price": pagination.decimal_key, "gpuprice": pagination.float_key, "tflops": pagination.float_key}
 
 
@@ -360,7 +369,7 @@ def _count(request: Request, name: str, default: int, *, minimum: int, maximum: 
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not minimum <= int(raw) <= maximum:
+    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
         raise ValidationError({name: [f"a whole number from {minimum} to {maximum}"]})
     return int(raw)
 

@@ -19,6 +19,8 @@ A mistake raises ``QueryError`` whose message names the term and its column and 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
+import itertools
 import re
 import time
 from collections.abc import Callable
@@ -26,15 +28,17 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet, Value, When
-from django.db.models.functions import Cast, Coalesce, NullIf
+from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
-from marketplace.models import Offer
+from marketplace.models import GpuModel, Offer
 
 _TERM = re.compile(r"\S+")
 _SPLIT = re.compile(r"^(?P<field>[A-Za-z_]+)(?P<op>!=|>=|<=|=|<|>)(?P<value>.*)$")
-_NUMERIC = {"count": "gpu_count", "mem": "gpu_memory_gb", "price": "price_usd", "gpuprice": None, "reliability": None}
+_NUMERIC = {
+    "count": "gpu_count", "mem": "gpu_memory_gb", "price": "price_usd", "gpuprice": "price_per_gpu_usd",
+    "reliability": None,
+}  # fmt: skip
 _TEXT = ("gpu", "region", "pricing", "provider")
 FIELDS = (*_TEXT, *_NUMERIC)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
@@ -117,9 +121,7 @@ def apply(
         condition: Q
         if term.field == "gpu":
             assert isinstance(term.value, tuple)
-            condition = Q()
-            for name in term.value:
-                condition |= Q(gpu_model__key__iexact=name) | Q(gpu_model__key__istartswith=f"{name}-")
+            condition = Q(gpu_model_id__in=_gpu_model_ids(term.value))
         elif term.field == "pricing":
             condition = Q(pricing_model=term.value)
         elif term.field == "provider":
@@ -145,8 +147,6 @@ def _number(term: Term) -> Decimal | float:
 def _numeric_column(
     queryset: QuerySet[Offer], field: str, reliability: Callable[[], Any] | None
 ) -> tuple[QuerySet[Offer], str]:
-    if field == "gpuprice":
-        return queryset.alias(q_gpuprice=PRICE_PER_GPU), "q_gpuprice"
     if field == "reliability":
         assert reliability is not None, "a reliability term needs the reliability expression"
         return queryset.alias(q_reliability=reliability()), "q_reliability"
@@ -167,24 +167,32 @@ def _offer_regions() -> tuple[tuple[str, str], ...]:
 
 
 def _region_condition(region: str) -> Q:
-    """A region name, or a jurisdiction code matched against the regions offers are in."""
+    """A region name, or a jurisdiction code matched against the regions offers are in. A region name that
+    two clouds place in different jurisdictions is matched with its cloud; the rest by name alone, which
+    the planner can estimate from the region's statistics."""
     code = region.upper()
-    condition = Q(region__iexact=region)
-    if code in JURISDICTIONS:
-        for kind, name in _offer_regions():
-            if jurisdiction_of(kind, name) == code:
-                condition |= Q(account__kind=kind, region=name)
+    if code not in JURISDICTIONS:
+        return Q(region__iexact=region)
+    inside, outside = set(), set()
+    for kind, name in _offer_regions():
+        (inside if jurisdiction_of(kind, name) == code else outside).add(name)
+    condition = Q(region__in=sorted(inside - outside))
+    for kind, name in _offer_regions():
+        if name in inside & outside and jurisdiction_of(kind, name) == code:
+            condition |= Q(account__kind=kind, region=name)
     return condition
 
 
-PRICE_PER_GPU = ExpressionWrapper(Cast("price_usd", FloatField()) / F("gpu_count"), output_field=FloatField())
-# Per dense FP16 TFLOP-hour; a model without a figure counts as 1 TFLOP, which sorts it last, not first.
-PRICE_PER_TFLOP = ExpressionWrapper(
-    Cast("price_usd", FloatField())
-    / (F("gpu_count") * Coalesce(NullIf(Cast("gpu_model__fp16_dense_tflops", FloatField()), 0.0), 1.0)),
-    output_field=FloatField(),
-)
-SORTS: dict[str, Any] = {"price": F("price_usd"), "gpuprice": PRICE_PER_GPU, "tflops": PRICE_PER_TFLOP}
+def _gpu_model_ids(names: tuple[str, ...]) -> list[int]:
+    """The GPU models a ``gpu`` term names: each name exactly or as a family (``H100`` is ``H100-*``). Resolved
+    before the offer query so the planner sees the ids and can use their statistics and index."""
+    condition = Q(pk__in=[])
+    for name in names:
+        condition |= Q(key__iexact=name) | Q(key__istartswith=f"{name}-")
+    return list(GpuModel.objects.filter(condition).values_list("pk", flat=True))
+
+
+SORTS = {"price": "price_usd", "gpuprice": "price_per_gpu_usd", "tflops": "usd_per_tflop_hour"}
 
 
 def reliability_expression(*, now: dt.datetime) -> Any:
@@ -207,12 +215,47 @@ def offers_query(text: str, *, now: dt.datetime, sort: str = "price") -> QuerySe
         raise QueryError(f"sort by one of {', '.join(SORTS)}", term=sort, column=1)
     terms = parse(text)
     queryset = apply(offer_list(now=now), terms, reliability=lambda: reliability_expression(now=now))
-    return queryset.annotate(sort_key=SORTS[sort]).order_by("sort_key", "id")
+    return queryset.annotate(sort_key=F(SORTS[sort])).order_by(SORTS[sort], "id")
 
 
 def offers_search(text: str, *, now: dt.datetime, sort: str = "price", limit: int = 500) -> list[Offer]:
     """The first ``limit`` offers of ``offers_query``."""
-    return list(offers_query(text, now=now, sort=sort)[:limit])
+    return rows_in_order(offers_query(text, now=now, sort=sort), gpu_partitions(text, sort), limit)
 
 
-__all__ = ["FIELDS", "SORTS", "QueryError", "Term", "apply", "offers_query", "offers_search", "parse"]
+# Beyond this many models a gpu term is broad, and one walk of the sort order's index is the cheaper plan.
+_MAX_PARTITIONS = 8
+
+
+def gpu_partitions(text: str, sort: str = "price") -> list[Q]:
+    """One condition per GPU model a search's ``gpu=`` term names (none for other searches; a parse error is
+    ``offers_query``'s to raise). Prices follow the model, which the planner cannot know: asked for the cheapest
+    H100s it walks the price index through every cheaper GPU. One query per model walks that model's offers
+    instead, and ``rows_in_order`` merges them. Only the price order has an index per model to walk."""
+    if sort != "price":
+        return []
+    try:
+        terms = parse(text)
+    except QueryError:
+        return []
+    models = [t for t in terms if t.field == "gpu" and t.op == "="]
+    if len(models) != 1:
+        return []
+    assert isinstance(models[0].value, tuple)
+    ids = _gpu_model_ids(models[0].value)
+    return [Q(gpu_model_id=pk) for pk in ids] if 1 < len(ids) <= _MAX_PARTITIONS else []
+
+
+def rows_in_order(queryset: QuerySet[Offer], partitions: list[Q], limit: int) -> list[Offer]:
+    """The first ``limit`` rows of ``queryset`` (annotated with ``sort_key`` and ordered by it, then id), read
+    one disjoint partition at a time when ``partitions`` are given and merged."""
+    if not partitions:
+        return list(queryset[:limit])
+    branches = [list(queryset.filter(condition)[:limit]) for condition in partitions]
+    return list(itertools.islice(heapq.merge(*branches, key=lambda o: (o.sort_key, o.pk)), limit))
+
+
+__all__ = [
+    "FIELDS", "SORTS", "QueryError", "Term", "apply", "gpu_partitions", "offers_query", "offers_search", "parse",
+    "rows_in_order",
+]  # fmt: skip

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, Q, QuerySet
+from django.db.models import Count, F, Max, Q, QuerySet
 
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
@@ -30,8 +30,10 @@ class OfferFilters:
 
 def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None = None) -> QuerySet[Offer]:
     """Offers a buyer can order now, cheapest per hour first."""
-    qs = Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True).select_related(
-        "gpu_model", "account"
+    qs = (
+        Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True)
+        .exclude(capacity__isnull=False, reserved__gte=F("capacity"))  # every unit is held by an order
+        .select_related("gpu_model", "account")
     )
     if now is not None:
         qs = qs.filter(last_seen_at__gte=now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S))

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
+from marketplace.models.catalog import unit_prices
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, SyncStatus
 from providers.services import adapter_for_account
@@ -41,6 +42,7 @@ class _SpecRow(NamedTuple):
     key: str
     pk: int
     memory_gb: int
+    fp16_dense_tflops: float
 
 
 def _memory_problem(quote: OfferQuote, spec: _SpecRow) -> str:
@@ -92,14 +94,15 @@ def _reference_tables() -> tuple[dict[str, _SpecRow], dict[str, Decimal]]:
     fx = FxRate._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT key, id, memory_gb, NULL FROM {gpu} UNION ALL SELECT currency, NULL, NULL, usd_per_unit FROM {fx}"  # noqa: S608 - table names are ours
+            f"SELECT key, id, memory_gb, fp16_dense_tflops, NULL FROM {gpu} "  # noqa: S608 - table names are ours
+            f"UNION ALL SELECT currency, NULL, NULL, NULL, usd_per_unit FROM {fx}"
         )
         rows = cursor.fetchall()
     specs: dict[str, _SpecRow] = {}
     rates: dict[str, Decimal] = {"USD": Decimal(1)}
-    for key, pk, memory_gb, rate in rows:
+    for key, pk, memory_gb, tflops, rate in rows:
         if pk is not None:
-            specs[key] = _SpecRow(key, pk, memory_gb)
+            specs[key] = _SpecRow(key, pk, memory_gb, float(tflops))
         else:
             # SQLite hands back the stored decimal as a float: round it to the column's scale, as the ORM does.
             rates[key] = Decimal(str(rate)).quantize(_FX_PLACES) if isinstance(rate, float) else rate
@@ -137,13 +140,15 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             }
             continue
         rate = fx[quote.currency]
+        price_usd = (quote.price * rate).quantize(_MONEY)
+        spec = specs[quote.gpu_model]
         # Plain dicts, not model instances: building 10,000 Model objects costs more than writing them.
         valid[key] = {
             "region": quote.region,
             "zone": quote.zone,
             "instance_type": quote.instance_type,
             "pricing_model": quote.pricing_model.value,
-            "gpu_model_id": specs[quote.gpu_model].pk,
+            "gpu_model_id": spec.pk,
             "gpu_count": quote.gpu_count,
             "gpu_memory_gb": quote.gpu_memory_gb,
             "vcpus": quote.vcpus,
@@ -151,7 +156,8 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             "price": quote.price,
             "currency": quote.currency,
             "fx_rate": rate,
-            "price_usd": (quote.price * rate).quantize(_MONEY),
+            "price_usd": price_usd,
+            **unit_prices(price_usd, quote.gpu_count, spec.fp16_dense_tflops),
             "capacity": quote.capacity,
             "interconnect": quote.interconnect,
             "extra": quote.extra,
@@ -187,6 +193,8 @@ _ROW_COLUMNS = {
     "currency": "text",
     "fx_rate": "numeric",
     "price_usd": "numeric",
+    "price_per_gpu_usd": "double precision",
+    "usd_per_tflop_hour": "double precision",
     "capacity": "integer",
     "interconnect": "text",
     "extra": "jsonb",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.db import models
 
@@ -10,6 +11,14 @@ from providers.models import ProviderAccount
 from providers.types import PricingModel
 
 PRICING_CHOICES = [(p.value, p.value.replace("_", "-")) for p in PricingModel]
+FOR_SALE = models.Q(status="available")
+
+
+def unit_prices(price_usd: Decimal, gpu_count: int, fp16_dense_tflops: float) -> dict[str, float]:
+    """An offer's sort keys: USD per GPU-hour and per dense-FP16 TFLOP-hour (a model without a figure counts
+    as 1 TFLOP per GPU, which sorts it last rather than first)."""
+    per_gpu = float(price_usd) / gpu_count
+    return {"price_per_gpu_usd": per_gpu, "usd_per_tflop_hour": per_gpu / (fp16_dense_tflops or 1.0)}
 
 
 class GpuModel(models.Model):
@@ -75,6 +84,10 @@ class Offer(models.Model):
     currency = models.CharField(max_length=3)
     fx_rate = models.DecimalField(max_digits=14, decimal_places=8, default=Decimal(1))
     price_usd = models.DecimalField(max_digits=14, decimal_places=6)
+    # Derived from price_usd, gpu_count and the model's spec (``unit_prices``), stored so that searches sorted
+    # by them walk an index instead of computing and sorting every matching row.
+    price_per_gpu_usd = models.FloatField()
+    usd_per_tflop_hour = models.FloatField()
     capacity = models.PositiveIntegerField(null=True, blank=True)
     reserved = models.PositiveIntegerField(default=0, db_default=0)  # raw-SQL sync inserts leave it out
     interconnect = models.CharField(max_length=32, blank=True, default="")
@@ -99,10 +112,20 @@ class Offer(models.Model):
         indexes = [
             models.Index(fields=["status", "gpu_model", "price_usd"], name="offer_search"),
             models.Index(fields=["status", "region"], name="offer_region"),
+            # Searches list offers for sale a page at a time in one of these orders (marketplace/catalog/query.py).
+            models.Index(fields=["price_usd", "id"], condition=FOR_SALE, name="offer_sale_price"),
+            models.Index(fields=["price_per_gpu_usd", "id"], condition=FOR_SALE, name="offer_sale_gpuprice"),
+            models.Index(fields=["usd_per_tflop_hour", "id"], condition=FOR_SALE, name="offer_sale_tflops"),
         ]
 
     def __str__(self) -> str:
         return f"{self.instance_type} {self.pricing_model} {self.zone}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Ingestion computes these in bulk; a row saved one at a time (admin, tests) computes its own.
+        prices = unit_prices(self.price_usd, self.gpu_count, float(self.gpu_model.fp16_dense_tflops))
+        self.price_per_gpu_usd, self.usd_per_tflop_hour = prices["price_per_gpu_usd"], prices["usd_per_tflop_hour"]
+        super().save(*args, **kwargs)
 
     @property
     def price_per_gpu_hour_usd(self) -> Decimal:

@@ -88,7 +88,7 @@ def test_a_cursor_belongs_to_its_listing(api, aws_account):
     assert other_sort.status_code == other_search.status_code == 400
 
 
-@pytest.mark.parametrize("limit", ["0", "501", "ten", "-1"])
+@pytest.mark.parametrize("limit", ["0", "501", "ten", "-1", "²", "１０"])
 def test_a_limit_out_of_range_is_refused(api, aws_account, limit):
     response = api.get("/api/v1/offers", {"limit": limit})
     assert response.status_code == 400 and "limit" in response.json()["error"]["fields"]
@@ -106,3 +106,27 @@ def test_orders_page_newest_first_and_stay_in_their_organisation(api, acme, alic
     stranger = APIClient()
     stranger.force_authenticate(charlie)
     assert stranger.get("/api/v1/orders").json()["results"] == []
+
+
+@pytest.mark.parametrize("sort", ["price", "gpuprice", "tflops"])
+def test_a_search_for_several_models_merges_one_walk_per_model_in_order(api, aws_account, tencent_account, sort):
+    from django.utils import timezone
+
+    from marketplace.catalog.query import SORTS, gpu_partitions, offers_query, rows_in_order
+
+    search = "gpu=T4,A10G,A100"
+    assert len(gpu_partitions(search, "price")) > 2
+    queryset = offers_query(search, now=timezone.now(), sort=sort)
+    everything = list(queryset)
+    assert rows_in_order(queryset, gpu_partitions(search, "price"), 10_000) == everything
+    expected = [o.pk for o in sorted(everything, key=lambda o: (getattr(o, SORTS[sort]), o.pk))]
+    ids, _ = _walk(api, "/api/v1/offers", {"q": search, "sort": sort}, limit=4)
+    assert ids == expected and len(ids) > 8
+
+
+@pytest.mark.parametrize("value", ["²", "１０", "-1"])
+def test_the_ledger_lists_refuse_digits_int_cannot_read(value):
+    public = APIClient()
+    for path, name in [("/api/v1/ledger/checkpoints", "limit"), ("/api/v1/ledger/leaves", "start")]:
+        response = public.get(path, {name: value})
+        assert response.status_code == 400 and name in response.json()["error"]["fields"]

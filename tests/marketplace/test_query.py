@@ -78,3 +78,30 @@ def test_the_api_and_the_storefront_speak_the_same_language(alice, client, aws_a
     assert "unknown field" in page and "column 8" in page and "cuont&gt;=8" in page
     page = client.get("/", {"q": "gpu=T4 pricing=spot"})
     assert page.status_code == 200 and all(o.pricing_model == "spot" for o in page.context["offers"])
+
+
+@pytest.mark.django_db
+def test_a_listing_whose_every_unit_is_held_is_not_for_sale_until_one_is_released(alice):
+    import datetime as dt
+
+    from marketplace.catalog.services import offers_ingest
+    from marketplace.models import Offer
+    from providers.types import PricingModel
+    from tests.factories import ProviderAccountFactory, listed_quotes
+
+    rows = [("box-8x", "A100-80GB-SXM4", 8, 80, "9.5", "us-east-1", PricingModel.ON_DEMAND, 2)]
+    offers_ingest(account=ProviderAccountFactory(), quotes=listed_quotes(rows), now=timezone.now() - dt.timedelta(1))
+    listing = Offer.objects.get()
+    Offer.objects.update(last_seen_at=timezone.now())
+    api = APIClient()
+    api.force_authenticate(alice)
+
+    def listed() -> bool:
+        ids = [row["id"] for row in api.get("/api/v1/offers", {"q": "count>=8"}).json()["results"]]
+        return listing.pk in ids and listing in offers_search("count>=8", now=timezone.now())
+
+    assert listed()
+    Offer.objects.update(reserved=2)
+    assert not listed() and not api.get("/api/v1/offers").json()["results"]
+    Offer.objects.update(reserved=1)
+    assert listed()
