@@ -56,8 +56,16 @@ def request_fingerprint(request: Request, **kwargs: Any) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def idempotent(operation: str) -> Callable[[View], View]:
-    """Decorates an APIView's ``post`` so that ``Idempotency-Key`` makes it safe to retry (module docstring)."""
+def idempotent(
+    operation: str,
+    *,
+    withhold: tuple[str, ...] = (),
+    restore: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Callable[[View], View]:
+    """Decorates an APIView's ``post`` so that ``Idempotency-Key`` makes it safe to retry (module docstring).
+
+    ``withhold`` names answer fields never stored (a secret shown once must not sit in plain text in this
+    table); ``restore(body)`` puts them back into a replayed answer, which is then marked ``no-store``."""
 
     def decorate(method: View) -> View:
         @functools.wraps(method)
@@ -70,13 +78,17 @@ def idempotent(operation: str) -> Callable[[View], View]:
             with transaction.atomic():
                 replay = _claim(organization, operation, key, fingerprint)
                 if replay is not None:
+                    if restore is not None:
+                        replay.data = restore(replay.data)
+                        replay["Cache-Control"] = "no-store"
                     return replay
                 response = method(view, request, *args, **kwargs)
                 if response.status_code >= 300:
                     transaction.set_rollback(True)
                     return response
+                answer = json.loads(JSONRenderer().render(response.data))
                 IdempotentResponse.objects.filter(organization=organization, operation=operation, key=key).update(
-                    status_code=response.status_code, body=json.loads(JSONRenderer().render(response.data))
+                    status_code=response.status_code, body={k: v for k, v in answer.items() if k not in withhold}
                 )
             return response
 

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace.api import pagination
+from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
 from marketplace.models import Organization, WebhookDelivery, WebhookEndpoint
 from marketplace.orders.selectors import buyer_organization
@@ -27,6 +27,7 @@ from marketplace.webhooks.services import (
     webhook_endpoint_delete,
     webhook_ping,
     webhook_redeliver,
+    webhook_secret,
 )
 
 SCOPES = ("webhooks:manage",)
@@ -146,6 +147,12 @@ def _delivery_json(delivery: WebhookDelivery) -> dict[str, Any]:
     return dict(WebhookDeliveryOutput(fresh).data)
 
 
+def _with_secret(body: dict[str, Any]) -> dict[str, Any]:
+    """A replayed creation's answer with the secret it showed, read back from its encrypted store."""
+    endpoint = WebhookEndpoint.objects.filter(pk=body.get("id")).first()
+    return {**body, "secret": None if endpoint is None else webhook_secret(endpoint)}
+
+
 class WebhookListCreateApi(APIView):
     """GET lists the organisation's webhooks; POST registers one and answers its signing secret, once."""
 
@@ -162,8 +169,10 @@ class WebhookListCreateApi(APIView):
     @extend_schema(
         operation_id="webhooks_create",
         request=WebhookCreateInput,
+        parameters=[idempotency.PARAMETER],
         responses={201: WebhookCreatedOutput, 400: ERROR, 409: ERROR},
     )
+    @idempotency.idempotent("webhooks.create", withhold=("secret",), restore=_with_secret)
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = WebhookCreateInput(data=request.data)
@@ -228,8 +237,10 @@ class WebhookRedeliverApi(APIView):
     @extend_schema(
         operation_id="webhooks_deliveries_redeliver",
         request=None,
+        parameters=[idempotency.PARAMETER],
         responses={202: WebhookDeliveryOutput, 404: ERROR, 409: ERROR},
     )
+    @idempotency.idempotent("webhooks.redeliver")
     def post(self, request: Request, webhook_id: str, delivery_id: str) -> Response:
         delivery = _delivery_or_404(request, webhook_id, delivery_id)
         try:
@@ -245,8 +256,12 @@ class WebhookPingApi(APIView):
     required_scopes = {"POST": SCOPES}
 
     @extend_schema(
-        operation_id="webhooks_ping", request=None, responses={202: WebhookDeliveryOutput, 404: ERROR, 409: ERROR}
+        operation_id="webhooks_ping",
+        request=None,
+        parameters=[idempotency.PARAMETER],
+        responses={202: WebhookDeliveryOutput, 404: ERROR, 409: ERROR},
     )
+    @idempotency.idempotent("webhooks.ping")
     def post(self, request: Request, webhook_id: str) -> Response:
         try:
             created = webhook_ping(endpoint=_webhook_or_404(request, webhook_id))

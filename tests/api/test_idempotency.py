@@ -138,3 +138,30 @@ def test_racing_retries_with_one_key_create_one_quote_batch(alice, book):
     assert len({a.json()["batch"] for a in answers}) == 1
     assert sum(1 for a in answers if "Idempotent-Replayed" not in a) == 1
     assert Quote.objects.values("batch").distinct().count() == 1
+
+
+@pytest.mark.django_db
+def test_a_retried_webhook_registration_makes_one_webhook_and_keeps_its_secret_out_of_the_store(alice):
+    from marketplace.models import WebhookEndpoint
+
+    api = _client(alice)
+    body = {"url": "http://127.0.0.1:9/hook", "description": "ci"}
+    first = _post(api, "/api/v1/webhooks", body, key="wh-1")
+    again = _post(api, "/api/v1/webhooks", body, key="wh-1")
+    assert first.status_code == again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert WebhookEndpoint.objects.count() == 1
+    secret = first.json()["secret"]
+    assert secret and again.json() == first.json() and again["Cache-Control"] == "no-store"
+    stored = IdempotentResponse.objects.get(operation="webhooks.create")
+    assert secret not in json.dumps(stored.body)
+
+
+@pytest.mark.django_db
+def test_a_retried_ping_queues_one_delivery(alice):
+    from marketplace.models import WebhookDelivery
+
+    api = _client(alice)
+    hook = _post(api, "/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}).json()
+    pings = [_post(api, f"/api/v1/webhooks/{hook['id']}/ping", {}, key="p-1") for _ in range(2)]
+    assert [p.status_code for p in pings] == [202, 202] and pings[1]["Idempotent-Replayed"] == "true"
+    assert WebhookDelivery.objects.filter(event_type="ping").count() == 1
