@@ -1,0 +1,227 @@
+"""Every route, checked for cross-tenant access: a stranger (charlie, of another buyer organisation) gets 404 on
+everything of alice's, by session and by a token with every scope, sees none of it in any list, and changes
+nothing. A route added without a line in ``ROUTES`` fails ``test_every_route_is_accounted_for``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from marketplace.api.tokens import api_token_create
+from marketplace.models import (
+    ApiToken,
+    Instance,
+    Offer,
+    Order,
+    OrderState,
+    TokenScope,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+
+pytestmark = pytest.mark.django_db
+
+# Every route and where its tenancy is proven. "object": below, by id; "list": below, by content; "own": acts
+# on the caller's own organisation only, below; "public": nothing private; the rest name their tests.
+ROUTES = {
+    "metrics": "public (aggregates only; loopback or a metrics token: tests/test_metrics.py)",
+    "login/": "public",
+    "logout/": "public",
+    "api/v1/schema": "public",
+    "api/v1/docs": "public",
+    "api/v1/offers": "public catalogue (token scope offers:read)",
+    "api/v1/quotes": "own",
+    "api/v1/procurements": "own",
+    "api/v1/orders": "list",
+    "api/v1/budget": "own",
+    "api/v1/invoice": "list",
+    "api/v1/orders/<str:order_id>": "object",
+    "api/v1/orders/<str:order_id>/terminate": "object",
+    "api/v1/orders/<str:order_id>/receipt": "object",
+    "api/v1/webhooks": "list",
+    "api/v1/webhooks/<str:webhook_id>": "object",
+    "api/v1/webhooks/<str:webhook_id>/deliveries": "object",
+    "api/v1/webhooks/<str:webhook_id>/deliveries/<str:delivery_id>/redeliver": "object",
+    "api/v1/webhooks/<str:webhook_id>/ping": "object",
+    "api/v1/ledger/key": "public",
+    "api/v1/ledger/checkpoints": "public",
+    "api/v1/ledger/checkpoints/latest": "public",
+    "api/v1/ledger/consistency": "public",
+    "api/v1/ledger/leaves": "public (leaf hashes reveal nothing of the entries)",
+    "provider/": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
+    "provider/signup": "public",
+    "provider/details": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
+    "provider/terms": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
+    "provider/team": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
+    "provider/team/members/<int:membership_id>": "tests/portal/test_team.py (another provider's member: 404)",
+    "provider/team/invitations/<int:invitation_id>/revoke": "tests/portal/test_team.py (another's invitation: 404)",
+    "provider/invitations/<str:token>": "tests/portal/test_team.py::test_an_unknown_token_is_404",
+    "provider/accounts": "tests/portal/test_accounts.py::test_buyers_get_404_on_account_pages",
+    "provider/accounts/connect/<str:kind>": "tests/portal/test_accounts.py::test_buyers_get_404_on_account_pages",
+    "provider/accounts/<int:account_id>/edit": "tests/portal/test_accounts.py (another provider's account: 404)",
+    "provider/accounts/<int:account_id>/sync": "tests/portal/test_accounts.py (another provider's account: 404)",
+    "provider/machines": "tests/portal/test_machines.py::test_a_viewer_cannot_list_and_a_stranger_sees_nothing",
+    "provider/machines/new": "tests/portal/test_machines.py",
+    "provider/earnings": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
+    "provider/orders/<uuid:order_id>/receipt": "tests/portal/test_machines.py (another provider, a buyer: 404)",
+    "agent/v1/register": "HMAC per machine: tests/providers/test_community*.py",
+    "agent/v1/heartbeat": "HMAC per machine: tests/providers/test_community*.py",
+    "": "public catalogue",
+    "workload/": "own",
+    "offers/<int:offer_id>/prices": "public catalogue",
+    "quotes/order": "object (a quote id)",
+    "compare": "public catalogue",
+    "spending": "list",
+    "spending.csv": "list",
+    "orders/": "list",
+    "orders/<str:order_id>/": "object",
+    "tokens/": "list",
+    "tokens/<int:token_id>/revoke": "object",
+    "webhooks/": "list",
+    "webhooks/<int:webhook_id>/": "object",
+    "webhooks/<int:webhook_id>/delete": "object",
+    "webhooks/<int:webhook_id>/ping": "object",
+    "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver": "object",
+    "orders/place": "object (an offer is public; the order is the caller's)",
+    "orders/<str:order_id>/terminate": "object",
+    "orders/<str:order_id>/receipt": "object",
+}
+
+
+def _routes(patterns, prefix=""):
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _routes(pattern.url_patterns, prefix + str(pattern.pattern))
+        elif isinstance(pattern, URLPattern):
+            yield prefix + str(pattern.pattern)
+
+
+def test_every_route_is_accounted_for():
+    served = {r for r in _routes(get_resolver().url_patterns) if not r.startswith("admin/")}
+    assert served - set(ROUTES) == set(), "classify the new route in ROUTES and test its tenancy"
+    assert set(ROUTES) - served == set(), "a route in ROUTES is no longer served"
+
+
+@pytest.fixture
+def world(acme, alice, charlie, aws_account, django_capture_on_commit_callbacks):
+    """Alice's things: a webhook with deliveries, a running order, a quote, a token."""
+    api = APIClient()
+    api.force_authenticate(alice)
+    hook = api.post("/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}, format="json").json()
+    offer = Offer.objects.order_by("price_usd").first()
+    with django_capture_on_commit_callbacks(execute=True):  # provisioning (and webhook sends) run on commit
+        placed = api.post("/api/v1/orders", {"offer": offer.pk, "allow_failover": False}, format="json")
+    assert placed.status_code == 201, placed.json()
+    order = Order.objects.get(public_id=placed.json()["id"])
+    assert order.state == OrderState.RUNNING
+    quote = api.post("/api/v1/quotes", {"profile": "inference"}, format="json").json()["quotes"][0]
+    delivery = WebhookDelivery.objects.filter(endpoint_id=hook["id"]).first()
+    assert delivery is not None
+    token = api_token_create(organization=acme, user=alice, name="alice-ci", scopes=["offers:read"]).token
+    return {"order": order, "hook": hook["id"], "delivery": delivery.pk, "quote": quote["id"], "token": token}
+
+
+def _strangers(charlie):
+    """Charlie signed in, and charlie's token with every scope."""
+    session = APIClient()
+    session.force_authenticate(charlie)
+    everything = [s.value for s in TokenScope]
+    raw = api_token_create(organization=charlie.memberships.get().organization, user=charlie, name="x",
+                           scopes=everything).raw  # fmt: skip
+    bearer = APIClient()
+    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return {"session": session, "token": bearer}
+
+
+def _unchanged(world) -> None:
+    order = Order.objects.get(pk=world["order"].pk)
+    assert order.state == OrderState.RUNNING
+    assert WebhookEndpoint.objects.filter(pk=world["hook"], active=True).exists()
+    assert WebhookDelivery.objects.filter(endpoint_id=world["hook"], redelivery_of__isnull=False).count() == 0
+    assert not WebhookDelivery.objects.filter(endpoint_id=world["hook"], event_type="ping").exists()
+    assert ApiToken.objects.get(pk=world["token"].pk).revoked_at is None
+
+
+@pytest.mark.parametrize("who", ["session", "token"])
+def test_a_stranger_gets_404_on_every_api_object_and_changes_nothing(world, charlie, who):
+    client = _strangers(charlie)[who]
+    order, hook, delivery = world["order"].public_id, world["hook"], world["delivery"]
+    calls = [
+        ("get", f"/api/v1/orders/{order}"),
+        ("post", f"/api/v1/orders/{order}/terminate"),
+        ("get", f"/api/v1/orders/{order}/receipt"),
+        ("get", f"/api/v1/webhooks/{hook}"),
+        ("delete", f"/api/v1/webhooks/{hook}"),
+        ("get", f"/api/v1/webhooks/{hook}/deliveries"),
+        ("post", f"/api/v1/webhooks/{hook}/deliveries/{delivery}/redeliver"),
+        ("post", f"/api/v1/webhooks/{hook}/ping"),
+    ]
+    for method, path in calls:
+        response = getattr(client, method)(path)
+        assert response.status_code == 404, (method, path, response.status_code)
+        assert str(order) not in response.content.decode()
+    ordered = client.post("/api/v1/orders", {"quote": world["quote"]}, format="json")
+    assert ordered.status_code == 404 and ordered.json()["error"]["code"] == "quote_not_found"
+    _unchanged(world)
+
+
+@pytest.mark.parametrize("who", ["session", "token"])
+def test_a_stranger_sees_nothing_of_alice_in_any_api_list(
+    world, charlie, alice, who, django_capture_on_commit_callbacks
+):
+    client = _strangers(charlie)[who]
+    owner = APIClient()
+    owner.force_authenticate(alice)
+    owner.put("/api/v1/budget", {"budget_per_hour": "123.45", "budget_monthly": None}, format="json")
+    # An hour of running, so ending it writes an invoice line.
+    Instance.objects.filter(order=world["order"]).update(running_at=timezone.now() - dt.timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        owner.post(f"/api/v1/orders/{world['order'].public_id}/terminate")
+    assert owner.get("/api/v1/invoice").json()["lines"], "alice's own invoice has her order"
+    for path in ["/api/v1/orders", "/api/v1/webhooks", "/api/v1/invoice", "/api/v1/budget"]:
+        body = client.get(path)
+        assert body.status_code == 200, path
+        text = json.dumps(body.json())
+        assert str(world["order"].public_id) not in text and "123.45" not in text, path
+    assert client.get("/api/v1/orders").json()["results"] == []
+    assert client.get("/api/v1/webhooks").json()["results"] == []
+
+
+def test_a_stranger_gets_404_on_every_storefront_object_and_changes_nothing(world, charlie):
+    browser = Client()
+    browser.force_login(charlie)
+    order, hook, delivery = world["order"].public_id, world["hook"], world["delivery"]
+    calls = [
+        ("get", f"/orders/{order}/"),
+        ("post", f"/orders/{order}/terminate"),
+        ("get", f"/orders/{order}/receipt"),
+        ("get", f"/webhooks/{hook}/"),
+        ("post", f"/webhooks/{hook}/delete"),
+        ("post", f"/webhooks/{hook}/ping"),
+        ("post", f"/webhooks/{hook}/deliveries/{delivery}/redeliver"),
+        ("post", f"/tokens/{world['token'].pk}/revoke"),
+    ]
+    for method, path in calls:
+        response = getattr(browser, method)(path)
+        assert response.status_code == 404, (method, path, response.status_code)
+    ordered = browser.post("/quotes/order", {"quote": world["quote"]})
+    assert ordered.status_code in (302, 404)
+    assert not Order.objects.filter(organization__name="Charlie Labs").exists()
+    _unchanged(world)
+
+
+def test_a_stranger_sees_nothing_of_alice_on_any_storefront_page(world, charlie):
+    browser = Client()
+    browser.force_login(charlie)
+    for path in ["/orders/", "/webhooks/", "/spending", "/spending.csv", "/tokens/"]:
+        response = browser.get(path)
+        assert response.status_code == 200, path
+        page = response.content.decode()
+        assert str(world["order"].public_id) not in page, path
+        assert world["token"].prefix not in page and "127.0.0.1:9/hook" not in page, path
