@@ -21,7 +21,7 @@ from django.conf import settings
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import ProofUnavailable, inclusion_proofs, verifier_key
+from ledger.checkpoints import ProofUnavailable, inclusion_proofs, verifier_key, verifier_keys
 from ledger.models import Checkpoint, LedgerEntry
 
 RECEIPT_FORMAT = "broker-ledger-receipt/1"
@@ -62,6 +62,12 @@ def checkpoint_json(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
+def signer_key(checkpoint: Checkpoint) -> str:
+    """The verifier key that signed ``checkpoint``: after a rotation the newest checkpoint may still carry
+    the previous key's signature (``LEDGER_PREVIOUS_VERIFIER_KEYS``) until the next one is signed."""
+    return verifier_keys().get(checkpoint.key_id, verifier_key())
+
+
 def latest_checkpoint() -> Checkpoint | None:
     return Checkpoint.objects.select_related("anchor").order_by("-size").first()
 
@@ -82,7 +88,7 @@ def receipt(subject: str) -> dict[str, Any]:
     return {
         "format": RECEIPT_FORMAT,
         "origin": settings.LEDGER_ORIGIN,
-        "verifier_key": verifier_key(),
+        "verifier_key": verifier_key() if checkpoint is None else signer_key(checkpoint),
         "subject": subject,
         "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
         "entries": [{**entry_json(e), "inclusion_proof": proofs.get(e.sequence)} for e in covered],

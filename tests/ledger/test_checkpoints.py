@@ -172,6 +172,32 @@ def test_a_rotated_key_still_verifies_the_old_checkpoints(settings):
         signing_key.cache_clear()
 
 
+def test_a_receipt_names_the_key_that_signed_its_checkpoint_across_a_rotation(settings):
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ledger import note
+    from ledger.checkpoints import signing_key
+    from ledger.receipts import receipt
+
+    _append(2)
+    checkpoint_create()
+    old_vkey = verifier_key()
+    signing_key.cache_clear()
+    settings.LEDGER_SIGNING_KEY = base64.b64encode(Ed25519PrivateKey.generate().private_bytes_raw()).decode()
+    settings.LEDGER_PREVIOUS_VERIFIER_KEYS = [old_vkey]
+    try:
+        body = receipt("thing:1")  # the newest checkpoint is still the one the old key signed
+        assert body["verifier_key"] == old_vkey != verifier_key()
+        assert note.open_note(body["checkpoint"]["note"], body["verifier_key"]).size == 2
+        _append(1, start=2)
+        checkpoint_create()
+        assert receipt("thing:1")["verifier_key"] == verifier_key()
+    finally:
+        signing_key.cache_clear()
+
+
 def test_a_gap_below_the_checkpoint_gives_a_receipt_that_says_so():
     from ledger.receipts import receipt
     from tests.ledger.tamper import triggers_bypassed
