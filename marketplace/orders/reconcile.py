@@ -22,8 +22,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append
-from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState
+from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState, WebhookEventType
 from marketplace.orders.provisioning import record_launch
+from marketplace.webhooks.services import instance_event_emit
 from providers.errors import ProviderError
 from providers.models import ProviderAccount
 from providers.services import adapter_for_account
@@ -96,6 +97,10 @@ def order_reconcile(*, order_id: int) -> ReconcileReport:
                     Instance.objects.filter(pk=known.pk).update(
                         active=False, state=stopped.state.value, terminated_at=known.terminated_at or timezone.now()
                     )
+                    if known.active:  # the buyer's webhooks have not yet heard that it stopped
+                        instance_event_emit(
+                            instance_id=known.pk, event_type=WebhookEventType.INSTANCE_TERMINATED, reason=why
+                        )
                 _ledger(
                     order,
                     "order.orphan_terminated",

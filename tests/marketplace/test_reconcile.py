@@ -127,3 +127,26 @@ def test_which_orders_are_reconciled(acme, alice, aws_account, t4, django_captur
     assert running.pk in orders_to_reconcile(now=timezone.now() + dt.timedelta(hours=1))
     assert running.pk not in orders_to_reconcile(now=timezone.now() + dt.timedelta(days=2))
     assert orders_reconcile_task.apply().get()["errors"] == 0
+
+
+def test_a_known_instance_stopped_by_the_reconciler_is_announced_to_webhooks(
+    acme, alice, aws_account, t4, django_capture_on_commit_callbacks
+):
+    from marketplace.models import WebhookDelivery
+    from marketplace.webhooks.services import webhook_endpoint_create
+
+    webhook_endpoint_create(organization=acme, user=alice, url="http://127.0.0.1:9/hook", description="", events=[])
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    # The order ended in the books while its machine kept running (a terminate call that never landed).
+    order = order_transition(order=order, to=OrderState.TERMINATING)
+    order_transition(order=order, to=OrderState.TERMINATED)
+    assert Instance.objects.get(order=order).active
+
+    with django_capture_on_commit_callbacks(execute=False):
+        report = order_reconcile(order_id=order.pk)
+
+    instance = Instance.objects.get(order=order)
+    assert report.terminated == [instance.provider_instance_id] and not instance.active
+    announced = WebhookDelivery.objects.filter(event_type="instance.terminated").get()
+    assert announced.payload["instance"]["provider_instance_id"] == instance.provider_instance_id
+    assert announced.payload["reason"] == "order is terminated"
