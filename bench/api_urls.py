@@ -10,17 +10,17 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.utils import timezone
 
-from marketplace.api.views import OFFER_COLUMNS
+from marketplace.api.views import OFFER_COLUMNS, offers_for_output
 from marketplace.catalog.query import gpu_partitions, offers_query, rows_in_order
 
-PLAIN = [c for c in OFFER_COLUMNS if "__" not in c]
+PLAIN = OFFER_COLUMNS
 
 
 def bare_offers(request: HttpRequest) -> JsonResponse:
     search, sort = request.GET.get("q", ""), request.GET.get("sort", "price")
-    offers = offers_query(search, now=timezone.now(), sort=sort).only(*OFFER_COLUMNS)
+    offers = offers_for_output(offers_query(search, now=timezone.now(), sort=sort))
     rows = rows_in_order(offers, gpu_partitions(search, sort), int(request.GET.get("limit", "100")))
-    results = [{**{c: getattr(o, c) for c in PLAIN}, "provider": o.account.kind, "gpu_model": o.gpu_model.key}
+    results = [{**{c: getattr(o, c) for c in PLAIN}, "provider": o.provider_kind, "gpu_model": o.gpu_model_key}
                for o in rows]  # fmt: skip
     return JsonResponse({"results": results}, encoder=DjangoJSONEncoder)
 

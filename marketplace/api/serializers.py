@@ -47,15 +47,16 @@ class OfferOutput(serializers.ModelSerializer):
 
     def to_representation(self, offer: Offer) -> dict[str, Any]:
         """The fields above, written directly: the offer list is the API's hot path and the generic field walk
-        costs more than its query. tests/api/test_offer_output.py holds it equal to the generic output."""
+        costs more than its query. tests/api/test_offer_output.py holds it equal to the generic output. The
+        account's kind and the model's key are read from columns the query annotated, when it did."""
         return {
             "id": offer.pk,
-            "provider": offer.account.kind,
+            "provider": getattr(offer, "provider_kind", None) or offer.account.kind,
             "region": offer.region,
             "zone": offer.zone,
             "instance_type": offer.instance_type,
             "pricing_model": offer.pricing_model,
-            "gpu_model": offer.gpu_model.key,
+            "gpu_model": getattr(offer, "gpu_model_key", None) or offer.gpu_model.key,
             "gpu_count": offer.gpu_count,
             "gpu_memory_gb": offer.gpu_memory_gb,
             "vcpus": offer.vcpus,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.db import connection
 from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
@@ -251,6 +252,9 @@ def rows_in_order(queryset: QuerySet[Offer], partitions: list[Q], limit: int) ->
     one disjoint partition at a time when ``partitions`` are given and merged."""
     if not partitions:
         return list(queryset[:limit])
+    if connection.features.supports_slicing_ordering_in_compound:  # PostgreSQL: one UNION ALL round trip
+        first, *rest = (queryset.filter(condition)[:limit] for condition in partitions)
+        return list(first.union(*rest, all=True).order_by("sort_key", "id")[:limit])
     branches = [list(queryset.filter(condition)[:limit]) for condition in partitions]
     return list(itertools.islice(heapq.merge(*branches, key=lambda o: (o.sort_key, o.pk)), limit))
 
