@@ -14,11 +14,24 @@ BEFORE = [("marketplace", "0015_webhooks")]
 AFTER = [("marketplace", "0017_offer_sale_indexes")]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_existing_offers_get_their_unit_prices():
+@pytest.fixture
+def at_0015(transactional_db):
+    """The schema as 0015 left it; migrated forward again whatever the test does, so later tests find it whole."""
     executor = MigrationExecutor(connection)
     executor.migrate(BEFORE)
-    old = executor.loader.project_state(BEFORE).apps
+    try:
+        yield executor.loader.project_state(BEFORE).apps
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_existing_offers_get_their_unit_prices(at_0015):
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
+
+    old = at_0015
+    gpu_models_upsert(old.get_model("marketplace", "GpuModel"))  # a transactional test before may have flushed
     Provider = old.get_model("providers", "Provider")
     ProviderAccount = old.get_model("providers", "ProviderAccount")
     GpuModel = old.get_model("marketplace", "GpuModel")
