@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from providers.models import Provider
 
@@ -23,6 +24,7 @@ class Role(models.TextChoices):
 
 
 PROVIDER_ROLES = (Role.OWNER, Role.OPERATOR, Role.VIEWER)
+BUYER_ROLES = (Role.OWNER, Role.MEMBER, Role.VIEWER)
 
 
 class Organization(models.Model):
@@ -48,6 +50,8 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # NULL for memberships made before the date was kept (migration 0018): their day is unknown.
+    joined_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "organization"], name="membership_unique")]

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from marketplace.models.organizations import PROVIDER_ROLES, Organization, Role
+from marketplace.models.organizations import Organization, Role
 
 
 class ProviderState(models.TextChoices):
@@ -74,7 +74,7 @@ class InvitationStatus(models.TextChoices):
 
 
 class Invitation(models.Model):
-    """An invitation to join a provider organisation's team with a role.
+    """An invitation to join an organisation's team (buyer or provider) with one of its kind's roles.
 
     Only the SHA-256 of the link's random token is stored: the link is shown once, to the person who made
     it. At most one open (neither accepted nor revoked) invitation per address and organisation; inviting
@@ -103,7 +103,9 @@ class Invitation(models.Model):
                 condition=Q(accepted_at__isnull=True, revoked_at__isnull=True),
                 name="invitation_one_open_per_email",
             ),
-            models.CheckConstraint(condition=Q(role__in=PROVIDER_ROLES), name="invitation_role_provider"),
+            # Which roles fit the organisation's kind is checked by ``invitation_create``: a constraint
+            # cannot read the organisation row.
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="invitation_role_known"),
         ]
 
     def __str__(self) -> str:

@@ -1,5 +1,6 @@
 """Writes of the provider portal: signing up, business details and terms, the team and its invitations, cloud
-accounts, and marketplace staff's verification decisions.
+accounts, and marketplace staff's verification decisions. The team services (invitations, roles, removal) and
+signing up serve buyer organisations too, each kind with its own roles (``ROLES``).
 
 Each public function is one transaction. Refusals raise ``PortalError`` with the form field at fault; a failed
 credentials check raises the provider's own ``ProviderError`` and writes nothing.
@@ -20,7 +21,6 @@ from django.utils import timezone
 
 from ledger.services import ledger_append, user_commitment
 from marketplace.models import (
-    PROVIDER_ROLES,
     Invitation,
     InvitationStatus,
     Membership,
@@ -32,6 +32,7 @@ from marketplace.models import (
     ProviderState,
     Role,
 )
+from marketplace.models.organizations import BUYER_ROLES, PROVIDER_ROLES
 from marketplace.portal.selectors import token_hash
 from marketplace.tasks import offers_sync_account_task
 from providers.community.services import ListedMachine, MachineInvalid, machine_list
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # The provider terms a seller accepts (templates/portal/terms.html); a new text gets a new version.
 TERMS_VERSION = "2026-12"
 INVITATION_TTL = dt.timedelta(days=7)
+# The roles each kind of organisation gives; invitations and role changes refuse any other.
+ROLES: dict[str, tuple[Role, ...]] = {OrganizationKind.PROVIDER: PROVIDER_ROLES, OrganizationKind.BUYER: BUYER_ROLES}
 # The connect check's limits: a form must answer quickly even when the endpoint is wrong or down.
 CHECK_OPTIONS = {"connect_timeout": "5", "read_timeout": "10", "max_attempts": "2"}
 
@@ -96,6 +99,24 @@ def provider_signup(*, username: str, email: str, password: str, organization_na
         raise
     log.info("provider organisation %s signed up", organization.pk)
     return user
+
+
+def buyer_signup(
+    *, username: str, email: str, password: str, organization_name: str
+) -> tuple[AbstractBaseUser, Organization]:
+    """Create a buyer organisation and its first owner. Raises ``PortalError`` (field ``username`` or
+    ``organization_name``) when either is taken, also when a concurrent signup took it meanwhile."""
+    try:
+        with transaction.atomic():
+            _signup_conflicts(username=username, organization_name=organization_name)
+            user = get_user_model().objects.create_user(username=username, email=email.lower(), password=password)
+            organization = Organization.objects.create(name=organization_name, kind=OrganizationKind.BUYER)
+            Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
+    except IntegrityError:
+        _signup_conflicts(username=username, organization_name=organization_name)
+        raise
+    log.info("buyer organisation %s signed up", organization.pk)
+    return user, organization
 
 
 # Why a profile was made for a provider organisation that predates the portal (or was made by another path,
@@ -160,15 +181,21 @@ def provider_terms_accept(*, organization: Organization, user: AbstractBaseUser,
 # --- The team -------------------------------------------------------------------------------------------------
 
 
+def _check_role(organization: Organization, role: str) -> None:
+    roles = ROLES.get(organization.kind, ())
+    if role not in roles:
+        raise PortalError(f"choose one of {', '.join(roles)}", field="role")
+
+
 def invitation_create(
     *, organization: Organization, email: str, role: str, by: AbstractBaseUser
 ) -> tuple[Invitation, str]:
     """Invite ``email`` to the organisation with ``role``; returns the invitation and the link's token, which is
     not stored (only its hash) and so can be shown only now. An open invitation to the same address is
-    revoked. Raises ``PortalError`` for a provider role it does not know or an address already a member."""
+    revoked. Raises ``PortalError`` for a role the organisation's kind does not give or an address already a
+    member."""
     email = email.strip().lower()
-    if role not in PROVIDER_ROLES:
-        raise PortalError(f"choose one of {', '.join(PROVIDER_ROLES)}", field="role")
+    _check_role(organization, role)
     if Membership.objects.filter(organization=organization, user__email__iexact=email).exists():
         raise PortalError("someone with this address is already in the team", field="email")
     token = secrets.token_urlsafe(32)
@@ -213,7 +240,12 @@ def _invitation_claim(invitation: Invitation, user: AbstractBaseUser) -> Members
         raise PortalError(f"this invitation is for {invitation.email}; sign in with the account of that address")
     if Membership.objects.filter(user=user, organization=invitation.organization).exists():
         raise PortalError(f"you are already in {invitation.organization.name}")
-    if Membership.objects.filter(user=user, organization__kind=OrganizationKind.PROVIDER).exists():
+    # A person may be in several buyer organisations but in one provider at most (a seller's console is
+    # per provider).
+    if (
+        invitation.organization.kind == OrganizationKind.PROVIDER
+        and Membership.objects.filter(user=user, organization__kind=OrganizationKind.PROVIDER).exists()
+    ):
         raise PortalError("you are already in another provider organisation")
     # Claim the invitation before using it: a second tab accepting at once finds it taken.
     claimed = Invitation.objects.filter(
@@ -226,7 +258,8 @@ def _invitation_claim(invitation: Invitation, user: AbstractBaseUser) -> Members
 
 def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Membership:
     """``user`` (signed in, with the invited address) joins the team with the invited role. Raises
-    ``PortalError`` for an invitation no longer open, another address, or someone already in a provider."""
+    ``PortalError`` for an invitation no longer open, another address, someone already in the organisation,
+    or (for a provider) someone already in another provider."""
     with transaction.atomic():
         return _invitation_claim(invitation, user)
 
@@ -254,16 +287,16 @@ def _refuse_ownerless(organization: Organization, *, changing: int, new_role: st
 
 
 def membership_role_set(*, membership: Membership, role: str) -> None:
-    """Give a member another provider role; the last owner keeps theirs."""
-    if role not in PROVIDER_ROLES:
-        raise PortalError(f"choose one of {', '.join(PROVIDER_ROLES)}", field="role")
+    """Give a member another of the organisation kind's roles; the last owner keeps theirs."""
+    _check_role(membership.organization, role)
     with transaction.atomic():
         _refuse_ownerless(membership.organization, changing=membership.pk, new_role=role)
         Membership.objects.filter(pk=membership.pk).update(role=role)
 
 
 def membership_remove(*, membership: Membership) -> None:
-    """Take someone off the team; the last owner stays."""
+    """Take someone off the team, or (their own membership) leave it; the last owner stays. Their API tokens
+    for the organisation stop working at once (``ScopedTokenAuthentication``)."""
     with transaction.atomic():
         _refuse_ownerless(membership.organization, changing=membership.pk, new_role=None)
         Membership.objects.filter(pk=membership.pk).delete()

@@ -10,6 +10,17 @@ BEFORE = [("marketplace", "0011_listing_reservations")]
 AFTER = [("marketplace", "0012_provider_portal")]
 
 
+@pytest.fixture(autouse=True)
+def _latest_migrations_after(transactional_db):
+    """Migrate forward again whatever the test does, so the tests after it find every later column."""
+    try:
+        yield
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 @pytest.mark.django_db(transaction=True)
 def test_existing_provider_organisations_get_a_profile_verified_only_if_already_selling():
     executor = MigrationExecutor(connection)
