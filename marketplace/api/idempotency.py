@@ -29,8 +29,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from marketplace.api.tokens import request_organization
 from marketplace.models import IdempotentResponse, Organization
-from marketplace.orders.selectors import buyer_organization
 from marketplace.orders.services import IdempotencyConflict
 
 MAX_KEY = 255
@@ -71,9 +71,10 @@ def idempotent(
         @functools.wraps(method)
         def post(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
             key = idempotency_key(request)
-            organization = buyer_organization(request.user) if key else None
-            if key is None or organization is None:
+            if key is None:
                 return method(view, request, *args, **kwargs)
+            # Keys are per organisation: a token's own, or the session's active one (the view checks the role).
+            organization = request_organization(request)
             fingerprint = request_fingerprint(request, **kwargs)
             with transaction.atomic():
                 replay = _claim(organization, operation, key, fingerprint)

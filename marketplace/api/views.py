@@ -10,7 +10,7 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -31,14 +31,15 @@ from marketplace.api.serializers import (
     QuoteOutput,
     demand_from,
 )
+from marketplace.api.tokens import request_organization
 from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.matching import Ranking
-from marketplace.models import Membership, Offer, Order, Organization, Role
+from marketplace.models import Offer, Order, Organization
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
 from marketplace.orders.selectors import (
-    buyer_organization,
+    BuyerPermission,
     invoice_line_list,
     month_bounds,
     order_get,
@@ -54,13 +55,6 @@ SEARCH_PARAMS = [
     OpenApiParameter("q", str, description="the query language, e.g. gpu=H100 count>=8 region=eu price<40"),
     OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops"]),
 ]
-
-
-def _organization(request: Request) -> Organization:
-    org = buyer_organization(request.user)
-    if org is None:
-        raise PermissionDenied("your account belongs to no buyer organisation")
-    return org
 
 
 def _order_output(order: Order) -> dict[str, object]:
@@ -134,7 +128,7 @@ class OrderListCreateApi(APIView):
 
     @extend_schema(operation_id="orders_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
     def get(self, request: Request) -> Response:
-        organization = _organization(request)
+        organization = request_organization(request)
         orders = order_list(organization=organization).order_by("-id")
         page = pagination.paginate(
             request, orders, keys=[pagination.Key("id", descending=True)], tag=pagination.listing_tag("orders")
@@ -148,7 +142,7 @@ class OrderListCreateApi(APIView):
         responses={200: OBJECT, 201: OBJECT, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
     )
     def post(self, request: Request) -> Response:
-        organization = _organization(request)
+        organization = request_organization(request, BuyerPermission.ORDER)
         key = idempotency.idempotency_key(request)
         body = OrderPlaceInput(data=request.data)
         body.is_valid(raise_exception=True)
@@ -173,8 +167,8 @@ class OrderListCreateApi(APIView):
         return response
 
 
-def _order_or_404(request: Request, order_id: str) -> Order:
-    order = order_get(organization=_organization(request), public_id=order_id)
+def _order_or_404(request: Request, order_id: str, permission: BuyerPermission = BuyerPermission.READ) -> Order:
+    order = order_get(organization=request_organization(request, permission), public_id=order_id)
     if order is None:
         raise NotFound("no such order")
     return order
@@ -195,7 +189,7 @@ class OrderTerminateApi(APIView):
 
     @extend_schema(request=None, responses={202: OBJECT, 404: ERROR, 409: ERROR})
     def post(self, request: Request, order_id: str) -> Response:
-        order = order_terminate(order=_order_or_404(request, order_id))
+        order = order_terminate(order=_order_or_404(request, order_id, BuyerPermission.ORDER))
         order = _order_or_404(request, str(order.public_id))
         return Response(_order_output(order), status=status.HTTP_202_ACCEPTED)
 
@@ -230,7 +224,7 @@ class QuoteCreateApi(APIView):
     )
     @idempotency.idempotent("quotes.create")
     def post(self, request: Request) -> Response:
-        organization = _organization(request)
+        organization = request_organization(request, BuyerPermission.ORDER)
         body = QuoteCreateInput(data=request.data)
         body.is_valid(raise_exception=True)
         result = quote_request(
@@ -260,7 +254,7 @@ class ProcurementCreateApi(APIView):
     )
     @idempotency.idempotent("procurements.create")
     def post(self, request: Request) -> Response:
-        organization = _organization(request)
+        organization = request_organization(request, BuyerPermission.ORDER)
         body = ProcurementInput(data=request.data)
         body.is_valid(raise_exception=True)
         demands = [demand_from(d) for d in body.validated_data["demands"]]
@@ -317,13 +311,11 @@ class BudgetApi(APIView):
 
     @extend_schema(responses={200: OBJECT})
     def get(self, request: Request) -> Response:
-        return Response(_budget_body(_organization(request)))
+        return Response(_budget_body(request_organization(request)))
 
     @extend_schema(request=BudgetInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
     def put(self, request: Request) -> Response:
-        organization = _organization(request)
-        if not Membership.objects.filter(user=request.user, organization=organization, role=Role.OWNER).exists():
-            raise PermissionDenied("only an owner of the organisation can change its budgets")
+        organization = request_organization(request, BuyerPermission.BUDGETS)
         body = BudgetInput(data=request.data)
         body.is_valid(raise_exception=True)
         budget_set(
@@ -344,7 +336,7 @@ class InvoiceApi(APIView):
         parameters=[OpenApiParameter("month", str, description="YYYY-MM (UTC)")], responses={200: OBJECT, 400: ERROR}
     )
     def get(self, request: Request) -> Response:
-        organization = _organization(request)
+        organization = request_organization(request)
         raw = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
         try:
             start, end = month_bounds(raw)

@@ -7,15 +7,16 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
+from marketplace.api.tokens import request_organization
 from marketplace.models import Organization, WebhookDelivery, WebhookEndpoint
-from marketplace.orders.selectors import buyer_organization
+from marketplace.orders.selectors import BuyerPermission
 from marketplace.webhooks.destinations import MAX_URL_LENGTH
 from marketplace.webhooks.selectors import delivery_get, delivery_list, webhook_get, webhook_list
 from marketplace.webhooks.services import (
@@ -115,10 +116,8 @@ class WebhookDeliveryPageOutput(serializers.Serializer):
 
 
 def _organization(request: Request) -> Organization:
-    org = buyer_organization(request.user)
-    if org is None:
-        raise PermissionDenied("your account belongs to no buyer organisation")
-    return org
+    """Webhooks are a member's or owner's, reading them included: a viewer gets 403 (``request_organization``)."""
+    return request_organization(request, BuyerPermission.WEBHOOKS)
 
 
 def _refusal(exc: WebhookError) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import uuid
 from dataclasses import dataclass
@@ -13,21 +14,67 @@ from django.db.models import Avg, Max, QuerySet
 from django.db.models.functions import TruncMinute
 
 from ledger.selectors import entries_for_subject, latest_hashes
-from marketplace.models import InvoiceLine, Membership, Order, Organization, OrganizationKind
+from marketplace.models import InvoiceLine, Membership, Order, Organization, OrganizationKind, Role
+from marketplace.models.organizations import BUYER_ROLES
 from marketplace.orders.budgets import LIVE_STATES
 from providers.models import Machine, MachineHeartbeat, ProviderKind
 
 
-def buyer_organization(user: AbstractBaseUser | AnonymousUser) -> Organization | None:
-    """The buyer organisation the user acts for (the first one they belong to)."""
+class BuyerPermission(enum.Enum):
+    """What a buyer role may do; ``BUYER_ROLE_PERMISSIONS`` is the one table the storefront and the API check."""
+
+    READ = "read"  # browse offers, see orders, invoices, receipts, the team and the tokens
+    ORDER = "order"  # quote, place and terminate orders
+    TOKENS = "tokens"  # create and revoke API tokens
+    WEBHOOKS = "webhooks"  # everything about webhooks, their deliveries included
+    BUDGETS = "budgets"  # change the spending limits
+    TEAM = "team"  # invite, revoke invitations, change roles, remove members
+
+
+BUYER_ROLE_PERMISSIONS: dict[str, frozenset[BuyerPermission]] = {
+    Role.OWNER: frozenset(BuyerPermission),
+    Role.MEMBER: frozenset(BuyerPermission) - {BuyerPermission.BUDGETS, BuyerPermission.TEAM},
+    Role.VIEWER: frozenset({BuyerPermission.READ}),
+}
+
+
+def buyer_role_allows(role: str, permission: BuyerPermission) -> bool:
+    return permission in BUYER_ROLE_PERMISSIONS.get(role, frozenset())
+
+
+def buyer_refusal(role: str, permission: BuyerPermission) -> str:
+    """Why ``role`` may not do ``permission``, naming the roles that may (for a 403)."""
+    allowed = [r for r in BUYER_ROLES if buyer_role_allows(r, permission)]
+    return f"this needs the {' or '.join(allowed)} role; you are a {role} of this organisation"
+
+
+def buyer_membership_list(user: AbstractBaseUser | AnonymousUser) -> list[Membership]:
+    """The user's buyer memberships, by organisation name (the switcher's order)."""
     if not user.is_authenticated:
-        return None
-    membership = (
+        return []
+    return list(
         Membership.objects.select_related("organization")
         .filter(user=user, organization__kind=OrganizationKind.BUYER)
-        .order_by("pk")
-        .first()
+        .order_by("organization__name", "pk")
     )
+
+
+def buyer_membership(user: AbstractBaseUser | AnonymousUser, *, active: int | None = None) -> Membership | None:
+    """The membership the user acts through: of organisation ``active`` (the session's choice) while they still
+    belong to it, else of their oldest buyer organisation; None for someone in none. Never an organisation the
+    user left: only current memberships are read."""
+    if not user.is_authenticated:
+        return None
+    mine = Membership.objects.select_related("organization").filter(
+        user=user, organization__kind=OrganizationKind.BUYER
+    )
+    chosen = mine.filter(organization_id=active).first() if active is not None else None
+    return chosen or mine.order_by("pk").first()
+
+
+def buyer_organization(user: AbstractBaseUser | AnonymousUser, *, active: int | None = None) -> Organization | None:
+    """The buyer organisation the user acts for (``buyer_membership``'s)."""
+    membership = buyer_membership(user, active=active)
     return None if membership is None else membership.organization
 
 
@@ -90,13 +137,6 @@ def invoice_line_list(*, organization: Organization, start: dt.datetime, end: dt
     return InvoiceLine.objects.filter(organization=organization, ended_at__gte=start, ended_at__lt=end).select_related(
         "order"
     )
-
-
-def membership_role(*, user: AbstractBaseUser | AnonymousUser, organization: Organization) -> str | None:
-    """The user's role in ``organization``; None for someone outside it."""
-    if not user.is_authenticated:
-        return None
-    return Membership.objects.filter(user=user, organization=organization).values_list("role", flat=True).first()
 
 
 def order_usage_between(order: Order, *, start: dt.datetime, end: dt.datetime) -> Usage:

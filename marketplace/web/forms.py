@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.matching import PROFILES, Profile, Tolerance
-from marketplace.models import GpuModel, TokenScope
+from marketplace.models import GpuModel, Role, TokenScope
+from marketplace.models.organizations import BUYER_ROLES
+from marketplace.portal.forms import SignupForm
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
 
@@ -97,3 +100,29 @@ class BudgetForm(forms.Form):
     budget_monthly = forms.DecimalField(
         required=False, min_value=Decimal("0.01"), max_digits=14, decimal_places=2, label="Monthly budget (USD)"
     )
+
+
+# --- Buyer organisations: signing up and the team -------------------------------------------------------------
+
+BUYER_ROLE_CHOICES = [(role.value, role.label) for role in BUYER_ROLES]
+
+
+class BuyerSignupForm(SignupForm):
+    """The provider portal's sign-up fields (the site's password validators included), for a buyer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["organization_name"].help_text = "your company or team, as teammates will see it; must be unique"
+        self.fields["email"].help_text = "invitations to other organisations come to this address"
+
+
+class BuyerInviteForm(forms.Form):
+    email = forms.EmailField(widget=forms.EmailInput(attrs={"placeholder": "name@example.com"}))
+    role = forms.ChoiceField(choices=BUYER_ROLE_CHOICES, initial=Role.MEMBER.value)
+
+    def clean_email(self) -> str:
+        return str(self.cleaned_data["email"]).strip().lower()
+
+
+class BuyerRoleForm(forms.Form):
+    role = forms.ChoiceField(choices=BUYER_ROLE_CHOICES)

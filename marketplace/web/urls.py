@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import views, webhooks
+from marketplace.web import team, views, webhooks
 
 app_name = "storefront"
 
@@ -25,6 +25,13 @@ urlpatterns = [
         webhooks.delivery_redeliver,
         name="webhook-redeliver",
     ),
+    path("signup", team.signup, name="signup"),
+    path("organizations/switch", team.organization_switch, name="organization-switch"),
+    path("team/", team.team, name="team"),
+    path("team/members/<int:membership_id>", team.member_update, name="member-update"),
+    path("team/invitations/<int:invitation_id>/revoke", team.invitation_revoke_view, name="invitation-revoke"),
+    path("team/leave", team.leave, name="team-leave"),
+    path("invitations/<str:token>", team.invitation, name="invitation"),
     path("orders/place", views.order_place_view, name="order-place"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),

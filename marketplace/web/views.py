@@ -10,7 +10,6 @@ from decimal import Decimal
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -23,14 +22,14 @@ from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.models import ApiToken, Offer, Order, OrderState, Organization, Role
+from marketplace.models import ApiToken, Offer, Order, OrderState, Organization
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
-    buyer_organization,
+    BuyerPermission,
+    buyer_role_allows,
     invoice_line_list,
     live_order_costs,
-    membership_role,
     month_bounds,
     order_get,
     order_history,
@@ -43,15 +42,14 @@ from marketplace.orders.services import OrderError, PlaceRequest, order_place, o
 from marketplace.portal.views import _sparkline
 from marketplace.web.compare import CompareError, compare_ids, comparison
 from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
+from marketplace.web.orgs import buyer_access
 
 PAGE_SIZE = 200
 
 
-def _org_or_404(request: HttpRequest) -> Organization:
-    org = buyer_organization(request.user)
-    if org is None:
-        raise Http404("no buyer organisation")
-    return org
+def _org_or_404(request: HttpRequest, permission: BuyerPermission = BuyerPermission.READ) -> Organization:
+    """The active buyer organisation (marketplace/web/orgs.py), once the role there may do ``permission``."""
+    return buyer_access(request, permission).organization
 
 
 def offers(request: HttpRequest) -> HttpResponse:
@@ -130,7 +128,7 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def order_place_view(request: HttpRequest) -> HttpResponse:
-    org = _org_or_404(request)
+    org = _org_or_404(request, BuyerPermission.ORDER)
     form = OrderPlaceForm(request.POST)
     if not form.is_valid():
         problems = "; ".join(f"{field}: {errors[0]}" for field, errors in form.errors.items())
@@ -164,8 +162,8 @@ def workload(request: HttpRequest) -> HttpResponse:
     """The workload form; a valid submission ranks the offers and shows the quotes with their reasons.
 
     Submitting stores quotes with locked prices, so it is a POST (CSRF-checked, not replayed by a reload,
-    a prefetch or a shared link); a GET only shows the form."""
-    org = _org_or_404(request)
+    a prefetch or a shared link); a GET only shows the form, to a viewer too (without its button)."""
+    org = _org_or_404(request, BuyerPermission.ORDER if request.method == "POST" else BuyerPermission.READ)
     form = WorkloadForm(request.POST if request.method == "POST" else None)
     context: dict[str, object] = {"form": form, "result": None, "requirements": None}
     if form.is_bound and form.is_valid():
@@ -185,7 +183,7 @@ def workload(request: HttpRequest) -> HttpResponse:
 @require_POST
 def quote_order_view(request: HttpRequest) -> HttpResponse:
     """Order a quote at the price it locked."""
-    org = _org_or_404(request)
+    org = _org_or_404(request, BuyerPermission.ORDER)
     try:
         result = order_place(
             organization=org,
@@ -232,7 +230,7 @@ def order_receipt(request: HttpRequest, order_id: str) -> HttpResponse:
 @login_required
 @require_POST
 def order_terminate_view(request: HttpRequest, order_id: str) -> HttpResponse:
-    org = _org_or_404(request)
+    org = _org_or_404(request, BuyerPermission.ORDER)
     order = order_get(organization=org, public_id=order_id)
     if order is None:
         raise Http404("no such order")
@@ -248,15 +246,20 @@ def order_terminate_view(request: HttpRequest, order_id: str) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
-    """The organisation's API tokens: create one with scopes (shown once), see them, revoke them."""
-    org = _org_or_404(request)
+    """The organisation's API tokens: create one with scopes (shown once), see them, revoke them. Viewers
+    only see them."""
+    org = _org_or_404(request, BuyerPermission.TOKENS if request.method == "POST" else BuyerPermission.READ)
     form = ApiTokenForm(request.POST or None)
     issued = None
     if request.method == "POST" and form.is_valid():
-        issued = api_token_create(
-            organization=org, user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"]
-        )
-        form = ApiTokenForm()
+        try:
+            issued = api_token_create(
+                organization=org, user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"]
+            )
+        except ValueError as exc:  # scopes beyond the role's
+            form.add_error("scopes", str(exc).removeprefix("scopes: "))
+        else:
+            form = ApiTokenForm()
     response = render(
         request,
         "storefront/tokens.html",
@@ -270,7 +273,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
-    token = ApiToken.objects.filter(pk=token_id, organization=_org_or_404(request)).first()
+    token = ApiToken.objects.filter(pk=token_id, organization=_org_or_404(request, BuyerPermission.TOKENS)).first()
     if token is None:
         raise Http404("no such token")
     api_token_revoke(token=token)
@@ -321,13 +324,12 @@ def _month(request: HttpRequest, now: dt.datetime) -> tuple[str, dt.datetime, dt
 def spending(request: HttpRequest) -> HttpResponse:
     """The organisation's budgets and where it stands, a month's invoice lines and total, and what its live
     orders have run up in that month. Owners set the budgets here; everyone else sees them."""
-    org = _org_or_404(request)
-    is_owner = membership_role(user=request.user, organization=org) == Role.OWNER
+    membership = buyer_access(request, BuyerPermission.BUDGETS if request.method == "POST" else BuyerPermission.READ)
+    org = membership.organization
+    is_owner = buyer_role_allows(membership.role, BuyerPermission.BUDGETS)
     now = timezone.now()
     month, start, end, month_error = _month(request, now)
     if request.method == "POST":
-        if not is_owner:
-            raise PermissionDenied("only an owner of the organisation can change its budgets")
         form = BudgetForm(request.POST)
         if form.is_valid():
             budget_set(

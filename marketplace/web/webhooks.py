@@ -11,7 +11,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.models import Organization, WebhookEndpoint
-from marketplace.orders.selectors import buyer_organization
+from marketplace.orders.selectors import BuyerPermission
+from marketplace.web.orgs import buyer_access
 from marketplace.webhooks.destinations import MAX_URL_LENGTH
 from marketplace.webhooks.selectors import delivery_get, delivery_list, webhook_get, webhook_list
 from marketplace.webhooks.services import (
@@ -40,10 +41,8 @@ class WebhookForm(forms.Form):
 
 
 def _org(request: HttpRequest) -> Organization:
-    org = buyer_organization(request.user)
-    if org is None:
-        raise Http404("no buyer organisation")
-    return org
+    """Webhooks, their log included, are a member's or an owner's; a viewer gets 403."""
+    return buyer_access(request, BuyerPermission.WEBHOOKS).organization
 
 
 def _webhook(request: HttpRequest, webhook_id: int) -> WebhookEndpoint:
