@@ -43,6 +43,24 @@ def _ledger_wipe_after_transactional_tests(request):
 
 
 @pytest.fixture
+def migrate_to(transactional_db):
+    """``migrate_to([(app, migration)])`` takes the test database back to that state and returns its historical
+    apps; afterwards, pass or fail, the database is migrated forward again, or every later test meets an old
+    schema."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    def migrate(target):
+        executor = MigrationExecutor(connection)
+        executor.migrate(target)
+        return executor.loader.project_state(target).apps
+
+    yield migrate
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.fixture
 def acme(db) -> Organization:
     return OrganizationFactory(name="Acme Research", kind=OrganizationKind.BUYER)
 

@@ -55,6 +55,14 @@ def _headers(head: bytes) -> tuple[str, dict[str, str]]:
     return lines[0], fields
 
 
+def _closing(answer: bytes) -> bytes:
+    """``answer`` saying ``Connection: close``: this proxy closes after one answer, and a client that thought
+    the connection would stay open could send its next request into the closed socket."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
+
+
 class Proxy:
     def __init__(self, upstream: str) -> None:
         host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
@@ -137,4 +145,4 @@ class Proxy:
                 conn.shutdown(socket.SHUT_RDWR)
                 return
             self.log.append(Seen(method, path, key, status, replayed))  # before the client can see the answer
-            conn.sendall(answer)
+            conn.sendall(_closing(answer))

@@ -6,31 +6,16 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 BEFORE = [("marketplace", "0015_webhooks")]
 AFTER = [("marketplace", "0017_offer_sale_indexes")]
 
 
-@pytest.fixture
-def at_0015(transactional_db):
-    """The schema as 0015 left it; migrated forward again whatever the test does, so later tests find it whole."""
-    executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    try:
-        yield executor.loader.project_state(BEFORE).apps
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
-
-
-def test_existing_offers_get_their_unit_prices(at_0015):
+def test_existing_offers_get_their_unit_prices(migrate_to):
     from marketplace.catalog.gpu_specs import gpu_models_upsert
 
-    old = at_0015
+    old = migrate_to(BEFORE)
     gpu_models_upsert(old.get_model("marketplace", "GpuModel"))  # a transactional test before may have flushed
     Provider = old.get_model("providers", "Provider")
     ProviderAccount = old.get_model("providers", "ProviderAccount")
@@ -48,10 +33,7 @@ def test_existing_offers_get_their_unit_prices(at_0015):
     offer("H100-SXM5", 8, "55.04")
     offer("T4", 1, "0.526")
 
-    executor = MigrationExecutor(connection)
-    executor.migrate(AFTER)
-
-    new = executor.loader.project_state(AFTER).apps
+    new = migrate_to(AFTER)
     rows = {
         o.gpu_model.key: (o.price_per_gpu_usd, o.usd_per_tflop_hour, o.gpu_model.fp16_dense_tflops)
         for o in new.get_model("marketplace", "Offer").objects.select_related("gpu_model")

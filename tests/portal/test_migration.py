@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
-
 BEFORE = [("marketplace", "0011_listing_reservations")]
 AFTER = [("marketplace", "0012_provider_portal")]
 
 
-@pytest.fixture(autouse=True)
-def _latest_migrations_after(transactional_db):
-    """Migrate forward again whatever the test does, so the tests after it find every later column."""
-    try:
-        yield
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes())
-
-
-@pytest.mark.django_db(transaction=True)
-def test_existing_provider_organisations_get_a_profile_verified_only_if_already_selling():
-    executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    old = executor.loader.project_state(BEFORE).apps
+def test_existing_provider_organisations_get_a_profile_verified_only_if_already_selling(migrate_to):
+    old = migrate_to(BEFORE)
     Provider = old.get_model("providers", "Provider")
     ProviderAccount = old.get_model("providers", "ProviderAccount")
     Organization = old.get_model("marketplace", "Organization")
@@ -36,10 +18,7 @@ def test_existing_provider_organisations_get_a_profile_verified_only_if_already_
     Organization.objects.create(name="Idle Cloud", kind="provider", provider=idle)
     Organization.objects.create(name="A Buyer", kind="buyer")
 
-    executor = MigrationExecutor(connection)
-    executor.migrate(AFTER)
-
-    new = executor.loader.project_state(AFTER).apps
+    new = migrate_to(AFTER)
     profiles = new.get_model("marketplace", "ProviderProfile").objects.order_by("organization__name")
     assert [(p.organization.name, p.state) for p in profiles] == [
         ("Idle Cloud", "pending"),
