@@ -25,7 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
 from marketplace.catalog.selectors import machine_reliability
-from marketplace.models import GpuModel, InvitationStatus, Membership, Order, ProviderState
+from marketplace.models import GpuModel, InvitationStatus, Membership, Order, OrganizationKind, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
 from marketplace.portal import selectors
 from marketplace.portal.clouds import CLOUDS, Cloud
@@ -129,6 +129,8 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
     found = selectors.invitation_by_token(token)
     if found is None:
         raise Http404("no such invitation")
+    if found.organization.kind != OrganizationKind.PROVIDER:  # a buyer's link, opened at the portal's address
+        return redirect("storefront:invitation", token=token)
     status = found.status()
     form = InvitationSignupForm(request.POST or None) if not request.user.is_authenticated else None
     context: dict[str, Any] = {"invitation": found, "status": status, "form": form, "error": ""}

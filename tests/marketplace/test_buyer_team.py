@@ -400,3 +400,10 @@ def test_a_stranger_gets_404_on_another_organisations_team_objects(world, charli
     page = client.get("/team/").content.decode()
     assert "bob" not in page and "nina@example.com" not in page and "Acme Research" not in page
     assert _snapshot() == before
+
+
+def test_a_buyer_invitation_opened_at_the_portal_address_goes_to_the_storefront(alice):
+    path = _invite(client_for(alice), "nina@example.com", Role.MEMBER)
+    token = path.rsplit("/", 1)[-1]
+    response = Client().get(f"/provider/invitations/{token}")
+    assert response.status_code == 302 and response["Location"] == path
