@@ -57,6 +57,7 @@ from marketplace.portal.services import (
     provider_signup,
     provider_terms_accept,
 )
+from marketplace.web.charts import sparkline
 from providers.community.selectors import machine_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
@@ -400,16 +401,6 @@ def account_sync(request: HttpRequest, account_id: int) -> HttpResponse:
 # --- Independent machines and earnings ----------------------------------------------------------------------
 
 
-def _sparkline(series: list[tuple[Any, Any]], width: int = 160, height: int = 32) -> str:
-    """SVG polyline points for utilization percentages (0-100), oldest left; "" for no data."""
-    if not series:
-        return ""
-    if len(series) == 1:
-        series = series * 2  # one sample: a level line across the chart
-    step = width / (len(series) - 1)
-    return " ".join(f"{i * step:.1f},{height - float(v) / 100 * height:.1f}" for i, (_, v) in enumerate(series))
-
-
 @login_required
 def machines(request: HttpRequest) -> HttpResponse:
     """The provider's listed machines: state, agent, self-test, utilization over the last hour, price."""
@@ -421,7 +412,7 @@ def machines(request: HttpRequest) -> HttpResponse:
     for machine in provider_machines(provider=membership.organization.provider):
         series = machine_utilization(machine=machine, since=since)
         score = scores.get((machine.account_id, machine.name))
-        rows.append((machine, _sparkline(series), series[-1][1] if series else None, score))
+        rows.append((machine, sparkline(series), series[-1][1] if series else None, score))
     known = [score for *_, score in rows if score is not None]
     overall = sum(known) / len(known) if known else None
     return _page(request, "portal/machines.html", membership, "machines", machines=rows, reliability=overall)

@@ -39,7 +39,7 @@ from marketplace.orders.selectors import (
     order_usage,
 )
 from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
-from marketplace.portal.views import _sparkline
+from marketplace.web.charts import sparkline
 from marketplace.web.compare import CompareError, compare_ids, comparison
 from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
 from marketplace.web.orgs import buyer_access
@@ -410,12 +410,12 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
     charts = {}
     if telemetry is not None and telemetry.minutes:
         minutes = telemetry.minutes
-        charts["utilization"] = _sparkline([(m, u) for m, u, _, _ in minutes], width=320, height=64)
+        charts["utilization"] = sparkline([(m, u) for m, u, _, _ in minutes], width=320, height=64)
         # The chart helper draws 0-100; a GPU hotter than 100 C sits on the top edge rather than above it.
-        charts["temperature"] = _sparkline([(m, min(t, Decimal(100))) for m, _, t, _ in minutes], width=320, height=64)
+        charts["temperature"] = sparkline([(m, min(t, Decimal(100))) for m, _, t, _ in minutes], width=320, height=64)
         if telemetry.tdp_w:
             share = [(m, min(p / telemetry.tdp_w * 100, Decimal(100))) for m, _, _, p in minutes]
-            charts["power"] = _sparkline(share, width=320, height=64)
+            charts["power"] = sparkline(share, width=320, height=64)
     return render(
         request,
         "storefront/order_detail.html",
