@@ -1,0 +1,49 @@
+"""The webhooks page in the browser: register a receiver on 127.0.0.1, copy the secret shown once, send a ping,
+and read the delivery log with its attempt; the receiver checks the signature with that secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from marketplace.demo import DEMO_PASSWORD
+from marketplace.webhooks.signing import signature_verify
+from tests.browser.conftest import shoot
+from tests.marketplace.test_webhooks import Receiver
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.stop()
+
+
+def test_register_a_webhook_ping_it_and_read_the_delivery_log(page, live_server, alice, receiver):
+    alice.set_password(DEMO_PASSWORD)
+    alice.save()
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.click("button[type=submit]")
+
+    page.goto(f"{live_server.url}/webhooks/")
+    page.fill("input[name=url]", receiver.url("/broker-events"))
+    page.fill("input[name=description]", "ops alerts")
+    page.click("text=Create webhook")
+    secret = page.locator("#webhook-secret").inner_text().strip()
+    assert secret
+    shoot(page, "webhooks-1-created")
+    page.goto(f"{live_server.url}/webhooks/")
+    assert secret not in page.content()  # shown once
+
+    page.click("#webhooks >> text=Deliveries")
+    page.click("text=Send a ping")
+    assert "delivered" in page.inner_text("body") and "HTTP 200" in page.inner_text("body")
+    shoot(page, "webhooks-2-delivery-log")
+
+    (ping,) = receiver.requests
+    headers = ping["headers"]
+    assert headers["Broker-Event"] == "ping"
+    assert signature_verify(secret, str(headers["Broker-Signature"]), bytes(ping["body"]))  # type: ignore[arg-type]
