@@ -12,6 +12,7 @@ from providers.types import PricingModel
 
 PRICING_CHOICES = [(p.value, p.value.replace("_", "-")) for p in PricingModel]
 FOR_SALE = models.Q(status="available")
+SEARCHED = ["gpu_memory_gb", "gpu_count", "gpu_model"]
 
 
 def unit_prices(price_usd: Decimal, gpu_count: int, fp16_dense_tflops: float) -> dict[str, float]:
@@ -113,9 +114,12 @@ class Offer(models.Model):
             models.Index(fields=["status", "gpu_model", "price_usd"], name="offer_search"),
             models.Index(fields=["status", "region"], name="offer_region"),
             # Searches list offers for sale a page at a time in one of these orders (marketplace/catalog/query.py).
-            models.Index(fields=["price_usd", "id"], condition=FOR_SALE, name="offer_sale_price"),
-            models.Index(fields=["price_per_gpu_usd", "id"], condition=FOR_SALE, name="offer_sale_gpuprice"),
-            models.Index(fields=["usd_per_tflop_hour", "id"], condition=FOR_SALE, name="offer_sale_tflops"),
+            # The columns after the sort key are the filters a buyer most often combines with it and that follow
+            # price (memory, GPU count, model): PostgreSQL checks them in the index as it walks, without
+            # fetching the rows a filter refuses, of which there can be tens of thousands before the first match.
+            models.Index(fields=["price_usd", *SEARCHED, "id"], condition=FOR_SALE, name="offer_sale_price"),
+            models.Index(fields=["price_per_gpu_usd", *SEARCHED, "id"], condition=FOR_SALE, name="offer_sale_gpuprice"),
+            models.Index(fields=["usd_per_tflop_hour", *SEARCHED, "id"], condition=FOR_SALE, name="offer_sale_tflops"),
         ]
 
     def __str__(self) -> str:
