@@ -53,7 +53,7 @@ OBJECT = OpenApiTypes.OBJECT
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
 SEARCH_PARAMS = [
     OpenApiParameter("q", str, description="the query language, e.g. gpu=H100 count>=8 region=eu price<40"),
-    OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops"]),
+    OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops", "score"]),
 ]
 
 
@@ -63,7 +63,7 @@ def _order_output(order: Order) -> dict[str, object]:
 
 class OfferListApi(APIView):
     """GET /api/v1/offers: offers for sale now, a page at a time (cursor pagination). ``q`` searches in the
-    query language (marketplace/catalog/query.py) and ``sort`` is price, gpuprice or tflops; the older
+    query language (marketplace/catalog/query.py) and ``sort`` is price, gpuprice, tflops or score; the older
     filter parameters (gpu, count, region, pricing, max_price) still work."""
 
     required_scopes = {"GET": ("offers:read",)}
@@ -118,7 +118,10 @@ def offers_for_output(offers: QuerySet[Offer]) -> QuerySet[Offer]:
     )
 
 
-OFFER_SORT_PARSE = {"price": pagination.decimal_key, "gpuprice": pagination.float_key, "tflops": pagination.float_key}
+OFFER_SORT_PARSE = {
+    "price": pagination.decimal_key, "gpuprice": pagination.float_key, "tflops": pagination.float_key,
+    "score": pagination.float_key,
+}  # fmt: skip
 
 
 class OrderListCreateApi(APIView):

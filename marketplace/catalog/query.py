@@ -29,7 +29,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import connection
-from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
+from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet, Value, When
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
 from marketplace.models import GpuModel, Offer
@@ -193,7 +193,9 @@ def _gpu_model_ids(names: tuple[str, ...]) -> list[int]:
     return list(GpuModel.objects.filter(condition).values_list("pk", flat=True))
 
 
-SORTS = {"price": "price_usd", "gpuprice": "price_per_gpu_usd", "tflops": "usd_per_tflop_hour"}
+# Each sort but ``score`` walks a partial index; ``score`` weighs in reliability, which changes with every launch,
+# so it sorts the matching offers (narrow the search first on a large catalogue).
+SORTS = {"price": "price_usd", "gpuprice": "price_per_gpu_usd", "tflops": "usd_per_tflop_hour", "score": ""}
 
 
 def reliability_expression(*, now: dt.datetime) -> Any:
@@ -208,14 +210,18 @@ def reliability_expression(*, now: dt.datetime) -> Any:
 
 def offers_query(text: str, *, now: dt.datetime, sort: str = "price") -> QuerySet[Offer]:
     """The offers for sale matching ``text``, annotated with ``sort_key`` and ordered by it, then by id:
-    ``price`` (per hour), ``gpuprice`` (per GPU-hour) or ``tflops`` (per dense-FP16 TFLOP-hour). Filtering,
-    ordering and any slice run in the database. Raises ``QueryError``."""
+    ``price`` (per hour), ``gpuprice`` (per GPU-hour), ``tflops`` (per dense-FP16 TFLOP-hour) or ``score`` (per
+    TFLOP-hour divided by the offer's reliability: what a TFLOP-hour costs once failed launches are counted).
+    Filtering, ordering and any slice run in the database. Raises ``QueryError``."""
     from marketplace.catalog.selectors import offer_list
 
     if sort not in SORTS:
         raise QueryError(f"sort by one of {', '.join(SORTS)}", term=sort, column=1)
     terms = parse(text)
     queryset = apply(offer_list(now=now), terms, reliability=lambda: reliability_expression(now=now))
+    if sort == "score":
+        score = ExpressionWrapper(F("usd_per_tflop_hour") / reliability_expression(now=now), output_field=FloatField())
+        return queryset.annotate(sort_key=score).order_by("sort_key", "id")
     return queryset.annotate(sort_key=F(SORTS[sort])).order_by(SORTS[sort], "id")
 
 

@@ -40,7 +40,7 @@ def _tie(offer: Offer, copies: int) -> None:
         offer.save()
 
 
-@pytest.mark.parametrize("sort", ["price", "gpuprice", "tflops"])
+@pytest.mark.parametrize("sort", ["price", "gpuprice", "tflops", "score"])
 @pytest.mark.parametrize("limit", [1, 7, 500])
 def test_pages_cover_the_listing_once_in_order(api, aws_account, tencent_account, sort, limit):
     _tie(Offer.objects.order_by("price_usd").first(), 4)
@@ -130,3 +130,27 @@ def test_the_ledger_lists_refuse_digits_int_cannot_read(value):
     for path, name in [("/api/v1/ledger/checkpoints", "limit"), ("/api/v1/ledger/leaves", "start")]:
         response = public.get(path, {name: value})
         assert response.status_code == 400 and name in response.json()["error"]["fields"]
+
+
+def test_score_weighs_the_price_per_tflop_by_reliability(api, aws_account, tencent_account):
+    from django.utils import timezone
+
+    from marketplace.catalog.selectors import account_reliability
+    from marketplace.models import Attempt, AttemptOutcome
+
+    offer = aws_account.offers.order_by("price_usd").first()
+    placed = api.post("/api/v1/orders", {"offer": offer.pk, "allow_failover": False}, format="json").json()
+    order = Order.objects.get(public_id=placed["id"])
+    for number in range(2, 12):  # ten launches the AWS account failed for its own reasons
+        Attempt.objects.create(
+            order=order, number=number, offer=offer, client_token=f"{order.ref}-x{number}", started_at=timezone.now(),
+            outcome=AttemptOutcome.FAILED, error_class="final",
+        )  # fmt: skip
+    reliability = account_reliability()
+    assert reliability[aws_account.pk] < 0.8
+    ids, _ = _walk(api, "/api/v1/offers", {"sort": "score"}, limit=7)
+    offers = Offer.objects.in_bulk(ids)
+    scores = [offers[i].usd_per_tflop_hour / reliability.get(offers[i].account_id, 0.95) for i in ids]
+    assert scores == sorted(scores) and len(ids) > 20
+    by_tflops = [row["id"] for row in api.get("/api/v1/offers", {"sort": "tflops", "limit": 500}).json()["results"]]
+    assert ids != by_tflops  # the unreliable account's offers moved down
