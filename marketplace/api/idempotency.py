@@ -117,6 +117,24 @@ def _claim(organization: Organization, operation: str, key: str, fingerprint: st
     return response
 
 
+def idempotency_claim(organization: Organization, operation: str, key: str) -> bool:
+    """Claims ``key`` for ``operation`` in the caller's transaction: True the first time, False when it was
+    claimed before (or is being claimed by a request still running, which this one then waits for). For
+    forms that must act once per submission; the caller's rollback releases the claim. An empty key claims
+    nothing (True): a client that sends none is not refused."""
+    if not key:
+        return True
+    try:
+        with transaction.atomic():
+            IdempotentResponse.objects.create(
+                organization=organization, operation=operation, key=key[:MAX_KEY], request_hash="", status_code=0,
+                body={},
+            )  # fmt: skip
+    except IntegrityError:
+        return False
+    return True
+
+
 def idempotent_responses_expire(*, now: dt.datetime | None = None) -> int:
     """Forgets answers older than ``IDEMPOTENCY_KEEP_HOURS``; returns how many."""
     cutoff = (now or timezone.now()) - dt.timedelta(hours=settings.IDEMPOTENCY_KEEP_HOURS)

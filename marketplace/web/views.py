@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import secrets
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -17,6 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
+from marketplace.api.idempotency import idempotency_claim
 from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import chart, price_history, spot_savings
@@ -253,9 +256,14 @@ def tokens(request: HttpRequest) -> HttpResponse:
     issued = None
     if request.method == "POST" and form.is_valid():
         try:
-            issued = api_token_create(
-                organization=org, user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"]
-            )
+            with transaction.atomic():
+                if not idempotency_claim(org, "web.tokens.create", request.POST.get("nonce", "")):
+                    messages.info(request, "That token was already created; it was shown then.")
+                    return redirect("storefront:tokens")
+                issued = api_token_create(
+                    organization=org, user=request.user, name=form.cleaned_data["name"],
+                    scopes=form.cleaned_data["scopes"],
+                )  # fmt: skip
         except ValueError as exc:  # scopes beyond the role's
             form.add_error("scopes", str(exc).removeprefix("scopes: "))
         else:
@@ -263,7 +271,13 @@ def tokens(request: HttpRequest) -> HttpResponse:
     response = render(
         request,
         "storefront/tokens.html",
-        {"organization": org, "form": form, "issued": issued, "tokens": ApiToken.objects.filter(organization=org)},
+        {
+            "organization": org,
+            "form": form,
+            "issued": issued,
+            "tokens": ApiToken.objects.filter(organization=org),
+            "nonce": secrets.token_urlsafe(16),  # a resubmitted form (a reload, a double click) creates one
+        },
     )
     if issued is not None:
         response.headers["Cache-Control"] = "no-store"  # the token must not linger in a cache

@@ -3,13 +3,17 @@ redeliver, ping, delete."""
 
 from __future__ import annotations
 
+import secrets
+
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from marketplace.api.idempotency import idempotency_claim
 from marketplace.models import Organization, WebhookEndpoint
 from marketplace.orders.selectors import BuyerPermission
 from marketplace.web.orgs import buyer_access
@@ -61,13 +65,17 @@ def webhooks(request: HttpRequest) -> HttpResponse:
     created = None
     if request.method == "POST" and form.is_valid():
         try:
-            created = webhook_endpoint_create(
-                organization=org,
-                user=request.user,
-                url=form.cleaned_data["url"],
-                description=form.cleaned_data["description"],
-                events=form.cleaned_data["events"],
-            )
+            with transaction.atomic():
+                if not idempotency_claim(org, "web.webhooks.create", request.POST.get("nonce", "")):
+                    messages.info(request, "That webhook was already created; its secret was shown then.")
+                    return redirect("storefront:webhooks")
+                created = webhook_endpoint_create(
+                    organization=org,
+                    user=request.user,
+                    url=form.cleaned_data["url"],
+                    description=form.cleaned_data["description"],
+                    events=form.cleaned_data["events"],
+                )
             form = WebhookForm()
         except WebhookInvalid as exc:
             form.add_error(exc.field if exc.field in form.fields else None, str(exc))
@@ -76,7 +84,13 @@ def webhooks(request: HttpRequest) -> HttpResponse:
     response = render(
         request,
         "storefront/webhooks.html",
-        {"organization": org, "form": form, "created": created, "endpoints": webhook_list(organization=org)},
+        {
+            "organization": org,
+            "form": form,
+            "created": created,
+            "endpoints": webhook_list(organization=org),
+            "nonce": secrets.token_urlsafe(16),  # a resubmitted form (a reload, a double click) creates one
+        },
     )
     if created is not None:
         response.headers["Cache-Control"] = "no-store"  # the secret must not linger in a cache

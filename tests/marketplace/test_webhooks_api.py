@@ -299,3 +299,26 @@ def test_the_page_needs_a_login(client):
     response = client.get("/webhooks/")
 
     assert response.status_code == 302 and "/login" in response["Location"]
+
+
+def test_a_resubmitted_webhook_or_token_form_creates_one(client, alice, acme):
+    from marketplace.models import ApiToken, WebhookEndpoint
+
+    client.force_login(alice)
+    hook = {"url": "http://127.0.0.1:9/hook", "description": "", "nonce": "form-1"}
+    first = client.post("/webhooks/", hook)
+    again = client.post("/webhooks/", hook)  # a reload that re-posts, or a double click
+    assert first.status_code == 200 and again.status_code == 302
+    assert WebhookEndpoint.objects.filter(organization=acme).count() == 1
+    assert "already created" in client.get("/webhooks/").content.decode()
+    assert client.post("/webhooks/", {**hook, "nonce": "form-2"}).status_code == 200
+    assert WebhookEndpoint.objects.filter(organization=acme).count() == 2
+
+    token = {"name": "ci", "scopes": ["offers:read"], "nonce": "form-3"}
+    assert client.post("/tokens/", token).status_code == 200
+    assert client.post("/tokens/", token).status_code == 302
+    assert ApiToken.objects.filter(organization=acme).count() == 1
+    refused = client.post("/webhooks/", {"url": "ftp://nowhere", "description": "", "nonce": "form-4"})
+    assert refused.status_code in (200, 400) and WebhookEndpoint.objects.filter(organization=acme).count() == 2
+    fixed = client.post("/webhooks/", {"url": "http://127.0.0.1:9/other", "description": "", "nonce": "form-4"})
+    assert fixed.status_code == 200 and WebhookEndpoint.objects.filter(organization=acme).count() == 3
