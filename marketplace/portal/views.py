@@ -45,11 +45,8 @@ from marketplace.portal.services import (
     PortalError,
     invitation_accept,
     invitation_create,
-    invitation_revoke,
     invitation_signup,
     machine_listing_create,
-    membership_remove,
-    membership_role_set,
     provider_account_save,
     provider_account_sync,
     provider_details_update,
@@ -57,6 +54,7 @@ from marketplace.portal.services import (
     provider_signup,
     provider_terms_accept,
 )
+from marketplace.portal.team_actions import invitation_revoke_action, member_update_action
 from marketplace.web.charts import sparkline
 from providers.community.selectors import machine_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
@@ -255,37 +253,15 @@ def team(request: HttpRequest) -> HttpResponse:
 @require_POST
 def invitation_revoke_view(request: HttpRequest, invitation_id: int) -> HttpResponse:
     membership = _membership(request, Permission.TEAM)
-    found = selectors.invitation_get(organization=membership.organization, invitation_id=invitation_id)
-    if found is None:
-        raise Http404("no such invitation")
-    if invitation_revoke(invitation=found):
-        messages.success(request, f"Invitation for {found.email} revoked.")
-    else:
-        messages.info(request, f"The invitation for {found.email} was already {found.status().label}.")
+    invitation_revoke_action(request, membership.organization, invitation_id)
     return redirect("portal:team")
 
 
 @login_required
 @require_POST
 def member_update(request: HttpRequest, membership_id: int) -> HttpResponse:
-    """Change a member's role, or (``remove`` in the POST) take them off the team."""
     membership = _membership(request, Permission.TEAM)
-    member = selectors.member_get(organization=membership.organization, membership_id=membership_id)
-    if member is None:
-        raise Http404("no such member")
-    try:
-        if "remove" in request.POST:
-            membership_remove(membership=member)
-            messages.success(request, f"{member.user.get_username()} is no longer in the team.")
-        else:
-            form = RoleForm(request.POST, prefix=f"m{member.pk}")
-            if not form.is_valid():
-                messages.error(request, f"Role: {form.errors['role'][0]}")
-                return redirect("portal:team")
-            membership_role_set(membership=member, role=form.cleaned_data["role"])
-            messages.success(request, f"{member.user.get_username()} is now {form.cleaned_data['role']}.")
-    except PortalError as error:
-        messages.error(request, error.message)
+    member_update_action(request, membership.organization, membership_id, RoleForm)
     return redirect("portal:team")
 
 

@@ -33,11 +33,10 @@ from marketplace.portal.services import (
     buyer_signup,
     invitation_accept,
     invitation_create,
-    invitation_revoke,
     invitation_signup,
     membership_remove,
-    membership_role_set,
 )
+from marketplace.portal.team_actions import invitation_revoke_action, member_update_action
 from marketplace.web.forms import BuyerInviteForm, BuyerRoleForm, BuyerSignupForm
 from marketplace.web.orgs import activate, active_membership, buyer_access
 
@@ -171,38 +170,15 @@ def team(request: HttpRequest) -> HttpResponse:
 @require_POST
 def invitation_revoke_view(request: HttpRequest, invitation_id: int) -> HttpResponse:
     membership = buyer_access(request, BuyerPermission.TEAM)
-    found = selectors.invitation_get(organization=membership.organization, invitation_id=invitation_id)
-    if found is None:
-        raise Http404("no such invitation")
-    if invitation_revoke(invitation=found):
-        messages.success(request, f"Invitation for {found.email} revoked.")
-    else:
-        messages.info(request, f"The invitation for {found.email} was already {found.status().label}.")
+    invitation_revoke_action(request, membership.organization, invitation_id)
     return redirect("storefront:team")
 
 
 @login_required
 @require_POST
 def member_update(request: HttpRequest, membership_id: int) -> HttpResponse:
-    """Change a member's role, or (``remove`` in the POST) take them off the team."""
     membership = buyer_access(request, BuyerPermission.TEAM)
-    member = selectors.member_get(organization=membership.organization, membership_id=membership_id)
-    if member is None:
-        raise Http404("no such member")
-    name = member.user.get_username()
-    try:
-        if "remove" in request.POST:
-            membership_remove(membership=member)
-            messages.success(request, f"{name} is no longer in {membership.organization.name}.")
-        else:
-            form = BuyerRoleForm(request.POST, prefix=f"m{member.pk}")
-            if not form.is_valid():
-                messages.error(request, f"Role: {form.errors['role'][0]}")
-                return redirect("storefront:team")
-            membership_role_set(membership=member, role=form.cleaned_data["role"])
-            messages.success(request, f"{name} is now {form.cleaned_data['role']}.")
-    except PortalError as error:
-        messages.error(request, f"{name} keeps their role: {error.message}.")
+    member_update_action(request, membership.organization, membership_id, BuyerRoleForm)
     return redirect("storefront:team")
 
 

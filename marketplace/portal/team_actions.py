@@ -1,0 +1,46 @@
+"""The team page's actions, shared by the provider portal and the buyer storefront: each view checks who may act
+and where to go back; these find the object in the caller's organisation (404 otherwise), call the service and
+say what happened."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.http import Http404, HttpRequest
+
+from marketplace.models import Organization
+from marketplace.portal import selectors
+from marketplace.portal.services import PortalError, invitation_revoke, membership_remove, membership_role_set
+
+
+def invitation_revoke_action(request: HttpRequest, organization: Organization, invitation_id: int) -> None:
+    found = selectors.invitation_get(organization=organization, invitation_id=invitation_id)
+    if found is None:
+        raise Http404("no such invitation")
+    if invitation_revoke(invitation=found):
+        messages.success(request, f"Invitation for {found.email} revoked.")
+    else:
+        messages.info(request, f"The invitation for {found.email} was already {found.status().label}.")
+
+
+def member_update_action(
+    request: HttpRequest, organization: Organization, membership_id: int, role_form: type[forms.Form]
+) -> None:
+    """Change a member's role, or (``remove`` in the POST) take them off the team."""
+    member = selectors.member_get(organization=organization, membership_id=membership_id)
+    if member is None:
+        raise Http404("no such member")
+    name = member.user.get_username()
+    try:
+        if "remove" in request.POST:
+            membership_remove(membership=member)
+            messages.success(request, f"{name} is no longer in {organization.name}.")
+            return
+        form = role_form(request.POST, prefix=f"m{member.pk}")
+        if not form.is_valid():
+            messages.error(request, f"Role: {form.errors['role'][0]}")
+            return
+        membership_role_set(membership=member, role=form.cleaned_data["role"])
+        messages.success(request, f"{name} is now {form.cleaned_data['role']}.")
+    except PortalError as error:
+        messages.error(request, f"{name} keeps their role: {error.message}.")
