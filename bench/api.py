@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.sync import _prepare_database, sandboxes_serving  # noqa: E402 - after the path is set
+
 # The searches a procurement script would send: a plain listing, a model, a fleet, residency and spot, the
 # computed sorts and a reliability floor.
 SEARCHES = [
@@ -55,51 +57,29 @@ SEARCHES = [
 PAGE = 100
 
 
-def _prepare_database(url: str) -> None:
-    import psycopg
-
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-
 def _seed(target: int) -> int:
     """Fill the offer table to ``target`` rows from the sandboxes' catalogues; returns the row count."""
     from django.db import connection
-    from django.db.models import F
     from django.utils import timezone
 
     from marketplace.catalog.services import offers_ingest
     from marketplace.models import Offer, PricePoint, QuarantinedOffer
     from providers.models import Provider, ProviderAccount
-    from providers.sandbox.demo import read_manifest
     from providers.services import adapter_for_account
 
     now = timezone.now()
     have = Offer.objects.count()
     if have >= target:
-        Offer.objects.update(last_seen_at=now, first_seen_at=F("first_seen_at"))  # fresh enough to be for sale
+        Offer.objects.update(last_seen_at=now)  # fresh enough to be for sale
         return have
     PricePoint.objects.all().delete()
     Offer.objects.all().delete()
     QuarantinedOffer.objects.all().delete()
     ProviderAccount.objects.all().delete()
     Provider.objects.all().delete()
-    manifest = ROOT / "var" / "bench-api-sandbox.json"
-    manifest.unlink(missing_ok=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "providers.sandbox", "serve", "--port", "0", "--manifest", str(manifest)],
-        cwd=ROOT, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not manifest.exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the sandbox did not start")
-            time.sleep(0.2)
-        catalogue = {}
-        for spec in read_manifest(manifest):
+    catalogue = {}
+    with sandboxes_serving("bench-api-sandbox.json") as specs:
+        for spec in specs:
             account = ProviderAccount(
                 provider=Provider.objects.get_or_create(name="bench catalogue")[0], kind=spec.kind,
                 name=f"{spec.kind}-catalogue", endpoint_url=spec.endpoint_url, regions=spec.all_regions,
@@ -108,9 +88,6 @@ def _seed(target: int) -> int:
             account.set_credentials(spec.credentials)
             account.save()
             catalogue[account] = adapter_for_account(account).list_offers()
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
     per_seller = sum(len(q) for q in catalogue.values())
     sellers = -(-target // per_seller) + 1  # a few catalogue rows are refused (quarantined) on every seller
     print(f"seeding: {sellers} sellers x {per_seller} catalogue rows", flush=True)

@@ -16,13 +16,16 @@ Goals (issue 3): ingestion at least 25 % of COPY's rate; a full sync of at least
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,6 +39,30 @@ def _prepare_database(url: str) -> None:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+@contextlib.contextmanager
+def sandboxes_serving(manifest_name: str) -> Iterator[list[Any]]:
+    """Every sandbox cloud in a process of its own, as real clouds are remote (in process they would compete
+    with the broker for the GIL, and a benchmark would measure that); yields their accounts' specs."""
+    from providers.sandbox.demo import read_manifest
+
+    manifest = ROOT / "var" / manifest_name
+    manifest.unlink(missing_ok=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "providers.sandbox", "serve", "--port", "0", "--manifest", str(manifest)],
+        cwd=ROOT, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not manifest.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the sandbox did not start")
+            time.sleep(0.2)
+        yield read_manifest(manifest)
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
 
 
 def main() -> int:
@@ -59,7 +86,6 @@ def main() -> int:
     from marketplace.catalog.services import offers_ingest, offers_sync
     from marketplace.models import Offer, PricePoint, QuarantinedOffer
     from providers.models import Provider, ProviderAccount
-    from providers.sandbox.demo import read_manifest
 
     call_command("migrate", verbosity=0)
     PricePoint.objects.all().delete()
@@ -68,21 +94,7 @@ def main() -> int:
     ProviderAccount.objects.all().delete()
     Provider.objects.all().delete()
 
-    # The clouds run in their own process, as real ones are remote: an in-process sandbox would compete
-    # with the broker for the GIL and the benchmark would measure that contention.
-    manifest = ROOT / "var" / "bench-sandbox.json"
-    manifest.unlink(missing_ok=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "providers.sandbox", "serve", "--port", "0", "--manifest", str(manifest)],
-        cwd=ROOT, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not manifest.exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the sandbox did not start")
-            time.sleep(0.2)
-        specs = read_manifest(manifest)
+    with sandboxes_serving("bench-sandbox.json") as specs:
         accounts: list[ProviderAccount] = []
         for seller in range(args.sellers):
             provider = Provider.objects.create(name=f"bench seller {seller}")
@@ -155,9 +167,6 @@ def main() -> int:
               f"{ingest_rate / per_account_rate:.1%}  (medians of {args.repeat} runs)")  # fmt: skip
         print(f"full sync goal: >= 5,000 rows in < 30 s: {'met' if rows >= 5000 and full_sync_s < 30 else 'NOT met'}")
         return 0 if not failed else 1
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
 
 
 def _copy_baseline(*, per_account: bool) -> float:
