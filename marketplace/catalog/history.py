@@ -21,19 +21,23 @@ class Series:
 
 
 def price_history(*, account_id: int, instance_type: str, region: str, since: dt.datetime) -> list[Series]:
-    """Every offer of the type in the region with its price points since ``since`` (and the last one before,
-    so each line starts at the price then in force)."""
+    """Every offer of the type in the region with the prices it had since ``since`` (and the one in force
+    then, so each line starts at the price of that moment): its earlier prices, then its current one."""
     offers = Offer.objects.filter(account_id=account_id, instance_type=instance_type, region=region).order_by(
         "pricing_model", "zone"
     )
     series = []
     for offer in offers:
-        before = PricePoint.objects.filter(offer=offer, observed_at__lt=since).order_by("-observed_at").first()
-        points = list(PricePoint.objects.filter(offer=offer, observed_at__gte=since).order_by("observed_at"))
-        if before is not None:
-            points.insert(0, before)
+        points: list[tuple[dt.datetime, Decimal]] = []
+        if offer.price_since > since:  # else the current price held all along
+            earlier = PricePoint.objects.filter(offer=offer).values_list("observed_at", "price_usd")
+            in_force = earlier.filter(observed_at__lte=since).order_by("-observed_at").first()
+            points = ([in_force] if in_force else []) + list(
+                earlier.filter(observed_at__gt=since).order_by("observed_at")
+            )
+        points.append((offer.price_since, offer.price_usd))
         series.append(
-            Series(offer.zone, offer.pricing_model, [(max(p.observed_at, since), p.price_usd) for p in points])
+            Series(offer.zone, offer.pricing_model, [(max(moment, since), price) for moment, price in points])
         )
     return series
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -34,7 +35,7 @@ class IngestReport:
     upserted: int = 0
     quarantined: int = 0
     vanished: int = 0
-    price_points: int = 0
+    price_changes: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -112,8 +113,8 @@ def _reference_tables() -> tuple[dict[str, _SpecRow], dict[str, Decimal]]:
 def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt.datetime) -> IngestReport:
     """Replace the account's offers with ``quotes``, atomically.
 
-    Valid rows are upserted in bulk on (account, region, zone, instance type, pricing model); a PricePoint is
-    written for every new offer and every changed price; rows that fail validation go to QuarantinedOffer
+    Valid rows are upserted in bulk on (account, region, zone, instance type, pricing model); an offer whose
+    price changed keeps the price it replaces as a PricePoint; rows that fail validation go to QuarantinedOffer
     with the reason; the account's offers missing from ``quotes`` are marked unavailable. Safe to repeat.
     """
     specs, fx = _reference_tables()
@@ -166,10 +167,10 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
         valid.pop(key, None)
 
     if connection.vendor == "postgresql":
-        report.price_points, report.vanished = _write_postgresql(account, valid, refused, now)
+        report.price_changes, report.vanished = _write_postgresql(account, valid, refused, now)
     else:
         with transaction.atomic():
-            report.price_points, report.vanished = _write_orm(account, valid, refused, now)
+            report.price_changes, report.vanished = _write_orm(account, valid, refused, now)
     report.upserted = len(valid)
     report.quarantined = len(refused)
     return report
@@ -213,18 +214,23 @@ def _write_postgresql(
     refused: dict[tuple[str, str, str, str], dict[str, Any]],
     now: dt.datetime,
 ) -> tuple[int, int]:
-    """Every write of one ingestion in a single statement: upsert the offers, write the price points, mark
-    the account's offers missing from this sync unavailable, and replace its quarantined rows.
+    """Every write of one ingestion in a single statement: upsert the offers, keep each replaced price as a
+    price point, mark the account's offers missing from this sync unavailable, and replace its quarantined rows.
 
     The rows travel as one JSON document expanded by ``jsonb_to_recordset``: no staging table, so no DDL,
     truncation or extra round trip per account. All parts of one statement share a snapshot: ``old`` sees
-    prices from before the upsert, so a price point is written exactly for new offers and changed prices;
-    each part touches rows no other part touches. Returns (price points written, offers no longer listed).
+    the offers as they were before the upsert, so the price a changed offer had is kept exactly once; each
+    part touches rows no other part touches. Returns (prices changed, offers no longer listed).
     """
     row_cols = ", ".join(_ROW_COLUMNS)
     row_types = ", ".join(f"{c} {t}" for c, t in _ROW_COLUMNS.items())
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED)
     keys = ", ".join(("account_id", *_KEY_COLUMNS))
+    outside_transaction = not connection.in_atomic_block
+    # Offers are a copy of the provider's catalogue: a crash may lose this commit and the next sync redoes
+    # it, so it need not wait for the WAL flush (the ledger and orders keep full durability). Set for this
+    # statement's own transaction only; inside a caller's transaction the caller's durability stands.
+    relaxed = ", set_config('synchronous_commit', 'off', true)" if outside_transaction else ""
     statement = f"""
         WITH stage AS (
             SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r({row_types})
@@ -232,13 +238,15 @@ def _write_postgresql(
             SELECT * FROM jsonb_to_recordset(%(refused)s::jsonb)
                 AS r(region text, zone text, instance_type text, pricing_model text, reason text, raw jsonb)
         ), old AS (
-            SELECT region, zone, instance_type, pricing_model, price
-            FROM marketplace_offer WHERE account_id = %(account)s
+            SELECT id, price, currency, price_usd, price_since FROM marketplace_offer WHERE account_id = %(account)s
         ), up AS (
-            INSERT INTO marketplace_offer (account_id, {row_cols}, status, first_seen_at, last_seen_at)
-            SELECT %(account)s, {row_cols}, %(available)s, %(now)s, %(now)s FROM stage
-            ON CONFLICT ({keys}) DO UPDATE SET {updates}
-            RETURNING id, region, zone, instance_type, pricing_model, price, currency, price_usd
+            INSERT INTO marketplace_offer
+                (account_id, {row_cols}, status, first_seen_at, last_seen_at, price_since)
+            SELECT %(account)s, {row_cols}, %(available)s, %(now)s, %(now)s, %(now)s FROM stage
+            ON CONFLICT ({keys}) DO UPDATE SET {updates}, price_since = CASE
+                WHEN marketplace_offer.price = EXCLUDED.price THEN marketplace_offer.price_since
+                ELSE EXCLUDED.price_since END
+            RETURNING id, price
         ), gone AS (
             UPDATE marketplace_offer o SET status = %(unavailable)s
             WHERE o.account_id = %(account)s AND o.status <> %(unavailable)s
@@ -246,9 +254,9 @@ def _write_postgresql(
             RETURNING 1
         ), points AS (
             INSERT INTO marketplace_pricepoint (offer_id, observed_at, price, currency, price_usd)
-            SELECT up.id, %(now)s, up.price, up.currency, up.price_usd
-            FROM up LEFT JOIN old ON {_key_match("old", "up")}
-            WHERE old.price IS DISTINCT FROM up.price
+            SELECT old.id, old.price_since, old.price, old.currency, old.price_usd
+            FROM up JOIN old ON old.id = up.id
+            WHERE old.price <> up.price
             RETURNING 1
         ), quarantined AS (
             INSERT INTO marketplace_quarantinedoffer ({keys}, reason, raw, last_seen_at)
@@ -262,15 +270,8 @@ def _write_postgresql(
             RETURNING 1
         )
         SELECT (SELECT count(*) FROM points), (SELECT count(*) FROM gone),
-               (SELECT count(*) FROM quarantined), (SELECT count(*) FROM released)
+               (SELECT count(*) FROM quarantined), (SELECT count(*) FROM released){relaxed}
     """  # noqa: S608 - column names are ours, values are parameters
-    outside_transaction = not connection.in_atomic_block
-    if outside_transaction:
-        # Sent with the statement as one simple query, so both run in one implicit transaction and the
-        # setting covers only this commit. Offers are a copy of the provider's catalogue: a crash may lose
-        # this commit and the next sync redoes it, so it need not wait for the WAL flush (the ledger and
-        # orders keep full durability). Inside a caller's transaction the caller's durability stands.
-        statement = "SET LOCAL synchronous_commit TO OFF;" + statement
     params = {
         "rows": json.dumps(list(valid.values()), default=str),
         "refused": json.dumps(list(refused.values()), default=str),
@@ -279,11 +280,12 @@ def _write_postgresql(
         "available": OfferStatus.AVAILABLE.value,
         "unavailable": OfferStatus.UNAVAILABLE.value,
     }
-    with connection.cursor() as cursor:
+    connection.ensure_connection()
+    # A server-side binding cursor: the JSON travels as a parameter instead of being quoted into the text of
+    # the query (Django's default cursor binds on the client), which the server would then have to parse.
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(statement, params)
-        if outside_transaction:
-            cursor.cursor.nextset()  # past the SET's empty result
-        points, gone, _, _ = cursor.fetchone()
+        points, gone = cursor.fetchone()[:2]
     return int(points), int(gone)
 
 
@@ -294,10 +296,8 @@ def _write_orm(
     now: dt.datetime,
 ) -> tuple[int, int]:
     """The same writes through the ORM, for SQLite; the caller holds the transaction."""
-    before = {
-        (o.region, o.zone, o.instance_type, o.pricing_model): o.price
-        for o in Offer.objects.filter(account=account).only(*_KEY_COLUMNS, "price")
-    }
+    before = {(o.region, o.zone, o.instance_type, o.pricing_model): o for o in Offer.objects.filter(account=account)}
+    changed = [before[k] for k, row in valid.items() if k in before and before[k].price != row["price"]]
     Offer.objects.bulk_create(
         [
             Offer(
@@ -306,13 +306,14 @@ def _write_orm(
                 status=OfferStatus.AVAILABLE,
                 first_seen_at=now,
                 last_seen_at=now,
+                price_since=before[k].price_since if k in before and before[k].price == row["price"] else now,
             )
-            for row in valid.values()
+            for k, row in valid.items()
         ],
         batch_size=1000,
         update_conflicts=True,
         unique_fields=list(NATURAL_KEY),
-        update_fields=[c.removesuffix("_id") for c in _UPDATED],
+        update_fields=[c.removesuffix("_id") for c in _UPDATED] + ["price_since"],
     )
     vanished = (
         Offer.objects.filter(account=account, last_seen_at__lt=now)
@@ -328,25 +329,14 @@ def _write_orm(
             update_fields=["reason", "raw", "last_seen_at"],
         )
     QuarantinedOffer.objects.filter(account=account, last_seen_at__lt=now).delete()
-    changed = [k for k, row in valid.items() if before.get(k) != row["price"]]
-    if not changed:
-        return 0, vanished
-    ids = {
-        (o.region, o.zone, o.instance_type, o.pricing_model): o.id
-        for o in Offer.objects.filter(account=account, last_seen_at=now).only("id", *_KEY_COLUMNS)
-    }
-    points = [
-        PricePoint(
-            offer_id=ids[k],
-            observed_at=now,
-            price=valid[k]["price"],
-            currency=valid[k]["currency"],
-            price_usd=valid[k]["price_usd"],
-        )
-        for k in changed
-    ]
-    PricePoint.objects.bulk_create(points, batch_size=1000)
-    return len(points), vanished
+    PricePoint.objects.bulk_create(
+        [
+            PricePoint(offer=o, observed_at=o.price_since, price=o.price, currency=o.currency, price_usd=o.price_usd)
+            for o in changed
+        ],
+        batch_size=1000,
+    )
+    return len(changed), vanished
 
 
 def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import models
+from django.utils import timezone
 
 from providers.models import ProviderAccount
 from providers.types import PricingModel
@@ -66,6 +67,7 @@ class Offer(models.Model):
 
     Upserted in bulk by that natural key on every sync. ``price`` is per hour for the whole instance in
     ``currency``; ``price_usd`` is the same converted with ``fx_rate`` (1 when the currency is USD).
+    ``price_since`` is when the price took effect; the prices before it are the offer's PricePoints.
     ``capacity`` is None for a cloud's offer (its stock is the cloud's business); a finite listing counts
     its units there, and ``reserved`` counts those held by orders (marketplace/orders/reservations.py).
     """
@@ -85,6 +87,7 @@ class Offer(models.Model):
     currency = models.CharField(max_length=3)
     fx_rate = models.DecimalField(max_digits=14, decimal_places=8, default=Decimal(1))
     price_usd = models.DecimalField(max_digits=14, decimal_places=6)
+    price_since = models.DateTimeField(default=timezone.now)
     # Derived from price_usd, gpu_count and the model's spec (``unit_prices``), stored so that searches sorted
     # by them walk an index instead of computing and sorting every matching row.
     price_per_gpu_usd = models.FloatField()
@@ -137,7 +140,12 @@ class Offer(models.Model):
 
 
 class PricePoint(models.Model):
-    """An offer's price when it was first seen and whenever it changed."""
+    """A price an offer had before its current one: in force from ``observed_at`` until the next point's, or
+    until the offer's ``price_since`` for the last point.
+
+    The price in force lives on the offer alone, so a sync writes a point only when a price changes and a
+    first sync writes none (the offer row already records its first price and since when).
+    """
 
     # Covered by the (offer, observed_at) index below; a second index would only slow every sync's inserts.
     offer = models.ForeignKey(Offer, on_delete=models.CASCADE, related_name="price_points", db_index=False)

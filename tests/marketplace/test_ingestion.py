@@ -37,17 +37,18 @@ def quote(itype: str = "p4de.24xlarge", *, zone: str = "us-east-1a", pricing=Pri
     return OfferQuote(**fields)
 
 
-def test_valid_rows_are_upserted_with_a_price_point_each(account):
+def test_valid_rows_are_upserted_with_their_price_in_force_since_the_sync(account):
     report = offers_ingest(
         account=account,
         quotes=[quote(), quote(pricing=PricingModel.SPOT, price=Decimal("9.9734"))],
         now=T0,
     )
 
-    assert (report.upserted, report.quarantined, report.price_points) == (2, 0, 2)
+    assert (report.upserted, report.quarantined, report.price_changes) == (2, 0, 0)
     spot = Offer.objects.get(pricing_model="spot")
     assert (spot.price_usd, spot.gpu_model.key, spot.status) == (Decimal("9.973400"), "A100-80GB-SXM4", "available")
-    assert PricePoint.objects.count() == 2
+    assert (spot.price_since, spot.first_seen_at) == (T0, T0)
+    assert PricePoint.objects.count() == 0  # a first price lives on the offer; points hold replaced prices
 
 
 @pytest.mark.parametrize(
@@ -96,22 +97,33 @@ def test_resync_updates_in_place_records_changes_and_marks_vanished(account):
     t1 = T0 + dt.timedelta(minutes=5)
     report = offers_ingest(account=account, quotes=[quote(price=Decimal("26.00"))], now=t1)
 
-    assert (report.upserted, report.vanished, report.price_points) == (1, 1, 1)
+    assert (report.upserted, report.vanished, report.price_changes) == (1, 1, 1)
     p4de = Offer.objects.get(instance_type="p4de.24xlarge")
     assert (p4de.pk, p4de.price, p4de.first_seen_at, p4de.last_seen_at) == (first_id, Decimal("26.000000"), T0, t1)
+    assert p4de.price_since == t1
     assert Offer.objects.get(instance_type="p5.48xlarge").status == OfferStatus.UNAVAILABLE
-    assert list(PricePoint.objects.filter(offer=p4de).order_by("observed_at").values_list("price", flat=True)) == [
+    replaced = PricePoint.objects.get(offer=p4de)
+    assert (replaced.observed_at, replaced.price, replaced.price_usd) == (
+        T0,
         Decimal("27.447050"),
-        Decimal("26.000000"),
-    ]
+        Decimal("27.447050"),
+    )
+
+    t2 = t1 + dt.timedelta(minutes=5)
+    offers_ingest(account=account, quotes=[quote(price=Decimal("25.00"))], now=t2)
+    history = PricePoint.objects.filter(offer=p4de).order_by("observed_at").values_list("observed_at", "price")
+    assert list(history) == [(T0, Decimal("27.447050")), (t1, Decimal("26.000000"))]
+    p4de.refresh_from_db()
+    assert (p4de.price, p4de.price_since) == (Decimal("25.000000"), t2)
 
 
 def test_an_unchanged_price_writes_no_new_price_point(account):
     offers_ingest(account=account, quotes=[quote()], now=T0)
     report = offers_ingest(account=account, quotes=[quote()], now=T0 + dt.timedelta(minutes=5))
 
-    assert report.price_points == 0
-    assert PricePoint.objects.count() == 1
+    assert report.price_changes == 0
+    assert PricePoint.objects.count() == 0
+    assert Offer.objects.get().price_since == T0
 
 
 def test_a_row_quarantined_later_leaves_the_market_and_a_fixed_one_returns(account):
@@ -184,7 +196,7 @@ def test_two_accounts_ingested_in_one_transaction_keep_their_own_rows(account):
         ("main", "p4de.24xlarge"),
         ("other", "p5.48xlarge"),
     ]
-    assert PricePoint.objects.count() == 2
+    assert list(Offer.objects.values_list("price_since", flat=True).distinct()) == [T0]
 
 
 @pytest.fixture
@@ -208,12 +220,14 @@ def test_ingestion_outside_a_transaction_writes_every_part(committed_account):
         account=account, quotes=[quote(price=Decimal("26.00")), quote("g5.xlarge", gpu_count=0)], now=t1
     )
 
-    assert (report.upserted, report.quarantined, report.vanished, report.price_points) == (1, 1, 1, 1)
-    assert sorted(Offer.objects.values_list("instance_type", "status")) == [
-        ("p4de.24xlarge", "available"),
-        ("p5.48xlarge", "unavailable"),
+    assert (report.upserted, report.quarantined, report.vanished, report.price_changes) == (1, 1, 1, 1)
+    assert sorted(Offer.objects.values_list("instance_type", "status", "price_since")) == [
+        ("p4de.24xlarge", "available", t1),
+        ("p5.48xlarge", "unavailable", T0),
     ]
-    assert PricePoint.objects.count() == 3
+    assert list(PricePoint.objects.values_list("offer__instance_type", "observed_at", "price")) == [
+        ("p4de.24xlarge", T0, Decimal("27.447050"))
+    ]
     assert QuarantinedOffer.objects.get().reason == "impossible GPU count 0"
 
 
@@ -239,5 +253,6 @@ def test_a_row_the_database_refuses_leaves_the_previous_sync_untouched(committed
         ("p4de.24xlarge", "available", Decimal("27.447050")),
         ("p5.48xlarge", "available", Decimal("27.447050")),
     ]
-    assert PricePoint.objects.count() == 2
+    assert PricePoint.objects.count() == 0
+    assert list(Offer.objects.values_list("price_since", flat=True).distinct()) == [T0]
     assert QuarantinedOffer.objects.get().instance_type == "x"

@@ -39,7 +39,8 @@ def test_a_sync_ingests_the_sandbox_catalogue(aws_sandbox):
     assert (p4de.gpu_model.key, p4de.gpu_count, str(p4de.price_usd)) == ("A100-80GB-SXM4", 8, "27.447050")
     g5 = Offer.objects.filter(instance_type="g5.xlarge", pricing_model="on_demand")
     assert {o.gpu_model.key for o in g5} == {"A10G"}
-    assert PricePoint.objects.count() == outcome.report.upserted
+    assert PricePoint.objects.count() == outcome.report.price_changes == 0
+    assert set(Offer.objects.values_list("price_since", flat=True)) == {p4de.first_seen_at}
 
 
 def test_rejected_credentials_fail_the_sync_and_keep_the_last_offers_as_stale(aws_sandbox):

@@ -23,9 +23,14 @@ def _t4(aws_account, pricing_model):
 def test_history_holds_each_price_until_the_next_and_starts_at_the_price_then(aws_account):
     spot = _t4(aws_account, "spot")
     now = timezone.now()
-    PricePoint.objects.filter(offer=spot).update(observed_at=now - dt.timedelta(days=40))
-    PricePoint.objects.create(offer=spot, observed_at=now - dt.timedelta(days=2), price=Decimal("0.30"),
-                              currency="USD", price_usd=Decimal("0.30"))  # fmt: skip
+    # Two earlier prices: one that ended before the window opened and one in force when it opened.
+    PricePoint.objects.create(offer=spot, observed_at=now - dt.timedelta(days=60), price=Decimal("0.50"),
+                              currency="USD", price_usd=Decimal("0.50"))  # fmt: skip
+    PricePoint.objects.create(offer=spot, observed_at=now - dt.timedelta(days=40), price=spot.price,
+                              currency=spot.currency, price_usd=spot.price_usd)  # fmt: skip
+    Offer.objects.filter(pk=spot.pk).update(
+        price=Decimal("0.30"), price_usd=Decimal("0.30"), price_since=now - dt.timedelta(days=2)
+    )
     since = now - dt.timedelta(days=30)
     series = price_history(account_id=aws_account.pk, instance_type="g4dn.xlarge", region="us-east-1", since=since)
     (line,) = [s for s in series if s.zone == spot.zone and s.pricing_model == "spot"]
@@ -35,6 +40,20 @@ def test_history_holds_each_price_until_the_next_and_starts_at_the_price_then(aw
     drawn = next(ln for ln in geometry["lines"] if ln["zone"] == spot.zone and ln["pricing_model"] == "spot")
     assert drawn["points"].count(",") == 4  # start, step across, change, held to the right edge
     assert drawn["latest"] == Decimal("0.30")
+
+
+def test_a_price_unchanged_through_the_window_is_one_level_line_and_a_new_offer_starts_when_first_seen(aws_account):
+    spot, on_demand = _t4(aws_account, "spot"), _t4(aws_account, "on_demand")
+    now = timezone.now()
+    since = now - dt.timedelta(days=7)
+    Offer.objects.filter(pk=spot.pk).update(price_since=now - dt.timedelta(days=90))
+    PricePoint.objects.create(offer=spot, observed_at=now - dt.timedelta(days=120), price=Decimal("0.50"),
+                              currency="USD", price_usd=Decimal("0.50"))  # fmt: skip
+    series = price_history(account_id=aws_account.pk, instance_type="g4dn.xlarge", region="us-east-1", since=since)
+    lines = {(s.zone, s.pricing_model): s.points for s in series}
+    assert lines[(spot.zone, "spot")] == [(since, spot.price_usd)]
+    assert lines[(on_demand.zone, "on_demand")] == [(on_demand.price_since, on_demand.price_usd)]
+    assert on_demand.price_since > since
 
 
 def test_spot_offers_show_what_they_save_against_on_demand(aws_account, client):

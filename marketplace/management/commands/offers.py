@@ -50,7 +50,7 @@ class Command(BaseCommand):
                 r = outcome.report
                 self.stdout.write(
                     f"account {account.pk} ({account}): {r.upserted} offers, {r.quarantined} quarantined, "
-                    f"{r.vanished} no longer listed, {r.price_points} price changes"
+                    f"{r.vanished} no longer listed, {r.price_changes} price changes"
                 )
             else:
                 failed += 1
