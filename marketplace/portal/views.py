@@ -56,7 +56,7 @@ from marketplace.portal.services import (
 )
 from marketplace.portal.team_actions import invitation_revoke_action, member_update_action
 from marketplace.web.charts import sparkline
-from providers.community.selectors import machine_utilization, provider_machines
+from providers.community.selectors import machines_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
 
@@ -384,9 +384,11 @@ def machines(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     since = now - dt.timedelta(hours=1)
     scores = machine_reliability(now=now)
+    listed = list(provider_machines(provider=membership.organization.provider))
+    utilization = machines_utilization(machines=listed, since=since)
     rows = []
-    for machine in provider_machines(provider=membership.organization.provider):
-        series = machine_utilization(machine=machine, since=since)
+    for machine in listed:
+        series = utilization.get(machine.pk, [])
         score = scores.get((machine.account_id, machine.name))
         rows.append((machine, sparkline(series), series[-1][1] if series else None, score))
     known = [score for *_, score in rows if score is not None]

@@ -98,3 +98,30 @@ def test_an_order_receipt_is_only_for_the_provider_it_ran_for(petra, quentin, ac
     assert client_for(alice).get(url).status_code == 404
     earnings = client_for(petra).get("/provider/earnings").content.decode()
     assert str(order.public_id)[:8] in earnings
+
+
+def test_the_machines_page_reads_utilization_in_one_query_however_many_machines(petra, olga):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from providers.community.services import machine_heartbeat
+
+    client = client_for(olga)
+
+    def list_with_heartbeats(name: str, utilization: int) -> None:
+        client.post("/provider/machines/new", {**LISTING, "name": name})
+        machine_heartbeat(machine=Machine.objects.get(name=name), gpus=[{"utilization_pct": utilization}], instances=0)
+
+    def queries_for_the_page() -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as captured:
+            page = client.get("/provider/machines")
+        assert page.status_code == 200
+        return len(captured), page.content.decode()
+
+    list_with_heartbeats("fra-h100-1", 20)
+    one, _ = queries_for_the_page()
+    list_with_heartbeats("fra-h100-2", 60)
+    list_with_heartbeats("fra-h100-3", 90)
+    three, html = queries_for_the_page()
+    assert three == one
+    assert all(f"{pct}.0" in html for pct in (20, 60, 90))  # each machine's own latest utilization
