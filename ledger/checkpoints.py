@@ -26,13 +26,12 @@ from web3 import Web3
 
 from ledger import merkle, note
 from ledger.chain import send_anchor
-from ledger.models import Anchor, Checkpoint, LedgerEntry, LedgerHead
+from ledger.models import Anchor, Checkpoint, LedgerHead
+from ledger.tree import ProofUnavailable, StoredTree, leaf_hashes, subtree_hashes_extend
+
+__all__ = ["ProofUnavailable", "checkpoint_create", "consistency_proof", "inclusion_proofs"]
 
 log = logging.getLogger(__name__)
-
-
-class ProofUnavailable(ValueError):
-    """The proof asked for does not exist (an entry beyond the checkpoint, sizes out of order)."""
 
 
 @cache
@@ -76,15 +75,6 @@ def verifier_keys() -> dict[str, str]:
     return keys
 
 
-def leaf_hashes(size: int) -> list[bytes]:
-    """The first ``size`` leaf hashes, in order; raises ``ProofUnavailable`` on a gap."""
-    hashes = LedgerEntry.objects.filter(sequence__lte=size).order_by("sequence").values_list("leaf_hash", flat=True)
-    leaves = [bytes.fromhex(h) for h in hashes.iterator(chunk_size=20_000)]
-    if len(leaves) != size:
-        raise ProofUnavailable(f"the ledger has {len(leaves)} entries up to #{size}: a gap")
-    return leaves
-
-
 def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
     """Sign a checkpoint of the whole ledger as it is now; None when the newest checkpoint already covers it.
 
@@ -95,7 +85,8 @@ def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
     latest = Checkpoint.objects.order_by("-size").first()
     if size == 0 or (latest is not None and latest.size >= size):
         return None
-    root = merkle.root_from_hashes(leaf_hashes(size))
+    subtree_hashes_extend(size)
+    root = StoredTree().root(size)
     body = note.CheckpointBody(settings.LEDGER_ORIGIN, size, root)
     key = signing_key()
     try:
@@ -122,13 +113,14 @@ class InclusionProof:
 
 def inclusion_proofs(sequences: list[int], checkpoint: Checkpoint) -> list[InclusionProof]:
     """Each entry's audit path to ``checkpoint``'s root (entries must be within its size)."""
-    leaves = leaf_hashes(checkpoint.size)
+    tree = StoredTree()
     proofs = []
     for sequence in sequences:
         if not 1 <= sequence <= checkpoint.size:
             raise ProofUnavailable(f"entry #{sequence} is not in the checkpoint of size {checkpoint.size}")
-        path = merkle.inclusion_proof_from_hashes(sequence - 1, leaves)
-        proofs.append(InclusionProof(sequence, leaves[sequence - 1].hex(), checkpoint.size, [p.hex() for p in path]))
+        path = merkle.inclusion_path(sequence - 1, checkpoint.size, tree)
+        (leaf,) = leaf_hashes(sequence - 1, 1)
+        proofs.append(InclusionProof(sequence, leaf.hex(), checkpoint.size, [p.hex() for p in path]))
     return proofs
 
 
@@ -139,8 +131,7 @@ def consistency_proof(old_size: int, new_size: int) -> list[str]:
     head = LedgerHead.objects.filter(id=1).first()
     if head is None or new_size > head.size:
         raise ProofUnavailable(f"the ledger has fewer than {new_size} entries")
-    leaves = leaf_hashes(new_size)
-    return [p.hex() for p in merkle.consistency_proof_from_hashes(old_size, leaves)]
+    return [p.hex() for p in merkle.consistency_path(old_size, new_size, StoredTree())]
 
 
 # --- Anchors ----------------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Two families of builders:
 * ``root``, ``inclusion_proof``, ``consistency_proof`` take the raw entry bytes and apply the leaf prefix
   themselves;
 * ``root_from_hashes``, ``inclusion_proof_from_hashes``, ``consistency_proof_from_hashes`` take leaf hashes
-  that were computed earlier (``leaf_hash``), which is what the ledger keeps in its database.
+  that were computed earlier (``leaf_hash``), which is what the ledger keeps in its database;
+* ``inclusion_path`` and ``consistency_path`` take a function that answers for subtree roots, so a store of
+  precomputed subtree hashes can serve a proof without reading every leaf.
 
 Builders raise ``ValueError`` for arguments that name no tree or no proof (an index past the end, an old size
 larger than the tree), and ``TypeError`` for a leaf hash that is not ``bytes``. The verifiers never raise: any
@@ -27,14 +29,17 @@ a consistency proof each costs at most about n hash calls.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeGuard
 
 __all__ = [
     "EMPTY_ROOT",
     "HASH_SIZE",
+    "SubtreeRoot",
+    "consistency_path",
     "consistency_proof",
     "consistency_proof_from_hashes",
+    "inclusion_path",
     "inclusion_proof",
     "inclusion_proof_from_hashes",
     "leaf_hash",
@@ -57,6 +62,9 @@ _MAX_SIZE = 2**64 - 1
 # More elements than any valid proof in such a tree has (at most one per level, plus the old root that
 # verify_consistency puts in front); a longer one is refused before it is even copied.
 _MAX_PROOF_LEN = 2 * 64
+
+SubtreeRoot = Callable[[int, int], bytes]
+"""``f(lo, hi)`` = MTH(D[lo:hi]): how the proof walks get the subtree roots they need."""
 
 _LEAF_PREFIX = b"\x00"
 _NODE_PREFIX = b"\x01"
@@ -131,18 +139,29 @@ def inclusion_proof_from_hashes(index: int, hashes: Sequence[bytes]) -> list[byt
     """``inclusion_proof`` for a tree given by its leaf hashes."""
     level = _hash_list(hashes)
     _check_index(index, len(level))
+    return inclusion_path(index, len(level), lambda lo, hi: _subtree_root(level, lo, hi))
+
+
+def inclusion_path(index: int, size: int, subtree_root: SubtreeRoot) -> list[bytes]:
+    """PATH(index, D[size]) with every subtree root asked of ``subtree_root(lo, hi)`` = MTH(D[lo:hi]).
+
+    The walk is the same whoever computes the roots: in memory from the leaf hashes, or from a store of
+    precomputed subtree hashes (the ledger's ``ledger.tree``). It asks only for ranges the RFC's recursion
+    makes, whose ``lo`` is a multiple of the largest power of two below ``hi - lo``.
+    """
+    _check_index(index, size)
     # PATH(m, D[lo:hi]) = PATH(m, D[lo:mid]) : MTH(D[mid:hi])  when m < mid
     #                   = PATH(m, D[mid:hi]) : MTH(D[lo:mid])  otherwise
     # Walk down from the whole tree, noting each sibling subtree's root; the deepest one comes first.
     path: list[bytes] = []
-    lo, hi = 0, len(level)
+    lo, hi = 0, size
     while hi - lo > 1:
         mid = lo + _split(hi - lo)
         if index < mid:
-            path.append(_subtree_root(level, mid, hi))
+            path.append(subtree_root(mid, hi))
             hi = mid
         else:
-            path.append(_subtree_root(level, lo, mid))
+            path.append(subtree_root(lo, mid))
             lo = mid
     path.reverse()
     return path
@@ -165,6 +184,12 @@ def consistency_proof_from_hashes(old_size: int, hashes: Sequence[bytes]) -> lis
     """``consistency_proof`` for a tree given by its leaf hashes."""
     level = _hash_list(hashes)
     _check_old_size(old_size, len(level))
+    return consistency_path(old_size, len(level), lambda lo, hi: _subtree_root(level, lo, hi))
+
+
+def consistency_path(old_size: int, size: int, subtree_root: SubtreeRoot) -> list[bytes]:
+    """PROOF(old_size, D[size]) with every subtree root asked of ``subtree_root``, as ``inclusion_path`` does."""
+    _check_old_size(old_size, size)
     # SUBPROOF(m, D[lo:hi], b), with m the absolute old size, lo < m <= hi:
     #   m == hi:  {} if b, else {MTH(D[lo:hi])}
     #   m <= mid: SUBPROOF(m, D[lo:mid], b)     : MTH(D[mid:hi])
@@ -172,19 +197,19 @@ def consistency_proof_from_hashes(old_size: int, hashes: Sequence[bytes]) -> lis
     # b stays true while the old tree is the whole left part of the current range: then the verifier already
     # has that subtree's root (it is the old root) and the proof leaves it out.
     proof: list[bytes] = []
-    lo, hi = 0, len(level)
+    lo, hi = 0, size
     whole_old_tree = True
     while old_size != hi:
         mid = lo + _split(hi - lo)
         if old_size <= mid:
-            proof.append(_subtree_root(level, mid, hi))
+            proof.append(subtree_root(mid, hi))
             hi = mid
         else:
-            proof.append(_subtree_root(level, lo, mid))
+            proof.append(subtree_root(lo, mid))
             lo = mid
             whole_old_tree = False
     if not whole_old_tree:
-        proof.append(_subtree_root(level, lo, hi))
+        proof.append(subtree_root(lo, hi))
     proof.reverse()
     return proof
 

@@ -92,6 +92,26 @@ class LedgerHead(models.Model):
         return f"ledger head size={self.size}"
 
 
+class SubtreeHash(models.Model):
+    """The Merkle root of a perfect, aligned block of leaves, kept so a checkpoint or a proof reads O(log n)
+    hashes instead of every leaf (``ledger.tree``).
+
+    The block is leaves ``[index << level, (index + 1) << level)``; ``level`` is a multiple of
+    ``ledger.tree.TILE_HEIGHT``. Derived data: ``ledger verify`` never reads it, it recomputes from the
+    entries, so a wrong row can make a proof fail to verify but cannot make a bad ledger pass.
+    """
+
+    level = models.PositiveSmallIntegerField()
+    index = models.PositiveBigIntegerField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["level", "index"], name="subtree_hash_position")]
+
+    def __str__(self) -> str:
+        return f"subtree level {self.level} #{self.index}"
+
+
 class Checkpoint(AppendOnlyModel):
     """A signed statement of the tree: its first ``size`` entries have Merkle root ``root_hash``.
 
