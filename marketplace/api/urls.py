@@ -26,6 +26,7 @@ urlpatterns = [
         name="webhook-redeliver",
     ),
     path("webhooks/<str:webhook_id>/ping", webhooks.WebhookPingApi.as_view(), name="webhook-ping"),
+    path("webhooks/<str:webhook_id>/secret", webhooks.WebhookSecretRotateApi.as_view(), name="webhook-secret"),
     path("ledger/key", views.LedgerKeyApi.as_view(), name="ledger-key"),
     path("ledger/checkpoints", views.CheckpointListApi.as_view(), name="ledger-checkpoints"),
     path("ledger/checkpoints/latest", views.CheckpointLatestApi.as_view(), name="ledger-checkpoint-latest"),

@@ -26,9 +26,11 @@ from marketplace.webhooks.services import (
     WebhookInvalid,
     webhook_endpoint_create,
     webhook_endpoint_delete,
+    webhook_endpoint_update,
     webhook_ping,
     webhook_redeliver,
     webhook_secret,
+    webhook_secret_rotate,
 )
 
 SCOPES = ("webhooks:manage",)
@@ -44,6 +46,25 @@ class WebhookCreateInput(serializers.Serializer):
         default=list,
         max_length=len(SUBSCRIBABLE),
         help_text="event types to receive; empty or absent means all",
+    )
+
+
+class WebhookUpdateInput(serializers.Serializer):
+    url = serializers.CharField(max_length=MAX_URL_LENGTH, trim_whitespace=True, required=False)
+    description = serializers.CharField(max_length=MAX_DESCRIPTION, required=False, allow_blank=True)
+    events = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(SUBSCRIBABLE)), required=False, max_length=len(SUBSCRIBABLE)
+    )
+    active = serializers.BooleanField(
+        required=False,
+        help_text="true switches a disabled webhook on again with its failure count cleared; false pauses it",
+    )
+
+
+class WebhookSecretOutput(serializers.Serializer):
+    secret = serializers.CharField(help_text="the new signing secret: shown only in this answer")
+    previous_secret_valid_until = serializers.DateTimeField(
+        help_text="until then each delivery is signed with the new and the previous secret (two v1= values)"
     )
 
 
@@ -193,13 +214,29 @@ class WebhookListCreateApi(APIView):
 
 
 class WebhookDetailApi(APIView):
-    """GET one webhook (never its secret); DELETE removes it with its delivery log."""
+    """GET one webhook (never its secret); PATCH changes its URL, description, events or whether it is on;
+    DELETE removes it with its delivery log."""
 
-    required_scopes = {"GET": SCOPES, "DELETE": SCOPES}
+    required_scopes = {"GET": SCOPES, "PATCH": SCOPES, "DELETE": SCOPES}
 
     @extend_schema(operation_id="webhooks_retrieve", responses={200: WebhookOutput, 404: ERROR})
     def get(self, request: Request, webhook_id: str) -> Response:
         return Response(WebhookOutput(_webhook_or_404(request, webhook_id)).data)
+
+    @extend_schema(
+        operation_id="webhooks_partial_update",
+        request=WebhookUpdateInput,
+        responses={200: WebhookOutput, 400: ERROR, 404: ERROR, 409: ERROR},
+    )
+    def patch(self, request: Request, webhook_id: str) -> Response:
+        endpoint = _webhook_or_404(request, webhook_id)
+        body = WebhookUpdateInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            updated = webhook_endpoint_update(endpoint=endpoint, **body.validated_data)
+        except WebhookError as exc:
+            return _refusal(exc)
+        return Response(WebhookOutput(updated).data)
 
     @extend_schema(operation_id="webhooks_destroy", responses={204: None, 404: ERROR})
     def delete(self, request: Request, webhook_id: str) -> Response:
@@ -267,3 +304,32 @@ class WebhookPingApi(APIView):
         except WebhookError as exc:
             return _refusal(exc)
         return Response(_delivery_json(created), status=status.HTTP_202_ACCEPTED)
+
+
+def _with_rotated_secret(body: dict[str, Any]) -> dict[str, Any]:
+    """A replayed rotation's answer with the secret, read back from its encrypted store."""
+    endpoint = WebhookEndpoint.objects.filter(pk=body.get("webhook")).first()
+    return {**body, "secret": None if endpoint is None else webhook_secret(endpoint)}
+
+
+class WebhookSecretRotateApi(APIView):
+    """POST: a new signing secret, shown once; the previous one keeps signing beside it for a day."""
+
+    required_scopes = {"POST": SCOPES}
+
+    @extend_schema(
+        operation_id="webhooks_secret_rotate",
+        request=None,
+        parameters=[idempotency.PARAMETER],
+        responses={200: WebhookSecretOutput, 404: ERROR, 409: ERROR},
+    )
+    @idempotency.idempotent("webhooks.rotate", withhold=("secret",), restore=_with_rotated_secret)
+    def post(self, request: Request, webhook_id: str) -> Response:
+        endpoint = _webhook_or_404(request, webhook_id)
+        rotated = webhook_secret_rotate(endpoint=endpoint)
+        body = WebhookSecretOutput(
+            {"secret": rotated.secret, "previous_secret_valid_until": rotated.previous_valid_until}
+        ).data
+        response = Response({"webhook": endpoint.pk, **body})
+        response["Cache-Control"] = "no-store"  # the secret must not linger in a cache
+        return response

@@ -20,6 +20,8 @@ urlpatterns = [
     path("webhooks/<int:webhook_id>/", webhooks.webhook_detail, name="webhook-detail"),
     path("webhooks/<int:webhook_id>/delete", webhooks.webhook_delete, name="webhook-delete"),
     path("webhooks/<int:webhook_id>/ping", webhooks.webhook_ping_view, name="webhook-ping"),
+    path("webhooks/<int:webhook_id>/active", webhooks.webhook_active_view, name="webhook-active"),
+    path("webhooks/<int:webhook_id>/secret", webhooks.webhook_rotate_view, name="webhook-secret"),
     path(
         "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver",
         webhooks.delivery_redeliver,

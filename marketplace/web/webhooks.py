@@ -1,5 +1,5 @@
 """The storefront's webhooks page: register a URL (its secret shown once), see each delivery and its attempts,
-redeliver, ping, delete."""
+redeliver, ping, pause or switch on again, rotate the secret, delete."""
 
 from __future__ import annotations
 
@@ -22,12 +22,15 @@ from marketplace.webhooks.selectors import delivery_get, delivery_list, webhook_
 from marketplace.webhooks.services import (
     MAX_DESCRIPTION,
     SUBSCRIBABLE,
+    RotatedSecret,
     WebhookError,
     WebhookInvalid,
     webhook_endpoint_create,
     webhook_endpoint_delete,
+    webhook_endpoint_update,
     webhook_ping,
     webhook_redeliver,
+    webhook_secret_rotate,
 )
 
 LOG_ROWS = 50
@@ -100,9 +103,43 @@ def webhooks(request: HttpRequest) -> HttpResponse:
 @login_required
 def webhook_detail(request: HttpRequest, webhook_id: int) -> HttpResponse:
     """One webhook's delivery log: the newest deliveries, each with every attempt's answer."""
-    endpoint = _webhook(request, webhook_id)
+    return _detail_page(request, _webhook(request, webhook_id))
+
+
+def _detail_page(request: HttpRequest, endpoint: WebhookEndpoint, rotated: RotatedSecret | None = None) -> HttpResponse:
     deliveries = list(delivery_list(endpoint=endpoint)[:LOG_ROWS])
-    return render(request, "storefront/webhook_detail.html", {"endpoint": endpoint, "deliveries": deliveries})
+    context = {"endpoint": endpoint, "deliveries": deliveries, "rotated": rotated, "nonce": secrets.token_urlsafe(16)}
+    response = render(request, "storefront/webhook_detail.html", context)
+    if rotated is not None:
+        response.headers["Cache-Control"] = "no-store"  # the secret must not linger in a cache
+    return response
+
+
+@login_required
+@require_POST
+def webhook_active_view(request: HttpRequest, webhook_id: int) -> HttpResponse:
+    """Switch a disabled or paused webhook on again (its failure count cleared), or pause it."""
+    endpoint = _webhook(request, webhook_id)
+    switch_on = request.POST.get("active") == "on"
+    try:
+        webhook_endpoint_update(endpoint=endpoint, active=switch_on)
+        messages.success(request, "Webhook switched on again." if switch_on else "Webhook paused.")
+    except WebhookError as exc:
+        messages.error(request, str(exc))
+    return redirect("storefront:webhook-detail", webhook_id=endpoint.pk)
+
+
+@login_required
+@require_POST
+def webhook_rotate_view(request: HttpRequest, webhook_id: int) -> HttpResponse:
+    """A new signing secret, shown once on the page this answers; the old one signs beside it for a day."""
+    endpoint = _webhook(request, webhook_id)
+    with transaction.atomic():
+        if not idempotency_claim(endpoint.organization, "web.webhooks.rotate", request.POST.get("nonce", "")):
+            messages.info(request, "That secret was already rotated; the new one was shown then.")
+            return redirect("storefront:webhook-detail", webhook_id=endpoint.pk)
+        rotated = webhook_secret_rotate(endpoint=endpoint)
+    return _detail_page(request, endpoint, rotated)
 
 
 @login_required

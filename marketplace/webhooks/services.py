@@ -46,6 +46,7 @@ LEASE = dt.timedelta(minutes=5)
 DISABLE_AFTER_DEAD = 5
 MAX_ENDPOINTS = 20
 MAX_DESCRIPTION = 200
+ROTATION_OVERLAP = dt.timedelta(hours=24)  # both secrets sign while the receiver switches to the new one
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a label that makes a leaked secret recognisable, not a secret
 SUBSCRIBABLE = tuple(t for t in WebhookEventType.values if t != WebhookEventType.PING)
 _random = secrets.SystemRandom()
@@ -101,32 +102,113 @@ def webhook_endpoint_create(
     Raises ``WebhookInvalid`` naming the field (a URL refused by ``destination_check``, an unknown event
     type, a long description) and ``WebhookLimitReached`` past ``MAX_ENDPOINTS`` active endpoints.
     """
+    url, description, chosen = _checked_url(url), _checked_description(description), _checked_events(events)
+    secret = _new_secret()
+    with transaction.atomic():
+        _hold_active_limit(organization)
+        endpoint = WebhookEndpoint.objects.create(
+            organization=organization,
+            created_by=user,
+            url=url,
+            description=description,
+            events=chosen,
+            secret_encrypted=encrypt_secret({"secret": secret}),
+        )
+    return CreatedEndpoint(endpoint, secret)
+
+
+def webhook_endpoint_update(
+    *,
+    endpoint: WebhookEndpoint,
+    url: str | None = None,
+    description: str | None = None,
+    events: Iterable[str] | None = None,
+    active: bool | None = None,
+) -> WebhookEndpoint:
+    """Change the fields given (None leaves one as it is), checked as ``webhook_endpoint_create`` checks them.
+
+    ``active=True`` on a disabled endpoint switches it on again with its failure count cleared; the
+    deliveries given up when it was disabled stay dead (redeliver them one by one). ``active=False`` pauses
+    it: nothing new is queued for it and what was pending is given up. Raises ``WebhookInvalid`` naming the
+    field and ``WebhookLimitReached`` when switching on would pass ``MAX_ENDPOINTS`` active endpoints.
+    """
+    fields: dict[str, Any] = {}
+    if url is not None:
+        fields["url"] = _checked_url(url)
+    if description is not None:
+        fields["description"] = _checked_description(description)
+    if events is not None:
+        fields["events"] = _checked_events(events)
+    with transaction.atomic():
+        if active and not endpoint.active:
+            _hold_active_limit(endpoint.organization)
+            fields.update(active=True, consecutive_failures=0, disabled_reason="", disabled_at=None)
+        elif active is False and endpoint.active:
+            fields.update(active=False, disabled_reason="paused by the organisation", disabled_at=timezone.now())
+            WebhookDelivery.objects.filter(endpoint=endpoint, state=DeliveryState.PENDING).update(
+                state=DeliveryState.DEAD
+            )
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    endpoint.refresh_from_db()
+    return endpoint
+
+
+@dataclass(frozen=True)
+class RotatedSecret:
+    secret: str  # shown once
+    previous_valid_until: dt.datetime
+
+
+def webhook_secret_rotate(
+    *, endpoint: WebhookEndpoint, overlap: dt.timedelta = ROTATION_OVERLAP, now: dt.datetime | None = None
+) -> RotatedSecret:
+    """Give the endpoint a new signing secret. For ``overlap`` every delivery is signed with both the new and
+    the old secret (two ``v1=`` values), so the receiver can switch to the new one without missing an event;
+    after it, with the new one alone. Rotating again ends the older secret's overlap at once."""
+    now = now or timezone.now()
+    secret = _new_secret()
+    valid_until = now + overlap
+    with transaction.atomic():
+        locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+        stored = {"secret": secret, "previous": webhook_secret(locked), "previous_until": valid_until.isoformat()}
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(secret_encrypted=encrypt_secret(stored))
+    endpoint.refresh_from_db()
+    return RotatedSecret(secret, valid_until)
+
+
+def _checked_url(url: str) -> str:
     url = url.strip()
     try:
         destination_check(url)
     except WebhookUrlRefused as exc:
         raise WebhookInvalid("url", str(exc)) from None
+    return url
+
+
+def _checked_events(events: Iterable[str]) -> list[str]:
     chosen = sorted(set(events))
     unknown = [e for e in chosen if e not in SUBSCRIBABLE]
     if unknown:
         raise WebhookInvalid("events", f"unknown event types {unknown}: choose from {', '.join(SUBSCRIBABLE)}")
+    return chosen
+
+
+def _checked_description(description: str) -> str:
     if len(description) > MAX_DESCRIPTION:
         raise WebhookInvalid("description", f"at most {MAX_DESCRIPTION} characters")
-    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    with transaction.atomic():
-        # The organisation's row serialises concurrent creations, so the limit holds.
-        Organization.objects.select_for_update().get(pk=organization.pk)
-        if WebhookEndpoint.objects.filter(organization=organization, active=True).count() >= MAX_ENDPOINTS:
-            raise WebhookLimitReached(f"an organisation has at most {MAX_ENDPOINTS} active webhooks")
-        endpoint = WebhookEndpoint.objects.create(
-            organization=organization,
-            created_by=user,
-            url=url,
-            description=description.strip(),
-            events=chosen,
-            secret_encrypted=encrypt_secret({"secret": secret}),
-        )
-    return CreatedEndpoint(endpoint, secret)
+    return description.strip()
+
+
+def _hold_active_limit(organization: Organization) -> None:
+    """Within a transaction: lock the organisation's row, which serialises concurrent creations and
+    re-enablings, and refuse one more active endpoint past the limit."""
+    Organization.objects.select_for_update().get(pk=organization.pk)
+    if WebhookEndpoint.objects.filter(organization=organization, active=True).count() >= MAX_ENDPOINTS:
+        raise WebhookLimitReached(f"an organisation has at most {MAX_ENDPOINTS} active webhooks")
+
+
+def _new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
 def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
@@ -135,7 +217,18 @@ def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
 
 
 def webhook_secret(endpoint: WebhookEndpoint) -> str:
+    """The endpoint's current signing secret."""
     return decrypt_secret(endpoint.secret_encrypted)["secret"]
+
+
+def webhook_signing_secrets(endpoint: WebhookEndpoint, now: dt.datetime | None = None) -> list[str]:
+    """The secrets a delivery is signed with now: the current one, then the one it replaced while the
+    rotation's overlap lasts."""
+    stored = decrypt_secret(endpoint.secret_encrypted)
+    until = stored.get("previous_until")
+    if until and (now or timezone.now()) < dt.datetime.fromisoformat(until):
+        return [stored["secret"], stored["previous"]]
+    return [stored["secret"]]
 
 
 # --- Events ----------------------------------------------------------------------------------------------------
@@ -338,7 +431,7 @@ def _send(delivery: WebhookDelivery) -> SendResult:
     endpoint = delivery.endpoint
     try:
         destination = destination_check(endpoint.url)
-        secret = webhook_secret(endpoint)
+        signing = webhook_signing_secrets(endpoint)
     except WebhookUrlRefused as exc:
         return SendResult(status_code=None, error=f"not sent: {exc}"[:500])
     except (SecretUnreadable, KeyError):
@@ -347,7 +440,7 @@ def _send(delivery: WebhookDelivery) -> SendResult:
     headers = {
         "Broker-Event": delivery.event_type,
         "Broker-Delivery": str(delivery.event_id),
-        SIGNATURE_HEADER: signature_header(secret, body),
+        SIGNATURE_HEADER: signature_header(signing, body),
     }
     return http_post(destination, body, headers)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Sequence
 
 HEADER = "Broker-Signature"
 
@@ -17,10 +18,12 @@ def _mac(secret: str, timestamp: int, body: bytes) -> str:
     return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
 
 
-def signature_header(secret: str, body: bytes, *, timestamp: int | None = None) -> str:
-    """The ``Broker-Signature`` value for ``body`` sent at ``timestamp`` (default: now)."""
+def signature_header(secret: str | Sequence[str], body: bytes, *, timestamp: int | None = None) -> str:
+    """The ``Broker-Signature`` value for ``body`` sent at ``timestamp`` (default: now). Given several secrets,
+    one ``v1=`` per secret, as during a rotation, when the old and the new secret both sign."""
     t = int(time.time()) if timestamp is None else timestamp
-    return f"t={t},v1={_mac(secret, t, body)}"
+    keys = [secret] if isinstance(secret, str) else list(secret)
+    return ",".join([f"t={t}", *(f"v1={_mac(key, t, body)}" for key in keys)])
 
 
 def signature_verify(

@@ -49,6 +49,7 @@ ROUTES = {
     "api/v1/webhooks/<str:webhook_id>/deliveries": "object",
     "api/v1/webhooks/<str:webhook_id>/deliveries/<str:delivery_id>/redeliver": "object",
     "api/v1/webhooks/<str:webhook_id>/ping": "object",
+    "api/v1/webhooks/<str:webhook_id>/secret": "object",
     "api/v1/ledger/key": "public",
     "api/v1/ledger/checkpoints": "public",
     "api/v1/ledger/checkpoints/latest": "public",
@@ -87,6 +88,8 @@ ROUTES = {
     "webhooks/<int:webhook_id>/": "object",
     "webhooks/<int:webhook_id>/delete": "object",
     "webhooks/<int:webhook_id>/ping": "object",
+    "webhooks/<int:webhook_id>/active": "object",
+    "webhooks/<int:webhook_id>/secret": "object",
     "webhooks/<int:webhook_id>/deliveries/<int:delivery_id>/redeliver": "object",
     "signup": "public (creates a new user and organisation)",
     "organizations/switch": "tests/marketplace/test_buyer_orgs.py (an organisation one is not in: 404)",
@@ -131,7 +134,9 @@ def world(acme, alice, charlie, aws_account, django_capture_on_commit_callbacks)
     delivery = WebhookDelivery.objects.filter(endpoint_id=hook["id"]).first()
     assert delivery is not None
     token = api_token_create(organization=acme, user=alice, name="alice-ci", scopes=["offers:read"]).token
-    return {"order": order, "hook": hook["id"], "delivery": delivery.pk, "quote": quote["id"], "token": token}
+    secret = WebhookEndpoint.objects.get(pk=hook["id"]).secret_encrypted
+    return {"order": order, "hook": hook["id"], "delivery": delivery.pk, "quote": quote["id"], "token": token,
+            "secret": secret}  # fmt: skip
 
 
 def _strangers(charlie):
@@ -149,7 +154,9 @@ def _strangers(charlie):
 def _unchanged(world) -> None:
     order = Order.objects.get(pk=world["order"].pk)
     assert order.state == OrderState.RUNNING
-    assert WebhookEndpoint.objects.filter(pk=world["hook"], active=True).exists()
+    assert WebhookEndpoint.objects.filter(
+        pk=world["hook"], active=True, url="http://127.0.0.1:9/hook", secret_encrypted=world["secret"]
+    ).exists()
     assert WebhookDelivery.objects.filter(endpoint_id=world["hook"], redelivery_of__isnull=False).count() == 0
     assert not WebhookDelivery.objects.filter(endpoint_id=world["hook"], event_type="ping").exists()
     assert ApiToken.objects.get(pk=world["token"].pk).revoked_at is None
@@ -168,9 +175,11 @@ def test_a_stranger_gets_404_on_every_api_object_and_changes_nothing(world, char
         ("get", f"/api/v1/webhooks/{hook}/deliveries"),
         ("post", f"/api/v1/webhooks/{hook}/deliveries/{delivery}/redeliver"),
         ("post", f"/api/v1/webhooks/{hook}/ping"),
+        ("patch", f"/api/v1/webhooks/{hook}", {"active": False, "url": "http://127.0.0.1:9/charlie"}),
+        ("post", f"/api/v1/webhooks/{hook}/secret"),
     ]
-    for method, path in calls:
-        response = getattr(client, method)(path)
+    for method, path, *body in calls:
+        response = getattr(client, method)(path, *body, format="json")
         assert response.status_code == 404, (method, path, response.status_code)
         assert str(order) not in response.content.decode()
     ordered = client.post("/api/v1/orders", {"quote": world["quote"]}, format="json")
@@ -211,11 +220,13 @@ def test_a_stranger_gets_404_on_every_storefront_object_and_changes_nothing(worl
         ("get", f"/webhooks/{hook}/"),
         ("post", f"/webhooks/{hook}/delete"),
         ("post", f"/webhooks/{hook}/ping"),
+        ("post", f"/webhooks/{hook}/active", {"active": "off"}),
+        ("post", f"/webhooks/{hook}/secret", {"nonce": "n1"}),
         ("post", f"/webhooks/{hook}/deliveries/{delivery}/redeliver"),
         ("post", f"/tokens/{world['token'].pk}/revoke"),
     ]
-    for method, path in calls:
-        response = getattr(browser, method)(path)
+    for method, path, *body in calls:
+        response = getattr(browser, method)(path, *body)
         assert response.status_code == 404, (method, path, response.status_code)
     ordered = browser.post("/quotes/order", {"quote": world["quote"]})
     assert ordered.status_code in (302, 404)

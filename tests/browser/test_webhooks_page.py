@@ -47,3 +47,18 @@ def test_register_a_webhook_ping_it_and_read_the_delivery_log(page, live_server,
     headers = ping["headers"]
     assert headers["Broker-Event"] == "ping"
     assert signature_verify(secret, str(headers["Broker-Signature"]), bytes(ping["body"]))  # type: ignore[arg-type]
+
+    page.click("text=Rotate secret")
+    rotated = page.locator("#webhook-secret").inner_text().strip()
+    assert rotated.startswith("whsec_") and rotated != secret
+    shoot(page, "webhooks-3-secret-rotated")
+    page.click("text=Send a ping")
+    second = receiver.requests[-1]
+    signed = str(second["headers"]["Broker-Signature"])
+    assert signed.count("v1=") == 2  # the old and the new secret both sign during the overlap
+    assert signature_verify(rotated, signed, bytes(second["body"]))  # type: ignore[arg-type]
+    assert signature_verify(secret, signed, bytes(second["body"]))  # type: ignore[arg-type]
+    page.click("text=Pause")
+    assert "paused by the organisation" in page.inner_text("body")
+    page.click("text=Switch on again")
+    assert "Active" in page.inner_text("body")

@@ -322,3 +322,158 @@ def test_a_resubmitted_webhook_or_token_form_creates_one(client, alice, acme):
     assert refused.status_code in (200, 400) and WebhookEndpoint.objects.filter(organization=acme).count() == 2
     fixed = client.post("/webhooks/", {"url": "http://127.0.0.1:9/other", "description": "", "nonce": "form-4"})
     assert fixed.status_code == 200 and WebhookEndpoint.objects.filter(organization=acme).count() == 3
+
+
+# --- Re-enabling, pausing, editing and rotating the secret ------------------------------------------------------
+
+
+def _disable_by_dead_deliveries(endpoint_id: int, closed_port: int) -> None:
+    """Point the webhook at a closed port and let DISABLE_AFTER_DEAD deliveries die, as a broken receiver would."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from marketplace.webhooks.services import DISABLE_AFTER_DEAD, MAX_ATTEMPTS
+
+    WebhookEndpoint.objects.filter(pk=endpoint_id).update(url=f"http://127.0.0.1:{closed_port}/")
+    now = timezone.now() + dt.timedelta(seconds=1)  # each ping is due by then
+    for _ in range(DISABLE_AFTER_DEAD):
+        delivery = webhook_ping(endpoint=WebhookEndpoint.objects.get(pk=endpoint_id))
+        for _ in range(MAX_ATTEMPTS):
+            webhook_deliver(delivery_id=delivery.pk, now=now)
+            now += dt.timedelta(days=2)
+
+
+def test_a_disabled_webhook_is_switched_on_again_with_its_failures_cleared(api, receiver, closed_port):
+    hook = _create(api, receiver.url()).json()
+    _disable_by_dead_deliveries(hook["id"], closed_port)
+    disabled = api.get(f"/api/v1/webhooks/{hook['id']}").json()
+    assert disabled["active"] is False and disabled["disabled_reason"].startswith("disabled after")
+
+    fixed = api.patch(f"/api/v1/webhooks/{hook['id']}", {"url": receiver.url("/v2"), "active": True}, format="json")
+
+    assert fixed.status_code == 200, fixed.content
+    body = fixed.json()
+    assert (body["active"], body["consecutive_failures"], body["disabled_reason"], body["disabled_at"]) == (
+        True, 0, "", None,
+    )  # fmt: skip
+    assert body["url"] == receiver.url("/v2")
+    delivery = webhook_ping(endpoint=WebhookEndpoint.objects.get(pk=hook["id"]))
+    assert webhook_deliver(delivery_id=delivery.pk) == DeliveryState.DELIVERED
+    assert receiver.requests[-1]["path"] == "/v2"
+
+
+def test_pausing_gives_up_what_is_pending_and_queues_nothing_new(api, receiver, acme):
+    from marketplace.webhooks.services import webhook_event_emit
+
+    hook = _create(api, receiver.url()).json()
+    pending = webhook_ping(endpoint=WebhookEndpoint.objects.get(pk=hook["id"]))
+
+    paused = api.patch(f"/api/v1/webhooks/{hook['id']}", {"active": False}, format="json").json()
+
+    assert (paused["active"], paused["disabled_reason"]) == (False, "paused by the organisation")
+    assert WebhookDelivery.objects.get(pk=pending.pk).state == DeliveryState.DEAD
+    assert webhook_event_emit(organization_id=acme.pk, event_type="order.placed", data={}) == []
+    assert receiver.requests == []
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"url": "ftp://127.0.0.1/x"}, "url"),
+        ({"events": ["order.exploded"]}, "events"),
+        ({"description": "x" * 201}, "description"),
+        ({"active": "sometimes"}, "active"),
+    ],
+)
+def test_a_bad_change_is_a_400_naming_the_field_and_changes_nothing(api, receiver, change, field):
+    hook = _create(api, receiver.url(), description="ops").json()
+
+    response = api.patch(f"/api/v1/webhooks/{hook['id']}", change, format="json")
+
+    assert response.status_code == 400, response.content
+    assert field in response.json()["error"]["fields"]
+    assert api.get(f"/api/v1/webhooks/{hook['id']}").json() == {k: v for k, v in hook.items() if k != "secret"}
+
+
+def test_switching_on_again_respects_the_active_limit(api, receiver, monkeypatch):
+    from marketplace.webhooks import services
+
+    first = _create(api, receiver.url()).json()
+    api.patch(f"/api/v1/webhooks/{first['id']}", {"active": False}, format="json")
+    monkeypatch.setattr(services, "MAX_ENDPOINTS", 1)
+    assert _create(api, receiver.url("/other")).status_code == 201
+
+    refused = api.patch(f"/api/v1/webhooks/{first['id']}", {"active": True}, format="json")
+
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "webhook_limit"
+    assert WebhookEndpoint.objects.get(pk=first["id"]).active is False
+
+
+def test_a_rotated_secret_signs_beside_the_old_one_for_the_overlap_then_alone(api, receiver):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from marketplace.webhooks.services import ROTATION_OVERLAP, webhook_signing_secrets
+
+    hook = _create(api, receiver.url()).json()
+    old = hook["secret"]
+
+    rotated = api.post(f"/api/v1/webhooks/{hook['id']}/secret", headers={"Idempotency-Key": "rotate-1"})
+
+    assert rotated.status_code == 200, rotated.content
+    assert rotated["Cache-Control"] == "no-store"
+    new = rotated.json()["secret"]
+    assert new.startswith("whsec_") and new != old
+    until = dt.datetime.fromisoformat(rotated.json()["previous_secret_valid_until"])
+    assert dt.timedelta(0) < until - timezone.now() <= ROTATION_OVERLAP
+    assert new not in api.get(f"/api/v1/webhooks/{hook['id']}").content.decode()
+    replay = api.post(f"/api/v1/webhooks/{hook['id']}/secret", headers={"Idempotency-Key": "rotate-1"})
+    assert replay.json()["secret"] == new  # a retried rotation answers the same secret, rotates nothing more
+
+    endpoint = WebhookEndpoint.objects.get(pk=hook["id"])
+    delivery = webhook_ping(endpoint=endpoint)
+    webhook_deliver(delivery_id=delivery.pk)
+    sent = receiver.requests[-1]
+    header = sent["headers"]["Broker-Signature"]
+    assert signature_verify(new, header, sent["body"]) and signature_verify(old, header, sent["body"])
+
+    assert webhook_signing_secrets(endpoint, now=until + dt.timedelta(seconds=1)) == [new]
+    assert webhook_signing_secrets(endpoint, now=until - dt.timedelta(seconds=1)) == [new, old]
+
+
+def test_the_page_pauses_switches_on_again_and_rotates_the_secret_once(browser, receiver, closed_port):
+    from marketplace.webhooks.services import webhook_secret
+
+    browser.post("/webhooks/", {"url": receiver.url()})
+    endpoint = WebhookEndpoint.objects.get()
+    old = webhook_secret(endpoint)
+    _disable_by_dead_deliveries(endpoint.pk, closed_port)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=receiver.url())
+    page = browser.get(f"/webhooks/{endpoint.pk}/").content.decode()
+    assert "disabled after" in page and "Switch on again" in page
+
+    assert browser.post(f"/webhooks/{endpoint.pk}/active", {"active": "on"}).status_code == 302
+    endpoint.refresh_from_db()
+    assert (endpoint.active, endpoint.consecutive_failures) == (True, 0)
+    assert "Pause" in browser.get(f"/webhooks/{endpoint.pk}/").content.decode()
+
+    rotated = browser.post(f"/webhooks/{endpoint.pk}/secret", {"nonce": "rotate-page-1"})
+    assert rotated.status_code == 200 and rotated["Cache-Control"] == "no-store"
+    new = rotated.content.decode().split('id="webhook-secret">')[1].split("<")[0]
+    assert new.startswith("whsec_") and new != old == webhook_signing_old(endpoint)
+    again = browser.post(f"/webhooks/{endpoint.pk}/secret", {"nonce": "rotate-page-1"})  # a reload
+    assert again.status_code == 302 and webhook_secret(WebhookEndpoint.objects.get()) == new
+    assert new not in browser.get(f"/webhooks/{endpoint.pk}/").content.decode()
+
+    assert browser.post(f"/webhooks/{endpoint.pk}/active", {"active": "off"}).status_code == 302
+    assert WebhookEndpoint.objects.get().disabled_reason == "paused by the organisation"
+
+
+def webhook_signing_old(endpoint) -> str:
+    """The secret signing beside the current one during a rotation's overlap."""
+    from marketplace.webhooks.services import webhook_signing_secrets
+
+    _, previous = webhook_signing_secrets(WebhookEndpoint.objects.get(pk=endpoint.pk))
+    return previous
