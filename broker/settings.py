@@ -188,6 +188,22 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# --- Email ----------------------------------------------------------------------------------------------------
+# Team invitations are emailed. Development writes each message to a file under var/mail (no server needed);
+# production sends through SMTP at EMAIL_HOST.
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.filebased.EmailBackend" if DEBUG else "django.core.mail.backends.smtp.EmailBackend",
+)
+EMAIL_FILE_PATH = VAR_DIR / "mail"
+EMAIL_HOST = env_str("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Broker <no-reply@localhost>")
+
 # --- Celery -------------------------------------------------------------------------------------------------
 CELERY_DATA_DIR = VAR_DIR / "celery"
 CELERY_BROKER_URL = env_broker_url("CELERY_BROKER_URL", "filesystem://")

@@ -7,10 +7,48 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.http import Http404, HttpRequest
+from django.urls import reverse
 
 from marketplace.models import Organization
 from marketplace.portal import selectors
-from marketplace.portal.services import PortalError, invitation_revoke, membership_remove, membership_role_set
+from marketplace.portal.emails import invitation_email_send
+from marketplace.portal.services import (
+    PortalError,
+    invitation_create,
+    invitation_revoke,
+    membership_remove,
+    membership_role_set,
+)
+
+
+def form_error(form: forms.Form, error: PortalError) -> None:
+    """A service's refusal on the form: on the field it names, or above the form."""
+    form.add_error(error.field if error.field in form.fields else None, error.message)
+
+
+def invite_action(request: HttpRequest, organization: Organization, form: forms.Form, invitation_url: str) -> str:
+    """Invite the (valid) form's address with its role and email them the link; the link, to show once on
+    this response, or "" when the service refused (the reason is put on the form). ``invitation_url`` names
+    the route that accepts the link's token."""
+    try:
+        created, token = invitation_create(
+            organization=organization,
+            email=form.cleaned_data["email"],
+            role=form.cleaned_data["role"],
+            by=request.user,  # type: ignore[arg-type]
+        )
+    except PortalError as error:
+        form_error(form, error)
+        return ""
+    link = request.build_absolute_uri(reverse(invitation_url, args=[token]))
+    if invitation_email_send(invitation=created, link=link):
+        messages.success(request, f"Invitation emailed to {created.email}. The link is also below, shown once.")
+    else:
+        messages.warning(
+            request, f"Invitation for {created.email} created, but the email could not be sent: copy the link below "
+            "and pass it on yourself; it is shown once."
+        )  # fmt: skip
+    return link
 
 
 def invitation_revoke_action(request: HttpRequest, organization: Organization, invitation_id: int) -> None:

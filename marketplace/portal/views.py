@@ -13,10 +13,8 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.forms import Form
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.views.decorators.cache import never_cache
@@ -44,7 +42,6 @@ from marketplace.portal.services import (
     TERMS_VERSION,
     PortalError,
     invitation_accept,
-    invitation_create,
     invitation_signup,
     machine_listing_create,
     provider_account_save,
@@ -54,7 +51,7 @@ from marketplace.portal.services import (
     provider_signup,
     provider_terms_accept,
 )
-from marketplace.portal.team_actions import invitation_revoke_action, member_update_action
+from marketplace.portal.team_actions import form_error, invitation_revoke_action, invite_action, member_update_action
 from marketplace.web.charts import sparkline
 from providers.community.selectors import machines_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
@@ -89,10 +86,6 @@ def _page(request: HttpRequest, template: str, membership: Membership, tab: str,
     return render(request, template, context)
 
 
-def _form_error(form: Form, error: PortalError) -> None:
-    form.add_error(error.field if error.field in form.fields else None, error.message)
-
-
 # --- Signing up -----------------------------------------------------------------------------------------------
 
 
@@ -112,7 +105,7 @@ def signup(request: HttpRequest) -> HttpResponse:
                 organization_name=data["organization_name"],
             )
         except PortalError as error:
-            _form_error(form, error)
+            form_error(form, error)
         else:
             login(request, user, backend=AUTH_BACKEND)
             messages.success(request, f"Welcome, {data['organization_name']}. Next: your business details.")
@@ -148,7 +141,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
                 return render(request, "portal/invitation.html", context)
         except PortalError as error:
             if form is not None:
-                _form_error(form, error)
+                form_error(form, error)
             else:
                 context["error"] = error.message
         else:
@@ -201,7 +194,7 @@ def terms(request: HttpRequest) -> HttpResponse:
                 version=form.cleaned_data["version"],
             )
         except PortalError as error:
-            _form_error(form, error)
+            form_error(form, error)
         else:
             if accepted:
                 messages.success(request, f"Terms version {TERMS_VERSION} accepted.")
@@ -218,18 +211,8 @@ def team(request: HttpRequest) -> HttpResponse:
     form = InviteForm(request.POST if request.method == "POST" else None)
     link = ""
     if form.is_bound and form.is_valid():
-        try:
-            created, token = invitation_create(
-                organization=organization,
-                email=form.cleaned_data["email"],
-                role=form.cleaned_data["role"],
-                by=request.user,  # type: ignore[arg-type]
-            )
-        except PortalError as error:
-            _form_error(form, error)
-        else:
-            link = request.build_absolute_uri(reverse("portal:invitation", args=[token]))
-            messages.success(request, f"Invitation for {created.email} created. Copy the link below: it is shown once.")
+        link = invite_action(request, organization, form, "portal:invitation")
+        if link:
             form = InviteForm()
     response = _page(
         request,
@@ -292,7 +275,7 @@ def _account_save(
             organization=membership.organization, data=form.account_input(kind=cloud.kind), account=account
         )
     except PortalError as error:
-        _form_error(form, error)
+        form_error(form, error)
         return None
     except ProviderError as error:
         what = "could not be reached" if isinstance(error, TransientProviderError) else "refused the credentials"
@@ -410,7 +393,7 @@ def machine_new(request: HttpRequest) -> HttpResponse:
                 organization=membership.organization, name=form.cleaned_data["name"], listing=form.listing()
             )
         except PortalError as exc:
-            _form_error(form, exc)
+            form_error(form, exc)
         else:
             response = _page(
                 request, "portal/machine_listed.html", membership, "machines", machine=listed.machine,

@@ -13,7 +13,6 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.forms import Form
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import Resolver404, resolve, reverse
@@ -32,19 +31,14 @@ from marketplace.portal.services import (
     PortalError,
     buyer_signup,
     invitation_accept,
-    invitation_create,
     invitation_signup,
     membership_remove,
 )
-from marketplace.portal.team_actions import invitation_revoke_action, member_update_action
+from marketplace.portal.team_actions import form_error, invitation_revoke_action, invite_action, member_update_action
 from marketplace.web.forms import BuyerInviteForm, BuyerRoleForm, BuyerSignupForm
 from marketplace.web.orgs import activate, active_membership, buyer_access
 
 AUTH_BACKEND = "django.contrib.auth.backends.ModelBackend"
-
-
-def _form_error(form: Form, error: PortalError) -> None:
-    form.add_error(error.field if error.field in form.fields else None, error.message)
 
 
 # --- Signing up and switching ---------------------------------------------------------------------------------
@@ -67,7 +61,7 @@ def signup(request: HttpRequest) -> HttpResponse:
                 organization_name=data["organization_name"],
             )
         except PortalError as error:
-            _form_error(form, error)
+            form_error(form, error)
         else:
             login(request, user, backend=AUTH_BACKEND)
             activate(request, organization)
@@ -145,18 +139,8 @@ def team(request: HttpRequest) -> HttpResponse:
     form = BuyerInviteForm(request.POST if request.method == "POST" else None)
     link = ""
     if form.is_bound and form.is_valid():
-        try:
-            created, token = invitation_create(
-                organization=membership.organization,
-                email=form.cleaned_data["email"],
-                role=form.cleaned_data["role"],
-                by=request.user,  # type: ignore[arg-type]
-            )
-        except PortalError as error:
-            _form_error(form, error)
-        else:
-            link = request.build_absolute_uri(reverse("storefront:invitation", args=[token]))
-            messages.success(request, f"Invitation for {created.email} created. Copy the link below: it is shown once.")
+        link = invite_action(request, membership.organization, form, "storefront:invitation")
+        if link:
             form = BuyerInviteForm()
     response = _team_page(request, membership, form, link)
     if link:
@@ -232,7 +216,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
                 return render(request, "storefront/invitation.html", context, status=400)
         except PortalError as error:
             if form is not None:
-                _form_error(form, error)
+                form_error(form, error)
             else:
                 context["error"] = error.message
             return render(request, "storefront/invitation.html", context, status=400)

@@ -99,6 +99,17 @@ def test_an_owner_invites_and_only_the_links_hash_is_stored(alice, acme):
     assert "nina@example.com" in page and token not in page
 
 
+def test_the_invitation_is_emailed_to_the_address_with_the_link(alice, acme, mailoutbox):
+    path = _invite(client_for(alice), "nina@example.com", Role.VIEWER)
+
+    (message,) = mailoutbox
+    assert (message.to, message.subject) == (
+        ["nina@example.com"],
+        "You are invited to join Acme Research on the GPU Broker",
+    )
+    assert f"http://testserver{path}" in message.body and "viewer" in message.body
+
+
 def test_a_new_person_signs_up_through_the_link_and_joins_with_the_role(alice, acme):
     path = _invite(client_for(alice), "nina@example.com", Role.VIEWER)
     client = Client()

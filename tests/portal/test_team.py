@@ -47,6 +47,33 @@ def test_an_owner_invites_by_email_and_only_the_tokens_hash_is_stored(petra, pet
     assert token not in page
 
 
+def test_the_invitation_is_emailed_with_the_link_shown_on_the_page(petra, petra_org, mailoutbox):
+    path = _invite(client_for(petra), "olga@petra.example", Role.OPERATOR)
+
+    (message,) = mailoutbox
+    assert message.to == ["olga@petra.example"]
+    assert petra_org.name in message.subject
+    assert f"http://testserver{path}" in message.body and "operator" in message.body
+    assert "petra" in message.body  # who invites
+
+
+def test_a_mail_server_that_is_down_loses_no_invitation_and_the_link_is_still_shown(petra, settings, mailoutbox):
+    import socket
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", closed, 2
+
+    response = client_for(petra).post("/provider/team", {"email": "olga@petra.example", "role": Role.OPERATOR})
+
+    page = response.content.decode()
+    assert response.status_code == 200 and "the email could not be sent" in page
+    assert re.search(r'value="http://testserver/provider/invitations/[^"]+"', page)
+    assert Invitation.objects.get().email == "olga@petra.example"
+
+
 def test_an_invited_person_signs_up_from_the_link_and_joins_with_the_role(petra, petra_org):
     path = _invite(client_for(petra), "olga@petra.example", Role.OPERATOR)
     client = Client()
@@ -206,7 +233,7 @@ def test_viewers_see_pages_without_the_controls(victor, olga, petra):
     accounts = client.get("/provider/accounts").content.decode()
     details = client.get("/provider/details").content.decode()
 
-    assert "Create invitation link" not in team
+    assert "Send invitation" not in team
     assert "Remove" not in team
     assert "Connect an account" not in accounts
     assert "<form" not in details.split("</header>")[1]
