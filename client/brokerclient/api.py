@@ -341,6 +341,11 @@ class BrokerClient:
         body: dict[str, Any] = self.get("ledger/key")
         return body
 
+    def consistency(self, old_size: int, new_size: int) -> list[bytes]:
+        """The ledger's proof that its tree of ``new_size`` entries extends the one of ``old_size``."""
+        body: dict[str, Any] = self.get("ledger/consistency", {"old": old_size, "new": new_size})
+        return [bytes.fromhex(p) for p in body.get("proof", [])]
+
     def checkpoint_latest(self) -> dict[str, Any]:
         body: dict[str, Any] = self.get("ledger/checkpoints/latest")
         return body

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from brokerclient.api import ORDER_STATES, BrokerClient
 from brokerclient.errors import BrokerError
-from brokerclient.verify import verify_receipt
+from brokerclient.verify import Check, RememberedCheckpoint, VerificationResult, remembered_check, verify_receipt
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
 PROFILES = ("training", "fine_tuning", "inference", "scientific", "rendering", "transcoding")
@@ -274,6 +274,8 @@ def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> 
         return EXIT_OK
     order_id = None if args.file and not args.order else args.order
     result = verify_receipt(receipt, trusted_key=trusted, order_id=order_id)
+    if args.state and result.ok and result.checkpoint is not None:
+        _check_remembered(client, Path(args.state), result)
     if args.json:
         _json({"receipt": receipt, "verification": result.as_json()}, out)
     else:
@@ -282,6 +284,27 @@ def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> 
         if not result.key_pinned:
             out.write("note: no key pinned (--key): the receipt's own key shows only that whoever answered signed it\n")
     return EXIT_OK if result.ok else EXIT_UNVERIFIED
+
+
+def _check_remembered(client: BrokerClient, state: Path, result: VerificationResult) -> None:
+    """Check the receipt's checkpoint against the one remembered in ``state`` (the first run remembers it),
+    record the check on ``result``, and remember the newer checkpoint once it is shown to extend the old."""
+    signed = result.checkpoint
+    assert signed is not None
+    try:
+        remembered = RememberedCheckpoint.from_json(json.loads(state.read_text())) if state.exists() else None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the state file {state}: {exc}") from None
+    if remembered is None:
+        result.checks.append(Check("consistency", True, f"first run: checkpoint {signed.size} remembered in {state}"))
+    else:
+        low, high = sorted((remembered.size, signed.size))
+        proof = client.consistency(low, high) if low != high else []
+        check = remembered_check(remembered, signed, proof)
+        result.checks.append(check)
+        if not check.ok or signed.size <= remembered.size:
+            return
+    state.write_text(json.dumps(RememberedCheckpoint.of(signed).as_json()) + "\n")
 
 
 def _receipt_table(receipt: dict[str, Any], out: TextIO) -> None:
@@ -389,6 +412,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="the verifier key you trust, obtained out of band (env BROKER_VERIFIER_KEY)")
     p.add_argument("--key-file", help="a file holding that key")
     p.add_argument("--file", help="verify a saved receipt instead of fetching one")
+    p.add_argument("--state", help="a file remembering the newest checkpoint verified: each later one must extend it")
     p.set_defaults(run=cmd_receipt)
 
     p = sub.add_parser("key", parents=[common], help="the verifier key the broker publishes")

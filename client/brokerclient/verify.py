@@ -36,14 +36,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 __all__ = [
     "RECEIPT_FORMAT",
     "Check",
+    "CheckpointStatement",
     "ReceiptInvalid",
+    "RememberedCheckpoint",
     "VerificationResult",
     "VerifierKey",
     "canonical_json",
     "checkpoint_open",
+    "consistency_verify",
     "envelope_bytes",
     "inclusion_verify",
     "leaf_hash",
+    "remembered_check",
     "verifier_key_parse",
     "verify_receipt",
 ]
@@ -82,6 +86,7 @@ class VerificationResult:
     key_pinned: bool = False
     verified_entries: int = 0
     pending_entries: int = 0
+    checkpoint: CheckpointStatement | None = None  # the signed checkpoint, once its signature verified
 
     @property
     def failures(self) -> list[Check]:
@@ -235,6 +240,100 @@ def inclusion_verify(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
     for sibling, on_left in zip(siblings, reversed(sibling_on_left), strict=True):
         node = _node(sibling, node) if on_left else _node(node, sibling)
     return node == root
+
+
+def consistency_verify(old_size: int, new_size: int, old_root: bytes, new_root: bytes, proof: Sequence[bytes]) -> bool:
+    """Whether ``proof`` shows that the tree of ``old_size`` leaves with root ``old_root`` is the prefix of the
+    tree of ``new_size`` leaves with root ``new_root`` (0 < old_size <= new_size). Never raises.
+
+    Follows the definition of the proof (RFC 6962 section 2.1.2), as ``inclusion_verify`` does for paths:
+    walking down from the whole tree towards the old tree's last leaf, a range that holds the old size splits
+    at k; when the old tree ends in the left part, the right part is new and its root is in the proof; when it
+    ends in the right part, the left part is wholly old and its root is in the proof too. Where the walk stops,
+    the node that ends the old tree is either the old tree itself (left out of the proof: the verifier has it)
+    or the proof's first element. Folding back up rebuilds both roots.
+    """
+    if not (_is_count(old_size) and _is_count(new_size)) or not 0 < old_size <= new_size:
+        return False
+    if isinstance(proof, str | bytes | bytearray) or not isinstance(proof, Sequence):
+        return False
+    if old_size == new_size:  # one tree: nothing to prove but that the roots are the same
+        return len(proof) == 0 and isinstance(old_root, bytes) and old_root == new_root
+    if not (_is_hash(old_root) and _is_hash(new_root)):
+        return False
+    elements = list(proof)
+    if len(elements) > 64 or not all(_is_hash(p) for p in elements):
+        return False
+    old_part_on_left: list[bool] = []  # top of the tree first: True when the sibling is a wholly old left part
+    low, high, whole_old_tree = 0, new_size, True
+    while old_size != high:
+        split = low + (1 << ((high - low - 1).bit_length() - 1))
+        if old_size <= split:
+            old_part_on_left.append(False)
+            high = split
+        else:
+            old_part_on_left.append(True)
+            low = split
+            whole_old_tree = False
+    expected = len(old_part_on_left) + (0 if whole_old_tree else 1)
+    if len(elements) != expected:
+        return False
+    if whole_old_tree:
+        old_node = new_node = old_root
+    else:
+        old_node = new_node = elements.pop(0)
+    for sibling, on_left in zip(elements, reversed(old_part_on_left), strict=True):
+        if on_left:
+            old_node, new_node = _node(sibling, old_node), _node(sibling, new_node)
+        else:
+            new_node = _node(new_node, sibling)  # a part of the new tree only
+    return old_node == old_root and new_node == new_root
+
+
+@dataclass(frozen=True)
+class RememberedCheckpoint:
+    """The newest checkpoint a reader has verified, kept between runs (``broker receipt --verify --state``) so
+    that every later checkpoint can be checked to extend it: a ledger rewritten after the fact, or shown
+    differently to different readers, cannot extend what was seen before."""
+
+    origin: str
+    size: int
+    root: bytes
+
+    @classmethod
+    def from_json(cls, data: Any) -> RememberedCheckpoint:
+        """Raises ``ValueError`` for anything but ``{"origin", "size", "root" (64 hex digits)}``."""
+        if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not _is_count(data.get("size")):
+            raise ValueError('expected {"origin": text, "size": count, "root": 64 hex digits}')
+        if not isinstance(data.get("root"), str) or not _HEX64.fullmatch(data["root"]) or data["size"] == 0:
+            raise ValueError("the root must be 64 lower-case hex digits and the size positive")
+        return cls(data["origin"], data["size"], bytes.fromhex(data["root"]))
+
+    @classmethod
+    def of(cls, statement: CheckpointStatement) -> RememberedCheckpoint:
+        return cls(statement.origin, statement.size, statement.root)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"origin": self.origin, "size": self.size, "root": self.root.hex()}
+
+
+def remembered_check(remembered: RememberedCheckpoint, signed: CheckpointStatement, proof: Sequence[bytes]) -> Check:
+    """Whether ``signed`` and ``remembered`` are one history: ``proof`` (the ledger's consistency proof from the
+    smaller size to the larger; empty for equal sizes) must show the smaller tree is a prefix of the larger."""
+    if remembered.origin != signed.origin:
+        return Check("consistency", False, f"the checkpoint is of log {signed.origin!r}, not the remembered "
+                     f"{remembered.origin!r}")  # fmt: skip
+    older, newer = (remembered, signed) if remembered.size <= signed.size else (signed, remembered)
+    if consistency_verify(older.size, newer.size, older.root, newer.root, proof):
+        if signed.size == remembered.size:
+            return Check("consistency", True, f"checkpoint {signed.size} is the remembered checkpoint")
+        relation = "extends" if signed.size > remembered.size else "precedes"
+        return Check("consistency", True, f"checkpoint {signed.size} {relation} the remembered {remembered.size}")
+    message = (
+        f"checkpoint {signed.size} and the remembered checkpoint {remembered.size} are not one history: "
+        "the ledger was rewritten, or is shown differently to different readers"
+    )
+    return Check("consistency", False, message)
 
 
 # --- Signed notes ----------------------------------------------------------------------------------------------
@@ -409,6 +508,7 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
     except ValueError as exc:
         return fail("signature", str(exc))
     checks.append(Check("signature", True, f"checkpoint of size {signed.size} signed by {key.name}"))
+    result.checkpoint = signed
     differences = []
     if signed.origin != receipt.get("origin"):
         differences.append(f"origin {signed.origin!r} is not the receipt's {receipt.get('origin')!r}")

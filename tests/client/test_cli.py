@@ -117,3 +117,42 @@ def test_api_errors_exit_1_with_the_code_and_usage_errors_exit_2(broker_cli, liv
     unknown_gpu = broker_cli("quote", "--gpu", "Z9000")
     assert unknown_gpu.returncode == 2 and "unknown GPU 'Z9000'" in unknown_gpu.stderr
     assert Order.objects.count() == 0
+
+
+def test_a_remembered_checkpoint_must_be_extended_by_every_later_one(broker_cli, tmp_path, broker, t4_offer):
+    from django.db import transaction
+
+    from ledger.services import ledger_append
+
+    offer, cap = t4_offer
+    order = broker.order(offer=offer.pk, max_price_per_hour=cap)
+    first = ledger_checkpoint_and_anchor()
+    state, key = tmp_path / "state.json", verifier_key()
+
+    def verify() -> subprocess.CompletedProcess[str]:
+        return broker_cli("receipt", order["id"], "--verify", "--key", key, "--state", str(state))
+
+    remembered = verify()
+    assert remembered.returncode == 0, remembered.stdout + remembered.stderr
+    assert f"first run: checkpoint {first.size} remembered" in remembered.stdout
+    assert json.loads(state.read_text()) == {"origin": first.origin, "size": first.size, "root": first.root_hash}
+
+    with transaction.atomic():
+        ledger_append(kind="test.event", subject="thing:later", payload={"n": 1})
+    second = ledger_checkpoint_and_anchor()
+    extended = verify()
+    assert extended.returncode == 0, extended.stdout
+    assert f"checkpoint {second.size} extends the remembered {first.size}" in extended.stdout
+    assert json.loads(state.read_text())["size"] == second.size
+
+    for forged_size in (second.size, first.size):  # what was seen before, as a rewritten ledger would differ
+        forged = {"origin": first.origin, "size": forged_size, "root": "ab" * 32}
+        state.write_text(json.dumps(forged))
+        refused = verify()
+        assert refused.returncode == 3, refused.stdout
+        assert "are not one history" in refused.stdout
+        assert json.loads(state.read_text()) == forged  # a failed check remembers nothing
+
+    state.write_text("{not json")
+    unreadable = verify()
+    assert unreadable.returncode == 2 and "cannot read the state file" in unreadable.stderr

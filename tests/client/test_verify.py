@@ -13,6 +13,7 @@ import pytest
 from brokerclient.verify import (
     canonical_json,
     checkpoint_open,
+    consistency_verify,
     envelope_bytes,
     inclusion_verify,
     leaf_hash,
@@ -41,6 +42,30 @@ def test_inclusion_agrees_with_the_broker_on_every_leaf_of_every_small_tree():
                 assert not inclusion_verify(leaves[index], index, size, [flipped, *proof[1:]], root)
 
 
+def test_consistency_agrees_with_the_broker_for_every_pair_of_sizes_and_refuses_any_change():
+    leaves = [merkle.leaf_hash(f"entry {i}".encode()) for i in range(40)]
+    roots = [b""] + [merkle.root_from_hashes(leaves[:n]) for n in range(1, 41)]
+    for new in range(1, 41):
+        for old in range(1, new + 1):
+            proof = merkle.consistency_proof_from_hashes(old, leaves[:new])
+            assert consistency_verify(old, new, roots[old], roots[new], proof), (old, new)
+            assert not consistency_verify(old, new, roots[old], roots[new], [*proof, roots[new]])
+            if proof:
+                flipped = bytes([proof[-1][0] ^ 1]) + proof[-1][1:]
+                assert not consistency_verify(old, new, roots[old], roots[new], [*proof[:-1], flipped])
+                assert not consistency_verify(old, new, roots[old], roots[new], proof[1:])
+            if old < new:
+                assert not consistency_verify(old, new, roots[new], roots[new], proof)
+                assert not consistency_verify(old, new, roots[old], roots[old], proof)
+
+
+def test_bad_consistency_arguments_are_a_failed_proof_not_an_exception():
+    root = merkle.leaf_hash(b"x")
+    for old, new, proof in [(0, 1, []), (2, 1, []), (1, 2**64, [root]), (True, 2, [root]), (1, 2, "ab"), (1, 2, None),
+                            (1, 2, [b"short"])]:  # fmt: skip
+        assert consistency_verify(old, new, root, root, proof) is False  # type: ignore[arg-type]
+
+
 def test_bad_arguments_are_a_failed_proof_not_an_exception():
     leaf = merkle.leaf_hash(b"x")
     for index, size, proof, root in [
@@ -50,10 +75,19 @@ def test_bad_arguments_are_a_failed_proof_not_an_exception():
         assert inclusion_verify(leaf, index, size, proof, root) is False  # type: ignore[arg-type]
 
 
-def _probe_files() -> list[Any]:
+def _probe_files(kind: str = "inclusion") -> list[Any]:
     if not PROBES.is_dir():
         return [pytest.param(None, marks=pytest.mark.skip(reason=f"{PROBES} is not present"))]
-    return [pytest.param(p, id=str(p.relative_to(PROBES))) for p in sorted((PROBES / "inclusion").rglob("*.json"))]
+    return [pytest.param(p, id=str(p.relative_to(PROBES))) for p in sorted((PROBES / kind).rglob("*.json"))]
+
+
+@pytest.mark.parametrize("path", _probe_files("consistency"))
+def test_consistency_probe(path: Path):
+    probe = json.loads(path.read_text())
+    b64 = base64.b64decode
+    proof = [b64(p) for p in probe["proof"] or []]
+    ok = consistency_verify(probe["size1"], probe["size2"], b64(probe["root1"]), b64(probe["root2"]), proof)
+    assert ok is (not probe["wantErr"]), probe["desc"]
 
 
 @pytest.mark.parametrize("path", _probe_files())
