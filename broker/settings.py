@@ -297,6 +297,14 @@ if WEBHOOK_DESTINATIONS not in {"loopback", "public"}:
         f"BROKER_WEBHOOK_DESTINATIONS={WEBHOOK_DESTINATIONS!r} is not valid: expected loopback or public"
     )
 
+# Where a seller's cloud account may point the broker (providers/endpoints.py): public addresses, and in
+# development loopback too, where the sandboxes listen.
+PROVIDER_ENDPOINTS = env_str("BROKER_PROVIDER_ENDPOINTS", "public+loopback" if DEBUG else "public")
+if PROVIDER_ENDPOINTS not in {"public", "public+loopback"}:
+    raise ImproperlyConfigured(
+        f"BROKER_PROVIDER_ENDPOINTS={PROVIDER_ENDPOINTS!r} is not valid: expected public or public+loopback"
+    )
+
 # The ledger's signed checkpoints and their anchors (ledger/checkpoints.py, ledger/anchoring.py).
 LEDGER_ORIGIN = env_str("LEDGER_ORIGIN", "gpu-broker/ledger")
 # Base64 of a 32-byte Ed25519 seed, or a file holding it; with neither, a key is made once in VAR_DIR.

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from django.db import transaction
 
 from providers.base import ProviderAdapter
+from providers.endpoints import account_endpoints_check
 from providers.errors import CredentialsRejected, ProviderRequestRejected
 from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import ADAPTERS, build_adapter
@@ -20,7 +21,8 @@ class AccountInvalid(ValueError):
 def adapter_for_account(account: ProviderAccount) -> ProviderAdapter:
     """A fresh adapter for the account (adapters hold SDK clients; build one per task, not per process).
 
-    A misconfigured account raises ``ProviderRequestRejected`` and unreadable stored credentials raise
+    A misconfigured account (an endpoint it may not point at included: ``providers.endpoints``) raises
+    ``ProviderRequestRejected`` and unreadable stored credentials raise
     ``CredentialsRejected``, so callers handle them like any provider refusal instead of crashing.
     """
     try:
@@ -28,6 +30,7 @@ def adapter_for_account(account: ProviderAccount) -> ProviderAdapter:
     except SecretUnreadable as exc:
         raise CredentialsRejected(str(exc), provider=account.kind) from None
     try:
+        account_endpoints_check(credentials, account.options)
         return build_adapter(account.kind, credentials, account.regions, account.options)
     except ValueError as exc:
         raise ProviderRequestRejected(f"account {account.pk} is misconfigured: {exc}", provider=account.kind) from None

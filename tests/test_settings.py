@@ -38,6 +38,8 @@ def _start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ({"REDIS_URL": "127.0.0.1:6379"}, "REDIS_URL='127.0.0.1:6379' is not valid"),
         ({"BROKER_API_RATE_READ": "lots"}, "BROKER_API_RATE_READ='lots' is not valid: expected e.g. 600/min"),
         ({"BROKER_API_RATE_WRITE": "10/fortnight"}, "BROKER_API_RATE_WRITE='10/fortnight' is not valid"),
+        ({"BROKER_PROVIDER_ENDPOINTS": "anywhere"}, "BROKER_PROVIDER_ENDPOINTS='anywhere' is not valid"),
+        ({"EMAIL_PORT": "smtp"}, "EMAIL_PORT='smtp' is not valid"),
     ],
 )
 def test_a_bad_setting_names_the_variable(tmp_path, env, message):

@@ -36,6 +36,7 @@ from marketplace.models.organizations import BUYER_ROLES, PROVIDER_ROLES
 from marketplace.portal.selectors import token_hash
 from marketplace.tasks import offers_sync_account_task
 from providers.community.services import ListedMachine, MachineInvalid, machine_list
+from providers.endpoints import EndpointRefused, account_endpoints_check
 from providers.errors import ProviderError
 from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import build_adapter
@@ -357,6 +358,10 @@ def provider_account_save(
         raise PortalError("you already have an account of that name", field="name")
 
     credentials = Credentials(kind=data.kind, values=values, endpoint_url=data.endpoint_url or None)
+    try:
+        account_endpoints_check(credentials, options)
+    except EndpointRefused as exc:
+        raise PortalError(exc.message, field=exc.field) from None
     try:
         adapter = build_adapter(data.kind, credentials, data.regions, {**options, **CHECK_OPTIONS})
     except ValueError as exc:

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from broker.addresses import LOOPBACK_HOSTS, is_public
+
 MAX_URL_LENGTH = 2000
-LOOPBACK_HOSTS = {"127.0.0.1": "127.0.0.1", "localhost": "127.0.0.1", "::1": "::1"}
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 class WebhookUrlRefused(ValueError):
@@ -53,18 +53,6 @@ def _resolve(host: str, port: int) -> list[str]:
     except (OSError, UnicodeError) as exc:
         raise WebhookUrlRefused(f"the host {host} does not resolve ({exc})") from None
     return sorted({str(info[4][0]) for info in infos})
-
-
-def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        # IPv4 carried inside IPv6 reaches that IPv4 address: judge that one.
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            return _is_public(str(embedded))
-    return ip.is_global and not ip.is_multicast
 
 
 def _parse(url: str) -> tuple[str, str, int, str]:
@@ -115,7 +103,7 @@ def destination_check(url: str) -> Destination:
         addresses = [str(ipaddress.ip_address(host))]
     except ValueError:
         addresses = _resolve(host, port)
-    refused = [a for a in addresses if not _is_public(a)]
+    refused = [a for a in addresses if not is_public(a)]
     if refused or not addresses:
         raise WebhookUrlRefused(
             f"the host {host} is not allowed: it resolves to {', '.join(refused) or 'nothing'}, "
