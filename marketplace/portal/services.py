@@ -94,6 +94,7 @@ def provider_signup(*, username: str, email: str, password: str, organization_na
             )
             ProviderProfile.objects.create(organization=organization, contact_email=email.lower())
             Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
+            _team_ledger("team.created", organization, owner=user_commitment(user))
     except IntegrityError:
         # A concurrent signup won the unique name: say which, outside the rolled-back transaction.
         _signup_conflicts(username=username, organization_name=organization_name)
@@ -113,6 +114,7 @@ def buyer_signup(
             user = get_user_model().objects.create_user(username=username, email=email.lower(), password=password)
             organization = Organization.objects.create(name=organization_name, kind=OrganizationKind.BUYER)
             Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
+            _team_ledger("team.created", organization, owner=user_commitment(user))
     except IntegrityError:
         _signup_conflicts(username=username, organization_name=organization_name)
         raise
@@ -254,7 +256,11 @@ def _invitation_claim(invitation: Invitation, user: AbstractBaseUser) -> Members
     ).update(accepted_at=now, accepted_by=user)
     if claimed != 1:
         raise PortalError("this invitation was just used or revoked")
-    return Membership.objects.create(user=user, organization=invitation.organization, role=invitation.role)
+    joined = Membership.objects.create(user=user, organization=invitation.organization, role=invitation.role)
+    inviter = user_commitment(invitation.invited_by) if invitation.invited_by else None
+    _team_ledger("team.joined", invitation.organization, member=user_commitment(user), role=joined.role,
+                 invited_by=inviter)  # fmt: skip
+    return joined
 
 
 def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Membership:
@@ -287,20 +293,41 @@ def _refuse_ownerless(organization: Organization, *, changing: int, new_role: st
         raise PortalError("the organisation needs at least one owner")
 
 
-def membership_role_set(*, membership: Membership, role: str) -> None:
-    """Give a member another of the organisation kind's roles; the last owner keeps theirs."""
+def membership_role_set(*, membership: Membership, role: str, by: AbstractBaseUser | None = None) -> None:
+    """Give a member another of the organisation kind's roles; the last owner keeps theirs. Ledgered, with
+    ``by`` (who decided; None for the system) as a commitment."""
     _check_role(membership.organization, role)
     with transaction.atomic():
         _refuse_ownerless(membership.organization, changing=membership.pk, new_role=role)
+        previous = Membership.objects.select_for_update().get(pk=membership.pk).role
+        if previous == role:
+            return
         Membership.objects.filter(pk=membership.pk).update(role=role)
+        _team_ledger("team.role_changed", membership.organization, member=user_commitment(membership.user),
+                     **{"from": previous, "to": role}, by=_decider(by))  # fmt: skip
 
 
-def membership_remove(*, membership: Membership) -> None:
-    """Take someone off the team, or (their own membership) leave it; the last owner stays. Their API tokens
-    for the organisation stop working at once (``ScopedTokenAuthentication``)."""
+def membership_remove(*, membership: Membership, by: AbstractBaseUser | None = None) -> None:
+    """Take someone off the team, or (``by`` the member themself) leave it; the last owner stays. Their API
+    tokens for the organisation stop working at once (``ScopedTokenAuthentication``). Ledgered."""
     with transaction.atomic():
         _refuse_ownerless(membership.organization, changing=membership.pk, new_role=None)
-        Membership.objects.filter(pk=membership.pk).delete()
+        removed = Membership.objects.filter(pk=membership.pk).delete()[0]
+        if not removed:
+            return
+        left = by is not None and by.pk == membership.user_id
+        _team_ledger("team.left" if left else "team.removed", membership.organization,
+                     member=user_commitment(membership.user), role=membership.role, by=_decider(by))  # fmt: skip
+
+
+def _decider(user: AbstractBaseUser | None) -> str | None:
+    return user_commitment(user) if user is not None else None
+
+
+def _team_ledger(kind: str, organization: Organization, **facts: Any) -> None:
+    """Ledger a change to who may act for ``organization`` (people only as commitments: erasable)."""
+    ledger_append(kind=kind, subject=f"organization:{organization.pk}",
+                  payload={"organization": organization.pk, **facts})  # fmt: skip
 
 
 # --- Cloud accounts -------------------------------------------------------------------------------------------

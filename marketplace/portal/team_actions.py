@@ -71,14 +71,14 @@ def member_update_action(
     name = member.user.get_username()
     try:
         if "remove" in request.POST:
-            membership_remove(membership=member)
+            membership_remove(membership=member, by=request.user)  # type: ignore[arg-type]
             messages.success(request, f"{name} is no longer in {organization.name}.")
             return
         form = role_form(request.POST, prefix=f"m{member.pk}")
         if not form.is_valid():
             messages.error(request, f"Role: {form.errors['role'][0]}")
             return
-        membership_role_set(membership=member, role=form.cleaned_data["role"])
+        membership_role_set(membership=member, role=form.cleaned_data["role"], by=request.user)  # type: ignore[arg-type]
         messages.success(request, f"{name} is now {form.cleaned_data['role']}.")
     except PortalError as error:
         messages.error(request, f"{name} keeps their role: {error.message}.")

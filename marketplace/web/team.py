@@ -172,7 +172,7 @@ def leave(request: HttpRequest) -> HttpResponse:
     """Leave the active organisation; refused to its last owner. The session falls back to another one."""
     membership = buyer_access(request)
     try:
-        membership_remove(membership=membership)
+        membership_remove(membership=membership, by=request.user)  # type: ignore[arg-type]
     except PortalError as error:
         messages.error(request, f"You cannot leave {membership.organization.name}: {error.message}.")
         return redirect("storefront:team")

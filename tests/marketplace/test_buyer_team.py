@@ -249,11 +249,38 @@ def test_anyone_can_leave_an_organisation_that_keeps_an_owner(alice, bob, vera, 
     assert list(Membership.objects.filter(organization=acme).values_list("user__username", flat=True)) == ["alice"]
 
 
-def test_team_changes_write_no_ledger_entry_like_the_portals(alice, bob):
-    before = LedgerEntry.objects.count()
-    _invite(client_for(alice), "nina@example.com", Role.MEMBER)
+def test_team_changes_are_ledgered_with_people_only_as_commitments(alice, bob, acme):
+    import json
+
+    from ledger.services import ledger_verify, personal_erase, personal_reveal
+
+    path = _invite(client_for(alice), "nina@example.com", Role.MEMBER)
+    nina = Client()
+    nina.post(path, {"username": "nina", "password1": PASSWORD, "password2": PASSWORD})
+    client_for(alice).post(
+        f"/team/members/{Membership.objects.get(user=bob).pk}",
+        {f"m{Membership.objects.get(user=bob).pk}-role": Role.VIEWER},
+    )
+    refused = client_for(alice).post(
+        f"/team/members/{Membership.objects.get(user=alice).pk}",
+        {f"m{Membership.objects.get(user=alice).pk}-role": Role.MEMBER},
+    )
+    assert refused.status_code == 302  # the last owner keeps the role, and nothing is ledgered for it
     client_for(bob).post("/team/leave")
-    assert LedgerEntry.objects.count() == before
+    nina_user = get_user_model().objects.get(username="nina")
+    client_for(alice).post(f"/team/members/{Membership.objects.get(user=nina_user).pk}", {"remove": "1"})
+
+    entries = list(LedgerEntry.objects.filter(subject=f"organization:{acme.pk}").order_by("sequence"))
+    assert [e.kind for e in entries] == ["team.joined", "team.role_changed", "team.left", "team.removed"]
+    payloads = [json.loads(e.payload) for e in entries]
+    assert (payloads[1]["from"], payloads[1]["to"], payloads[3]["role"]) == (Role.MEMBER, Role.VIEWER, Role.MEMBER)
+    assert personal_reveal(payloads[0]["member"]) == {"username": "nina"}
+    assert personal_reveal(payloads[0]["invited_by"]) == personal_reveal(payloads[1]["by"]) == {"username": "alice"}
+    assert personal_reveal(payloads[2]["by"]) == {"username": "bob"}
+    assert not any(name in e.payload for e in entries for name in ("alice", "bob", "nina", "example.com"))
+
+    personal_erase(person=f"user:{nina_user.pk}", reason="asked to be forgotten")
+    assert personal_reveal(payloads[0]["member"]) is None and ledger_verify().ok
 
 
 # --- What a role may do ---------------------------------------------------------------------------------------

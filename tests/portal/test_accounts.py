@@ -76,6 +76,7 @@ def test_an_operator_connects_and_a_verified_providers_account_sells_at_once(olg
 def test_rejected_credentials_show_the_providers_error_on_the_form_and_save_nothing(petra, aws_sandbox, caplog):
     caplog.set_level(logging.DEBUG)
     aws_sandbox.faults.inject("credentials", action="DescribeAvailabilityZones")
+    entries = LedgerEntry.objects.count()
 
     response = client_for(petra).post("/provider/accounts/connect/aws", _form(aws_sandbox))
 
@@ -87,7 +88,7 @@ def test_rejected_credentials_show_the_providers_error_on_the_form_and_save_noth
     assert html.escape(REFUSED) in page
     assert "nothing was saved" in page
     assert not ProviderAccount.objects.exists()
-    assert not LedgerEntry.objects.exists()
+    assert LedgerEntry.objects.count() == entries
     # The refused form does not echo the secret, and no log line carries it.
     assert SECRET not in page
     assert caplog.records, "the refusal is logged (without the secret)"
