@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 
 import pytest
 from django.utils import timezone
@@ -13,6 +14,7 @@ from django.utils import timezone
 from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Instance, InvoiceLine, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from providers.community.services import machine_heartbeat
 from providers.models import Machine
 from tests.browser.conftest import shoot
 from tests.marketplace.test_storefront_instance import beats_over_the_last_hour, farm, order_on_machine
@@ -90,6 +92,15 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     assert page.locator("#telemetry svg polyline").count() == 3
     page.locator("#live-note >> text=live · updated").wait_for()  # the script polled the API
     shoot(page, "storefront-order-telemetry")
+    # A heartbeat arrives while the page is open: the charts and latest values follow without a reload.
+    gpus = [{"index": g, "utilization_pct": 7, "temperature_c": 41, "power_w": 120} for g in range(8)]
+    for _ in range(20):  # enough to pull this minute's mean far below the 90s
+        machine_heartbeat(machine=Machine.objects.get(name="fra-h100-1"), gpus=gpus, instances=1)
+    deadline = time.monotonic() + 25  # the page redraws its charts every 10 s
+    while page.inner_text("#latest-utilization") == "93.0 %" and time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+    assert float(page.inner_text("#latest-utilization").removesuffix(" %")) < 20
+    shoot(page, "storefront-order-telemetry-refreshed")
 
     order_terminate(order=order)
     order.refresh_from_db()

@@ -1,5 +1,6 @@
 // One order's page: keeps state, cost and the instance's address current by polling the orders API
-// (GET /api/v1/orders/<id>, the session signs it in) until the order reaches a final state.
+// (GET /api/v1/orders/<id>, the session signs it in) until the order reaches a final state, and every
+// REFRESH_MS redraws the GPU telemetry and the ledger history from the page itself, as the server renders them.
 (function () {
   "use strict";
   var root = document.getElementById("order-live");
@@ -9,7 +10,10 @@
   }
   var FINAL = ["terminated", "failed", "cancelled"];
   var EVERY_MS = 3000;
+  var REFRESH_MS = 10000;
   var timer = null;
+  var refresher = null;
+  var PARTS = ["telemetry", "history"]; // ids of the page's parts redrawn from a fresh copy of the page
 
   function text(id, value) {
     var node = document.getElementById(id);
@@ -40,9 +44,34 @@
       if (terminate) {
         terminate.remove();
       }
-      text("live-note", "final · reload for the invoice and history");
+      text("live-note", "final · reload for the invoice");
       window.clearInterval(timer);
+      window.clearInterval(refresher);
+      refresh();
     }
+  }
+
+  function refresh() {
+    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.text();
+      })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        PARTS.forEach(function (id) {
+          var now = document.getElementById(id);
+          var next = fresh.getElementById(id);
+          if (now && next) {
+            now.replaceWith(document.importNode(next, true));
+          }
+        });
+      })
+      .catch(function () {
+        // The state poll says when the broker cannot be reached; the charts simply wait for the next round.
+      });
   }
 
   function poll() {
@@ -60,4 +89,5 @@
   }
 
   timer = window.setInterval(poll, EVERY_MS);
+  refresher = window.setInterval(refresh, REFRESH_MS);
 })();
