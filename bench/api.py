@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.sync import _prepare_database, sandboxes_serving  # noqa: E402 - after the path is set
+from bench.sync import django_on, sandboxes_serving  # noqa: E402 - after the path is set
 
 # The searches a procurement script would send: a plain listing, a model, a fleet, residency and spot, the
 # computed sorts and a reliability floor.
@@ -214,16 +214,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    _prepare_database(args.database)
-    os.environ["DATABASE_URL"] = args.database
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
-    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    django_on(args.database)
     rows = _seed(args.offers)
     token = _token()
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from sync import _prepare_database  # noqa: E402
+from sync import django_on  # noqa: E402
 
 
 def _median_s(fn: Callable[[], object], runs: int) -> tuple[float, object]:
@@ -83,20 +82,11 @@ def main() -> None:
     args = parser.parse_args()
     n, runs = args.entries, args.runs
 
-    _prepare_database(args.database)
-    os.environ["DATABASE_URL"] = args.database
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
-    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    django_on(args.database)
     from ledger import merkle
     from ledger.models import SubtreeHash
     from ledger.tree import StoredTree, subtree_hashes_extend
 
-    call_command("migrate", verbosity=0)
     started = time.perf_counter()
     _fill(n)
     print(f"{n:,} ledger entries ready in {time.perf_counter() - started:.1f} s; medians of {runs} runs")

@@ -14,7 +14,6 @@ are off (``BLOCK_CAPACITY_S`` 0) so every run fails over the same number of time
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -31,23 +30,14 @@ def main() -> int:
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench_provisioning")
     args = parser.parse_args()
 
-    from bench.sync import _prepare_database
+    from bench.sync import django_on
 
-    _prepare_database(args.database)
-    os.environ["DATABASE_URL"] = args.database
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
-    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
-    os.environ["BROKER_BLOCK_CAPACITY_S"] = "0"
     # The steps are called directly; the tasks order_place enqueues go nowhere (not to the dev server's queue).
-    os.environ["CELERY_BROKER_URL"] = "memory://"
-    import django
-
-    django.setup()
+    django_on(args.database, BROKER_BLOCK_CAPACITY_S="0", CELERY_BROKER_URL="memory://")
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.utils import timezone
 
     from marketplace.catalog.services import offers_sync
@@ -57,7 +47,6 @@ def main() -> int:
     from providers.models import Provider, ProviderAccount
     from providers.sandbox.demo import SANDBOX_ACCOUNTS, start_all
 
-    call_command("migrate", verbosity=0)
     # Its own database, and only this run's account on sale: failover must not wander to another seller.
     ProviderAccount.objects.update(enabled=False)
     sandbox = start_all(["aws"])["aws"]

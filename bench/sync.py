@@ -32,14 +32,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _prepare_database(url: str) -> None:
+def django_on(database_url: str, **env: str) -> None:
+    """Set Django up against ``database_url`` (the benchmark's own database, created when missing) with
+    production settings and ``env`` on top, and migrate it."""
     import psycopg
 
-    base, _, name = url.rpartition("/")
+    base, _, name = database_url.rpartition("/")
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
+    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
 
 
 @contextlib.contextmanager
@@ -74,21 +86,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="ingestion/COPY repetitions (medians reported)")
     args = parser.parse_args()
 
-    _prepare_database(args.database)
-    os.environ["DATABASE_URL"] = args.database
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
-    os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    django_on(args.database)
     from django.utils import timezone
 
     from marketplace.catalog.services import offers_ingest, offers_sync
     from marketplace.models import Offer, PricePoint, QuarantinedOffer
     from providers.models import Provider, ProviderAccount
 
-    call_command("migrate", verbosity=0)
     PricePoint.objects.all().delete()
     Offer.objects.all().delete()
     QuarantinedOffer.objects.all().delete()

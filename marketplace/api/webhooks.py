@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -167,10 +168,15 @@ def _delivery_json(delivery: WebhookDelivery) -> dict[str, Any]:
     return dict(WebhookDeliveryOutput(fresh).data)
 
 
-def _with_secret(body: dict[str, Any]) -> dict[str, Any]:
-    """A replayed creation's answer with the secret it showed, read back from its encrypted store."""
-    endpoint = WebhookEndpoint.objects.filter(pk=body.get("id")).first()
-    return {**body, "secret": None if endpoint is None else webhook_secret(endpoint)}
+def _secret_restorer(id_field: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """For ``idempotent(restore=...)``: a replayed answer gets back the secret it showed (withheld from the
+    stored answer), read from the encrypted store of the webhook whose id is in ``id_field``."""
+
+    def restore(body: dict[str, Any]) -> dict[str, Any]:
+        endpoint = WebhookEndpoint.objects.filter(pk=body.get(id_field)).first()
+        return {**body, "secret": None if endpoint is None else webhook_secret(endpoint)}
+
+    return restore
 
 
 class WebhookListCreateApi(APIView):
@@ -192,7 +198,7 @@ class WebhookListCreateApi(APIView):
         parameters=[idempotency.PARAMETER],
         responses={201: WebhookCreatedOutput, 400: ERROR, 409: ERROR},
     )
-    @idempotency.idempotent("webhooks.create", withhold=("secret",), restore=_with_secret)
+    @idempotency.idempotent("webhooks.create", withhold=("secret",), restore=_secret_restorer("id"))
     def post(self, request: Request) -> Response:
         organization = _organization(request)
         body = WebhookCreateInput(data=request.data)
@@ -306,12 +312,6 @@ class WebhookPingApi(APIView):
         return Response(_delivery_json(created), status=status.HTTP_202_ACCEPTED)
 
 
-def _with_rotated_secret(body: dict[str, Any]) -> dict[str, Any]:
-    """A replayed rotation's answer with the secret, read back from its encrypted store."""
-    endpoint = WebhookEndpoint.objects.filter(pk=body.get("webhook")).first()
-    return {**body, "secret": None if endpoint is None else webhook_secret(endpoint)}
-
-
 class WebhookSecretRotateApi(APIView):
     """POST: a new signing secret, shown once; the previous one keeps signing beside it for a day."""
 
@@ -323,7 +323,7 @@ class WebhookSecretRotateApi(APIView):
         parameters=[idempotency.PARAMETER],
         responses={200: WebhookSecretOutput, 404: ERROR, 409: ERROR},
     )
-    @idempotency.idempotent("webhooks.rotate", withhold=("secret",), restore=_with_rotated_secret)
+    @idempotency.idempotent("webhooks.rotate", withhold=("secret",), restore=_secret_restorer("webhook"))
     def post(self, request: Request, webhook_id: str) -> Response:
         endpoint = _webhook_or_404(request, webhook_id)
         rotated = webhook_secret_rotate(endpoint=endpoint)
