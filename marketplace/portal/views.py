@@ -127,7 +127,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
     form = InvitationSignupForm(request.POST or None) if not request.user.is_authenticated else None
     context: dict[str, Any] = {"invitation": found, "status": status, "form": form, "error": ""}
     if status != InvitationStatus.OPEN:
-        return render(request, "portal/invitation.html", context, status=410)
+        return render(request, "invitation.html", context, status=410)
     if request.method == "POST":
         try:
             if request.user.is_authenticated:
@@ -138,7 +138,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
                 )
                 login(request, user, backend=AUTH_BACKEND)
             else:
-                return render(request, "portal/invitation.html", context)
+                return render(request, "invitation.html", context)
         except PortalError as error:
             if form is not None:
                 form_error(form, error)
@@ -147,7 +147,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
         else:
             messages.success(request, f"You joined {found.organization.name} as {found.get_role_display()}.")
             return redirect("portal:home")
-    return render(request, "portal/invitation.html", context)
+    return render(request, "invitation.html", context)
 
 
 # --- The organisation -----------------------------------------------------------------------------------------

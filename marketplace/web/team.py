@@ -202,7 +202,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
     form = InvitationSignupForm(request.POST or None) if not request.user.is_authenticated else None
     context: dict[str, Any] = {"invitation": found, "status": status, "form": form, "error": ""}
     if status != InvitationStatus.OPEN:
-        return render(request, "storefront/invitation.html", context, status=410)
+        return render(request, "invitation.html", context, status=410)
     if request.method == "POST":
         try:
             if request.user.is_authenticated:
@@ -213,14 +213,14 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
                 )
                 login(request, user, backend=AUTH_BACKEND)
             else:
-                return render(request, "storefront/invitation.html", context, status=400)
+                return render(request, "invitation.html", context, status=400)
         except PortalError as error:
             if form is not None:
                 form_error(form, error)
             else:
                 context["error"] = error.message
-            return render(request, "storefront/invitation.html", context, status=400)
+            return render(request, "invitation.html", context, status=400)
         activate(request, found.organization)
         messages.success(request, f"You joined {found.organization.name} as {found.get_role_display()}.")
         return redirect("storefront:orders")
-    return render(request, "storefront/invitation.html", context)
+    return render(request, "invitation.html", context)

@@ -108,6 +108,7 @@ def test_the_invitation_is_emailed_to_the_address_with_the_link(alice, acme, mai
         "You are invited to join Acme Research on the GPU Broker",
     )
     assert f"http://testserver{path}" in message.body and "viewer" in message.body
+    assert "invited to the buyer organisation" in Client().get(path).content.decode()
 
 
 def test_a_new_person_signs_up_through_the_link_and_joins_with_the_role(alice, acme):

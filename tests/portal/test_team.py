@@ -55,6 +55,8 @@ def test_the_invitation_is_emailed_with_the_link_shown_on_the_page(petra, petra_
     assert petra_org.name in message.subject
     assert f"http://testserver{path}" in message.body and "operator" in message.body
     assert "petra" in message.body  # who invites
+    page = Client().get(path).content.decode()  # one invitation page serves both kinds of organisation
+    assert "invited to the provider organisation" in page
 
 
 def test_a_mail_server_that_is_down_loses_no_invitation_and_the_link_is_still_shown(petra, settings, mailoutbox):
