@@ -217,6 +217,16 @@ class BrokerClient:
             params["q"] = query
         return self._pages("offers", params, limit, page_size)
 
+    def offer(self, offer_id: int) -> dict[str, Any]:
+        """One offer, on sale now or not (its ``status`` says)."""
+        body: dict[str, Any] = self.get(f"offers/{offer_id}")
+        return body
+
+    def offer_prices(self, offer_id: int, *, days: int = 30) -> list[dict[str, Any]]:
+        """The offer's prices over the last ``days`` (1-365): ``{"from", "price_usd"}``, oldest first."""
+        prices: list[dict[str, Any]] = self.get(f"offers/{offer_id}/prices", {"days": days})["prices"]
+        return prices
+
     def orders(self, *, limit: int | None = None, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """The organisation's orders, newest first."""
         return self._pages("orders", {}, limit, page_size)

@@ -9,6 +9,8 @@ urlpatterns = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
     path("offers", views.OfferListApi.as_view(), name="offers"),
+    path("offers/<str:offer_id>", views.OfferDetailApi.as_view(), name="offer"),
+    path("offers/<str:offer_id>/prices", views.OfferPricesApi.as_view(), name="offer-prices"),
     path("quotes", views.QuoteCreateApi.as_view(), name="quotes"),
     path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),
     path("orders", views.OrderListCreateApi.as_view(), name="orders"),

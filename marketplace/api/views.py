@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from marketplace.api.serializers import (
     demand_from,
 )
 from marketplace.api.tokens import request_organization
+from marketplace.catalog.history import offer_prices
 from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.matching import Ranking
@@ -99,6 +101,49 @@ class OfferListApi(APIView):
             request, offers, keys=keys, tag=tag, fetch=lambda qs, n: rows_in_order(qs, partitions, n)
         )
         return Response(page.body(request, OfferOutput(page.rows, many=True).data))
+
+
+def _offer_or_404(offer_id: str) -> Offer:
+    known = offer_id.isascii() and offer_id.isdigit() and len(offer_id) <= 18  # within a bigint
+    offer = offers_for_output(Offer.objects.filter(pk=int(offer_id))).first() if known else None
+    if offer is None:
+        raise NotFound("no such offer")
+    return offer
+
+
+class OfferDetailApi(APIView):
+    """GET /api/v1/offers/<id>: one offer, whether on sale now or not (``status`` says)."""
+
+    required_scopes = {"GET": ("offers:read",)}
+
+    @extend_schema(operation_id="offers_retrieve", responses={200: OfferOutput, 404: ERROR})
+    def get(self, request: Request, offer_id: str) -> Response:
+        return Response(OfferOutput(_offer_or_404(offer_id)).data)
+
+
+class OfferPricesApi(APIView):
+    """GET /api/v1/offers/<id>/prices?days=30: the offer's prices over the last ``days`` (1-365), each with
+    when it took effect; the first is the one in force when the window opened, the last the current one."""
+
+    required_scopes = {"GET": ("offers:read",)}
+
+    @extend_schema(
+        operation_id="offers_prices",
+        parameters=[OpenApiParameter("days", int)],
+        responses={200: OBJECT, 400: ERROR, 404: ERROR},
+    )
+    def get(self, request: Request, offer_id: str) -> Response:
+        days = _count(request, "days", 30, minimum=1, maximum=365)
+        offer = _offer_or_404(offer_id)
+        since = timezone.now() - dt.timedelta(days=days)
+        prices = offer_prices(offer, since=since)
+        return Response(
+            {
+                "offer": offer.pk,
+                "since": since,
+                "prices": [{"from": moment, "price_usd": str(price)} for moment, price in prices],
+            }
+        )
 
 
 # What OfferOutput writes, and no more: the account row carries credentials and the offer its raw extras.

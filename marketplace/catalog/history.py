@@ -26,20 +26,20 @@ def price_history(*, account_id: int, instance_type: str, region: str, since: dt
     offers = Offer.objects.filter(account_id=account_id, instance_type=instance_type, region=region).order_by(
         "pricing_model", "zone"
     )
-    series = []
-    for offer in offers:
-        points: list[tuple[dt.datetime, Decimal]] = []
-        if offer.price_since > since:  # else the current price held all along
-            earlier = PricePoint.objects.filter(offer=offer).values_list("observed_at", "price_usd")
-            in_force = earlier.filter(observed_at__lte=since).order_by("-observed_at").first()
-            points = ([in_force] if in_force else []) + list(
-                earlier.filter(observed_at__gt=since).order_by("observed_at")
-            )
-        points.append((offer.price_since, offer.price_usd))
-        series.append(
-            Series(offer.zone, offer.pricing_model, [(max(moment, since), price) for moment, price in points])
-        )
-    return series
+    return [Series(offer.zone, offer.pricing_model, offer_prices(offer, since=since)) for offer in offers]
+
+
+def offer_prices(offer: Offer, *, since: dt.datetime) -> list[tuple[dt.datetime, Decimal]]:
+    """The offer's prices (USD per hour) since ``since``, each with when it took effect: the one in force at
+    ``since`` first (dated ``since``), the current one last. An offer first seen later starts then."""
+    points: list[tuple[dt.datetime, Decimal]] = []
+    if offer.price_since > since:  # else the current price held all along
+        earlier = PricePoint.objects.filter(offer=offer).values_list("observed_at", "price_usd")
+        in_force = earlier.filter(observed_at__lte=since).order_by("-observed_at").first()
+        after = earlier.filter(observed_at__gt=since).order_by("observed_at")
+        points = ([in_force] if in_force else []) + list(after)
+    points.append((offer.price_since, offer.price_usd))
+    return [(max(moment, since), price) for moment, price in points]
 
 
 def spot_savings(offers: Iterable[Offer]) -> dict[int, int]:

@@ -36,6 +36,8 @@ ROUTES = {
     "api/v1/schema": "public",
     "api/v1/docs": "public",
     "api/v1/offers": "public catalogue (token scope offers:read)",
+    "api/v1/offers/<str:offer_id>": "public catalogue (token scope offers:read)",
+    "api/v1/offers/<str:offer_id>/prices": "public catalogue (token scope offers:read)",
     "api/v1/quotes": "own",
     "api/v1/procurements": "own",
     "api/v1/orders": "list",

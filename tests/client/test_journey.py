@@ -30,6 +30,10 @@ def test_offers_follow_the_cursor_through_every_page(broker, aws_account):
     assert [o["id"] for o in broker.offers("gpu=T4", sort="gpuprice", limit=4, page_size=3)] == [
         o["id"] for o in everything[:4]
     ]
+    cheapest = everything[0]
+    assert broker.offer(cheapest["id"]) == cheapest
+    (price,) = broker.offer_prices(cheapest["id"], days=7)  # one price since it was first seen
+    assert price["price_usd"] == cheapest["price_usd"]
 
 
 def _journey(broker: BrokerClient) -> tuple[dict, list[dict], dict]:
