@@ -116,7 +116,7 @@ class OfferDetailApi(APIView):
 
     required_scopes = {"GET": ("offers:read",)}
 
-    @extend_schema(operation_id="offers_retrieve", responses={200: OfferOutput, 404: ERROR})
+    @extend_schema(operation_id="offer_retrieve", responses={200: OfferOutput, 404: ERROR})
     def get(self, request: Request, offer_id: str) -> Response:
         return Response(OfferOutput(_offer_or_404(offer_id)).data)
 
@@ -128,7 +128,7 @@ class OfferPricesApi(APIView):
     required_scopes = {"GET": ("offers:read",)}
 
     @extend_schema(
-        operation_id="offers_prices",
+        operation_id="offer_prices",
         parameters=[OpenApiParameter("days", int)],
         responses={200: OBJECT, 400: ERROR, 404: ERROR},
     )
