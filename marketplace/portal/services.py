@@ -84,22 +84,7 @@ def provider_signup(*, username: str, email: str, password: str, organization_na
     Raises ``PortalError`` (field ``username`` or ``organization_name``) when either is taken, also when a
     concurrent signup took it between the check and the insert.
     """
-    try:
-        with transaction.atomic():
-            _signup_conflicts(username=username, organization_name=organization_name)
-            user = get_user_model().objects.create_user(username=username, email=email.lower(), password=password)
-            provider = Provider.objects.create(name=organization_name)
-            organization = Organization.objects.create(
-                name=organization_name, kind=OrganizationKind.PROVIDER, provider=provider
-            )
-            ProviderProfile.objects.create(organization=organization, contact_email=email.lower())
-            Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
-            _team_ledger("team.created", organization, owner=user_commitment(user))
-    except IntegrityError:
-        # A concurrent signup won the unique name: say which, outside the rolled-back transaction.
-        _signup_conflicts(username=username, organization_name=organization_name)
-        raise
-    log.info("provider organisation %s signed up", organization.pk)
+    user, _ = _signup(OrganizationKind.PROVIDER, username, email, password, organization_name)
     return user
 
 
@@ -108,17 +93,28 @@ def buyer_signup(
 ) -> tuple[AbstractBaseUser, Organization]:
     """Create a buyer organisation and its first owner. Raises ``PortalError`` (field ``username`` or
     ``organization_name``) when either is taken, also when a concurrent signup took it meanwhile."""
+    return _signup(OrganizationKind.BUYER, username, email, password, organization_name)
+
+
+def _signup(
+    kind: str, username: str, email: str, password: str, organization_name: str
+) -> tuple[AbstractBaseUser, Organization]:
+    email = email.lower()
     try:
         with transaction.atomic():
             _signup_conflicts(username=username, organization_name=organization_name)
-            user = get_user_model().objects.create_user(username=username, email=email.lower(), password=password)
-            organization = Organization.objects.create(name=organization_name, kind=OrganizationKind.BUYER)
+            user = get_user_model().objects.create_user(username=username, email=email, password=password)
+            provider = Provider.objects.create(name=organization_name) if kind == OrganizationKind.PROVIDER else None
+            organization = Organization.objects.create(name=organization_name, kind=kind, provider=provider)
+            if provider is not None:
+                ProviderProfile.objects.create(organization=organization, contact_email=email)
             Membership.objects.create(user=user, organization=organization, role=Role.OWNER)
             _team_ledger("team.created", organization, owner=user_commitment(user))
     except IntegrityError:
+        # A concurrent signup won the unique name: say which, outside the rolled-back transaction.
         _signup_conflicts(username=username, organization_name=organization_name)
         raise
-    log.info("buyer organisation %s signed up", organization.pk)
+    log.info("%s organisation %s signed up", kind, organization.pk)
     return user, organization
 
 

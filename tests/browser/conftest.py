@@ -60,3 +60,15 @@ def gpu_models(transactional_db: Any) -> None:
 
     if not GpuModel.objects.exists():
         gpu_models_upsert(GpuModel)
+
+
+def sign_in(page: Any, base_url: str, user: Any) -> None:
+    """Sign ``user`` in through the login form, with the demo password set for the purpose."""
+    from marketplace.demo import DEMO_PASSWORD
+
+    user.set_password(DEMO_PASSWORD)
+    user.save()
+    page.goto(f"{base_url}/login/")
+    page.fill("input[name=username]", user.get_username())
+    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.click("button[type=submit]")

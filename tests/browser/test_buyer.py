@@ -5,20 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ledger.checkpoints import ledger_checkpoint_and_anchor
-from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Order, OrderState
-from tests.browser.conftest import shoot
+from tests.browser.conftest import shoot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_order_run_and_verify_the_receipt(page, live_server, alice, aws_account):
-    alice.set_password(DEMO_PASSWORD)
-    alice.save()
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("button[type=submit]")
+    sign_in(page, live_server.url, alice)
 
     page.goto(f"{live_server.url}/?gpu=T4&pricing=on_demand")
     shoot(page, "buyer-offers")

@@ -6,21 +6,15 @@ from __future__ import annotations
 import pytest
 
 from ledger.checkpoints import ledger_checkpoint_and_anchor
-from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Order, OrderState
-from tests.browser.conftest import shoot
+from tests.browser.conftest import shoot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_search_quote_order_run_terminate_and_verify(page, live_server, alice, aws_account):
     base = live_server.url
-    alice.set_password(DEMO_PASSWORD)
-    alice.save()
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("button[type=submit]")
+    sign_in(page, base, alice)
 
     # Search: a wrong term is pointed at, the right one filters.
     page.goto(f"{base}/")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Membership, Offer, Organization, Role
 from marketplace.portal.services import invitation_create
-from tests.browser.conftest import shoot
+from tests.browser.conftest import shoot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,12 +31,7 @@ def test_an_invitee_signs_up_joins_two_organisations_and_switches(
     _, labs_token = invitation_create(organization=labs, email="nina@example.com", role=Role.VIEWER, by=charlie)
 
     # Alice, owner of Acme, invites Nina as a member; the link is shown once.
-    alice.set_password(DEMO_PASSWORD)
-    alice.save()
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("button[type=submit]")
+    sign_in(page, base, alice)
     page.goto(f"{base}/team/")
     page.fill("#invite-form input[name=email]", "nina@example.com")
     page.select_option("#invite-form select[name=role]", "member")

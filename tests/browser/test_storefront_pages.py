@@ -11,12 +11,11 @@ import time
 import pytest
 from django.utils import timezone
 
-from marketplace.demo import DEMO_PASSWORD
 from marketplace.models import Instance, InvoiceLine, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from providers.community.services import machine_heartbeat
 from providers.models import Machine
-from tests.browser.conftest import shoot
+from tests.browser.conftest import shoot, sign_in
 from tests.marketplace.test_storefront_instance import beats_over_the_last_hour, farm, order_on_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,8 +29,6 @@ def _on_commit(*, execute: bool) -> contextlib.AbstractContextManager[None]:
 
 def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, acme, aws_account, farm):
     base = live_server.url
-    alice.set_password(DEMO_PASSWORD)
-    alice.save()
     # An order that ran two hours on the AWS sandbox and ended this month, for the invoice.
     t4 = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
     ended = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=t4.pk)).order
@@ -45,10 +42,7 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     load = [5, 20, 45, 70, 88, 93, 95, 91, 94, 96, 92, 90, 93, 97, 95, 94, 92, 96, 95, 93]
     beats_over_the_last_hour(Machine.objects.get(name="fra-h100-1"), since=started, values=load)
 
-    page.goto(f"{base}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("button[type=submit]")
+    sign_in(page, base, alice)
 
     # Compare: tick three H100 offers on the offers page, a cloud's and an independent machine's two.
     page.goto(f"{base}/?gpu=H100-SXM5")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace.demo import DEMO_PASSWORD
 from marketplace.webhooks.signing import signature_verify
-from tests.browser.conftest import shoot
+from tests.browser.conftest import shoot, sign_in
 from tests.marketplace.test_webhooks import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,12 +20,7 @@ def receiver():
 
 
 def test_register_a_webhook_ping_it_and_read_the_delivery_log(page, live_server, alice, receiver):
-    alice.set_password(DEMO_PASSWORD)
-    alice.save()
-    page.goto(f"{live_server.url}/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", DEMO_PASSWORD)
-    page.click("button[type=submit]")
+    sign_in(page, live_server.url, alice)
 
     page.goto(f"{live_server.url}/webhooks/")
     page.fill("input[name=url]", receiver.url("/broker-events"))
