@@ -225,6 +225,7 @@ def main() -> int:
         "DJANGO_DEBUG": "0",
         "SECRET_KEY": secrets.token_urlsafe(50),
         "BROKER_SSL_REDIRECT": "0",
+        "BROKER_PUBLIC_URL": "https://broker.example",
         # The throttle runs as in production, counting every request, but with room for the load.
         "BROKER_API_RATE_READ": "10000000/min",
     }

@@ -35,7 +35,7 @@ from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, OfferSt
 from providers.models import Machine, MachineHeartbeat, ProviderAccount, SyncStatus
 
 # Seconds from placement until an order first ran.
-PROVISIONING_BUCKETS: tuple[int, ...] = (1, 5, 15, 30, 60, 120, 300, 600)
+PROVISIONING_BUCKETS: tuple[int, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200)
 
 # A request carrying one of these came through a proxy: its loopback REMOTE_ADDR is the proxy's, not the client's.
 _FORWARDING_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
@@ -133,12 +133,12 @@ class BrokerCollector:
             value=failovers,
         )
 
-        # Per order, the first time one of its instances ran: a re-provisioned order (after a preemption)
-        # counts once, with its first launch.
+        # Per order, the first time one of its instances was ready (what the buyer waits for): a re-provisioned
+        # order (after a preemption) counts once, with its first launch.
         first_running = (
-            Instance.objects.filter(order=OuterRef("pk"), running_at__isnull=False)
-            .order_by("running_at")
-            .values("running_at")[:1]
+            Instance.objects.filter(order=OuterRef("pk"), ready_at__isnull=False)
+            .order_by("ready_at")
+            .values("ready_at")[:1]
         )
         ran = Order.objects.annotate(first_running=Subquery(first_running)).filter(first_running__isnull=False)
         aggregates: dict[str, Any] = {
@@ -155,7 +155,7 @@ class BrokerCollector:
         seconds = figures["seconds"]
         yield HistogramMetricFamily(
             "broker_provisioning_seconds",
-            "Seconds from an order's placement until its first instance was running (failovers included).",
+            "Seconds from an order's placement until its first machine was ready for the buyer (failovers included).",
             buckets=buckets,
             sum_value=seconds.total_seconds() if seconds is not None else 0.0,
         )

@@ -258,6 +258,26 @@ OFFER_MAX_AGE_S = env_int("BROKER_OFFER_MAX_AGE_S", 3600, minimum=60)
 PROVISION_POLL_INTERVAL_S = env_float("BROKER_PROVISION_POLL_INTERVAL_S", 2.0, minimum=0.0)
 PROVISION_POLL_LIMIT = env_int("BROKER_PROVISION_POLL_LIMIT", 150, minimum=1)
 PROVISION_TRANSIENT_RETRIES = env_int("BROKER_PROVISION_TRANSIENT_RETRIES", 3, minimum=0)
+# Where the machines orders launch reach the broker: their boot script fetches the lease agent from here and
+# the agent phones home to it with the one-time boot token, then fetches the buyer's secrets over it. It must
+# be https when deployed; in development the run command's own address.
+PUBLIC_URL = env_str("BROKER_PUBLIC_URL", "" if not DEBUG else f"http://127.0.0.1:{env_str('BROKER_PORT', '8000')}")
+if not PUBLIC_URL:
+    raise ImproperlyConfigured(
+        "BROKER_PUBLIC_URL must be set when DJANGO_DEBUG is off: the https URL rented machines reach the broker at"
+    )
+if not PUBLIC_URL.startswith("https://" if not DEBUG else ("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"BROKER_PUBLIC_URL={PUBLIC_URL!r} is not valid: "
+        + ("expected an https:// URL when DJANGO_DEBUG is off" if not DEBUG else "expected an http(s):// URL")
+    )
+PUBLIC_URL = PUBLIC_URL.rstrip("/")
+# From launch to the agent's ready report: a machine silent this long fails its attempt, is terminated and
+# the order fails over. Generous by default: a Deep Learning image boots in about two minutes, a driver
+# installed at boot and a large container pull take longer.
+BOOT_TIMEOUT_S = env_int("BROKER_BOOT_TIMEOUT_S", 1200, minimum=10)
+# How often lease agents report telemetry.
+LEASE_HEARTBEAT_S = env_float("BROKER_LEASE_HEARTBEAT_S", 15.0, minimum=1.0)
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
 # Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart.
 API_RATES = {

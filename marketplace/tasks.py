@@ -12,6 +12,8 @@ from marketplace.models import Order, OrderState
 from marketplace.orders.provisioning import (
     Step,
     attempt_settle_after_transient,
+    order_boot_check,
+    order_boot_settle,
     order_check_running,
     order_give_up,
     order_poll,
@@ -75,11 +77,41 @@ def order_poll_task(self, order_id: int, polls: int = 0) -> str:  # type: ignore
     if step == Step.PROVISION:
         order_provision_task.delay(order_id)
         return step.value
+    if step == Step.WAIT:
+        # The provider runs the machine; the agent's ready report moves the order on. One check at the boot
+        # deadline catches a silent machine (the minute sweep catches it too, should this task be lost).
+        order_boot_deadline_task.apply_async((order_id,), countdown=settings.BOOT_TIMEOUT_S + 1)
+        return step.value
     if step == Step.POLL:
         if polls + 1 >= settings.PROVISION_POLL_LIMIT:
             order_give_up(order_id=order_id, reason=f"instance not running after {polls + 1} polls")
             return Step.DONE.value
         order_poll_task.apply_async((order_id, polls + 1), countdown=settings.PROVISION_POLL_INTERVAL_S)
+    return step.value
+
+
+@shared_task(name="marketplace.order_boot_deadline", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_boot_deadline_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    """Fail over a machine that has not reported ready by its deadline; nothing when it has, or has time left."""
+    try:
+        step = order_boot_check(order_id=order_id)
+    except TransientProviderError as exc:
+        raise self.retry(exc=exc, countdown=_backoff(min(self.request.retries, 5))) from None
+    if step == Step.PROVISION:
+        order_provision_task.delay(order_id)
+    return step.value
+
+
+@shared_task(name="marketplace.order_boot_settle", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_boot_settle_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    """The agent reported the machine unusable: terminate it, then fail the order or fail over."""
+    try:
+        step = order_boot_settle(order_id=order_id)
+    except TransientProviderError as exc:
+        # The machine must go: retried until the provider answers.
+        raise self.retry(exc=exc, countdown=_backoff(min(self.request.retries, 5))) from None
+    if step == Step.PROVISION:
+        order_provision_task.delay(order_id)
     return step.value
 
 
@@ -127,14 +159,29 @@ def orders_reconcile_task() -> dict[str, int]:
     """Compare stuck and recently ended orders with the providers and fix drift (marketplace.orders.reconcile)."""
     from django.utils import timezone
 
-    from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
+    from marketplace.orders.reconcile import account_resources_reconcile, order_reconcile, orders_to_reconcile
 
-    totals = {"orders": 0, "adopted": 0, "terminated": 0, "errors": 0}
-    for order_id in orders_to_reconcile(now=timezone.now()):
-        report = order_reconcile(order_id=order_id)
+    totals = {"orders": 0, "adopted": 0, "terminated": 0, "errors": 0, "released": 0}
+    now = timezone.now()
+    for order_id in orders_to_reconcile(now=now):
+        try:
+            report = order_reconcile(order_id=order_id)
+        except Exception:  # one order's surprise must not stop the sweep for everyone else's
+            log.exception("reconciling order %s failed", order_id)
+            totals["errors"] += 1
+            continue
         totals["orders"] += 1
         totals["adopted"] += len(report.adopted)
         totals["terminated"] += len(report.terminated)
+        totals["errors"] += len(report.errors)
+    for account_id in ProviderAccount.objects.filter(enabled=True).values_list("pk", flat=True):
+        try:
+            report = account_resources_reconcile(account_id=account_id, now=now)
+        except Exception:
+            log.exception("reconciling the resources of account %s failed", account_id)
+            totals["errors"] += 1
+            continue
+        totals["released"] += len(report.terminated)
         totals["errors"] += len(report.errors)
     return totals
 

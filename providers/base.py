@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import ClassVar
 
+from providers.boot import render_boot_script, user_data_problems
 from providers.errors import QuotaExceeded
+from providers.launch import LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.types import Credentials, InstanceHandle, LaunchSpec, OfferQuote, QuotaUse
 
 
@@ -21,6 +24,14 @@ class ProviderAdapter(abc.ABC):
     """
 
     kind: str = ""
+    # Each cloud states its own, citing its reference; this default is the strictest seen (EC2's 16 KB raw).
+    launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
+        user_data_max_bytes=16 * 1024,
+        user_data_measure=UserDataMeasure.RAW,
+        user_data_field="user data",
+        source="the broker's default limit",
+    )
+    login_user: ClassVar[str] = "ubuntu"  # who the buyer's keys log in as on the default image
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         self.credentials = credentials
@@ -74,6 +85,67 @@ class ProviderAdapter(abc.ABC):
     @abc.abstractmethod
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Instances tagged with the broker's order reference, in every region of the account (for reconciling)."""
+
+    # ---------------------------------------------------------------- what makes a launched machine usable
+
+    def boot_prelude(self, spec: LaunchSpec) -> str:
+        """Shell lines the boot script runs first on this cloud (e.g. installing the GPU driver where the
+        cloud's images lack it). Pure; the default adds nothing."""
+        return ""
+
+    def user_data(self, spec: LaunchSpec) -> bytes | None:
+        """The boot script ``spec.boot`` becomes on this cloud, raw (the adapter encodes it for the wire);
+        None when the launch carries no boot. Pure and deterministic, so a resumed attempt sends the same bytes."""
+        if spec.boot is None:
+            return None
+        return render_boot_script(spec.boot, login_user=self.login_user, prelude=self.boot_prelude(spec))
+
+    def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
+        """Why this cloud would refuse the launch's boot, found without calling it: user data over the
+        documented limit, a disk outside the allowed range, more ingress rules than one launch may open.
+        Pure; an empty list means nothing is known to be wrong. The broker asks before every attempt, so a
+        configuration over a limit is refused with a field error and never reaches the provider."""
+        boot = spec.boot
+        if boot is None:
+            return []
+        limits = self.launch_limits
+        problems: list[LaunchProblem] = []
+        script = self.user_data(spec)
+        if script is not None:
+            problems.extend(user_data_problems(script, limits))
+        if boot.disk_gb is not None and not limits.disk_gb_min <= boot.disk_gb <= limits.disk_gb_max:
+            problems.append(
+                LaunchProblem(
+                    "launch.disk_gb",
+                    f"{boot.disk_gb} GB is outside {self.kind}'s {limits.disk_gb_min}-{limits.disk_gb_max} GB",
+                )
+            )
+        rules = sum(len(rule.cidrs) for rule in boot.ingress)
+        if rules > limits.ingress_rules_max:
+            problems.append(
+                LaunchProblem(
+                    "launch.allowed_cidrs",
+                    f"{rules} (port, address range) pairs; {self.kind} takes at most {limits.ingress_rules_max} "
+                    "in one launch's firewall",
+                )
+            )
+        return problems
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete what the broker created for the order besides its instances (key pairs, security groups,
+        firewall rules, network security groups) in every region of the account.
+
+        Idempotent: what is already gone is skipped. Returns the resources still there because the provider
+        refused to delete them yet (a security group still attached to an instance that is shutting down);
+        the reconciler tries again later. Raises ``TransientProviderError`` or ``CredentialsRejected`` when
+        the provider cannot be asked. The default, for providers whose launches create nothing else, does
+        nothing."""
+        return []
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Every resource besides instances tagged with a broker order in the account's regions: what the
+        reconciler compares with the orders it knows. Read-only. The default lists nothing."""
+        return []
 
 
 def quota_refuse_short(provider: str, region: str, quotas: dict[str, QuotaUse], needs: dict[str, float]) -> None:

@@ -58,6 +58,14 @@ class ProviderRequestRejected(ProviderError):
     error_class = "final"
 
 
+class ImageUnavailable(ProviderError):
+    """The image to launch (the cloud's GPU-ready default or the buyer's own) does not exist in this region.
+
+    Raised before any launch call, so the attempt fails with the reason and the order fails over."""
+
+    error_class = "image"
+
+
 class MalformedProviderResponse(ProviderError):
     """The provider answered with something the adapter cannot parse."""
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from providers.launch import BootSpec
 
 
 class PricingModel(enum.StrEnum):
@@ -71,7 +74,9 @@ class LaunchSpec:
     """What to launch. ``client_token`` is derived from (order, attempt) by the caller and is the
     provider-side idempotency key: the same token in the same region returns the same instance.
     ``gpu_count``, ``vcpus`` and ``offer_extra`` repeat what the adapter's own ``list_offers`` said of the offer
-    (0 and empty when unknown), so a quota pre-check needs no second catalogue read."""
+    (0 and empty when unknown), so a quota pre-check needs no second catalogue read. ``boot`` is what makes
+    the machine usable (keys, firewall, disk, image, the boot script; ``providers.launch``); None launches
+    a bare machine, as the reconciler's tests and the quota pre-check do."""
 
     region: str
     zone: str
@@ -85,6 +90,7 @@ class LaunchSpec:
     gpu_count: int = 0
     vcpus: int = 0
     offer_extra: dict[str, Any] = field(default_factory=dict)
+    boot: BootSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ def test_production_settings_pass_the_deploy_checks(tmp_path):
         **os.environ,
         "DJANGO_DEBUG": "0",
         "SECRET_KEY": "a-long-random-production-secret-key-for-the-deploy-check-0123456789",
+        "BROKER_PUBLIC_URL": "https://broker.example",
         "BROKER_VAR_DIR": str(tmp_path),
         "DJANGO_SETTINGS_MODULE": "broker.settings",
     }

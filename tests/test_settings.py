@@ -34,6 +34,13 @@ def _start(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         ({"SECRET_KEY": "short"}, "SECRET_KEY is too short"),
         ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG='maybe' is not valid"),
         ({"DJANGO_DEBUG": "0"}, "SECRET_KEY must be set when DJANGO_DEBUG is off"),
+        ({"DJANGO_DEBUG": "0", "SECRET_KEY": "k" * 40}, "BROKER_PUBLIC_URL must be set when DJANGO_DEBUG is off"),
+        (
+            {"DJANGO_DEBUG": "0", "SECRET_KEY": "k" * 40, "BROKER_PUBLIC_URL": "http://broker.example"},
+            "BROKER_PUBLIC_URL='http://broker.example' is not valid: expected an https:// URL",
+        ),
+        ({"BROKER_PUBLIC_URL": "broker.example"}, "BROKER_PUBLIC_URL='broker.example' is not valid"),
+        ({"BROKER_BOOT_TIMEOUT_S": "soon"}, "BROKER_BOOT_TIMEOUT_S='soon' is not valid"),
         ({"BROKER_OFFER_MAX_AGE_S": "soon"}, "BROKER_OFFER_MAX_AGE_S='soon' is not valid: expected an integer"),
         ({"REDIS_URL": "127.0.0.1:6379"}, "REDIS_URL='127.0.0.1:6379' is not valid"),
         ({"BROKER_API_RATE_READ": "lots"}, "BROKER_API_RATE_READ='lots' is not valid: expected e.g. 600/min"),

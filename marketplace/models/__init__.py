@@ -1,5 +1,13 @@
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.idempotency import IdempotentResponse
+from marketplace.models.launch import (
+    LaunchConfiguration,
+    LaunchTemplate,
+    Lease,
+    LeaseHeartbeat,
+    LeaseState,
+    SshKey,
+)
 from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
@@ -25,6 +33,11 @@ __all__ = [
     "Invitation",
     "InvitationStatus",
     "InvoiceLine",
+    "LaunchConfiguration",
+    "LaunchTemplate",
+    "Lease",
+    "LeaseHeartbeat",
+    "LeaseState",
     "Membership",
     "Offer",
     "OfferStatus",
@@ -38,6 +51,7 @@ __all__ = [
     "QuarantinedOffer",
     "Quote",
     "Role",
+    "SshKey",
     "TokenScope",
     "WebhookAttempt",
     "WebhookDelivery",

@@ -30,6 +30,10 @@ class Quote(models.Model):
     price_per_hour = models.DecimalField(max_digits=14, decimal_places=6, help_text="USD, locked")
     duration_hours = models.DecimalField(max_digits=10, decimal_places=2)
     total_price = models.DecimalField(max_digits=16, decimal_places=6, help_text="USD for the duration")
+    # What an order from this quote launches, unless the order names its own.
+    launch_config = models.ForeignKey(
+        "marketplace.LaunchConfiguration", null=True, blank=True, on_delete=models.PROTECT, related_name="quotes"
+    )
     score = models.FloatField(help_text="USD per unit of useful work; lower is better")
     breakdown = models.JSONField()
     reason = models.CharField(max_length=255)
@@ -92,7 +96,14 @@ class Order(models.Model):
     # How long the buyer wants it to run; once running, ``run_until`` is when the broker stops it, so nothing
     # runs forgotten. NULL: until the buyer terminates it.
     duration_hours = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    # At most this much (USD at the locked price), counted over every machine the order ran on; with a
+    # duration, whichever comes first ends it. NULL: no cap.
+    spend_cap_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     run_until = models.DateTimeField(null=True, blank=True)
+    # What the machine runs and who may reach it; NULL only for orders placed before configurations existed.
+    launch_config = models.ForeignKey(
+        "marketplace.LaunchConfiguration", null=True, blank=True, on_delete=models.PROTECT, related_name="orders"
+    )
     state = models.CharField(max_length=16, choices=OrderState.choices, default=OrderState.PLACED)
     state_reason = models.TextField(blank=True, default="")
     state_changed_at = models.DateTimeField()
@@ -180,7 +191,10 @@ class Instance(models.Model):
     state = models.CharField(max_length=16)
     public_ip = models.CharField(max_length=64, blank=True, default="")
     launched_at = models.DateTimeField()
-    running_at = models.DateTimeField(null=True, blank=True)
+    running_at = models.DateTimeField(null=True, blank=True, help_text="when the provider said running")
+    # When the buyer could use it (the agent's ready report): metering starts here, not at the provider's
+    # "running", which comes before the image has booted, the workload started and SSH answers.
+    ready_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

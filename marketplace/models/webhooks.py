@@ -21,6 +21,7 @@ class WebhookEventType(models.TextChoices):
     ORDER_CANCELLED = "order.cancelled", "order cancelled"
     INSTANCE_LAUNCHED = "instance.launched", "instance launched"
     INSTANCE_RUNNING = "instance.running", "instance running"
+    INSTANCE_READY = "instance.ready", "instance ready: GPUs checked, workload started, SSH answering"
     INSTANCE_FAILED = "instance.failed", "instance failed before running"
     INSTANCE_LOST = "instance.lost", "instance taken away by the provider"
     INSTANCE_TERMINATED = "instance.terminated", "instance terminated"

@@ -45,11 +45,11 @@ def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStat
     live_per_hour = live.aggregate(total=Sum("price_per_hour"))["total"] or Decimal(0)
     start = _month_start(now)
     month = Decimal(0)
-    instances = Instance.objects.filter(order__organization=organization, running_at__isnull=False).exclude(
+    instances = Instance.objects.filter(order__organization=organization, ready_at__isnull=False).exclude(
         terminated_at__lt=start
     )
-    for instance in instances.select_related("order").only("running_at", "terminated_at", "order__price_per_hour"):
-        begin = max(instance.running_at, start)
+    for instance in instances.select_related("order").only("ready_at", "terminated_at", "order__price_per_hour"):
+        begin = max(instance.ready_at, start)
         end = instance.terminated_at or now
         seconds = max(0.0, (end - begin).total_seconds())
         month += instance.order.price_per_hour * Decimal(int(seconds)) / 3600

@@ -1,5 +1,12 @@
-"""Provisioning: launch the order's offer through its adapter, fail over on capacity, poll until running,
-terminate. Called by thin Celery tasks; every step re-reads the database, so running it twice is safe."""
+"""Provisioning: launch the order's offer through its adapter, fail over on capacity, poll until the provider
+runs it, wait for the machine's agent to report it ready, terminate. Called by thin Celery tasks; every step
+re-reads the database, so running it twice is safe.
+
+"Running" means usable: the order becomes running when the lease agent on the machine reports the ordered
+GPUs, the workload started and SSH answering (``marketplace/launch/leases.py``), not when the provider says
+its instance runs. A machine that does not report within ``BROKER_BOOT_TIMEOUT_S`` of its launch, reports
+the wrong GPUs or cannot start SSH is terminated and its attempt failed, so the order fails over; a workload
+that will not start fails the order, since another machine would fail it the same way."""
 
 from __future__ import annotations
 
@@ -15,8 +22,19 @@ from django.utils import timezone
 
 from ledger.services import ledger_append
 from marketplace.catalog.selectors import offer_view, offer_views_for
+from marketplace.launch.leases import boot_spec, lease_end, lease_open
 from marketplace.matching import Demand, rank_offers
-from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, Order, OrderState, WebhookEventType
+from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
+    Instance,
+    Lease,
+    LeaseState,
+    Offer,
+    Order,
+    OrderState,
+    WebhookEventType,
+)
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.reservations import reservation_release, reservation_take
@@ -26,6 +44,7 @@ from providers.base import ProviderAdapter
 from providers.errors import (
     CapacityUnavailable,
     ProviderError,
+    ProviderRequestRejected,
     QuotaExceeded,
     TransientProviderError,
 )
@@ -39,8 +58,16 @@ class Step(enum.StrEnum):
     """What the caller (a task) should do next."""
 
     POLL = "poll"
+    WAIT = "wait"  # the provider runs the machine; its agent has not reported ready yet
     DONE = "done"
-    PROVISION = "provision"  # the launched instance failed before running: fail over
+    PROVISION = "provision"  # the launched instance failed before it was ready: fail over
+
+
+class BootFailure(ProviderError):
+    """The machine ran at the provider but did not become usable: no ready report in time (``boot_timeout``),
+    the wrong GPUs (``gpu_mismatch``), no SSH (``boot``), or a workload that would not start (``workload``)."""
+
+    error_class = "boot"
 
 
 def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
@@ -103,6 +130,7 @@ def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
             started_at=now,
         )
         _attempt_ledger(attempt, "attempt.started", zone=offer.zone, instance_type=offer.instance_type)
+        lease_open(attempt=attempt, now=now)
         if not reservation_take(attempt=attempt):
             sold_out = CapacityUnavailable(
                 f"listing {offer.instance_type} in {offer.zone} has no units left", code="listing.sold_out"
@@ -169,7 +197,7 @@ def order_provision(*, order_id: int) -> Step:
     instance rather than a second one. ``TransientProviderError`` is raised to the caller for a retry with
     the same attempt; other provider errors fail the attempt and move on to the next offer.
     """
-    order = Order.objects.select_related("gpu_model", "offer").get(pk=order_id)
+    order = Order.objects.select_related("gpu_model", "offer", "launch_config").get(pk=order_id)
     if order.state == OrderState.PLACED:
         try:
             order = order_transition(order=order, to=OrderState.PROVISIONING)
@@ -197,6 +225,8 @@ def order_provision(*, order_id: int) -> Step:
         offer = attempt.offer
         spec = _launch_spec(order, attempt)
         adapter = adapter_for_account(offer.account)
+        if fresh and not _launch_acceptable(adapter, attempt, spec):
+            continue
         # Only a fresh attempt: a resumed one may already have launched, and its machine counts in the usage.
         if fresh and not _quota_allows(adapter, attempt, spec):
             continue
@@ -237,7 +267,22 @@ def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
         gpu_count=offer.gpu_count,
         vcpus=offer.vcpus,
         offer_extra=dict(offer.extra or {}),
+        image=(order.launch_config.spec.get("image") if order.launch_config is not None else None),
+        boot=boot_spec(order=order, attempt=attempt),
     )
+
+
+def _launch_acceptable(adapter: ProviderAdapter, attempt: Attempt, spec: LaunchSpec) -> bool:
+    """The provider's documented limits take the launch's boot (user data size, disk, firewall rules). A
+    configuration over them fails the attempt with the reason and no launch call; the order moves on to an
+    offer whose provider takes it."""
+    problems = adapter.launch_problems(spec)
+    if not problems:
+        return True
+    refusal = ProviderRequestRejected("; ".join(str(p) for p in problems), code="launch_config", provider=adapter.kind)
+    log.info("order %s attempt %s: %s", attempt.order.public_id, attempt.number, refusal)
+    attempt_fail(attempt=attempt, error=refusal)
+    return False
 
 
 def _quota_allows(adapter: ProviderAdapter, attempt: Attempt, spec: LaunchSpec) -> bool:
@@ -274,6 +319,9 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
             launched_at=now,
         )
         Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
+        Lease.objects.filter(attempt=attempt, boot_deadline__isnull=True).update(
+            boot_deadline=now + dt.timedelta(seconds=settings.BOOT_TIMEOUT_S)
+        )
         extra = {"adopted": True} if adopted else {}
         _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
         instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)
@@ -287,11 +335,13 @@ def _launch_price(order: Order, attempt: Attempt) -> Decimal:
 
 
 def order_poll(*, order_id: int) -> Step:
-    """Check the launched instance; move the order to running when the provider says so.
+    """Check the launched instance, then its lease.
 
-    Returns ``Step.POLL`` while the instance is still starting. An instance that failed before running (the
-    asynchronous capacity failures of GCP, Azure and Tencent) fails its attempt with the provider's error
-    class and returns ``Step.PROVISION``, so the order fails over to the next offer.
+    ``Step.POLL`` while the provider still starts the instance; ``Step.WAIT`` once it runs and the agent on
+    it has not reported ready (the order stays provisioning); ``Step.DONE`` when the order is running (or
+    no longer provisioning). An instance that failed before running (the asynchronous capacity failures of
+    GCP, Azure and Tencent), or a machine silent past its boot deadline, fails its attempt and answers
+    ``Step.PROVISION``, so the order fails over to the next offer.
     """
     order = Order.objects.get(pk=order_id)
     if order.state != OrderState.PROVISIONING:
@@ -301,23 +351,14 @@ def order_poll(*, order_id: int) -> Step:
         return Step.DONE
     handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
     if handle.state == InstanceState.RUNNING:
-        running_at = timezone.now()
         with transaction.atomic():
-            Instance.objects.filter(pk=instance.pk).update(
-                state=handle.state.value, public_ip=handle.public_ip or "", running_at=running_at
-            )
-            instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
-            run_until = None
-            if order.duration_hours is not None:
-                run_until = running_at + dt.timedelta(hours=float(order.duration_hours))
-                Order.objects.filter(pk=order.pk).update(run_until=run_until)
-            order_transition(
-                order=order,
-                to=OrderState.RUNNING,
-                instance=instance.provider_instance_id,
-                run_until=None if run_until is None else run_until.isoformat(),
-            )
-        return Step.DONE
+            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, public_ip=handle.public_ip or "")
+            # Once: a poll that sees it running again must not announce it twice.
+            if Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(running_at=timezone.now()):
+                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
+        if order_running_if_ready(order_id=order.pk):
+            return Step.DONE
+        return order_boot_check(order_id=order.pk)
     if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
         if handle.state == InstanceState.FAILED:
             # Some clouds (Azure) keep a VM whose allocation failed, with its disk and NIC: remove it.
@@ -328,31 +369,159 @@ def order_poll(*, order_id: int) -> Step:
         error_class = str(handle.extra.get("error_class") or "final")
         code = str(handle.extra.get("error_code") or handle.state.value)
         message = str(handle.extra.get("error_message") or f"instance {handle.state.value} before it was running")
-        with transaction.atomic():
-            Instance.objects.filter(pk=instance.pk).update(
-                state=handle.state.value, active=False, terminated_at=timezone.now()
-            )
-            Attempt.objects.filter(pk=instance.attempt.pk).update(
-                outcome=AttemptOutcome.FAILED,
-                error_class=error_class[:32],
-                provider_code=code[:128],
-                provider_message=message[:2000],
-                finished_at=timezone.now(),
-            )
-            attempt = instance.attempt
-            attempt.order = order
-            _attempt_ledger(
-                attempt,
-                "attempt.failed",
-                error_class=error_class,
-                provider_code=code,
-                instance=instance.provider_instance_id,
-            )
-            instance_event_emit(
-                instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_FAILED, error_class=error_class, code=code
-            )
+        _instance_failed(order, instance, handle.state.value, error_class, code, message)
         return Step.PROVISION
     return Step.POLL
+
+
+def _instance_failed(order: Order, instance: Instance, state: str, error_class: str, code: str, message: str) -> None:
+    """Settle an instance that will never serve the order: inactive, its attempt failed with the reason (once),
+    its lease ended, ledgered and announced."""
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(state=state, active=False, terminated_at=timezone.now())
+        Attempt.objects.filter(pk=instance.attempt.pk).update(
+            outcome=AttemptOutcome.FAILED,
+            error_class=error_class[:32],
+            provider_code=code[:128],
+            provider_message=message[:2000],
+            finished_at=timezone.now(),
+        )
+        reservation_release(attempt_id=instance.attempt_id)
+        lease_end(attempt_id=instance.attempt_id)
+        attempt = instance.attempt
+        attempt.order = order
+        _attempt_ledger(
+            attempt,
+            "attempt.failed",
+            error_class=error_class,
+            provider_code=code,
+            instance=instance.provider_instance_id,
+        )
+        instance_event_emit(
+            instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_FAILED, error_class=error_class, code=code
+        )
+
+
+def order_running_if_ready(*, order_id: int) -> bool:
+    """Move the order to running if the lease of its active instance is ready: metering starts, the scheduled
+    end (duration or spend cap) is set, and the ledger records the host keys the buyer should see on first
+    connection. An order placed before launch configurations existed runs once the provider says so.
+
+    Called by the agent's ready report and by the poll; whichever comes second finds it done. True when the
+    order is running now."""
+    order = Order.objects.select_related("launch_config").get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return order.state == OrderState.RUNNING
+    instance = Instance.objects.filter(order=order, active=True).first()
+    if instance is None:
+        return False
+    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    booted = order.launch_config_id is not None
+    if booted and (lease is None or lease.state != LeaseState.READY):
+        return False
+    if not booted and instance.running_at is None:
+        return False
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            # The agent may report before the poll saw the provider's "running": the machine demonstrably runs.
+            Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(running_at=now)
+            Instance.objects.filter(pk=instance.pk).update(ready_at=now)
+            run_until, end_reason = _scheduled_end(order, now)
+            if run_until is not None:
+                Order.objects.filter(pk=order.pk).update(run_until=run_until)
+            fields: dict[str, object] = {"instance": instance.provider_instance_id}
+            if run_until is not None:
+                fields.update(run_until=run_until.isoformat(), ends_by=end_reason)
+            if booted and lease is not None:
+                fields.update(
+                    host_keys=[k["fingerprint"] for k in lease.host_keys], launch_sha256=order.launch_config.sha256
+                )
+                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_READY)
+            order_transition(order=order, to=OrderState.RUNNING, **fields)
+    except TransitionRefused:
+        order.refresh_from_db(fields=["state"])
+        return order.state == OrderState.RUNNING
+    return True
+
+
+def _scheduled_end(order: Order, now: dt.datetime) -> tuple[dt.datetime | None, str]:
+    """When the running order must stop: its duration from now, or when what is left of its spend cap runs out
+    at the locked price, whichever is first; (None, "") for neither."""
+    from marketplace.orders.selectors import order_usage
+
+    ends: list[tuple[dt.datetime, str]] = []
+    if order.duration_hours is not None:
+        ends.append((now + dt.timedelta(hours=float(order.duration_hours)), "duration"))
+    if order.spend_cap_usd is not None and order.price_per_hour > 0:
+        spent = order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
+        left = max(Decimal(0), order.spend_cap_usd - spent)
+        ends.append((now + dt.timedelta(hours=float(left / order.price_per_hour)), "spend_cap"))
+    if not ends:
+        return None, ""
+    return min(ends)
+
+
+def order_boot_check(*, order_id: int, now: dt.datetime | None = None) -> Step:
+    """The provider runs the order's machine: is its agent late? Past the lease's boot deadline with no ready
+    report, the machine is terminated and its attempt failed (``boot_timeout``), and the order fails over
+    (``Step.PROVISION``). ``Step.WAIT`` while there is time; ``Step.DONE`` when there is nothing to wait for."""
+    now = now or timezone.now()
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return Step.DONE
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    if instance is None:
+        return Step.DONE
+    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    if lease is None or lease.state == LeaseState.READY:
+        return Step.DONE
+    if lease.state in (LeaseState.FAILED, LeaseState.REFUSED):
+        return order_boot_settle(order_id=order.pk)
+    if lease.boot_deadline is None or now < lease.boot_deadline:
+        return Step.WAIT
+    heard = "claimed its boot token but never reported ready" if lease.claimed_at else "never phoned home"
+    message = f"no ready report within {settings.BOOT_TIMEOUT_S} s of launch: the machine's agent {heard}"
+    _boot_failed(order, instance, "boot_timeout", "boot_timeout", message)
+    return Step.PROVISION
+
+
+def order_boot_settle(*, order_id: int) -> Step:
+    """The agent reported that the machine cannot serve the order (a failed or refused lease): terminate the
+    machine and fail its attempt. A workload that would not start fails the order with the agent's reason
+    (``Step.DONE``); the wrong GPUs or no SSH fail over (``Step.PROVISION``). Idempotent: an instance already
+    settled is not touched again."""
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return Step.DONE
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    if instance is None:
+        return Step.DONE
+    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    if lease is None or lease.state not in (LeaseState.FAILED, LeaseState.REFUSED):
+        return Step.DONE
+    if lease.state == LeaseState.REFUSED:
+        _boot_failed(order, instance, "gpu_mismatch", "gpu_mismatch", lease.failure_reason)
+        return Step.PROVISION
+    if lease.failure_stage == "workload":
+        _boot_failed(order, instance, "workload", "workload_failed", lease.failure_reason)
+        try:
+            order_transition(
+                order=order, to=OrderState.FAILED, reason=f"the workload did not start: {lease.failure_reason}"
+            )
+        except TransitionRefused:
+            pass
+        return Step.DONE
+    _boot_failed(order, instance, "boot", f"{lease.failure_stage}_failed", lease.failure_reason)
+    return Step.PROVISION
+
+
+def _boot_failed(order: Order, instance: Instance, error_class: str, code: str, message: str) -> None:
+    """Terminate a machine that ran but never became usable, then settle its attempt. The provider is asked
+    first: a ``TransientProviderError`` leaves everything as it was for the task's retry, so the machine is
+    never forgotten while it still bills."""
+    handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+    _instance_failed(order, instance, handle.state.value, error_class, code, message)
 
 
 def order_give_up(*, order_id: int, reason: str) -> None:
@@ -382,6 +551,7 @@ def order_terminate_instance(*, order_id: int) -> Step:
         handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
         with transaction.atomic():
             Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+            lease_end(attempt_id=instance.attempt_id)
             if instance.terminated_at is None:  # else the launch race in order_provision reported it
                 instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_TERMINATED)
         detail = instance.provider_instance_id
@@ -397,6 +567,7 @@ def order_terminate_instance(*, order_id: int) -> Step:
         order_transition(order=order, to=OrderState.TERMINATED, reason=order.state_reason, instance=detail)
     except TransitionRefused:
         pass
+    order_release_resources(order=order)
     return Step.DONE
 
 
@@ -422,6 +593,7 @@ def order_check_running(*, order_id: int) -> Step:
             state=handle.state.value, active=False, terminated_at=timezone.now()
         )
         reservation_release(attempt_id=instance.attempt_id)
+        lease_end(attempt_id=instance.attempt_id)
         instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LOST, spot=spot)
         ledger_append(
             kind="order.instance_lost",
@@ -439,3 +611,20 @@ def order_check_running(*, order_id: int) -> Step:
         else:
             order_transition(order=order, to=OrderState.FAILED, reason=reason)
     return Step.PROVISION if order.allow_failover else Step.DONE
+
+
+def order_release_resources(*, order: Order) -> list[str]:
+    """Best effort, right after an order ends: release what its launches created on each account it tried.
+    What cannot go yet is left for ``account_resources_reconcile``; returns what was left, for the log."""
+    left: list[str] = []
+    accounts = {a.offer.account_id: a.offer.account for a in order.attempts.select_related("offer__account")}
+    for account in accounts.values():
+        try:
+            remaining = adapter_for_account(account).release_order_resources(order.ref)
+        except ProviderError as exc:
+            left.append(f"{account.kind}/{account.name}: {exc}")
+            continue
+        left.extend(f"{r.kind}:{r.resource_id}" for r in remaining)
+    if left:
+        log.info("order %s: resources left for the reconciler: %s", order.public_id, ", ".join(left))
+    return left

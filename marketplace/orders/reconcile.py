@@ -9,6 +9,10 @@ what exists for an order. For each order it looks at the accounts the order's at
 - terminates an instance the order does not run on (a second machine, or one from an attempt already
   settled), so an order never has more than its one instance.
 
+Per account (``account_resources_reconcile``), it also lists what else the broker created for orders (key
+pairs, security groups, firewall rules, all tagged with the order) and releases what belongs to orders that
+ended, or to orders the broker does not know: nothing a launch creates outlives its order.
+
 Every action is ledgered. Safe to run at any time and any number of times.
 """
 
@@ -17,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import uuid
+from collections import defaultdict
 
 from django.db import transaction
 from django.utils import timezone
@@ -26,6 +32,7 @@ from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderSt
 from marketplace.orders.provisioning import record_launch
 from marketplace.webhooks.services import instance_event_emit
 from providers.errors import ProviderError
+from providers.launch import OrderResource
 from providers.models import ProviderAccount
 from providers.services import adapter_for_account
 from providers.types import InstanceHandle, InstanceState
@@ -121,3 +128,51 @@ def orders_to_reconcile(*, now: dt.datetime, quiet_s: int = 300, lookback_s: int
     stuck = Order.objects.exclude(state__in=Order.FINAL_STATES).filter(state_changed_at__lt=quiet)
     ended = Order.objects.filter(state__in=Order.FINAL_STATES, state_changed_at__gte=recent)
     return sorted(set(stuck.values_list("pk", flat=True)) | set(ended.values_list("pk", flat=True)))
+
+
+def _order_for_ref(ref: str) -> Order | None:
+    try:
+        return Order.objects.filter(public_id=uuid.UUID(ref.removeprefix("ord-"))).first()
+    except ValueError:
+        return None
+
+
+def account_resources_reconcile(*, account_id: int, now: dt.datetime, grace_s: int = 120) -> ReconcileReport:
+    """Release the resources (besides instances) the account holds for orders that ended at least ``grace_s``
+    ago or that the broker does not know (see the module docstring). A resource the provider will not delete
+    yet (still attached to a machine shutting down) is reported as an error and tried again next time."""
+    report = ReconcileReport()
+    account = ProviderAccount.objects.get(pk=account_id)
+    try:
+        adapter = adapter_for_account(account)
+        resources = adapter.list_order_resources()
+    except ProviderError as exc:
+        report.errors.append(f"{account.kind}/{account.name}: {exc}")
+        return report
+    by_order: dict[str, list[OrderResource]] = defaultdict(list)
+    for resource in resources:
+        by_order[resource.order_ref].append(resource)
+    for ref, held in sorted(by_order.items()):
+        order = _order_for_ref(ref)
+        if order is not None and (
+            order.state not in Order.FINAL_STATES or order.state_changed_at > now - dt.timedelta(seconds=grace_s)
+        ):
+            continue
+        try:
+            remaining = adapter.release_order_resources(ref)
+        except ProviderError as exc:
+            report.errors.append(f"{ref}: {exc}")
+            continue
+        left = {(r.kind, r.resource_id) for r in remaining}
+        released = [r for r in held if (r.kind, r.resource_id) not in left]
+        report.errors.extend(f"{ref}: {r.kind} {r.resource_id} still in use" for r in remaining)
+        report.terminated.extend(f"{r.kind}:{r.resource_id}" for r in released)
+        if not released:
+            continue
+        items = [f"{r.kind}:{r.region}:{r.resource_id}" for r in released]
+        if order is None:
+            log.warning("released %s of unknown order %s on account %s", items, ref, account.pk)
+            continue
+        why = f"order is {order.state}"
+        _ledger(order, "order.resources_released", account=account.pk, resources=items, reason=why)
+    return report

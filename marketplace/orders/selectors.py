@@ -109,16 +109,17 @@ class Usage:
 
 
 def order_usage(order: Order, *, now: dt.datetime) -> Usage:
-    """Per-second metering from each instance's running to its termination (or ``now`` while it runs).
+    """Per-second metering from each instance's ready report to its termination (or ``now`` while it runs).
 
-    An instance that failed before running costs nothing; the price is the one locked on the order.
+    An instance that never became ready (failed before running, never booted, the wrong GPUs) costs nothing;
+    the price is the one locked on the order.
     """
     seconds = 0
     for instance in order.instances.all():
-        if instance.running_at is None:
+        if instance.ready_at is None:
             continue
-        end = instance.terminated_at or (now if instance.active else instance.running_at)
-        seconds += max(0, int((end - instance.running_at).total_seconds()))
+        end = instance.terminated_at or (now if instance.active else instance.ready_at)
+        seconds += max(0, int((end - instance.ready_at).total_seconds()))
     amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
     return Usage(seconds=seconds, amount_usd=amount)
 
@@ -140,13 +141,13 @@ def invoice_line_list(*, organization: Organization, start: dt.datetime, end: dt
 
 
 def order_usage_between(order: Order, *, start: dt.datetime, end: dt.datetime) -> Usage:
-    """Like ``order_usage``, counting only the running seconds that fall in [start, end)."""
+    """Like ``order_usage``, counting only the metered seconds that fall in [start, end)."""
     seconds = 0
     for instance in order.instances.all():
-        if instance.running_at is None:
+        if instance.ready_at is None:
             continue
-        stop = instance.terminated_at or (end if instance.active else instance.running_at)
-        seconds += max(0, int((min(stop, end) - max(instance.running_at, start)).total_seconds()))
+        stop = instance.terminated_at or (end if instance.active else instance.ready_at)
+        seconds += max(0, int((min(stop, end) - max(instance.ready_at, start)).total_seconds()))
     amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
     return Usage(seconds=seconds, amount_usd=amount)
 

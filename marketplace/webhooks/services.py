@@ -292,6 +292,7 @@ def _instance_json(instance: Instance | None) -> dict[str, Any] | None:
         "public_ip": instance.public_ip,
         "launched_at": instance.launched_at,
         "running_at": instance.running_at,
+        "ready_at": instance.ready_at,
         "terminated_at": instance.terminated_at,
     }
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from collections.abc import Mapping
@@ -124,3 +125,35 @@ def check(
     if abs((now if now is not None else time.time()) - int(timestamp)) > MAX_SKEW_S:
         raise Rejected("stale", f"timestamp {timestamp} is more than {MAX_SKEW_S} s from the receiver's clock")
     return SignedRequest(key_id, int(timestamp), nonce)
+
+
+MAX_JSON_BYTES = 256 * 1024
+MAX_JSON_DEPTH = 16
+
+
+def bounded_json(body: bytes, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for bodies from the other side, refusing (``ValueError``) more than ``max_bytes`` or
+    nesting deeper than ``max_depth`` before the parser sees them: a body nested a hundred thousand deep
+    would otherwise take the parser through the stack. The depth is counted on the raw bytes, skipping
+    brackets inside strings."""
+    if len(body) > max_bytes:
+        raise ValueError(f"the body is {len(body)} bytes; at most {max_bytes} are read")
+    depth = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > max_depth:
+                raise ValueError(f"the body nests deeper than {max_depth} levels")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return json.loads(body or b"{}")

@@ -22,12 +22,21 @@ class FaultKind(enum.StrEnum):
     THROTTLE = "throttle"
     CREDENTIALS = "credentials"
     SLOW = "slow"
+    # What a booting machine does (providers/sandbox/boot.py): matched on the action "boot".
+    BOOT_SILENT = "boot_silent"  # the machine never phones home
+    GPU_MISMATCH = "gpu_mismatch"  # the machine reports fewer GPUs than its type has
+    WORKLOAD_FAIL = "workload_fail"  # the container or script does not start (``message`` says why)
+    # The region has no such image (the cloud's GPU-ready default or the buyer's own): matched on "image".
+    IMAGE_MISSING = "image_missing"
 
 
 # Faults that act before the provider looks at the request (transport, authentication, rate limiting).
 TRANSPORT_KINDS = frozenset({FaultKind.THROTTLE, FaultKind.CREDENTIALS, FaultKind.SLOW})
 # Faults that are the outcome of a provisioning request.
 OUTCOME_KINDS = frozenset({FaultKind.CAPACITY, FaultKind.QUOTA})
+BOOT_KINDS = frozenset({FaultKind.BOOT_SILENT, FaultKind.GPU_MISMATCH, FaultKind.WORKLOAD_FAIL})
+BOOT_ACTION = "boot"
+IMAGE_ACTION = "image"
 
 
 class _Default(enum.Enum):
@@ -51,11 +60,17 @@ class Fault:
     code: str | None = None
     remaining: int | None = None
     fired: int = 0
+    region: str | None = None
+    message: str | None = None
 
-    def matches(self, action: str, instance_types: Collection[str], zone: str | None) -> bool:
+    def matches(
+        self, action: str, instance_types: Collection[str], zone: str | None, region: str | None = None
+    ) -> bool:
         if self.action is not None and self.action != action:
             return False
         if self.instance_type is not None and self.instance_type not in instance_types:
+            return False
+        if self.region is not None and self.region != region:
             return False
         return self.zone is None or self.zone == zone
 
@@ -85,9 +100,17 @@ class FaultRegistry:
         times: int | None = None,
         seconds: float = 0.0,
         code: str | None = None,
+        region: str | None = None,
+        message: str | None = None,
     ) -> Fault:
-        """Add a fault; ``action=None`` matches every action. ``code`` overrides the kind's default error code."""
+        """Add a fault; ``action=None`` matches every action. ``code`` overrides the kind's default error code.
+        Boot faults default to the action ``boot`` and ``image_missing`` to ``image``, whatever the sandbox's
+        default action is."""
         kind = FaultKind(kind)
+        if action is DEFAULT_ACTION and kind in BOOT_KINDS:
+            action = BOOT_ACTION
+        elif action is DEFAULT_ACTION and kind is FaultKind.IMAGE_MISSING:
+            action = IMAGE_ACTION
         if times is not None and times < 1:
             raise ValueError("times must be at least 1 (or None for until cleared)")
         if seconds < 0:
@@ -103,13 +126,15 @@ class FaultRegistry:
                 seconds=seconds,
                 code=code,
                 remaining=times,
+                region=region,
+                message=message,
             )
             self._faults.append(fault)
             return fault
 
     def inject_json(self, data: Mapping[str, Any]) -> Fault:
         """``inject`` from a JSON object; a missing ``action`` means the default, ``null`` means any."""
-        allowed = {"kind", "action", "instance_type", "zone", "times", "seconds", "code"}
+        allowed = {"kind", "action", "instance_type", "zone", "times", "seconds", "code", "region", "message"}
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(f"unknown fault fields: {', '.join(sorted(unknown))}")
@@ -124,6 +149,8 @@ class FaultRegistry:
             times=int(times) if times is not None else None,
             seconds=float(data.get("seconds") or 0.0),
             code=data.get("code"),
+            region=data.get("region"),
+            message=data.get("message"),
         )
 
     def clear(self) -> int:
@@ -151,6 +178,7 @@ class FaultRegistry:
         instance_types: Iterable[str] = (),
         zone: str | None = None,
         kinds: Collection[FaultKind] | None = None,
+        region: str | None = None,
     ) -> Fault | None:
         """The first fault (in injection order) matching the request, counted as fired; None if none matches."""
         types = frozenset(instance_types)
@@ -158,7 +186,7 @@ class FaultRegistry:
             for fault in self._faults:
                 if kinds is not None and fault.kind not in kinds:
                     continue
-                if not fault.matches(action, types, zone):
+                if not fault.matches(action, types, zone, region):
                     continue
                 fault.fired += 1
                 if fault.remaining is not None:

@@ -6,6 +6,7 @@
 - ``POST /_sandbox/reset`` -> forget all state (instances, faults, tokens, call log)
 - ``GET /_sandbox/faults`` -> active faults; ``POST`` one fault (JSON object) or a list; ``DELETE`` clears all
 - ``DELETE /_sandbox/faults/<id>`` -> remove one fault
+- ``GET /_sandbox/boots`` -> what each instance did when it booted (``providers/sandbox/boot.py``)
 
 A subclass answers the provider's own API in ``handle`` and may add control routes in ``control_extra``.
 """
@@ -23,6 +24,7 @@ from typing import Any
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
+from providers.sandbox.boot import Booter
 from providers.sandbox.faults import FaultRegistry
 
 logger = logging.getLogger("providers.sandbox")
@@ -80,6 +82,9 @@ class SandboxApp(abc.ABC):
 
     def __init__(self, faults: FaultRegistry):
         self.faults = faults
+        # Instances boot by starting the lease agent their user data names; a subclass calls
+        # ``self.booter.boot`` when an instance first runs, ``halt`` when it ends and ``reset`` in ``reset``.
+        self.booter = Booter(faults)
         self._server: ServerThread | None = None
         self._call_log: deque[Any] = deque(maxlen=CALL_LOG_SIZE)
         self._call_lock = threading.Lock()
@@ -122,6 +127,7 @@ class SandboxApp(abc.ABC):
     def stop(self) -> None:
         if self._server is not None:
             self.faults.clear()
+            self.booter.reset()
             self._server.stop()
             self._server = None
 
@@ -155,6 +161,9 @@ class SandboxApp(abc.ABC):
                 return json_response({"reset": True})
             if route == "faults":
                 return self._faults_route(request)
+            if route == "boots" and request.method == "GET":
+                records = [vars(r) for r in self.booter.records]
+                return json_response({"mode": self.booter.mode.value, "boots": records})
             if route.startswith("faults/") and request.method == "DELETE":
                 removed = self.faults.remove(int(route.split("/", 1)[1]))
                 return json_response({"removed": removed}, status=200 if removed else 404)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from providers.aws.adapter import AwsAdapter
 from providers.sandbox.aws import AwsSandbox
 from providers.types import Credentials
+from tests.providers.contract import ContractTarget, load, target_modules
 
 AdapterFactory = Callable[..., AwsAdapter]
 
@@ -26,3 +28,25 @@ def aws_adapter(aws_sandbox: AwsSandbox) -> AdapterFactory:
         return AwsAdapter(credentials, regions or ["us-east-1"], options)
 
     return build
+
+
+# --- The contract suite: every provider's sandbox and adapter (tests/providers/contract.py) ---------------
+
+MODULES = target_modules()
+_started: dict[str, Any] = {}
+
+
+@pytest.fixture(params=MODULES, ids=[m.rsplit(".", 1)[1].removesuffix("_target") for m in MODULES])
+def target(request) -> ContractTarget:
+    module = load(request.param)
+    fixture = getattr(module, "SESSION_FIXTURE", None)
+    if fixture:
+        sandbox = request.getfixturevalue(fixture)
+    else:
+        if request.param not in _started:
+            _started[request.param] = module.start_sandbox()
+            request.session.addfinalizer(_started[request.param].stop)  # type: ignore[attr-defined]
+        sandbox = _started[request.param]
+    sandbox.reset()
+    yield module.target(sandbox)
+    sandbox.reset()

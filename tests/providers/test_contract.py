@@ -3,103 +3,18 @@
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any
 
 import pytest
 
 from providers import gpu_names
-from providers.base import ProviderAdapter
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
-    ProviderError,
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.types import InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
-from tests.providers.contract import ContractTarget, load, target_modules
-
-MODULES = target_modules()
-_started: dict[str, Any] = {}
-
-
-@pytest.fixture(params=MODULES, ids=[m.rsplit(".", 1)[1].removesuffix("_target") for m in MODULES])
-def target(request) -> ContractTarget:
-    module = load(request.param)
-    fixture = getattr(module, "SESSION_FIXTURE", None)
-    if fixture:
-        sandbox = request.getfixturevalue(fixture)
-    else:
-        if request.param not in _started:
-            _started[request.param] = module.start_sandbox()
-            request.session.addfinalizer(_started[request.param].stop)  # type: ignore[attr-defined]
-        sandbox = _started[request.param]
-    sandbox.reset()
-    yield module.target(sandbox)
-    sandbox.reset()
-
-
-_offers: dict[str, list[OfferQuote]] = {}
-
-
-def offers(target: ContractTarget) -> list[OfferQuote]:
-    """The sandbox catalogue, read once per kind (the scenarios below do not change it)."""
-    if target.kind not in _offers:
-        _offers[target.kind] = target.make_adapter(True, {}).list_offers()
-    return _offers[target.kind]
-
-
-def launchable(target: ContractTarget) -> OfferQuote:
-    """The cheapest on-demand offer with a canonical GPU model: the one every scenario launches."""
-    candidates = [
-        q for q in offers(target) if q.pricing_model == PricingModel.ON_DEMAND and q.gpu_model in gpu_names.ALL
-    ]
-    return min(candidates, key=lambda q: (q.price, q.zone, q.instance_type))
-
-
-def spec_for(offer: OfferQuote, token: str | None = None) -> LaunchSpec:
-    order_ref = f"ord-{uuid.uuid4().hex}"
-    return LaunchSpec(
-        region=offer.region,
-        zone=offer.zone,
-        instance_type=offer.instance_type,
-        pricing_model=offer.pricing_model,
-        client_token=token or f"{order_ref}-a1",
-        order_ref=order_ref,
-    )
-
-
-def settle(adapter: ProviderAdapter, spec: LaunchSpec, *, polls: int = 50) -> InstanceHandle | ProviderError:
-    """Launch and poll until the provider has decided: a provider error, raised at once or reported later
-    (asynchronous clouds), or the instance no longer pending."""
-    try:
-        handle = adapter.launch(spec)
-    except ProviderError as exc:
-        return exc
-    for _ in range(polls):
-        if handle.state != InstanceState.PENDING:
-            break
-        time.sleep(0.1)
-        try:
-            handle = adapter.describe(spec.region, handle.instance_id)
-        except ProviderError as exc:
-            return exc
-    if handle.state == InstanceState.FAILED:
-        return _async_error(handle)
-    return handle
-
-
-def _async_error(handle: InstanceHandle) -> ProviderError:
-    classes = {
-        c.error_class: c for c in (CapacityUnavailable, QuotaExceeded, TransientProviderError, CredentialsRejected)
-    }
-    cls = classes.get(str(handle.extra.get("error_class", "")), ProviderError)
-    return cls(str(handle.extra.get("error_message", "launch failed")), code=str(handle.extra.get("error_code", "")))
-
-
-def live(target: ContractTarget) -> list[Any]:
-    return [i for i in target.instances() if str(getattr(i, "state", "")).lower() not in {"terminated", "deleted"}]
+from providers.types import InstanceHandle, InstanceState, PricingModel
+from tests.providers.contract import launchable, live, offers, settle, spec_for
 
 
 def test_list_offers(target):

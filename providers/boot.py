@@ -1,0 +1,156 @@
+"""The boot script every cloud launch carries as user data, and how a sandbox or a host agent reads it back.
+
+The script is plain bash, so it runs under cloud-init on every image the clouds publish. In order it:
+
+1. runs the cloud's prelude (e.g. the GPU driver installation Alibaba and Tencent leave to the buyer);
+2. appends the buyer's public keys to the login user's ``authorized_keys`` (also given to the cloud's own key
+   mechanism where it takes them, so a console login works too);
+3. writes the lease file ``/opt/gpu-broker/lease.json``: where to phone home, the one-time boot token, the
+   login user, the keys and the non-secret workload (container or script);
+4. fetches the lease agent from the broker, checks it against the SHA-256 this script was made with, and
+   starts it. The agent spends the token, fetches the buyer's secrets over the signed agent protocol,
+   starts the workload and reports ready (``providers/community/lease.py``).
+
+The lease file sits between two fixed heredoc markers, on one line of JSON, so ``lease_file_from_script``
+finds it in the bytes a cloud stored; that is how the sandboxes "boot" an instance from its user data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+from providers.launch import BootSpec, LaunchLimits, LaunchProblem, UserDataMeasure
+
+LEASE_FILE_VERSION = 1
+LEASE_MARKER = "BROKER_LEASE_JSON"
+KEYS_MARKER = "BROKER_AUTHORIZED_KEYS"
+AGENT_PATH = "/agent/v1/lease/agent.pyz"
+BROKER_DIR = "/opt/gpu-broker"
+_LOGIN_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_LEASE_BLOCK = re.compile(rf"<<'{LEASE_MARKER}'\n(.*?)\n{LEASE_MARKER}\n", re.DOTALL)
+MAX_LEASE_FILE = 1024 * 1024  # what a reader will parse; every cloud's user data limit is far below
+
+
+class BootScriptUnreadable(ValueError):
+    """The bytes hold no lease file this module wrote."""
+
+
+def lease_file(boot: BootSpec, *, login_user: str) -> dict[str, Any]:
+    """What the lease agent reads on the machine: everything but the buyer's secrets."""
+    return {
+        "v": LEASE_FILE_VERSION,
+        "broker_url": boot.broker_url,
+        "boot_token": boot.boot_token,
+        "login_user": login_user,
+        "ssh_keys": [key.public_key for key in boot.ssh_keys],
+        "ports": sorted({rule.port for rule in boot.ingress}),
+        "workload": boot.workload,
+    }
+
+
+def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") -> bytes:
+    """The user data for one attempt. Deterministic in its inputs: a resumed attempt sends the same bytes,
+    which idempotent launch APIs (EC2's ``ClientToken``) require of a repeated request."""
+    if not _LOGIN_USER.match(login_user):
+        raise ValueError(f"login user {login_user!r} is not a plain user name")
+    if "'" in boot.broker_url or not boot.broker_url.startswith(("http://", "https://")):
+        raise ValueError("the broker URL must be a plain http(s) URL")
+    if not re.fullmatch(r"[0-9a-f]{64}", boot.agent_sha256):
+        raise ValueError("agent_sha256 must be a hex SHA-256")
+    lease = json.dumps(lease_file(boot, login_user=login_user), sort_keys=True, separators=(",", ":"))
+    keys = "\n".join(key.public_key for key in boot.ssh_keys)
+    lines = [
+        "#!/bin/bash",
+        "# gpu-broker boot script: makes this machine usable for one order, then hands over to the lease agent.",
+        "# It carries no lasting secret: the boot token below works once, for this order only, and expires.",
+        "set -u",
+        f"BROKER_URL='{boot.broker_url}'",
+        f"BROKER_LOGIN_USER='{login_user}'",
+        f"BROKER_DIR={BROKER_DIR}",
+        'mkdir -p "$BROKER_DIR" && chmod 700 "$BROKER_DIR"',
+    ]
+    if prelude.strip():
+        lines += ["# --- the cloud's prelude", prelude.strip(), "# --- end of prelude"]
+    if keys:
+        lines += [
+            'home=$(getent passwd "$BROKER_LOGIN_USER" | cut -d: -f6)',
+            'if [ -n "$home" ]; then',
+            '  install -d -m 700 -o "$BROKER_LOGIN_USER" "$home/.ssh"',
+            f"  cat >> \"$home/.ssh/authorized_keys\" <<'{KEYS_MARKER}'",
+            keys,
+            KEYS_MARKER,
+            '  chown "$BROKER_LOGIN_USER" "$home/.ssh/authorized_keys" && chmod 600 "$home/.ssh/authorized_keys"',
+            "fi",
+        ]
+    lines += [
+        f"cat > \"$BROKER_DIR/lease.json\" <<'{LEASE_MARKER}'",
+        lease,
+        LEASE_MARKER,
+        'chmod 600 "$BROKER_DIR/lease.json"',
+        "for attempt in 1 2 3 4 5 6 7 8 9 10; do",
+        f'  curl -fsS --max-time 60 "$BROKER_URL{AGENT_PATH}" -o "$BROKER_DIR/agent.pyz" && break',
+        "  sleep 10",
+        "done",
+        f'echo "{boot.agent_sha256}  $BROKER_DIR/agent.pyz" | sha256sum -c - || exit 1',
+        'nohup python3 "$BROKER_DIR/agent.pyz" lease --spec "$BROKER_DIR/lease.json" '
+        ">>/var/log/gpu-broker-agent.log 2>&1 &",
+        "",
+    ]
+    return "\n".join(lines).encode()
+
+
+def user_data_size(script: bytes, measure: UserDataMeasure) -> int:
+    """The script's size as the cloud counts it against its limit."""
+    return len(script) if measure is UserDataMeasure.RAW else len(base64.b64encode(script))
+
+
+def user_data_problems(script: bytes, limits: LaunchLimits, *, field: str = "launch.workload") -> list[LaunchProblem]:
+    """The script measured against the cloud's user data limit, as a field error naming both figures."""
+    size = user_data_size(script, limits.user_data_measure)
+    if size <= limits.user_data_max_bytes:
+        return []
+    counted = "bytes" if limits.user_data_measure is UserDataMeasure.RAW else "bytes once base64-encoded"
+    return [
+        LaunchProblem(
+            field,
+            f"the boot script with this workload is {size} {counted}; {limits.user_data_field} takes at most "
+            f"{limits.user_data_max_bytes} ({limits.source}). Shorten the script, or move it into the container "
+            "image",
+        )
+    ]
+
+
+def lease_file_from_script(data: bytes) -> dict[str, Any]:
+    """The lease file inside a boot script, given raw or base64-encoded (as clouds store user data)."""
+    text = _text(data)
+    match = _LEASE_BLOCK.search(text)
+    if match is None:
+        raise BootScriptUnreadable("no broker lease file in this user data")
+    try:
+        lease = json.loads(match.group(1))
+    except ValueError as exc:
+        raise BootScriptUnreadable(f"the lease file is not JSON: {exc}") from None
+    if not isinstance(lease, dict) or lease.get("v") != LEASE_FILE_VERSION:
+        raise BootScriptUnreadable("the lease file is not version 1")
+    for key in ("broker_url", "boot_token", "login_user"):
+        if not isinstance(lease.get(key), str):
+            raise BootScriptUnreadable(f"the lease file lacks {key}")
+    return lease
+
+
+def _text(data: bytes) -> str:
+    if len(data) > MAX_LEASE_FILE * 2:
+        raise BootScriptUnreadable("the user data is larger than any cloud accepts")
+    if data.startswith(b"#!"):
+        return data.decode("utf-8", "replace")
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BootScriptUnreadable("the user data is neither a script nor base64") from None
+    if not decoded.startswith(b"#!"):
+        raise BootScriptUnreadable("the user data is not a boot script")
+    return decoded.decode("utf-8", "replace")

@@ -1,0 +1,179 @@
+"""How a sandbox "boots" an instance: it reads the lease file from the user data the launch carried and
+starts the lease agent (``providers/community/lease.py``) with a simulated executor, as cloud-init would
+start it from the boot script on a real machine.
+
+Every sandbox owns a ``Booter`` and calls ``boot`` when one of its instances first reaches running and
+``halt`` when it is terminated. Modes:
+
+- ``thread`` (the default, and ``bin/run``'s): each booted instance runs its agent in a daemon thread, which
+  phones home over HTTP to the broker URL in its lease file;
+- ``hold``: the agent is built but not started; a test drives ``machine(instance_id).agent.boot()`` itself,
+  through a transport of its choosing, so the broker's side runs in the test's own database transaction;
+- ``off``: nothing boots (a sandbox used only for its catalogue).
+
+Boot faults come from the sandbox's fault registry, matched on the action ``boot``, the instance type and
+the zone: ``boot_silent`` (the machine never phones home), ``gpu_mismatch`` (it reports fewer GPUs than its
+type has) and ``workload_fail`` (the container or script fails to start; the fault's ``message`` is the
+reason the agent reports).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers import gpu_names
+from providers.boot import BootScriptUnreadable, lease_file_from_script
+from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
+from providers.sandbox.faults import BOOT_ACTION, BOOT_KINDS, FaultKind, FaultRegistry
+
+log = logging.getLogger("providers.sandbox.boot")
+
+# What nvidia-smi calls each GPU the broker sells (its ``name`` column), so the broker's check of a ready
+# report meets the names real machines print.
+NVIDIA_SMI_NAMES: dict[str, str] = {
+    gpu_names.T4: "Tesla T4",
+    gpu_names.A10: "NVIDIA A10",
+    gpu_names.A10G: "NVIDIA A10G",
+    gpu_names.L4: "NVIDIA L4",
+    gpu_names.L40S: "NVIDIA L40S",
+    gpu_names.V100_16_SXM2: "Tesla V100-SXM2-16GB",
+    gpu_names.V100_32_SXM2: "Tesla V100-SXM2-32GB",
+    gpu_names.V100_16_PCIE: "Tesla V100-PCIE-16GB",
+    gpu_names.A100_40_SXM: "NVIDIA A100-SXM4-40GB",
+    gpu_names.A100_40_PCIE: "NVIDIA A100-PCIE-40GB",
+    gpu_names.A100_80_SXM: "NVIDIA A100-SXM4-80GB",
+    gpu_names.A100_80_PCIE: "NVIDIA A100 80GB PCIe",
+    gpu_names.H100_SXM: "NVIDIA H100 80GB HBM3",
+    gpu_names.H100_PCIE: "NVIDIA H100 PCIe",
+    gpu_names.H100_NVL: "NVIDIA H100 NVL",
+    gpu_names.H200_SXM: "NVIDIA H200",
+    gpu_names.H200_NVL: "NVIDIA H200 NVL",
+    gpu_names.B200: "NVIDIA B200",
+    gpu_names.GB200: "NVIDIA GB200",
+    gpu_names.MI250X: "AMD Instinct MI250X",
+    gpu_names.MI300X: "AMD Instinct MI300X",
+}
+
+
+def simulated_gpus(model_key: str, count: int, memory_gb: int) -> list[GpuSeen]:
+    """The GPUs a machine of this type shows, named as nvidia-smi names them."""
+    name = NVIDIA_SMI_NAMES.get(model_key, model_key)
+    return [GpuSeen(index, name, memory_gb) for index in range(count)]
+
+
+class BootMode(enum.StrEnum):
+    THREAD = "thread"
+    HOLD = "hold"
+    OFF = "off"
+
+
+@dataclass
+class BootedMachine:
+    """One booted instance: its lease file, its simulated executor and its agent."""
+
+    instance_id: str
+    lease: dict[str, Any]
+    executor: SimulatedExecutor
+    agent: LeaseAgent
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+@dataclass(frozen=True)
+class BootRecord:
+    """What happened when an instance booted, for tests and the sandbox's control API."""
+
+    instance_id: str
+    outcome: str  # "booted", "silent", "no_user_data", "unreadable"
+    detail: str = ""
+
+
+class Booter:
+    """The booted instances of one sandbox."""
+
+    def __init__(self, faults: FaultRegistry, mode: BootMode | str = BootMode.THREAD):
+        self.faults = faults
+        self.mode = BootMode(mode)
+        self.transport_factory: Callable[[str], Transport] | None = None  # None: HTTP to the lease's broker
+        self._machines: dict[str, BootedMachine] = {}
+        self.records: list[BootRecord] = []
+        self._lock = threading.Lock()
+
+    def boot(
+        self,
+        *,
+        instance_id: str,
+        user_data: bytes | None,
+        gpus: list[GpuSeen],
+        instance_type: str = "",
+        zone: str | None = None,
+        ssh_host: str = "127.0.0.1",
+    ) -> BootedMachine | None:
+        """Start the lease agent the user data asks for; None when there is none to start (no user data, a
+        script the broker did not write, or a ``boot_silent`` fault). Booting an instance twice is a no-op."""
+        with self._lock:
+            if instance_id in self._machines or self.mode is BootMode.OFF:
+                return self._machines.get(instance_id)
+        if not user_data:
+            self._record(instance_id, "no_user_data")
+            return None
+        try:
+            lease = lease_file_from_script(user_data)
+        except BootScriptUnreadable as exc:
+            self._record(instance_id, "unreadable", str(exc))
+            return None
+        fault = self.faults.take(BOOT_ACTION, [instance_type], zone, kinds=BOOT_KINDS)
+        if fault is not None and fault.kind is FaultKind.BOOT_SILENT:
+            self._record(instance_id, "silent")
+            return None
+        if fault is not None and fault.kind is FaultKind.GPU_MISMATCH:
+            gpus = gpus[: max(0, len(gpus) // 2)] if len(gpus) > 1 else []
+        failure = None
+        if fault is not None and fault.kind is FaultKind.WORKLOAD_FAIL:
+            failure = fault.message or "the container exited at once: exec format error"
+        executor = SimulatedExecutor(gpus, fail_workload=failure, ssh_host=ssh_host)
+        transport = self.transport_factory(str(lease["broker_url"])) if self.transport_factory else None
+        machine = BootedMachine(instance_id, lease, executor, LeaseAgent(lease, executor, transport=transport))
+        with self._lock:
+            self._machines[instance_id] = machine
+        self._record(instance_id, "booted")
+        if self.mode is BootMode.THREAD:
+            machine.thread = threading.Thread(
+                target=machine.agent.run, args=(machine.stop,), name=f"lease:{instance_id}", daemon=True
+            )
+            machine.thread.start()
+        return machine
+
+    def _record(self, instance_id: str, outcome: str, detail: str = "") -> None:
+        with self._lock:
+            self.records.append(BootRecord(instance_id, outcome, detail))
+        log.debug("boot %s: %s %s", instance_id, outcome, detail)
+
+    def machine(self, instance_id: str) -> BootedMachine:
+        with self._lock:
+            return self._machines[instance_id]
+
+    def machines(self) -> list[BootedMachine]:
+        with self._lock:
+            return list(self._machines.values())
+
+    def halt(self, instance_id: str) -> None:
+        """The instance is gone: stop its agent and close its sockets."""
+        with self._lock:
+            machine = self._machines.pop(instance_id, None)
+        if machine is not None:
+            machine.stop.set()
+            machine.executor.stop()
+
+    def reset(self) -> None:
+        with self._lock:
+            machines, self._machines = list(self._machines.values()), {}
+            self.records = []
+        for machine in machines:
+            machine.stop.set()
+            machine.executor.stop()
