@@ -5,10 +5,12 @@ start it from the boot script on a real machine.
 Every sandbox owns a ``Booter`` and calls ``boot`` when one of its instances first reaches running and
 ``halt`` when it is terminated. Modes:
 
-- ``thread`` (the default, and ``bin/run``'s): each booted instance runs its agent in a daemon thread, which
-  phones home over HTTP to the broker URL in its lease file;
-- ``hold``: the agent is built but not started; a test drives ``machine(instance_id).agent.boot()`` itself,
-  through a transport of its choosing, so the broker's side runs in the test's own database transaction;
+- ``thread`` (a served sandbox's, so ``bin/run``'s): each booted instance runs its agent in a daemon thread,
+  which phones home over HTTP to the broker URL in its lease file;
+- ``hold`` (the default in process, so a test's sandbox never calls anything it did not ask for): the agent
+  is built but not started; a test drives ``machine(instance_id).agent.boot()`` itself, through a transport
+  of its choosing, so the broker's side runs in the test's own database transaction, or switches the
+  sandbox to ``thread`` to have it phone home to a live server;
 - ``off``: nothing boots (a sandbox used only for its catalogue).
 
 Boot faults come from the sandbox's fault registry, matched on the action ``boot``, the instance type and
@@ -96,7 +98,7 @@ class BootRecord:
 class Booter:
     """The booted instances of one sandbox."""
 
-    def __init__(self, faults: FaultRegistry, mode: BootMode | str = BootMode.THREAD):
+    def __init__(self, faults: FaultRegistry, mode: BootMode | str = BootMode.HOLD):
         self.faults = faults
         self.mode = BootMode(mode)
         self.transport_factory: Callable[[str], Transport] | None = None  # None: HTTP to the lease's broker

@@ -24,7 +24,7 @@ from typing import Any
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-from providers.sandbox.boot import Booter
+from providers.sandbox.boot import Booter, BootMode
 from providers.sandbox.faults import FaultRegistry
 
 logger = logging.getLogger("providers.sandbox")
@@ -198,6 +198,7 @@ def serve_forever(
     started: list[SandboxApp] = []
     try:
         for app, host, port in apps:
+            app.booter.mode = BootMode.THREAD  # a served sandbox's machines phone home like real ones
             url = app.start(host, port)
             started.append(app)
             print(f"{app.kind} sandbox listening on {url}", flush=True)
