@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("marketplace.api.urls")),
     path("provider/", include("marketplace.portal.urls")),
+    path("agent/v1/lease/", include("marketplace.launch.agent_api")),
     path("agent/v1/", include("providers.community.agent_api")),
     path("", include("marketplace.web.urls")),
 ]

@@ -6,7 +6,7 @@ import pytest
 
 from broker.celery import app as celery_app
 from marketplace.models import Organization, OrganizationKind, Role
-from tests.factories import MembershipFactory, OrganizationFactory
+from tests.factories import MembershipFactory, OrganizationFactory, SshKeyFactory
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,10 @@ def acme(db) -> Organization:
 
 @pytest.fixture
 def alice(acme):
-    return MembershipFactory(user__username="alice", organization=acme, role=Role.OWNER).user
+    """Acme's owner, who has added her laptop's SSH key to the organisation (orders install it by default)."""
+    user = MembershipFactory(user__username="alice", organization=acme, role=Role.OWNER).user
+    SshKeyFactory(organization=acme, created_by=user)
+    return user
 
 
 @pytest.fixture
@@ -77,7 +80,9 @@ def bob(acme):
 
 @pytest.fixture
 def charlie(db):
-    return MembershipFactory(user__username="charlie", organization__name="Charlie Labs", role=Role.OWNER).user
+    membership = MembershipFactory(user__username="charlie", organization__name="Charlie Labs", role=Role.OWNER)
+    SshKeyFactory(organization=membership.organization, created_by=membership.user, name="charlie@laptop")
+    return membership.user
 
 
 # --- Sandbox clouds -----------------------------------------------------------------------------------------

@@ -8,9 +8,11 @@ from typing import Any
 import factory
 from django.contrib.auth import get_user_model
 
-from marketplace.models import Membership, Organization, OrganizationKind, Role
+from marketplace.models import Membership, Organization, OrganizationKind, Role, SshKey
 from providers.models import Provider, ProviderAccount
+from providers.sshkeys import ssh_key_parse
 from providers.types import OfferQuote
+from tests.sshkeys import ed25519_public
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -38,6 +40,24 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     user = factory.SubFactory(UserFactory)
     organization = factory.SubFactory(OrganizationFactory)
     role = Role.MEMBER
+
+
+class SshKeyFactory(factory.django.DjangoModelFactory):
+    """A validated ed25519 key (one key pair per comment, made once per test run)."""
+
+    class Meta:
+        model = SshKey
+
+    class Params:
+        parsed = factory.LazyAttribute(lambda k: ssh_key_parse(ed25519_public(k.name)))
+
+    organization = factory.SubFactory(OrganizationFactory)
+    name = "alice@laptop"
+    created_by = factory.SubFactory(UserFactory)
+    key_type = factory.LazyAttribute(lambda k: k.parsed.key_type)
+    public_key = factory.LazyAttribute(lambda k: k.parsed.public_key)
+    fingerprint = factory.LazyAttribute(lambda k: k.parsed.fingerprint)
+    bits = factory.LazyAttribute(lambda k: k.parsed.bits)
 
 
 class ProviderFactory(factory.django.DjangoModelFactory):

@@ -31,14 +31,27 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from marketplace.launch.config import ingress_rules, launch_secrets, spec_ssh_keys
-from marketplace.models import Attempt, Instance, Lease, LeaseHeartbeat, LeaseState, Order, OrderState
+from marketplace.models import (
+    Attempt,
+    Instance,
+    LaunchConfiguration,
+    Lease,
+    LeaseHeartbeat,
+    LeaseState,
+    Offer,
+    Order,
+    OrderState,
+)
 from providers.community import protocol
 from providers.community.bundle import agent_bundle_sha256
+from providers.errors import ProviderError
 from providers.gpu_names import reported_gpu_matches
-from providers.launch import BootSpec
+from providers.launch import BootSpec, LaunchProblem
 from providers.models import AgentNonce
 from providers.secrets import decrypt_secret, encrypt_secret
+from providers.services import adapter_for_account
 from providers.sshkeys import fingerprint_sha256
+from providers.types import LaunchSpec, PricingModel
 
 log = logging.getLogger("marketplace.leases")
 
@@ -91,16 +104,19 @@ def lease_open(*, attempt: Attempt, now: dt.datetime) -> Lease:
 def boot_spec(*, order: Order, attempt: Attempt) -> BootSpec | None:
     """What the attempt's machine needs to become usable; None for an order placed before launch
     configurations existed (it launches bare and runs when the provider says so)."""
-    config = order.launch_config
-    if config is None:
+    if order.launch_config is None:
         return None
+    return _boot(order.launch_config, boot_token(attempt.client_token))
+
+
+def _boot(config: LaunchConfiguration, token: str) -> BootSpec:
     spec = config.spec
     workload = dict(spec.get("workload") or {})
     # Secret env entries carry no value here; the agent fetches the values over the signed channel.
     workload["env"] = [e for e in workload.get("env") or [] if not e.get("secret")]
     return BootSpec(
         broker_url=settings.PUBLIC_URL,
-        boot_token=boot_token(attempt.client_token),
+        boot_token=token,
         agent_sha256=agent_bundle_sha256(),
         ssh_keys=spec_ssh_keys(spec),
         ingress=ingress_rules(spec),
@@ -108,6 +124,30 @@ def boot_spec(*, order: Order, attempt: Attempt) -> BootSpec | None:
         image=spec.get("image"),
         workload=workload,
     )
+
+
+_CHECK_ATTEMPT = "ord-00000000000000000000000000000000-a1"  # an attempt's shape, for sizes only
+
+
+def launch_problems_for(*, offer: Offer, config: LaunchConfiguration) -> list[LaunchProblem]:
+    """What the offer's provider would refuse in this configuration (its documented limits), checked before
+    anything launches: the boot rendered as an attempt's would be, with a token of the same length. An
+    account that cannot build an adapter is not judged here; its attempt fails with the reason instead."""
+    try:
+        adapter = adapter_for_account(offer.account)
+    except ProviderError:
+        return []
+    spec = LaunchSpec(
+        region=offer.region,
+        zone=offer.zone,
+        instance_type=offer.instance_type,
+        pricing_model=PricingModel(offer.pricing_model),
+        client_token=_CHECK_ATTEMPT,
+        order_ref="ord-" + "0" * 32,
+        image=config.spec.get("image"),
+        boot=_boot(config, boot_token(_CHECK_ATTEMPT)),
+    )
+    return adapter.launch_problems(spec)
 
 
 # -------------------------------------------------------------------------------- what agents report

@@ -16,9 +16,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.catalog.selectors import offer_book
+from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.matching import Assignment, Demand, Ranking, assign, rank
 from marketplace.matching import Quote as EngineQuote
-from marketplace.models import Organization, Quote
+from marketplace.models import LaunchConfiguration, Organization, Quote
 from marketplace.orders.blocks import provider_blocks
 
 _HOURS = Decimal("0.01")
@@ -61,9 +62,11 @@ def _quote_row(
     quote: EngineQuote,
     now: dt.datetime,
     expires_at: dt.datetime,
+    launch_config: LaunchConfiguration | None = None,
 ) -> Quote:
     b = quote.breakdown
     return Quote(
+        launch_config=launch_config,
         organization=organization,
         created_by=user,
         batch=batch,
@@ -89,9 +92,11 @@ def quote_request(
     demand: Demand,
     limit: int = 10,
     now: dt.datetime | None = None,
+    launch: LaunchChoice | None = None,
 ) -> QuoteBatch:
     """Rank the offers on sale for ``demand`` and store the best ``limit`` as quotes, prices locked for
-    ``QUOTE_TTL_S`` seconds. An empty batch still carries the ranking's near misses and rejection counts."""
+    ``QUOTE_TTL_S`` seconds. An empty batch still carries the ranking's near misses and rejection counts.
+    ``launch``, when given, is validated now (``LaunchConfigInvalid``) and what each quote's order launches."""
     now = now or timezone.now()
     ranking = rank(
         demand,
@@ -103,20 +108,24 @@ def quote_request(
     )
     batch = uuid.uuid4()
     expires_at = now + dt.timedelta(seconds=settings.QUOTE_TTL_S)
-    rows = [
-        _quote_row(
-            organization=organization,
-            user=user,
-            batch=batch,
-            rank_no=i + 1,
-            demand=demand,
-            quote=q,
-            now=now,
-            expires_at=expires_at,
-        )
-        for i, q in enumerate(ranking.quotes[:limit])
-    ]
     with transaction.atomic():
+        config = (
+            None if launch is None else launch_configuration_create(organization=organization, user=user, choice=launch)
+        )
+        rows = [
+            _quote_row(
+                organization=organization,
+                user=user,
+                batch=batch,
+                rank_no=i + 1,
+                demand=demand,
+                quote=q,
+                now=now,
+                expires_at=expires_at,
+                launch_config=config,
+            )
+            for i, q in enumerate(ranking.quotes[:limit])
+        ]
         Quote.objects.bulk_create(rows)
     stored = list(Quote.objects.filter(batch=batch).select_related("offer__gpu_model", "offer__account"))
     return QuoteBatch(batch=batch, quotes=stored, ranking=ranking, expires_at=expires_at)
@@ -137,9 +146,12 @@ def procurement_run(
     demands: list[Demand],
     time_limit: float | None = None,
     now: dt.datetime | None = None,
+    launches: dict[int, LaunchChoice] | None = None,
 ) -> ProcurementResult:
     """Assign a batch of demands jointly against the offers on sale (finite capacity shared between them)
-    and store each placed demand's quote, price locked, so each can be ordered."""
+    and store each placed demand's quote, price locked, so each can be ordered. ``launches`` maps a demand's
+    index to its launch configuration, validated before anything is stored (``LaunchConfigInvalid``, its
+    fields prefixed with ``demands[i].``)."""
     now = now or timezone.now()
     assignment = assign(
         demands,
@@ -151,21 +163,28 @@ def procurement_run(
     )
     batch = uuid.uuid4()
     expires_at = now + dt.timedelta(seconds=settings.QUOTE_TTL_S)
-    rows = {
-        i: _quote_row(
-            organization=organization,
-            user=user,
-            batch=batch,
-            rank_no=i + 1,
-            demand=placed.demand,
-            quote=placed.quote,
-            now=now,
-            expires_at=expires_at,
-        )
-        for i, placed in enumerate(assignment.demands)
-        if placed.quote is not None
-    }
     with transaction.atomic():
+        configs: dict[int, LaunchConfiguration] = {}
+        for index, choice in sorted((launches or {}).items()):
+            try:
+                configs[index] = launch_configuration_create(organization=organization, user=user, choice=choice)
+            except LaunchConfigInvalid as exc:
+                raise LaunchConfigInvalid({f"demands[{index}].{k}": v for k, v in exc.fields.items()}) from None
+        rows = {
+            i: _quote_row(
+                organization=organization,
+                user=user,
+                batch=batch,
+                rank_no=i + 1,
+                demand=placed.demand,
+                quote=placed.quote,
+                now=now,
+                expires_at=expires_at,
+                launch_config=configs.get(i),
+            )
+            for i, placed in enumerate(assignment.demands)
+            if placed.quote is not None
+        }
         Quote.objects.bulk_create(list(rows.values()))
     stored = {
         q.rank - 1: q for q in Quote.objects.filter(batch=batch).select_related("offer__gpu_model", "offer__account")

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append
+from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
+from marketplace.launch.leases import launch_problems_for
 from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
 from marketplace.orders.reservations import reservations_release_for_order
 from marketplace.webhooks.services import order_event_emit
@@ -121,6 +125,9 @@ class PlaceRequest:
     regions: tuple[str, ...] = ()
     quote_id: str | None = None
     duration_hours: Decimal | None = None  # None: a quote's duration, else until terminated
+    # What to launch: inline, or a template. None: the quote's configuration, else the defaults (just the
+    # machine, every key of the organisation, SSH open to the caller's address only).
+    launch: LaunchChoice | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -130,8 +137,11 @@ class PlaceRequest:
             "max_price_per_hour": None if self.max_price_per_hour is None else format(self.max_price_per_hour, "f"),
             "allow_failover": self.allow_failover,
             "regions": sorted(self.regions),
+            "launch": None if self.launch is None else {"data": self.launch.data, "template": self.launch.template},
         }
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        # Keyed: the body may hold the buyer's secret values, and a plain hash of a short secret can be guessed.
+        message = json.dumps(body, sort_keys=True, default=str).encode()
+        return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,9 @@ def order_place(
     (organization, ``idempotency_key``): a repeat with the same body returns the first order (``created``
     False); the same key with a different body raises ``IdempotencyConflict``. Raises
     ``OfferNotFound`` for an unknown offer and ``OfferNotOrderable`` for one that is not for sale or above the
-    buyer's cap. The provisioning task is enqueued only after the order commits.
+    buyer's cap, and ``LaunchConfigInvalid`` for a launch configuration that is wrong or that the offer's
+    provider would refuse (its documented limits), before anything is stored. The provisioning task is
+    enqueued only after the order commits.
     """
     fingerprint = request.fingerprint()
     if idempotency_key:
@@ -183,7 +195,19 @@ def order_place(
             # The organisation's row is the lock that makes the budget check and the insert one step.
             locked = Organization.objects.select_for_update().get(pk=organization.pk)
             warnings = budget_check(locked, adding_per_hour=price, now=now)
+            if request.launch is None and quote is not None and quote.launch_config is not None:
+                config = quote.launch_config
+            else:
+                config = launch_configuration_create(
+                    organization=organization, user=user, choice=request.launch or LaunchChoice()
+                )
+            problems = launch_problems_for(offer=offer, config=config)
+            if problems:
+                raise LaunchConfigInvalid({p.field: p.message for p in problems})
+            spend_cap = config.spec.get("spend_cap_usd")
             order = Order.objects.create(
+                launch_config=config,
+                spend_cap_usd=None if spend_cap is None else Decimal(spend_cap),
                 organization=organization,
                 created_by=user,
                 offer=offer,
@@ -213,6 +237,8 @@ def order_place(
                 max_price_per_hour=cap,
                 quote=None if quote is None else str(quote.public_id),
                 duration_hours=duration,
+                spend_cap_usd=spend_cap,
+                launch_sha256=config.sha256,
             )
             order_event_emit(order=order, previous=None, now=now)
             from marketplace.tasks import order_provision_task
@@ -284,13 +310,25 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
     return order
 
 
+def _spent(order: Order, now: dt.datetime) -> Decimal:
+    from marketplace.orders.selectors import order_usage
+
+    return order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
+
+
 def orders_end_scheduled(*, now: dt.datetime | None = None) -> int:
-    """Start terminating every running order whose requested duration is over; how many were started."""
+    """Start terminating every running order whose requested duration is over, or whose spend cap its usage
+    reached (``run_until`` is the earlier of the two); how many were started."""
     now = now or timezone.now()
     started = 0
     for order in Order.objects.filter(state=OrderState.RUNNING, run_until__lte=now):
+        reason = f"scheduled end: ran the requested {order.duration_hours} h"
+        if order.spend_cap_usd is not None and (
+            order.duration_hours is None or _spent(order, now) >= order.spend_cap_usd - Decimal("0.01")
+        ):
+            reason = f"spend cap reached: the order has cost its cap of {order.spend_cap_usd} USD"
         try:
-            order_terminate(order=order, reason=f"scheduled end: ran the requested {order.duration_hours} h")
+            order_terminate(order=order, reason=reason)
         except TransitionRefused:
             continue  # the buyer or another sweep got there first
         started += 1

@@ -10,6 +10,7 @@ so the broker's failover and shared blocks treat a busy machine like a sold-out 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from collections.abc import Sequence
@@ -21,7 +22,9 @@ from urllib.parse import quote
 from providers.base import ProviderAdapter
 from providers.community.client import PROVIDER, AgentClient
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
+from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
+from providers.sshkeys import KEY_TYPES
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 _STATES = {
@@ -103,6 +106,18 @@ def available_now(windows: Sequence[dict[str, Any]], now: dt.datetime) -> bool:
 
 class CommunityAdapter(ProviderAdapter):
     kind = "community"
+    # The host agent takes the boot script in its launch request; its own protocol bounds the body it reads.
+    launch_limits = LaunchLimits(
+        user_data_max_bytes=192 * 1024,
+        user_data_measure=UserDataMeasure.BASE64,
+        user_data_field="the host agent's boot field",
+        source="the host agent protocol, providers/community/protocol.py",
+        disk_gb_min=1,
+        disk_gb_max=65536,
+        ingress_rules_max=64,
+        native_key_types=KEY_TYPES,  # the lease agent writes every key itself
+    )
+    login_user = "lease"
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -167,19 +182,20 @@ class CommunityAdapter(ProviderAdapter):
         ]
 
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
-        """``POST /v1/instances`` on the machine named by ``spec.zone``, idempotent on the client token."""
+        """``POST /v1/instances`` on the machine named by ``spec.zone``, idempotent on the client token. With a
+        boot, the request carries the boot script (base64), from which the host agent starts the lease."""
         machine = self._machine(spec.zone)
-        answer = self._client(machine).call(
-            "POST",
-            "/v1/instances",
-            {
-                "client_token": spec.client_token,
-                "order_ref": spec.order_ref,
-                "gpus": machine.gpu_count,
-                "image": spec.image or self.options.get("image", ""),
-                "tags": {"broker:order": spec.order_ref, **spec.tags},
-            },
-        )
+        body: dict[str, Any] = {
+            "client_token": spec.client_token,
+            "order_ref": spec.order_ref,
+            "gpus": machine.gpu_count,
+            "image": spec.image or self.options.get("image", ""),
+            "tags": {"broker:order": spec.order_ref, **spec.tags},
+        }
+        script = self.user_data(spec)
+        if script is not None:
+            body["boot"] = base64.b64encode(script).decode()
+        answer = self._client(machine).call("POST", "/v1/instances", body)
         return self._handle(machine, answer)
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:

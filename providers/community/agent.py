@@ -6,9 +6,13 @@
 It registers with the broker, reports a self-test and sends a heartbeat with each GPU's utilization,
 temperature and power every ``protocol.HEARTBEAT_S`` seconds, and answers the broker's signed launch,
 describe and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
-for them (the sandbox runs several simulated hosts this way). Workloads are simulated in both modes: a
-launch reserves the GPUs and reports the instance running after ``--launch-seconds``; running containers
-is the provider's integration (a real executor would start ``docker run --gpus`` here).
+for them (the sandbox runs several simulated hosts this way).
+
+A launch reserves the GPUs and reports the instance running after ``--launch-seconds``. When it carries a
+boot script (the same user data a cloud machine gets), the agent starts a lease for it: the lease agent of
+``lease.py`` phones home with the one-time boot token, fetches the buyer's secrets, starts the workload on
+the host (``HostExecutor``: Docker with the NVIDIA runtime, or a script) or simulates it (``--simulate``),
+and reports ready; a terminate stops it. Machines are sold whole for now, so a lease gets all the GPUs.
 
 Standard library plus werkzeug, so it installs anywhere the broker's source does.
 """
@@ -33,9 +37,12 @@ from typing import Any
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
+from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
+from providers.community.lease import GpuSeen, HostExecutor, LeaseAgent, SimulatedExecutor, Transport
 
 log = logging.getLogger("providers.community.agent")
+MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Instance:
     tags: dict[str, str]
     state: str = "pending"
     started: float = field(default_factory=time.monotonic)
+    lease: LeaseAgent | None = None
+    lease_stop: threading.Event = field(default_factory=threading.Event)
 
     def json(self, ssh: str) -> dict[str, Any]:
         return {
@@ -117,6 +126,7 @@ class Agent:
         simulated: list[Gpu] | None = None,
         launch_seconds: float = 0.5,
         heartbeat_s: float = protocol.HEARTBEAT_S,
+        lease_threads: bool = True,
     ):
         self.broker_url = broker_url.rstrip("/")
         self.key_id = key_id
@@ -131,6 +141,9 @@ class Agent:
         self._stop = threading.Event()
         self._server: Any = None
         self.rejected: list[str] = []  # refusal codes, for the operator (and tests)
+        # Leases run in threads; with ``lease_threads`` off they are only built, and a test drives them.
+        self.lease_threads = lease_threads
+        self.lease_transport: Transport | None = None  # None: HTTP to the broker URL in the lease file
 
     # ------------------------------------------------------------------------------------------ hardware
 
@@ -174,7 +187,8 @@ class Agent:
         headers = {"Content-Type": "application/json", **protocol.sign(self.key_id, self.secret, "POST", path, body)}
         request = urllib.request.Request(self.broker_url + path, data=body, headers=headers, method="POST")  # noqa: S310
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the operator's broker URL
-            return dict(json.loads(response.read() or b"{}"))
+            answer = protocol.bounded_json(response.read(protocol.MAX_JSON_BYTES + 1))
+            return dict(answer) if isinstance(answer, dict) else {}
 
     def register(self) -> dict[str, Any]:
         gpus = self.gpus()
@@ -225,7 +239,13 @@ class Agent:
         if parts == ["v1", "status"] and request.method == "GET":
             return _json({"hardware": self.self_test(), "gpus_free": self._free(), "instances": self._live_count()})
         if parts == ["v1", "instances"] and request.method == "POST":
-            return self._launch(json.loads(body or b"{}"))
+            try:
+                launch = protocol.bounded_json(body, max_bytes=MAX_LAUNCH_BODY)
+            except ValueError as exc:
+                return _json({"code": "invalid", "message": str(exc)}, 400)
+            if not isinstance(launch, dict):
+                return _json({"code": "invalid", "message": "the launch request is a JSON object"}, 400)
+            return self._launch(launch)
         if parts == ["v1", "instances"] and request.method == "GET":
             order_ref = request.args.get("order_ref", "")
             with self._lock:
@@ -236,8 +256,9 @@ class Agent:
                 instance = self.instances.get(parts[2])
                 if instance is None:
                     return _json({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
-                if request.method == "DELETE":
+                if request.method == "DELETE" and instance.state != "terminated":
                     instance.state = "terminated"
+                    self._end_lease(instance)
                 return _json(self._refresh(instance).json(self._ssh()))
         return _json({"code": "not_found", "message": f"no route {request.method} {request.path}"}, 404)
 
@@ -276,6 +297,12 @@ class Agent:
             total = len(self.simulated) if self.simulated is not None else len(read_nvidia_smi()[0])
             if busy + gpus > total:
                 return _json({"code": "no_capacity", "message": f"{total - busy} of {total} GPUs free"}, 409)
+            lease = None
+            if request.get("boot"):
+                try:
+                    lease = lease_file_from_script(str(request["boot"]).encode())
+                except BootScriptUnreadable as exc:
+                    return _json({"code": "invalid", "message": f"boot: {exc}"}, 400)
             instance = Instance(
                 id="i-" + uuid.uuid4().hex[:12],
                 client_token=token,
@@ -283,8 +310,30 @@ class Agent:
                 gpus=gpus,
                 tags={str(k): str(v) for k, v in (request.get("tags") or {}).items()},
             )
+            if lease is not None:
+                instance.lease = self._lease(lease, gpus)
             self.instances[instance.id] = instance
+        if instance.lease is not None and self.lease_threads:
+            threading.Thread(
+                target=instance.lease.run, args=(instance.lease_stop,), name=f"lease:{instance.id}", daemon=True
+            ).start()
         return _json(instance.json(self._ssh()), 201)
+
+    def _lease(self, lease: dict[str, Any], gpus: int) -> LeaseAgent:
+        """The lease agent for one launch, on the machine's first ``gpus`` GPUs."""
+        if self.simulated is not None:
+            seen = [GpuSeen(i, g.model, g.memory_gb) for i, g in enumerate(self.simulated[:gpus])]
+            host = self._ssh().rsplit(":", 1)[0]
+            executor: Any = SimulatedExecutor(seen, ssh_host=host)
+        else:
+            executor = HostExecutor()
+        return LeaseAgent(lease, executor, transport=self.lease_transport)
+
+    @staticmethod
+    def _end_lease(instance: Instance) -> None:
+        instance.lease_stop.set()
+        if instance.lease is not None:
+            instance.lease.executor.stop()
 
     def serve(self, host: str, port: int, *, report: bool = True) -> str:
         """Serve in a daemon thread and (unless ``report`` is off) start registering and heartbeating; returns

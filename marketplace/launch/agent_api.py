@@ -1,0 +1,153 @@
+"""The broker's end of the lease protocol (``providers/community/lease.py``), under ``/agent/v1/lease/``.
+
+Plain Django views: no session and no CSRF. ``claim`` is authenticated by the one-time boot token in its
+body; every other call is HMAC-signed with the lease's own key (``protocol.py``), replay-checked. Bodies
+are bounded in size and depth before they are parsed, and every report is validated into a DTO.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import path
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from marketplace.launch.leases import (
+    LeaseRefused,
+    lease_authenticate,
+    lease_claim,
+    lease_failed,
+    lease_heartbeat,
+    lease_ready,
+    lease_secrets,
+    ready_report_parse,
+    telemetry_parse,
+)
+from marketplace.models import Lease
+from providers.community import protocol
+from providers.community.bundle import agent_bundle, agent_bundle_sha256
+
+MAX_BODY = 64 * 1024
+
+
+def _refusal(code: str, message: str, status: int) -> JsonResponse:
+    return JsonResponse({"code": code, "message": message}, status=status)
+
+
+def _body(request: HttpRequest) -> Any:
+    """The request's JSON, bounded; raises ``LeaseRefused``."""
+    declared = request.headers.get("Content-Length") or "0"
+    if not declared.isdigit() or len(declared) > 9 or int(declared) > MAX_BODY:
+        raise LeaseRefused("too_large", f"the body is larger than {MAX_BODY} bytes", status=413)
+    try:
+        return protocol.bounded_json(request.body, max_bytes=MAX_BODY)
+    except ValueError as exc:
+        raise LeaseRefused("invalid", f"the body is not acceptable JSON: {exc}") from None
+
+
+def _signed(request: HttpRequest) -> tuple[Lease, Any] | JsonResponse:
+    body = request.body[: MAX_BODY + 1]
+    try:
+        lease = lease_authenticate(request.headers, request.method or "POST", request.get_full_path(), body)
+    except protocol.Rejected as exc:
+        return _refusal(exc.code, exc.message, 401)
+    try:
+        return lease, _body(request)
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+
+
+@csrf_exempt
+@require_POST
+@never_cache
+def claim(request: HttpRequest) -> JsonResponse:
+    try:
+        body = _body(request)
+        token = body.get("boot_token") if isinstance(body, dict) else None
+        lease, secret = lease_claim(token=token)
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+    return JsonResponse(
+        {"key_id": lease.key_id, "secret": secret, "heartbeat_s": settings.LEASE_HEARTBEAT_S,
+         "order": lease.order.ref}
+    )  # fmt: skip
+
+
+@csrf_exempt
+@require_POST
+@never_cache
+def secrets(request: HttpRequest) -> JsonResponse:
+    checked = _signed(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    lease, _ = checked
+    try:
+        return JsonResponse(lease_secrets(lease=lease))
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+
+
+@csrf_exempt
+@require_POST
+def ready(request: HttpRequest) -> JsonResponse:
+    checked = _signed(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    lease, body = checked
+    try:
+        outcome = lease_ready(lease=lease, report=ready_report_parse(body))
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+    return JsonResponse({"state": outcome.state, "problem": outcome.problem})
+
+
+@csrf_exempt
+@require_POST
+def failed(request: HttpRequest) -> JsonResponse:
+    checked = _signed(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    lease, body = checked
+    body = body if isinstance(body, dict) else {}
+    try:
+        lease_failed(lease=lease, stage=body.get("stage"), reason=body.get("reason"))
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+    return JsonResponse({"state": "failed"})
+
+
+@csrf_exempt
+@require_POST
+def heartbeat(request: HttpRequest) -> JsonResponse:
+    checked = _signed(request)
+    if isinstance(checked, JsonResponse):
+        return checked
+    lease, body = checked
+    try:
+        gpus, workload_state = telemetry_parse(body)
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+    return JsonResponse({"state": lease_heartbeat(lease=lease, gpus=gpus, workload_state=workload_state)})
+
+
+@require_GET
+def agent(request: HttpRequest) -> HttpResponse:
+    """The lease agent as a zipapp; the boot script checks its SHA-256 before running it."""
+    response = HttpResponse(agent_bundle(), content_type="application/zip")
+    response["Content-Disposition"] = 'attachment; filename="agent.pyz"'
+    response["X-Content-SHA256"] = agent_bundle_sha256()
+    return response
+
+
+urlpatterns = [
+    path("claim", claim, name="lease-claim"),
+    path("secrets", secrets, name="lease-secrets"),
+    path("ready", ready, name="lease-ready"),
+    path("failed", failed, name="lease-failed"),
+    path("heartbeat", heartbeat, name="lease-heartbeat"),
+    path("agent.pyz", agent, name="lease-agent"),
+]
