@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from providers.alibaba import mapping
 from providers.alibaba.client import (
@@ -17,11 +17,13 @@ from providers.alibaba.client import (
     ClientSettings,
 )
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
+from providers.launch import BootSpec, LaunchLimits, OrderResource, UserDataMeasure
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
-# A public Alibaba Ubuntu 22.04 image id (the sandbox knows it too); override with options.image_id.
+# The image of a bare launch (``boot=None``), kept as it was: booted launches resolve the newest build of an image
+# family instead (``mapping.DEFAULT_IMAGE_FAMILY``), so no dated build is pinned for them.
 DEFAULT_IMAGE_ID = "ubuntu_22_04_x64_20G_alibase_20230815.vhd"
 PRICE_UNIT = "Hour"
 CHARGE_TYPE = "PostPaid"  # pay-as-you-go: the only charge type the broker resells
@@ -30,6 +32,12 @@ SPOT_LOOKBACK = timedelta(hours=1)
 INSTANCE_TYPES_PAGE = 100
 INSTANCES_PAGE = 100
 SPOT_HISTORY_PAGES = 100
+IMAGES_PAGE = 100
+KEY_PAIRS_PAGE = 50  # DescribeKeyPairs PageSize: at most 50
+MAX_KEY_PAIR_PAGES = 1000
+SECURITY_GROUPS_PAGE = 100
+VSWITCHES_PAGE = 50
+RUN_INSTANCES_REFERENCE = "https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-runinstances"
 
 
 class AlibabaAdapter(ProviderAdapter):
@@ -38,13 +46,35 @@ class AlibabaAdapter(ProviderAdapter):
     Credentials: ``values`` holds ``access_key_id`` and ``access_key_secret`` (and optionally an STS
     ``security_token``); ``endpoint_url``, when set (``http://127.0.0.1:P`` for the sandbox), replaces the
     regional ECS endpoint. Options (all strings): ``connect_timeout``/``read_timeout`` seconds (defaults 5/20),
-    ``max_attempts`` for reads (default 3), ``image_id`` (default a public Ubuntu 22.04 image),
-    ``vswitch_id`` and ``security_group_id`` passed to RunInstances when set.
+    ``max_attempts`` for reads (default 3), ``image_id`` (an image every launch uses instead of the default),
+    ``image_family`` (the public family a booted launch takes its newest image from, default
+    ``acs:ubuntu_22_04_x64``), ``vswitch_id`` (the vSwitch to launch in; a booted launch in a zone the vSwitch is
+    not in uses the zone's default vSwitch) and ``security_group_id`` (the group of a launch without boot: a booted
+    launch gets a group of its own).
+
+    A launch with ``spec.boot`` delivers it in ECS's own mechanisms: the first RSA or ECDSA key as an imported key
+    pair (``KeyPairName``), a security group of the order's (port, range) pairs in the vSwitch's VPC
+    (``SecurityGroupId``), ``SystemDisk.Size``, the newest image of the family (or the buyer's own) checked to exist
+    first, and the boot script as Base64 ``UserData``, led by the GPU driver installation Alibaba documents. The
+    key pair and the group are named and tagged after the order, one of each per region, and reused by every
+    attempt there.
 
     Prices stay in the currency ECS states (CNY in mainland regions).
     """
 
     kind = "alibaba"
+    launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
+        user_data_max_bytes=mapping.USER_DATA_MAX_BYTES,
+        user_data_measure=UserDataMeasure.RAW,
+        user_data_field="RunInstances UserData",
+        source=f"ECS RunInstances reference: at most 32 KB before Base64 encoding, {RUN_INSTANCES_REFERENCE}",
+        disk_gb_min=mapping.SYSTEM_DISK_MIN_GB,
+        disk_gb_max=mapping.SYSTEM_DISK_MAX_GB,
+        ingress_rules_max=mapping.INGRESS_RULES_MAX,
+        native_key_types=mapping.NATIVE_KEY_TYPES,
+    )
+    # Alibaba's public Linux images log in as root; an imported key pair is bound to root.
+    login_user: ClassVar[str] = "root"
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -282,7 +312,10 @@ class AlibabaAdapter(ProviderAdapter):
         """``RunInstances`` for one pay-as-you-go instance (Amount=MinAmount=1), tagged ``broker:order``
         (+ ``spec.tags``), idempotent on ``spec.client_token`` (ECS ``ClientToken``) in ``spec.region``.
 
-        Exactly one attempt: see ``ProviderAdapter.launch``. ECS answers with the instance id only, so the
+        With ``spec.boot`` the image, vSwitch, key pair and security group are settled first (see the class
+        docstring); each is found before it is created, so a repeated launch creates nothing twice and sends the
+        same request. A missing image raises ``ImageUnavailable`` before anything is created. Exactly one
+        ``RunInstances`` attempt: see ``ProviderAdapter.launch``. ECS answers with the instance id only, so the
         handle is PENDING with the requested zone and type; ``describe`` reports what ECS then says.
         """
         mapping.validate_client_token(spec.client_token)
@@ -290,12 +323,10 @@ class AlibabaAdapter(ProviderAdapter):
             raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
         strategy, limit = mapping.spot_strategy(spec.pricing_model, spec.max_price)
         tags = mapping.run_tags(spec.order_ref, spec.tags)
-        image_id = spec.image or self.options.get("image_id") or DEFAULT_IMAGE_ID
         params: dict[str, Any] = {
             "RegionId": spec.region,
             "ZoneId": spec.zone,
             "InstanceType": spec.instance_type,
-            "ImageId": image_id,
             "ClientToken": spec.client_token,
             "Amount": 1,
             "MinAmount": 1,
@@ -305,13 +336,42 @@ class AlibabaAdapter(ProviderAdapter):
         }
         if limit is not None:
             params["SpotPriceLimit"] = float(limit)
-        for option, name in (("vswitch_id", "VSwitchId"), ("security_group_id", "SecurityGroupId")):
-            if self.options.get(option):
-                params[name] = self.options[option]
-        body = self._client.launch(spec.region, params)
+        if spec.boot is None:
+            params["ImageId"] = spec.image or self.options.get("image_id") or DEFAULT_IMAGE_ID
+            for option, name in (("vswitch_id", "VSwitchId"), ("security_group_id", "SecurityGroupId")):
+                if self.options.get(option):
+                    params[name] = self.options[option]
+        else:
+            params.update(self._boot_params(spec, spec.boot))
+        try:
+            body = self._client.launch(spec.region, params)
+        except ProviderRequestRejected as exc:
+            if spec.boot is not None and exc.code == "InvalidImageId.NotFound":  # withdrawn since it was looked up
+                raise ImageUnavailable(
+                    f"image {params['ImageId']} is not available in {spec.region}",
+                    code=exc.code,
+                    provider=mapping.PROVIDER,
+                    http_status=exc.http_status,
+                ) from exc
+            raise
         ids = (body.get("InstanceIdSets") or {}).get("InstanceIdSet") or []
         if len(ids) != 1:
             raise mapping.malformed(f"RunInstances returned {len(ids)} instance ids for Amount=1")
+        extra = {
+            "status": "Pending",
+            "client_token": spec.client_token,
+            "spot_strategy": strategy,
+            "image_id": str(params["ImageId"]),
+            "order_id": str(body.get("OrderId") or ""),
+            "request_id": str(body.get("RequestId") or ""),
+        }
+        for name, key in (
+            ("VSwitchId", "vswitch_id"),
+            ("SecurityGroupId", "security_group_id"),
+            ("KeyPairName", "key_pair_name"),
+        ):
+            if spec.boot is not None and params.get(name):
+                extra[key] = str(params[name])
         return InstanceHandle(
             instance_id=str(ids[0]),
             region=spec.region,
@@ -319,14 +379,234 @@ class AlibabaAdapter(ProviderAdapter):
             instance_type=spec.instance_type,
             state=InstanceState.PENDING,
             tags={t["Key"]: t["Value"] for t in tags},
-            extra={
-                "status": "Pending",
-                "client_token": spec.client_token,
-                "spot_strategy": strategy,
-                "image_id": image_id,
-                "order_id": str(body.get("OrderId") or ""),
-                "request_id": str(body.get("RequestId") or ""),
+            extra=extra,
+        )
+
+    # ------------------------------------------------------------------------------------------------- boot
+
+    def boot_prelude(self, spec: LaunchSpec) -> str:
+        """The NVIDIA driver installation Alibaba documents for GPU instances (``mapping.gpu_driver_prelude``):
+        its public images carry no driver."""
+        return mapping.gpu_driver_prelude()
+
+    def _boot_params(self, spec: LaunchSpec, boot: BootSpec) -> dict[str, Any]:
+        """RunInstances fields that deliver ``boot``. Order matters: the image is checked before anything is
+        created, so a missing image leaves no key pair or group behind."""
+        image = self._image(spec, boot)
+        image_id = str(image["ImageId"])
+        if boot.disk_gb is not None and boot.disk_gb < mapping.image_size_gb(image):
+            raise ProviderRequestRejected(
+                f"a {boot.disk_gb} GB system disk is smaller than image {image_id} ({mapping.image_size_gb(image)} GB)",
+                code="InvalidSystemDiskSize.LessThanImageSize",
+                provider=mapping.PROVIDER,
+            )
+        vswitch = self._vswitch(spec.region, spec.zone)
+        # Rendered deterministically: a resumed attempt sends the same UserData, as its ClientToken requires.
+        script = self.user_data(spec)
+        params: dict[str, Any] = {
+            "ImageId": image_id,
+            "VSwitchId": str(vswitch["VSwitchId"]),
+            "SecurityGroupId": self._security_group(spec.region, str(vswitch["VpcId"]), spec.order_ref, boot),
+            "UserData": mapping.encode_user_data(script or b""),
+        }
+        key_pair = self._key_pair(spec.region, spec.order_ref, boot)
+        if key_pair is not None:
+            params["KeyPairName"] = key_pair
+        if boot.disk_gb is not None:
+            params["SystemDisk"] = {"Size": str(boot.disk_gb)}
+        return params
+
+    def _image(self, spec: LaunchSpec, boot: BootSpec) -> Mapping[str, Any]:
+        """The buyer's image (``boot.image``), else the account's ``image_id``, else the newest Available build of
+        the public family; ``ImageUnavailable`` naming the region when DescribeImages finds none."""
+        explicit = boot.image or spec.image or self.options.get("image_id")
+        params: dict[str, Any] = {
+            "RegionId": spec.region,
+            "Status": "Available",
+            "InstanceType": spec.instance_type,
+            "PageSize": IMAGES_PAGE,
+        }
+        if explicit:
+            params["ImageId"] = explicit
+            missing = f"image {explicit} does not exist in {spec.region}"
+        else:
+            family = self.options.get("image_family") or mapping.DEFAULT_IMAGE_FAMILY
+            params.update({"ImageFamily": family, "ImageOwnerAlias": "system", "OSType": "linux"})
+            missing = f"no Available image of family {family} in {spec.region}"
+        body = self._client.call(spec.region, "DescribeImages", params)
+        image = mapping.newest_image((body.get("Images") or {}).get("Image") or [])
+        if image is None:
+            raise ImageUnavailable(missing, code="precheck", provider=mapping.PROVIDER)
+        return image
+
+    def _vswitch(self, region: str, zone: str) -> Mapping[str, Any]:
+        """The ``vswitch_id`` option's vSwitch when it is in the zone, else the zone's default vSwitch: a VPC
+        instance needs one, and its VPC is where the security group must be."""
+        wanted = self.options.get("vswitch_id")
+        # The option names one vSwitch for the whole account, but a vSwitch lives in one zone: a launch that failed
+        # over to another zone or region must not carry it there.
+        queries: list[dict[str, Any]] = []
+        if wanted:
+            queries.append({"RegionId": region, "VSwitchId": wanted})
+        queries += [
+            {"RegionId": region, "ZoneId": zone, "IsDefault": True},
+            {"RegionId": region, "ZoneId": zone},
+        ]
+        for query in queries:
+            body = self._client.call(region, "DescribeVSwitches", {**query, "PageSize": VSWITCHES_PAGE})
+            for item in (body.get("VSwitches") or {}).get("VSwitch") or []:
+                if item.get("ZoneId") == zone and str(item.get("Status") or "Available") == "Available":
+                    return dict(item)
+        raise ProviderRequestRejected(
+            f"no available vSwitch in {zone} ({region}) to launch in", code="precheck", provider=mapping.PROVIDER
+        )
+
+    def _key_pair(self, region: str, order_ref: str, boot: BootSpec) -> str | None:
+        """The order's key pair in the region, imported once (found by name first; a concurrent import that won
+        answers ``KeyPair.AlreadyExist``, which means the same). None when no key is of a type ECS imports."""
+        key = mapping.native_key(boot.ssh_keys)
+        if key is None:
+            return None
+        name = mapping.order_resource_name(order_ref)
+        # Found by name rather than tag: names are unique per region, so the name is what an import collides on.
+        body = self._client.call(region, "DescribeKeyPairs", {"RegionId": region, "KeyPairName": name})
+        if any(item.get("KeyPairName") == name for item in (body.get("KeyPairs") or {}).get("KeyPair") or []):
+            return name
+        try:
+            self._client.call(
+                region,
+                "ImportKeyPair",
+                {
+                    "RegionId": region,
+                    "KeyPairName": name,
+                    "PublicKeyBody": key.public_key,
+                    "Tag": mapping.order_tags(order_ref),
+                },
+            )
+        except ProviderRequestRejected as exc:
+            if exc.code != "KeyPair.AlreadyExist":
+                raise
+        return name
+
+    def _security_group(self, region: str, vpc_id: str, order_ref: str, boot: BootSpec) -> str:
+        """The order's security group in the VPC, created once (found by its order tag first; the ClientToken
+        makes two racing creations one), then authorized for every (port, range) pair. AuthorizeSecurityGroup of
+        a rule the group already has succeeds without adding it, so a repeat changes nothing."""
+        groups = self._client.pages(
+            region,
+            "DescribeSecurityGroups",
+            {
+                "RegionId": region,
+                "VpcId": vpc_id,
+                "Tag": mapping.order_tags(order_ref),
+                "MaxResults": SECURITY_GROUPS_PAGE,
             },
+            "SecurityGroups",
+            "SecurityGroup",
+        )
+        if groups:
+            # The lowest id, so every attempt picks the same group should two ever exist.
+            group_id = str(sorted(groups, key=lambda g: str(g["SecurityGroupId"]))[0]["SecurityGroupId"])
+        else:
+            body = self._client.call(
+                region,
+                "CreateSecurityGroup",
+                {
+                    "RegionId": region,
+                    "VpcId": vpc_id,
+                    "SecurityGroupName": mapping.order_resource_name(order_ref),
+                    "Description": f"gpu-broker order {order_ref}: the buyer's addresses only",
+                    "SecurityGroupType": "normal",
+                    "Tag": mapping.order_tags(order_ref),
+                    "ClientToken": mapping.security_group_token(order_ref, region, vpc_id),
+                },
+            )
+            group_id = str(body.get("SecurityGroupId") or "")
+            if not group_id:
+                raise mapping.malformed("CreateSecurityGroup answered without a SecurityGroupId")
+        permissions = mapping.ingress_permissions(boot.ingress, f"gpu-broker order {order_ref}")
+        for start in range(0, len(permissions), mapping.PERMISSIONS_PER_CALL):
+            self._client.call(
+                region,
+                "AuthorizeSecurityGroup",
+                {
+                    "RegionId": region,
+                    "SecurityGroupId": group_id,
+                    "Permissions": permissions[start : start + mapping.PERMISSIONS_PER_CALL],
+                },
+            )
+        return group_id
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Key pairs and security groups carrying the ``broker:order`` tag in every region of the account."""
+        found: list[OrderResource] = []
+        for region in self.regions:
+            found.extend(mapping.key_pair_resources(self._tagged_key_pairs(region, None), region))
+            found.extend(mapping.security_group_resources(self._tagged_groups(region, None), region))
+        return sorted(found, key=lambda r: (r.region, r.kind, r.resource_id))
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete the order's security groups and key pairs in every region. What is already gone is skipped;
+        a group an instance still uses (``DependencyViolation``) or a key pair still bound to one
+        (``InvalidParameter.KeypairAlreadyAttachedInstance``) is returned for the next sweep."""
+        remaining: list[OrderResource] = []
+        for region in self.regions:
+            for group in mapping.security_group_resources(self._tagged_groups(region, order_ref), region):
+                # One group per call: a group still in use must not keep the others from going.
+                try:
+                    self._client.call(
+                        region, "DeleteSecurityGroup", {"RegionId": region, "SecurityGroupId": group.resource_id}
+                    )
+                except ProviderRequestRejected as exc:
+                    if exc.code.startswith("DependencyViolation"):
+                        remaining.append(group)
+                    elif exc.code != "InvalidSecurityGroupId.NotFound":
+                        raise
+            for key_pair in mapping.key_pair_resources(self._tagged_key_pairs(region, order_ref), region):
+                try:
+                    # One name per call: ECS refuses the whole call when any name is still bound.
+                    self._client.call(
+                        region,
+                        "DeleteKeyPairs",
+                        {"RegionId": region, "KeyPairNames": json.dumps([key_pair.resource_id])},
+                    )
+                except ProviderRequestRejected as exc:
+                    if exc.code != "InvalidParameter.KeypairAlreadyAttachedInstance":
+                        raise
+                    remaining.append(key_pair)
+        return remaining
+
+    def _tag_filter(self, order_ref: str | None) -> list[dict[str, str]]:
+        # The key alone matches every order's resources: what the reconciler compares with the orders it knows.
+        return mapping.order_tags(order_ref) if order_ref else [{"Key": mapping.ORDER_TAG}]
+
+    def _tagged_key_pairs(self, region: str, order_ref: str | None) -> list[Any]:
+        """DescribeKeyPairs pages (PageNumber/PageSize) filtered by the order tag (any order when None)."""
+        items: list[Any] = []
+        for number in range(1, MAX_KEY_PAIR_PAGES + 1):
+            body = self._client.call(
+                region,
+                "DescribeKeyPairs",
+                {
+                    "RegionId": region,
+                    "Tag": self._tag_filter(order_ref),
+                    "PageNumber": number,
+                    "PageSize": KEY_PAIRS_PAGE,
+                },
+            )
+            page = (body.get("KeyPairs") or {}).get("KeyPair") or []
+            items.extend(page)
+            if len(page) < KEY_PAIRS_PAGE or len(items) >= int(body.get("TotalCount") or 0):
+                return items
+        raise mapping.malformed(f"DescribeKeyPairs did not finish within {MAX_KEY_PAIR_PAGES} pages")
+
+    def _tagged_groups(self, region: str, order_ref: str | None) -> list[Any]:
+        return self._client.pages(
+            region,
+            "DescribeSecurityGroups",
+            {"RegionId": region, "Tag": self._tag_filter(order_ref), "MaxResults": SECURITY_GROUPS_PAGE},
+            "SecurityGroups",
+            "SecurityGroup",
         )
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:

@@ -45,6 +45,23 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "DescribeInstances": ("DescribeInstancesRequest", "describe_instances_with_options"),
     "DescribeInstanceStatus": ("DescribeInstanceStatusRequest", "describe_instance_status_with_options"),
     "DeleteInstances": ("DeleteInstancesRequest", "delete_instances_with_options"),
+    # What a booted launch creates and releases, and the reads that show what it carried.
+    "DescribeImages": ("DescribeImagesRequest", "describe_images_with_options"),
+    "DescribeVSwitches": ("DescribeVSwitchesRequest", "describe_vswitches_with_options"),
+    "ImportKeyPair": ("ImportKeyPairRequest", "import_key_pair_with_options"),
+    "DescribeKeyPairs": ("DescribeKeyPairsRequest", "describe_key_pairs_with_options"),
+    "DeleteKeyPairs": ("DeleteKeyPairsRequest", "delete_key_pairs_with_options"),
+    "CreateSecurityGroup": ("CreateSecurityGroupRequest", "create_security_group_with_options"),
+    "AuthorizeSecurityGroup": ("AuthorizeSecurityGroupRequest", "authorize_security_group_with_options"),
+    "DescribeSecurityGroups": ("DescribeSecurityGroupsRequest", "describe_security_groups_with_options"),
+    "DescribeSecurityGroupAttribute": (
+        "DescribeSecurityGroupAttributeRequest",
+        "describe_security_group_attribute_with_options",
+    ),
+    "DeleteSecurityGroup": ("DeleteSecurityGroupRequest", "delete_security_group_with_options"),
+    "DescribeUserData": ("DescribeUserDataRequest", "describe_user_data_with_options"),
+    "DescribeInstanceAttribute": ("DescribeInstanceAttributeRequest", "describe_instance_attribute_with_options"),
+    "DescribeDisks": ("DescribeDisksRequest", "describe_disks_with_options"),
 }
 
 _RETRY_ERRORS = (dara_errors.RetryError, tea_errors.RetryError)
@@ -198,7 +215,9 @@ class AlibabaClient:
         return body
 
     def call(self, region: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One read (or a safely repeatable write such as DeleteInstances) with up to ``max_attempts`` tries."""
+        """One read, or a write that is safe to repeat (DeleteInstances with its token, ImportKeyPair by name,
+        CreateSecurityGroup with its token, AuthorizeSecurityGroup of an existing rule, the deletes), with up to
+        ``max_attempts`` tries."""
         attempts = max(1, self.settings.max_attempts)
         for attempt in range(1, attempts + 1):
             try:

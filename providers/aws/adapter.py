@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from providers.aws import mapping
 from providers.aws.client import (
@@ -16,8 +16,10 @@ from providers.aws.client import (
     ClientSettings,
 )
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
+from providers.launch import IngressRule, LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.options import option_number
+from providers.sshkeys import SshPublicKey
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 # Every AWS GPU family starts with g or p. An unfiltered catalogue is ~1,400 types of which ~65 have GPUs;
@@ -29,6 +31,13 @@ SPOT_PRODUCT = "Linux/UNIX"
 SPOT_LOOKBACK = timedelta(hours=1)
 FILTER_VALUES_PER_CALL = 100  # EC2 caps the values of one filter; stay well below the cap
 PRICE_TYPES_PER_CALL = 50
+# "Inbound or outbound rules per security group: 60 ... enforced separately for IPv4 rules and IPv6 rules"
+# (Amazon VPC quotas, https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html).
+RULES_PER_GROUP_PER_FAMILY = 60
+RULES_SOURCE = (
+    "Amazon VPC quotas, inbound rules per security group, "
+    "https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html"
+)
 
 
 def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -39,12 +48,37 @@ class AwsAdapter(ProviderAdapter):
     """One AWS account over ``self.regions``.
 
     Credentials: ``values`` holds ``access_key_id``, ``secret_access_key`` and optionally ``session_token``;
-    ``endpoint_url``, when set, is used for both EC2 and the Price List API. Options (all strings):
+    ``endpoint_url``, when set, is used for EC2, Systems Manager and the Price List API. Options (all strings):
     ``connect_timeout``/``read_timeout`` seconds (defaults 5/20), ``max_attempts`` for reads (default 3),
-    ``image_id`` to launch instead of the newest Canonical Ubuntu x86_64 image.
+    ``image_id`` to launch instead of the default image (a bare launch's: the newest Canonical Ubuntu x86_64; a
+    booted launch's: the region's current Deep Learning Base OSS Nvidia Driver GPU AMI), ``subnet_id`` (one or
+    more, comma-separated) to launch booted machines into the named subnet of the launch's zone instead of the
+    region's default VPC.
+
+    A booted launch (``spec.boot``) imports the buyer's first importable key as the order's key pair, opens the
+    boot's (port, CIDR) pairs in the order's security group, sizes the image's root volume and carries the boot
+    script as user data; key pair and group are named ``broker-<order>``, tagged ``broker:order`` and made once
+    per order and region.
     """
 
     kind = "aws"
+    launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
+        # "User data is limited to 16 KB, in raw form, before it is base64-encoded."
+        user_data_max_bytes=16 * 1024,
+        user_data_measure=UserDataMeasure.RAW,
+        user_data_field="EC2's RunInstances UserData",
+        source=(
+            "EC2 User Guide, Work with instance user data, "
+            "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html"
+        ),
+        # gp3 VolumeSize "1 - 16,384 GiB" (EC2 API reference, EbsBlockDevice,
+        # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_EbsBlockDevice.html).
+        disk_gb_min=1,
+        disk_gb_max=16384,
+        ingress_rules_max=RULES_PER_GROUP_PER_FAMILY,
+        native_key_types=mapping.NATIVE_KEY_TYPES,
+    )
+    login_user: ClassVar[str] = mapping.DLAMI_LOGIN_USER
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -227,12 +261,22 @@ class AwsAdapter(ProviderAdapter):
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
         """``run_instances`` for one instance, tagged ``broker:order`` (+ ``spec.tags``), idempotent on
         ``spec.client_token`` in ``spec.region``. Exactly one attempt: see ``ProviderAdapter.launch``.
+
+        With ``spec.boot``: raises ``ImageUnavailable`` (naming the region) before any write when the image is
+        missing, then finds or creates the order's key pair and security group (a repeat creates neither again)
+        and launches with them, the boot script as ``UserData`` and the root volume sized. Without it the request
+        is the bare launch it always was.
         """
         mapping.validate_client_token(spec.client_token)
         if spec.pricing_model is PricingModel.RESERVED:
             raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
+        # The boot's resources first: a missing image fails here, before anything exists at AWS.
+        boot_params = self._boot_params(spec) if spec.boot is not None else {}
         params: dict[str, Any] = {
-            "ImageId": spec.image or self.options.get("image_id") or self._default_image(spec.region),
+            "ImageId": boot_params.get("ImageId")
+            or spec.image
+            or self.options.get("image_id")
+            or self._default_image(spec.region),
             "InstanceType": spec.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
@@ -245,6 +289,7 @@ class AwsAdapter(ProviderAdapter):
             if spec.max_price is not None:
                 spot_options["MaxPrice"] = str(spec.max_price)
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
+        params.update(boot_params)
         # The no-retry client: a retried 500 could hide a capacity error behind a second, different answer.
         reservation = self._client.launch(spec.region, **params)
         handles = mapping.handles_from_reservations([reservation], spec.region)
@@ -274,6 +319,225 @@ class AwsAdapter(ProviderAdapter):
             )
         self._images[region] = image_id
         return image_id
+
+    # -------------------------------------------------------------------------------------- the boot
+
+    def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
+        """The base checks (user data, disk), with the firewall counted as EC2 counts it: inbound rules per
+        security group, IPv4 and IPv6 separately (``RULES_SOURCE``)."""
+        problems = [p for p in super().launch_problems(spec) if p.field != "launch.allowed_cidrs"]
+        if spec.boot is None:
+            return problems
+        wanted = mapping.wanted_permissions(spec.boot.ingress)
+        for family, version in (("IPv4", 4), ("IPv6", 6)):
+            count = sum(1 for _, _, cidr in wanted if (":" in cidr) == (version == 6))
+            if count > RULES_PER_GROUP_PER_FAMILY:
+                problems.append(
+                    LaunchProblem(
+                        "launch.allowed_cidrs",
+                        f"{count} (port, {family} range) pairs; an AWS security group takes at most "
+                        f"{RULES_PER_GROUP_PER_FAMILY} inbound {family} rules ({RULES_SOURCE})",
+                    )
+                )
+        return problems
+
+    def native_keys(self, spec: LaunchSpec) -> tuple[SshPublicKey, ...]:
+        """The keys EC2's own mechanism installs for this launch: one key pair per instance, so the first key
+        ``ImportKeyPair`` takes, or none. The boot script installs every key either way."""
+        key = mapping.native_key(spec.boot.ssh_keys) if spec.boot is not None else None
+        return (key,) if key is not None else ()
+
+    def _boot_params(self, spec: LaunchSpec) -> dict[str, Any]:
+        """The ``run_instances`` parameters that carry ``spec.boot``, after making what they name."""
+        boot = spec.boot
+        if boot is None:
+            return {}
+        facts = self._image(spec.region, boot.image or spec.image or self.options.get("image_id") or None)
+        if boot.disk_gb is not None and facts.root_snapshot_gb is not None and boot.disk_gb < facts.root_snapshot_gb:
+            # EC2 would refuse it at launch (InvalidBlockDeviceMapping); saying so first creates nothing.
+            raise ProviderRequestRejected(
+                f"launch.disk_gb: {boot.disk_gb} GB is smaller than image {facts.image_id}'s root snapshot "
+                f"({facts.root_snapshot_gb} GB) in {spec.region}",
+                code="InvalidBlockDeviceMapping",
+                provider=mapping.PROVIDER,
+            )
+        subnet = self._subnet(spec.region, spec.zone)
+        vpc_id = subnet[1] if subnet else self._default_vpc(spec.region)
+        params: dict[str, Any] = {
+            "ImageId": facts.image_id,
+            "SecurityGroupIds": [self._security_group(spec, vpc_id, boot.ingress)],
+            "UserData": self.user_data(spec),  # botocore base64-encodes it for the wire
+        }
+        key = mapping.native_key(boot.ssh_keys)
+        if key is not None:
+            params["KeyName"] = self._key_pair(spec.region, spec.order_ref, key)
+        if boot.disk_gb is not None:
+            params["BlockDeviceMappings"] = mapping.root_volume(facts, boot.disk_gb)
+        if subnet is not None:
+            params["SubnetId"] = subnet[0]
+        return params
+
+    def _image(self, region: str, image_id: str | None) -> mapping.ImageFacts:
+        """The image to boot (the buyer's, the account's ``image_id`` or the region's current DLAMI) as EC2
+        describes it; ``ImageUnavailable`` naming the region when it does not exist there."""
+        if image_id is None:
+            try:
+                image_id = self._client.parameter(region, mapping.DLAMI_PARAMETER)
+            except ImageUnavailable as exc:
+                raise ImageUnavailable(
+                    f"no GPU-ready default image in {region}: {mapping.DLAMI_PARAMETER} is not published there",
+                    code=exc.code,
+                    provider=mapping.PROVIDER,
+                    http_status=exc.http_status,
+                ) from exc
+        try:
+            images = self._client.call(region, "describe_images", ImageIds=[image_id]).get("Images") or []
+        except ImageUnavailable as exc:
+            raise ImageUnavailable(
+                f"image {image_id} does not exist in {region}",
+                code=exc.code,
+                provider=mapping.PROVIDER,
+                http_status=exc.http_status,
+            ) from exc
+        available = [i for i in images if i.get("ImageId") == image_id and i.get("State", "available") == "available"]
+        if not available:
+            raise ImageUnavailable(
+                f"image {image_id} is not available in {region}",
+                code="InvalidAMIID.Unavailable",
+                provider=mapping.PROVIDER,
+            )
+        return mapping.image_facts(available[0])
+
+    def _subnet(self, region: str, zone: str) -> tuple[str, str] | None:
+        """(subnet id, VPC id) of the account's ``subnet_id`` option in the launch's zone; None without the
+        option. A subnet is zonal, so an account lists one per zone it sells in."""
+        named = [s.strip() for s in self.options.get("subnet_id", "").split(",") if s.strip()]
+        if not named:
+            return None
+        subnets = self._client.pages(
+            region,
+            "describe_subnets",
+            "Subnets",
+            Filters=[{"Name": "subnet-id", "Values": named}, {"Name": "availability-zone", "Values": [zone]}],
+        )
+        if not subnets:
+            raise ProviderRequestRejected(
+                f"none of options.subnet_id ({', '.join(named)}) is in {zone}", provider=mapping.PROVIDER
+            )
+        try:
+            return str(subnets[0]["SubnetId"]), str(subnets[0]["VpcId"])
+        except (KeyError, TypeError) as exc:
+            raise mapping.malformed(f"unreadable subnet entry ({exc!r})") from None
+
+    def _default_vpc(self, region: str) -> str:
+        vpcs = self._client.pages(region, "describe_vpcs", "Vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])
+        if not vpcs:
+            raise ProviderRequestRejected(
+                f"{region} has no default VPC; set options.subnet_id", provider=mapping.PROVIDER
+            )
+        return str(vpcs[0]["VpcId"])
+
+    def _key_pair(self, region: str, order_ref: str, key: SshPublicKey) -> str:
+        """The order's key pair in ``region``, imported unless it exists: found by name, so a repeated launch
+        (or a racing one, answered ``InvalidKeyPair.Duplicate``) imports nothing twice."""
+        name = mapping.resource_name(order_ref)
+        found = self._client.call(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}])
+        if found.get("KeyPairs"):
+            return name
+        try:
+            self._client.call(
+                region,
+                "import_key_pair",
+                KeyName=name,
+                PublicKeyMaterial=key.public_key.encode(),
+                TagSpecifications=mapping.order_tags("key-pair", order_ref),
+            )
+        except ProviderRequestRejected as exc:
+            if exc.code not in mapping.ALREADY_THERE:
+                raise
+        return name
+
+    def _security_group(self, spec: LaunchSpec, vpc_id: str, ingress: Sequence[IngressRule]) -> str:
+        """The order's security group in the launch's VPC, with every (port, CIDR) of the boot let in: created
+        unless it exists, and only the missing rules added, so repeating the launch changes nothing."""
+        region, name = spec.region, mapping.resource_name(spec.order_ref)
+        group = self._find_group(region, vpc_id, name)
+        if group is None:
+            try:
+                self._client.call(
+                    region,
+                    "create_security_group",
+                    GroupName=name,
+                    Description=f"gpu-broker order {spec.order_ref}",
+                    VpcId=vpc_id,
+                    TagSpecifications=mapping.order_tags("security-group", spec.order_ref),
+                )
+            except ProviderRequestRejected as exc:
+                if exc.code not in mapping.ALREADY_THERE:
+                    raise
+            group = self._find_group(region, vpc_id, name)
+            if group is None:
+                raise mapping.malformed(f"security group {name} was created but is not found in {vpc_id}")
+        group_id = str(group["GroupId"])
+        present = mapping.existing_permissions(group.get("IpPermissions") or [])
+        missing = [p for p in mapping.wanted_permissions(ingress) if p not in present]
+        if missing:
+            try:
+                self._client.call(
+                    region,
+                    "authorize_security_group_ingress",
+                    GroupId=group_id,
+                    IpPermissions=mapping.ip_permissions(missing),
+                    TagSpecifications=mapping.order_tags("security-group-rule", spec.order_ref),
+                )
+            except ProviderRequestRejected as exc:
+                if exc.code not in mapping.ALREADY_THERE:  # a racing launch added them first
+                    raise
+        return group_id
+
+    def _find_group(self, region: str, vpc_id: str, name: str) -> dict[str, Any] | None:
+        groups = self._client.pages(
+            region,
+            "describe_security_groups",
+            "SecurityGroups",
+            Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}],
+        )
+        return dict(groups[0]) if groups else None
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete the order's security groups and key pairs in every region. A group an instance still uses
+        (``DependencyViolation``, e.g. while it shuts down) is returned for a later sweep; what is gone is
+        skipped, so a repeat is harmless."""
+        remaining: list[OrderResource] = []
+        for region in self.regions:
+            groups = self._client.pages(
+                region, "describe_security_groups", "SecurityGroups", Filters=mapping.order_filter(order_ref)
+            )
+            for group in groups:
+                try:
+                    self._client.call(region, "delete_security_group", GroupId=str(group["GroupId"]))
+                except ProviderRequestRejected as exc:
+                    if exc.code == mapping.IN_USE:
+                        remaining.append(mapping.order_resource("security_group", group, region))
+                    elif exc.code not in mapping.GROUP_GONE:
+                        raise
+            keys = self._client.call(region, "describe_key_pairs", Filters=mapping.order_filter(order_ref))
+            for key in keys.get("KeyPairs") or []:
+                # DeleteKeyPair succeeds for a name that is already gone.
+                self._client.call(region, "delete_key_pair", KeyName=str(key["KeyName"]))
+        return remaining
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Security groups and key pairs tagged ``broker:order`` in every region of the account."""
+        found: list[OrderResource] = []
+        for region in self.regions:
+            groups = self._client.pages(
+                region, "describe_security_groups", "SecurityGroups", Filters=mapping.order_filter()
+            )
+            found.extend(mapping.order_resource("security_group", g, region) for g in groups)
+            keys = self._client.call(region, "describe_key_pairs", Filters=mapping.order_filter())
+            found.extend(mapping.order_resource("key_pair", k, region) for k in keys.get("KeyPairs") or [])
+        return sorted(found, key=lambda r: (r.region, r.kind, r.resource_id))
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Terminate the instance; a no-op (no API write) when it is already terminated.

@@ -158,6 +158,17 @@ class AwsClient:
             result: dict[str, Any] = self._client("ec2", region, retries=False).run_instances(**params)
             return result
 
+    def parameter(self, region: str, name: str) -> str:
+        """The value of one Systems Manager parameter (e.g. the public parameter naming a region's current AMI).
+
+        ``ParameterNotFound`` becomes ``ImageUnavailable`` (``mapping.ERROR_CLASSES``)."""
+        with _sdk_errors():
+            result = self._client("ssm", region).get_parameter(Name=name)
+        try:
+            return str(result["Parameter"]["Value"])
+        except (KeyError, TypeError) as exc:
+            raise mapping.malformed(f"get_parameter answered without Parameter.Value ({exc!r})") from None
+
     def price_list(self, **params: Any) -> list[Any]:
         """Every ``PriceList`` item of ``pricing.get_products`` across pages (items are JSON strings)."""
         items: list[Any] = []

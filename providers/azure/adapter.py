@@ -1,10 +1,22 @@
 """``AzureAdapter``: the broker's contract (``providers.base.ProviderAdapter``) over Azure Resource Manager
-(Microsoft.Compute) and the Retail Prices API."""
+(Microsoft.Compute, Microsoft.Network) and the Retail Prices API.
+
+A launch with a boot (``providers.launch.BootSpec``) uses Azure's own mechanisms: the boot script as
+``osProfile.customData`` (cloud-init runs it at first boot), the buyer's RSA and Ed25519 keys in
+``osProfile.linuxConfiguration.ssh.publicKeys`` for the login user, a network security group per (order, region)
+on the VM's NIC holding one inbound rule per (port, address range), ``osDisk.diskSizeGB``, and a marketplace
+image checked to exist in the region before anything is created (Microsoft's Ubuntu-HPC image unless the buyer
+or the account names another).
+"""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from providers.azure import mapping
 from providers.azure.client import (
@@ -18,7 +30,8 @@ from providers.azure.client import (
     ClientSettings,
 )
 from providers.base import ProviderAdapter, quota_refuse_short
-from providers.errors import CredentialsRejected, TransientProviderError
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected, TransientProviderError
+from providers.launch import BootSpec, LaunchLimits, LaunchProblem, OrderResource
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
@@ -28,6 +41,7 @@ DEFAULT_RESOURCE_GROUP = "broker"
 DEFAULT_LAUNCH_WAIT_S = 15.0
 DEFAULT_TERMINATE_WAIT_S = 15.0
 REQUIRED_CREDENTIALS = ("tenant_id", "client_id", "client_secret", "subscription_id")
+NSG_IN_USE = "InUseNetworkSecurityGroupCannotBeDeleted"  # ARM's refusal to delete a group still on a NIC
 
 
 def _flag(options: dict[str, str], key: str, default: bool) -> bool:
@@ -48,8 +62,10 @@ class AzureAdapter(ProviderAdapter):
     ``subscription_id``; ``endpoint_url``, when set, replaces ``https://management.azure.com``.
 
     Options (all strings): ``resource_group`` the VMs live in (default ``broker``); for launches
-    ``subnet_id`` (the full resource id of the subnet the inline NIC joins) and ``ssh_public_key`` (required),
-    ``admin_username``, ``image`` (``publisher:offer:sku:version`` or an image resource id; default Ubuntu 24.04),
+    ``subnet_id`` (the full resource id of the subnet the inline NIC joins) and ``ssh_public_key`` (required for a
+    launch without a boot, and used only there), ``admin_username`` (likewise; a boot logs in as ``login_user``),
+    ``image`` (``publisher:offer:sku:version`` or an image resource id; default Ubuntu 24.04 for a bare launch and
+    Microsoft's Ubuntu-HPC image for a launch with a boot, unless the buyer names one),
     ``os_disk_type``, ``public_ip`` (true/false, default true); ``authority_url`` (Entra ID, default
     ``https://login.microsoftonline.com``), ``prices_url`` (default ``https://prices.azure.com``),
     ``ca_bundle`` (a PEM file to trust instead of the system store, for every endpoint);
@@ -61,6 +77,8 @@ class AzureAdapter(ProviderAdapter):
     """
 
     kind = "azure"
+    launch_limits: ClassVar[LaunchLimits] = mapping.LAUNCH_LIMITS
+    login_user: ClassVar[str] = mapping.DEFAULT_ADMIN_USERNAME  # the adminUsername every launch with a boot sets
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -80,7 +98,9 @@ class AzureAdapter(ProviderAdapter):
             image=options.get("image") or mapping.DEFAULT_IMAGE,
             os_disk_type=options.get("os_disk_type") or mapping.DEFAULT_OS_DISK_TYPE,
             public_ip=_flag(options, "public_ip", True),
+            gpu_image=options.get("image") or mapping.DEFAULT_GPU_IMAGE,
         )
+        self.subscription_id = credentials.values["subscription_id"]
         values = credentials.values
         self._client = AzureClient(
             ClientSettings(
@@ -215,13 +235,36 @@ class AzureAdapter(ProviderAdapter):
         """Create one VM named after ``spec.client_token`` with ``If-None-Match: *``: a repeat returns the VM
         the first call created, unchanged. Exactly one create attempt (no SDK retry).
 
+        With ``spec.boot``: a VM of that name is looked up first (a repeat creates nothing), then the image is
+        checked to exist in the region (``ImageUnavailable`` before anything is created), then the order's network
+        security group for the region is found by name or written, then the VM is created with the boot's custom
+        data, keys, disk and that group on its NIC.
+
         Waits up to ``launch_wait_s`` for Azure's verdict. An allocation failure within the wait raises
         ``CapacityUnavailable`` after deleting the failed VM; a later one shows in ``describe``. Raises
-        ``CapacityUnavailable`` (SkuNotAvailable, spot price), ``QuotaExceeded``, ``CredentialsRejected``,
-        ``TransientProviderError`` (429) or ``ProviderRequestRejected``.
+        ``CapacityUnavailable`` (SkuNotAvailable, spot price), ``QuotaExceeded``, ``ImageUnavailable``,
+        ``CredentialsRejected``, ``TransientProviderError`` (429) or ``ProviderRequestRejected``.
         """
         name = mapping.vm_name(spec.client_token)
-        body = mapping.vm_body(spec, name, self.launch_settings)
+        if spec.boot is None:
+            return self._create(spec, name, mapping.vm_body(spec, name, self.launch_settings))
+        mapping.check_launchable(spec, self.launch_settings, with_boot=True)  # before anything is created
+        existing = self._client.get_vm(self.resource_group, name)
+        if existing is not None:
+            return self._handle_of(existing, spec, existed=True)
+        boot = spec.boot
+        script = self.user_data(spec) or b""
+        parts = mapping.BootParts(
+            image=self._checked_image(spec, boot),
+            custom_data=base64.b64encode(script).decode(),
+            admin_username=self.login_user,
+            public_keys=_native_keys(boot),
+            nsg_id=self._order_nsg(spec),
+            disk_gb=boot.disk_gb,
+        )
+        return self._create(spec, name, mapping.vm_body(spec, name, self.launch_settings, parts))
+
+    def _create(self, spec: LaunchSpec, name: str, body: dict[str, Any]) -> InstanceHandle:
         result = self._client.create_vm(self.resource_group, name, body, wait_s=self.launch_wait_s)
         if result.error is not None:
             # Azure keeps a VM whose allocation failed (with its NIC and disk); nothing runs on it, so remove it.
@@ -234,12 +277,69 @@ class AzureAdapter(ProviderAdapter):
                 code="NotFound",
                 provider=mapping.PROVIDER,
             )
+        return self._handle_of(vm, spec, existed=result.existed)
+
+    def _handle_of(self, vm: dict[str, Any], spec: LaunchSpec, *, existed: bool) -> InstanceHandle:
         handle = mapping.instance_handle(vm, resource_group=self.resource_group)
-        if result.existed and handle.extra.get("client_token") not in ("", spec.client_token):
+        if existed and handle.extra.get("client_token") not in ("", spec.client_token):
             raise mapping.rejected(
-                f"virtual machine {name} exists for another client token", code="IdempotentParameterMismatch"
+                f"virtual machine {handle.instance_id} exists for another client token",
+                code="IdempotentParameterMismatch",
             )
         return handle
+
+    def _checked_image(self, spec: LaunchSpec, boot: BootSpec) -> mapping.ImageRef:
+        """The image the launch runs (the buyer's, else the account's ``image`` option, else Ubuntu-HPC), read
+        back from Azure in the launch's region. Raises ``ImageUnavailable`` when the region has no such image."""
+        image = mapping.parse_image(boot.image or spec.image or self.launch_settings.gpu_image)
+        region = spec.region
+        if image.marketplace:
+            if image.version.lower() == "latest":
+                found = bool(self._client.image_versions(region, image.publisher, image.offer, image.sku))
+            else:
+                version = self._client.image_version(region, image.publisher, image.offer, image.sku, image.version)
+                found = version is not None
+        else:
+            managed = mapping.managed_image_parts(image.resource_id)
+            if managed is None or managed[0].lower() != self.subscription_id.lower():
+                # A gallery image or another subscription's: this client cannot read it, and ARM answers
+                # ImageNotFound / GalleryImageNotFound at create, which map to ImageUnavailable too.
+                return image
+            record = self._client.managed_image(managed[1], managed[2])
+            # Managed images are regional: a VM elsewhere cannot start from one.
+            found = record is not None and str(record.get("location", "")).lower() == region.lower()
+        if not found:
+            raise ImageUnavailable(
+                f"image {image} is not available in {region}", code="ImageNotFound", provider=mapping.PROVIDER
+            )
+        return image
+
+    def _order_nsg(self, spec: LaunchSpec) -> str:
+        """The order's network security group in the launch's region, found by name and written only when missing
+        or different (a PUT converges, so a race between two attempts leaves one group). Returns its id."""
+        name = mapping.nsg_name(spec.order_ref, spec.region)
+        wanted = mapping.nsg_body(spec)
+        current = self._client.get_nsg(self.resource_group, name)
+        if current is None or not mapping.nsg_matches(current, wanted):
+            self._client.put_nsg(self.resource_group, name, wanted, wait_s=self.launch_wait_s)
+        return mapping.nsg_id(self.subscription_id, self.resource_group, name)
+
+    def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
+        """The base checks (custom data size, OS disk range, rules per security group) and the image's form."""
+        problems = super().launch_problems(spec)
+        image = spec.boot.image if spec.boot is not None else None
+        if image:
+            try:
+                mapping.parse_image(image)
+            except ProviderRequestRejected:
+                problems.append(
+                    LaunchProblem(
+                        "launch.image",
+                        "an Azure image is publisher:offer:sku:version (e.g. "
+                        f"{mapping.DEFAULT_GPU_IMAGE}) or an image resource id",
+                    )
+                )
+        return problems
 
     def _delete_quietly(self, name: str) -> None:
         try:
@@ -271,3 +371,49 @@ class AzureAdapter(ProviderAdapter):
             tags=current.tags,
             extra={**current.extra, "provisioning_state": "Deleted" if finished else "Deleting"},
         )
+
+    # ------------------------------------------------------------------------------- order resources
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Every network security group in the resource group tagged with a broker order, in the account's
+        regions (ARM lists a resource group's groups with their tags; the tag is matched here)."""
+        regions = {r.lower() for r in self.regions}
+        found: list[OrderResource] = []
+        for nsg in self._client.list_nsgs(self.resource_group):
+            resource = mapping.order_resource(nsg)
+            if resource is not None and resource.region.lower() in regions:
+                found.append(resource)
+        return sorted(found, key=lambda r: (r.order_ref, r.region, r.resource_id))
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete the order's network security groups in every region of the account. A group still on the NIC
+        of a VM Azure is deleting is refused (``InUseNetworkSecurityGroupCannotBeDeleted``) and returned, for the
+        reconciler's next sweep; one already gone is skipped."""
+        remaining: list[OrderResource] = []
+        for resource in self.list_order_resources():
+            if resource.order_ref != order_ref:
+                continue
+            try:
+                self._client.delete_nsg(self.resource_group, resource.extra["name"], wait_s=self.terminate_wait_s)
+            except ProviderRequestRejected as exc:
+                if exc.code != NSG_IN_USE:
+                    raise
+                remaining.append(resource)
+        return remaining
+
+
+def _native_keys(boot: BootSpec) -> tuple[str, ...]:
+    """The buyer's keys ARM itself installs: RSA and Ed25519 (``mapping.NATIVE_KEY_TYPES``). The boot script
+    appends every key, these included, so no order is refused for its key type.
+
+    ARM refuses a Linux VM with password login off and no key, so a launch whose keys are all of other types
+    carries one placeholder Ed25519 key whose private half is never kept: nobody can log in with it."""
+    keys = tuple(
+        key.public_key
+        for key in boot.ssh_keys
+        if key.key_type in mapping.NATIVE_KEY_TYPES and (key.key_type != "ssh-rsa" or key.bits >= mapping.RSA_MIN_BITS)
+    )
+    if keys:
+        return keys
+    placeholder = ed25519.Ed25519PrivateKey.generate().public_key()
+    return (placeholder.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode(),)

@@ -1,6 +1,7 @@
-"""The only module that imports azure-core / azure-mgmt-compute.
+"""The only module that imports azure-core / azure-mgmt-compute / azure-mgmt-network.
 
-``AzureClient`` builds two ``ComputeManagementClient``s (reads with retries, writes with none), a small
+``AzureClient`` builds two ``ComputeManagementClient``s (reads with retries, writes with none), a
+``NetworkManagementClient`` for the orders' network security groups (idempotent PUTs and DELETEs, so retried), a small
 client-credentials ``TokenCredential`` for Microsoft Entra ID, and a plain azure-core pipeline for the
 unauthenticated Retail Prices API. Every call runs through ``_sdk_errors`` so callers receive plain dicts
 (the models' wire shape) or ``ProviderError`` subclasses, never an SDK exception.
@@ -33,6 +34,8 @@ from azure.core.rest import HttpRequest, HttpResponse
 from azure.mgmt.compute import ComputeManagementClient
 from azure.mgmt.compute.models import VirtualMachine
 from azure.mgmt.core.polling.arm_polling import ARMPolling
+from azure.mgmt.network import NetworkManagementClient
+from azure.mgmt.network.models import NetworkSecurityGroup
 
 from providers.azure import mapping
 from providers.errors import CredentialsRejected, ProviderError, TransientProviderError
@@ -258,6 +261,17 @@ class AzureClient:
         self.credential = ClientSecretTokenCredential(settings)
         self._read = self._compute(retries=settings.max_attempts - 1)
         self._write = self._compute(retries=0)
+        self._network = NetworkManagementClient(
+            self.credential,
+            settings.subscription_id,
+            base_url=settings.arm_url,
+            transport=_transport(settings),
+            retry_total=settings.max_attempts - 1,
+            retry_backoff_factor=0.5,
+            retry_backoff_max=10,
+            polling_interval=settings.polling_interval,
+            user_agent="gpu-broker",
+        )
         self._prices = _plain_pipeline(settings.prices_url, settings, settings.max_attempts - 1)
 
     def _compute(self, *, retries: int) -> ComputeManagementClient:
@@ -274,7 +288,7 @@ class AzureClient:
         )
 
     def close(self) -> None:
-        for closeable in (self._read, self._write, self._prices, self.credential):
+        for closeable in (self._read, self._write, self._network, self._prices, self.credential):
             closeable.close()
 
     # -- reads
@@ -337,6 +351,101 @@ class AzureClient:
             items.extend(item for item in body["Items"] if isinstance(item, dict))
             url = body.get("NextPageLink") or None
         return items
+
+    # -- images
+
+    def image_versions(self, location: str, publisher: str, offer: str, sku: str) -> list[str]:
+        """The versions of a marketplace image offered in ``location``, newest first (at most one is asked for);
+        [] when Azure has none there: it answers 404 ``NotFound`` ("Artifact: VMImage was not found.")."""
+        with _sdk_errors():
+            try:
+                found = self._read.virtual_machine_images.list(
+                    location, publisher, offer, sku, top=1, orderby="name desc"
+                )
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return []
+                raise
+            return [str(item.name) for item in found or ()]
+
+    def image_version(self, location: str, publisher: str, offer: str, sku: str, version: str) -> dict[str, Any] | None:
+        """One version of a marketplace image in ``location``; None when Azure has no such version there."""
+        with _sdk_errors():
+            try:
+                image = self._read.virtual_machine_images.get(location, publisher, offer, sku, version)
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return None
+                raise
+            result: dict[str, Any] = image.as_dict()
+            return result
+
+    def managed_image(self, resource_group: str, name: str) -> dict[str, Any] | None:
+        """A managed image of this subscription; None when there is no such image (or resource group)."""
+        with _sdk_errors():
+            try:
+                image = self._read.images.get(resource_group, name)
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return None
+                raise
+            result: dict[str, Any] = image.as_dict()
+            return result
+
+    # -- network security groups
+
+    def get_nsg(self, resource_group: str, name: str) -> dict[str, Any] | None:
+        """The network security group, or None when there is none of that name (or no such resource group)."""
+        with _sdk_errors():
+            try:
+                nsg = self._network.network_security_groups.get(resource_group, name)
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return None
+                raise
+            result: dict[str, Any] = nsg.as_dict()
+            return result
+
+    def list_nsgs(self, resource_group: str) -> list[dict[str, Any]]:
+        """Every network security group in the resource group (ARM's list has no tag filter: callers filter);
+        [] when the group does not exist."""
+        with _sdk_errors():
+            try:
+                return [nsg.as_dict() for nsg in self._network.network_security_groups.list(resource_group)]
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return []
+                raise
+
+    def put_nsg(self, resource_group: str, name: str, body: dict[str, Any], *, wait_s: float) -> bool:
+        """``begin_create_or_update`` (a PUT: repeating it converges on the same group), waiting up to ``wait_s``.
+        True when Azure finished within the wait. A failed operation is raised as the broker's error."""
+        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
+        with _sdk_errors():
+            poller = self._network.network_security_groups.begin_create_or_update(
+                resource_group, name, NetworkSecurityGroup(body), polling=polling
+            )
+        outcome = self._settle(poller)
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        return bool(outcome["finished"]) and wait_s > 0
+
+    def delete_nsg(self, resource_group: str, name: str, *, wait_s: float) -> bool:
+        """``begin_delete``; True when the group is gone within ``wait_s`` (or was not there). Azure refuses a
+        group still on a NIC with 400 ``InUseNetworkSecurityGroupCannotBeDeleted``, raised as
+        ``ProviderRequestRejected`` with that code."""
+        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
+        with _sdk_errors():
+            try:
+                poller = self._network.network_security_groups.begin_delete(resource_group, name, polling=polling)
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    return True
+                raise
+        outcome = self._settle(poller)
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        return bool(outcome["finished"]) and wait_s > 0
 
     # -- writes
 

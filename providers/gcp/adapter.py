@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from providers.base import ProviderAdapter, quota_refuse_short
-from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
 from providers.gcp import mapping
 from providers.gcp.client import (
     BACKOFF_SECONDS,
@@ -19,6 +19,7 @@ from providers.gcp.client import (
     ClientSettings,
     GcpClient,
 )
+from providers.launch import IngressRule, LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
@@ -49,15 +50,31 @@ class GcpAdapter(ProviderAdapter):
     ``project_id`` (default: the key's own project); ``endpoint_url``, when set, serves both Compute Engine and
     Cloud Billing. Options (all strings): ``connect_timeout``/``read_timeout`` seconds (defaults 5/30),
     ``max_attempts`` for reads (default 3) and ``retry_backoff`` (first pause, seconds, default 0.25, doubling),
-    ``page_size`` for list calls (default 500), ``image`` (default Ubuntu
-    22.04), ``boot_disk_gb`` (100), ``network``/``subnetwork``, ``n1_bundles`` (comma-separated N1 host + GPU
-    pairings to quote, e.g. ``n1-standard-8+1xT4``).
+    ``page_size`` for list calls (default 500), ``image`` (default: Ubuntu 22.04 for a bare launch, the Deep
+    Learning VM family ``mapping.DLVM_FAMILY`` for a booted one; a buyer's own image wins over both),
+    ``boot_disk_gb`` (100), ``network``/``subnetwork``, ``n1_bundles`` (comma-separated N1 host + GPU pairings to
+    quote, e.g. ``n1-standard-8+1xT4``).
+
+    A booted launch (``spec.boot``) carries the buyer's keys as ``ssh-keys`` metadata, the boot script as
+    ``startup-script`` metadata, a network tag per order that the order's VPC firewall rules target (allow rules
+    for the buyer's ranges, one deny rule for everyone else), the boot disk size and a checked image.
 
     Instance ids are ``<zone>/<name>``: GCP addresses instances by zone and name, and the name is derived from
     the client token, so the id is known before GCP creates anything and stays valid for a failed insert.
     """
 
     kind = "gcp"
+    launch_limits = LaunchLimits(
+        user_data_max_bytes=mapping.METADATA_VALUE_MAX_BYTES,
+        user_data_measure=UserDataMeasure.RAW,
+        user_data_field="the startup-script metadata value",
+        source=mapping.METADATA_SOURCE,
+        disk_gb_min=mapping.DISK_GB_MIN,
+        disk_gb_max=mapping.DISK_GB_MAX,
+        native_key_types=mapping.NATIVE_KEY_TYPES,
+    )
+    # The user the ssh-keys lines name: the guest agent creates it on first boot, with sudo.
+    login_user = "gpu"
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -236,6 +253,12 @@ class GcpAdapter(ProviderAdapter):
         Quota and other synchronous refusals raise here. ``spec.max_price`` is not sent: Spot VMs have no bid, the
         price is the Preemptible SKU rate. A token whose insert failed keeps failing (GCP answers the request id
         with the failed operation), so a new attempt needs a new token.
+
+        With ``spec.boot``, before the insert: the image is resolved in the zone (``ImageUnavailable`` when GCP has
+        none, before anything is created), then the order's firewall rules are found or created (reused by every
+        attempt and region of the order). The instance carries ``startup-script``, ``ssh-keys`` and, on a Deep
+        Learning VM image, ``install-nvidia-driver`` metadata, the order's network tag and the buyer's disk size.
+        With ``spec.boot`` None the launch is the bare one it always was: no image lookup, no firewall.
         """
         if spec.pricing_model is PricingModel.RESERVED:
             raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
@@ -247,17 +270,31 @@ class GcpAdapter(ProviderAdapter):
         name = mapping.instance_name(spec.client_token)
         request_id = mapping.request_id("insert", spec.client_token)
         labels = mapping.labels(spec.order_ref, spec.tags)
+        network = self.options.get("network") or mapping.DEFAULT_NETWORK
+        metadata = {mapping.IDEMPOTENCY_METADATA: spec.client_token, mapping.ORDER_METADATA: spec.order_ref}
+        image = spec.image or self.options.get("image") or mapping.DEFAULT_IMAGE
+        disk_gb = self._boot_disk_gb
+        tags: tuple[str, ...] = ()
+        if spec.boot is not None:
+            # Image first: a missing image must fail the attempt before anything exists at GCP.
+            ref = self._image_ref(spec)
+            resolved = self._resolve_image(ref, spec.zone)
+            image = str(resolved.get("self_link") or ref)
+            disk_gb = self._disk_gb(spec.boot.disk_gb, resolved, ref)
+            tags = self._ensure_firewalls(spec.order_ref, spec.boot.ingress, network)
+            metadata.update(self._boot_metadata(spec, ref))
         resource = mapping.instance_resource(
             name=name,
             zone=spec.zone,
             instance_type=instance_type,
             spot=spec.pricing_model is PricingModel.SPOT,
-            image=spec.image or self.options.get("image") or mapping.DEFAULT_IMAGE,
-            boot_disk_gb=self._boot_disk_gb,
-            network=self.options.get("network") or mapping.DEFAULT_NETWORK,
+            image=image,
+            boot_disk_gb=disk_gb,
+            network=network,
             subnetwork=self.options.get("subnetwork") or None,
             labels=labels,
-            metadata={mapping.IDEMPOTENCY_METADATA: spec.client_token, mapping.ORDER_METADATA: spec.order_ref},
+            metadata=metadata,
+            network_tags=tags,
         )
         try:
             operation = self._client.insert(spec.zone, resource, request_id)
@@ -324,3 +361,115 @@ class GcpAdapter(ProviderAdapter):
         mapping.raise_operation_error(operation)
         state = InstanceState.TERMINATED if operation.get("status") == "DONE" else InstanceState.STOPPING
         return self._with(handle, state, operation)
+
+    # ------------------------------------------------------------------------- what makes a machine usable
+
+    def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
+        """The shared checks (startup-script over 256 KiB, disk outside 10-65536 GB, too many ingress pairs) and
+        an image reference GCP would not parse. Pure.
+
+        The startup-script limit is the only metadata limit a boot can reach: the script carries every key twice
+        (authorized_keys and the lease file), so the ``ssh-keys`` value stays smaller than the script, and the
+        two together under the 512 KB metadata total."""
+        problems = super().launch_problems(spec)
+        if spec.boot is not None:
+            try:
+                self._image_ref(spec)
+            except ProviderRequestRejected as exc:
+                problems.append(LaunchProblem("launch.image", exc.message))
+        return problems
+
+    def _image_ref(self, spec: LaunchSpec) -> mapping.ImageRef:
+        """The buyer's image, else the account's ``image`` option, else the Deep Learning VM family. Pure."""
+        chosen = (spec.boot.image if spec.boot is not None else None) or spec.image or self.options.get("image")
+        return mapping.image_ref(chosen, self.project) if chosen else mapping.DEFAULT_GPU_IMAGE
+
+    def _resolve_image(self, ref: mapping.ImageRef, zone: str) -> dict[str, Any]:
+        """The image the launch will boot. A family resolves to its newest image rolled out in the zone
+        (``imageFamilyViews.get``), so a family missing from the region fails here rather than at insert. Raises
+        ``ImageUnavailable`` naming the region when GCP has no usable image."""
+        if ref.family:
+            image = self._client.image_family_view(ref.project, zone, ref.family)
+        else:
+            image = self._client.image_get(ref.project, ref.name)
+        if image is None or not mapping.image_usable(image):
+            region = mapping.region_of_zone(zone)
+            raise ImageUnavailable(
+                f"image {ref} is not available in {region} ({zone})", code="notFound", provider=mapping.PROVIDER
+            )
+        return image
+
+    def _disk_gb(self, requested: int | None, image: dict[str, Any], ref: mapping.ImageRef) -> int:
+        """The boot disk: the buyer's size, else the account's default grown to the image's own size. A size
+        below the image's is refused here, as GCP would refuse the insert."""
+        image_gb = int(image.get("disk_size_gb") or 0)
+        if requested is None:
+            return max(self._boot_disk_gb, image_gb)
+        if requested < image_gb:
+            raise ProviderRequestRejected(
+                f"a {requested} GB boot disk is smaller than image {ref} ({image_gb} GB)",
+                code="invalid",
+                provider=mapping.PROVIDER,
+            )
+        return requested
+
+    def _boot_metadata(self, spec: LaunchSpec, ref: mapping.ImageRef) -> dict[str, str]:
+        boot = spec.boot
+        if boot is None:
+            return {}
+        script = self.user_data(spec) or b""
+        metadata = {mapping.STARTUP_SCRIPT_KEY: script.decode()}
+        if boot.ssh_keys:
+            metadata[mapping.SSH_KEYS_KEY] = mapping.ssh_keys_value(self.login_user, boot.ssh_keys)
+        if ref.is_deep_learning_vm:
+            metadata[mapping.DRIVER_METADATA_KEY] = mapping.DRIVER_METADATA_VALUE
+        return metadata
+
+    def _ensure_firewalls(self, order_ref: str, ingress: Iterable[IngressRule], network: str) -> tuple[str, ...]:
+        """The order's VPC firewall rules, created once per project (rules are global, so a failover to another
+        region reuses them): found by name first, inserted with a request id derived from the name, and an
+        ``alreadyExists`` from a concurrent twin taken as success. Returns the network tag to put on the instance;
+        none when the buyer opened no port."""
+        groups = mapping.firewall_groups(ingress)
+        if not groups:
+            return ()
+        bodies = [mapping.firewall_allow_resource(order_ref, g, network) for g in groups]
+        bodies.append(mapping.firewall_deny_resource(order_ref, network))
+        for body in bodies:
+            if self._client.firewall_get(body["name"]) is not None:
+                continue
+            try:
+                operation = self._client.firewall_insert(body, mapping.request_id("firewall", body["name"]))
+            except ProviderRequestRejected as exc:
+                if exc.code in ("alreadyExists", "ALREADY_EXISTS"):
+                    continue
+                raise
+            # A rule still being created is fine: GCP applies it when done, and the machine takes longer to boot.
+            mapping.raise_operation_error(self._client.settle_global(operation))
+        return (mapping.network_tag(order_ref),)
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete the order's firewall rules (GCP lets a rule go while instances still carry its tag). Idempotent:
+        a rule already gone (404) is skipped, a repeated delete reuses its request id. Returns the rules whose
+        delete GCP has not finished or refused, for the reconciler's next sweep."""
+        prefix = mapping.firewall_prefix(order_ref)
+        remaining: list[OrderResource] = []
+        for item in self._client.firewalls(f'name eq "{prefix}.*"'):
+            resource = mapping.firewall_order_resource(item)
+            if resource is None or resource.order_ref != order_ref:
+                continue
+            key = f"{self.project}/{resource.resource_id}/{item.get('id', '')}"
+            operation = self._client.firewall_delete(resource.resource_id, mapping.request_id("firewall-delete", key))
+            if operation is None:
+                continue
+            operation = self._client.settle_global(operation)
+            if operation.get("status") != "DONE" or mapping.operation_error(operation) is not None:
+                remaining.append(resource)
+        return remaining
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Every broker firewall rule of the project (found by name prefix, the order read from the description).
+        Read-only."""
+        items = self._client.firewalls(f'name eq "{mapping.FIREWALL_PREFIX}.*"')
+        resources = [r for item in items if (r := mapping.firewall_order_resource(item)) is not None]
+        return sorted(resources, key=lambda r: (r.order_ref, r.kind, r.resource_id))

@@ -3,7 +3,8 @@
 ``GcpClient`` builds REST-transport clients (explicit ``(connect, read)`` timeouts, SDK retries off), runs reads in
 a small bounded retry loop, and turns every SDK message into a plain dict (``Message.to_dict``, snake_case proto
 field names) and every SDK exception into a ``ProviderError``. Operations are polled with our own
-``ZoneOperationsClient``: ``ExtendedOperation.result()`` would poll the public endpoint whatever ``api_endpoint`` says.
+``ZoneOperationsClient`` (firewall rules: ``GlobalOperationsClient``): ``ExtendedOperation.result()`` would poll the
+public endpoint whatever ``api_endpoint`` says.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ DEFAULT_PAGE_SIZE = 500  # Compute Engine's maximum maxResults
 SKU_PAGE_SIZE = 5000  # the Billing Catalog's maximum pageSize
 BACKOFF_SECONDS = 0.25
 BACKOFF_CAP_SECONDS = 2.0
+GLOBAL_OPERATION_POLLS = 12  # about 20 s at the capped backoff: a firewall rule is usually done in a few seconds
 
 T = TypeVar("T")
 
@@ -155,6 +157,10 @@ class GcpClient:
             "accelerator_types": compute_v1.AcceleratorTypesClient,
             "zone_operations": compute_v1.ZoneOperationsClient,
             "regions": compute_v1.RegionsClient,
+            "images": compute_v1.ImagesClient,
+            "image_family_views": compute_v1.ImageFamilyViewsClient,
+            "firewalls": compute_v1.FirewallsClient,
+            "global_operations": compute_v1.GlobalOperationsClient,
             "catalog": billing_v1.CloudCatalogClient,
         }
         with self._lock:
@@ -248,7 +254,91 @@ class GcpClient:
             lambda: _as_dict(client.get(project=self.project, zone=zone, operation=operation, **self._call_options()))
         )
 
+    def image_family_view(self, project: str, zone: str, family: str) -> dict[str, Any] | None:
+        """The newest image of ``project``'s ``family`` rolled out in ``zone`` (``imageFamilyViews.get``); None when
+        GCP answers 404 (no such family, or none of its images is available in the zone)."""
+        client = self._client("image_family_views")
+
+        def fetch() -> dict[str, Any] | None:
+            try:
+                view = _as_dict(client.get(project=project, zone=zone, family=family, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+            image: dict[str, Any] | None = view.get("image") or None
+            return image
+
+        return self._read(fetch)
+
+    def image_get(self, project: str, name: str) -> dict[str, Any] | None:
+        """One image by name (``images.get``, global); None when GCP answers 404."""
+        client = self._client("images")
+
+        def fetch() -> dict[str, Any] | None:
+            try:
+                return _as_dict(client.get(project=project, image=name, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+
+        return self._read(fetch)
+
+    def firewall_get(self, name: str) -> dict[str, Any] | None:
+        """One VPC firewall rule of the project; None when GCP answers 404."""
+        client = self._client("firewalls")
+
+        def fetch() -> dict[str, Any] | None:
+            try:
+                return _as_dict(client.get(project=self.project, firewall=name, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+
+        return self._read(fetch)
+
+    def firewalls(self, filter_: str) -> list[dict[str, Any]]:
+        """The project's firewall rules matching a list filter, every page."""
+        client = self._client("firewalls")
+        request = compute_v1.ListFirewallsRequest(
+            project=self.project, filter=filter_, max_results=self.settings.page_size
+        )
+        return self._read(lambda: [_as_dict(f) for f in client.list(request=request, **self._call_options())])
+
+    def global_operation(self, name: str) -> dict[str, Any]:
+        client = self._client("global_operations")
+        return self._read(lambda: _as_dict(client.get(project=self.project, operation=name, **self._call_options())))
+
+    def settle_global(self, operation: dict[str, Any], polls: int = GLOBAL_OPERATION_POLLS) -> dict[str, Any]:
+        """The global operation once DONE, polled with capped backoff; as last seen if it is still running after
+        ``polls`` reads (the caller decides whether that is good enough)."""
+        for attempt in range(polls):
+            if operation.get("status") == "DONE" or not operation.get("name"):
+                return operation
+            if attempt:
+                time.sleep(min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1)))
+            operation = self.global_operation(str(operation["name"]))
+        return operation
+
     # ------------------------------------------------------------------------------------------ writes
+
+    def firewall_insert(self, resource: dict[str, Any], request_id: str) -> dict[str, Any]:
+        """``firewalls.insert`` (the Operation as GCP returned it). Retried like a read: the rule's name is
+        unique in the project and the request id makes a repeat return the first operation."""
+        client = self._client("firewalls")
+        request = compute_v1.InsertFirewallRequest(
+            project=self.project, firewall_resource=compute_v1.Firewall(resource), request_id=request_id
+        )
+        return self._read(lambda: _as_dict(client.insert_unary(request=request, **self._call_options())))
+
+    def firewall_delete(self, name: str, request_id: str) -> dict[str, Any] | None:
+        """``firewalls.delete``; None when the rule is already gone (404)."""
+        client = self._client("firewalls")
+        request = compute_v1.DeleteFirewallRequest(project=self.project, firewall=name, request_id=request_id)
+
+        def call() -> dict[str, Any] | None:
+            try:
+                return _as_dict(client.delete_unary(request=request, **self._call_options()))
+            except api_exceptions.NotFound:
+                return None
+
+        return self._read(call)
 
     def insert(self, zone: str, resource: dict[str, Any], request_id: str) -> dict[str, Any]:
         """``instances.insert`` exactly once (``insert_unary``: the Operation as GCP returned it, not polled)."""

@@ -14,6 +14,13 @@ What it serves:
 - ``RunInstances`` idempotent on ``ClientToken`` per region (same token and parameters -> the same
   ``InstanceIdSets``; other parameters -> ``IdempotenceParamNotMatch``), ``DescribeInstances``,
   ``DescribeInstanceStatus``, ``DeleteInstances`` (Force), ``DescribeRegions``;
+- what a launch carries, kept as ECS keeps it: ``UserData`` (Base64, at most 32 KB before encoding:
+  ``InvalidUserData.SizeExceeded``), ``SystemDisk.Size`` (20-2048 GiB and not below the image), ``KeyPairName``,
+  ``SecurityGroupId`` and ``VSwitchId``, answered back by ``DescribeUserData``, ``DescribeInstanceAttribute``,
+  ``DescribeDisks`` and ``DescribeInstances``; images, vSwitches, key pairs and security groups
+  (``providers/sandbox/alibaba_resources.py``);
+- booting: an instance that reaches ``Running`` starts the lease agent its user data names (``self.booter``);
+  a released one is halted;
 - injectable faults (``sandbox.faults``, default action ``RunInstances``) and credential checks: keys starting
   with ``bad`` get ``InvalidAccessKeyId.NotFound``; a key registered with ``register_key`` (or the demo key
   ``DEMO_CREDENTIALS``, always registered) has its signature verified (``SignatureDoesNotMatch`` otherwise);
@@ -30,6 +37,8 @@ Use in-process: ``sandbox = start_alibaba_sandbox()``; point the adapter's ``end
 
 from __future__ import annotations
 
+import base64
+import binascii
 import csv
 import hashlib
 import hmac
@@ -48,8 +57,11 @@ from urllib.parse import parse_qsl
 
 from werkzeug.wrappers import Request, Response
 
+from providers import gpu_names
 from providers.sandbox import alibaba_wire as wire
+from providers.sandbox.alibaba_resources import EcsResources, SandboxImage, bindings_of
 from providers.sandbox.alibaba_wire import WireError
+from providers.sandbox.boot import simulated_gpus
 from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
@@ -74,11 +86,21 @@ DEFAULT_STOCK: dict[tuple[str, str, str], str | None] = {
 }
 STOCK_CATEGORIES = frozenset({"WithStock", "ClosedWithStock", "WithoutStock"})
 
-# Public image ids the sandbox accepts (the adapter's default is the first).
-IMAGES: dict[str, str] = {
-    "ubuntu_22_04_x64_20G_alibase_20230815.vhd": "Ubuntu  22.04 64位",
-    "ubuntu_20_04_x64_20G_alibase_20230815.vhd": "Ubuntu  20.04 64位",
+# The seed's gpu_model column -> the broker's GPU key, for the GPUs a booted machine shows.
+SEED_GPU_KEYS: dict[str, str] = {
+    "T4": gpu_names.T4,
+    "V100": gpu_names.V100_16_SXM2,
+    "V100-32GB": gpu_names.V100_32_SXM2,
+    "A10": gpu_names.A10,
+    "A100": gpu_names.A100_40_SXM,
+    "A100-80GB": gpu_names.A100_80_SXM,
 }
+# RunInstances reference: UserData "cannot exceed 32 KB before Base64 encoding"; SystemDisk.Size 20 to 2048 GiB for
+# the default categories, at least the image's size, and max{40, image size} when not given.
+USER_DATA_MAX_BYTES = 32 * 1024
+SYSTEM_DISK_MIN_GB = 20
+SYSTEM_DISK_MAX_GB = 2048
+SYSTEM_DISK_DEFAULT_GB = 40
 
 # The seed's gpu_model column -> the GPUSpec string ECS reports.
 GPU_SPECS: dict[str, str] = {
@@ -100,8 +122,6 @@ INSTANCE_TYPES_DEFAULT_RESULTS = 250
 INSTANCES_MAX_RESULTS = 100
 STATUS_MAX_PAGE = 50
 SPOT_STRATEGIES = frozenset({"NoSpot", "SpotAsPriceGo", "SpotWithPriceLimit"})
-RESERVED_TAG_PREFIXES = ("aliyun", "acs:", "http://", "https://")
-MAX_TAGS = 20
 
 # What each fault kind looks like on the ECS wire: (Code, HTTP status, Message).
 ECS_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
@@ -235,6 +255,12 @@ class SandboxInstance:
     client_token: str
     image_id: str
     tags: dict[str, str]
+    # What the launch carried, as RunInstances received it (UserData still Base64-encoded).
+    user_data: str = ""
+    system_disk_gb: int = SYSTEM_DISK_DEFAULT_GB
+    key_pair_name: str = ""
+    security_group_id: str = ""
+    vswitch_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +289,10 @@ class _Instance:
     private_ip: str
     vswitch_id: str
     security_group_id: str
+    vpc_id: str = ""
+    user_data: str = ""
+    system_disk_gb: int = SYSTEM_DISK_DEFAULT_GB
+    key_pair_name: str = ""
     status: str = "Pending"
     observed: int = 0
 
@@ -318,6 +348,11 @@ class AlibabaSandbox(SandboxApp):
         self._secrets = dict(self._default_secrets)
         self._ip_counter = itertools.count(10)
         self.boot_observations = 0
+        self.resources = EcsResources(REGIONS, self.faults, self._bindings)
+        self._gpus: dict[str, tuple[str, int, int]] = {
+            row.instance_type: (SEED_GPU_KEYS.get(row.gpu_model, row.gpu_model), row.gpu_count, row.gpu_memory_gb)
+            for row in self.seed
+        }
         self._handlers: dict[str, Callable[[_Request], dict[str, Any]]] = {
             "DescribeRegions": self._describe_regions,
             "DescribeInstanceTypes": self._describe_instance_types,
@@ -328,7 +363,33 @@ class AlibabaSandbox(SandboxApp):
             "DescribeInstances": self._describe_instances,
             "DescribeInstanceStatus": self._describe_instance_status,
             "DeleteInstances": self._delete_instances,
+            "DescribeUserData": self._describe_user_data,
+            "DescribeInstanceAttribute": self._describe_instance_attribute,
+            "DescribeDisks": self._describe_disks,
         }
+        regional: dict[str, Callable[[str, dict[str, str]], dict[str, Any]]] = {
+            "DescribeImages": self.resources.describe_images,
+            "DescribeVSwitches": self.resources.describe_vswitches,
+            "ImportKeyPair": self.resources.import_key_pair,
+            "DescribeKeyPairs": self.resources.describe_key_pairs,
+            "DeleteKeyPairs": self.resources.delete_key_pairs,
+            "CreateSecurityGroup": self.resources.create_security_group,
+            "AuthorizeSecurityGroup": self.resources.authorize_security_group,
+            "DescribeSecurityGroups": self.resources.describe_security_groups,
+            "DescribeSecurityGroupAttribute": self.resources.describe_security_group_attribute,
+            "DeleteSecurityGroup": self.resources.delete_security_group,
+        }
+        for action, handler in regional.items():
+            self._handlers[action] = self._in_region(handler)
+
+    def _in_region(
+        self, handler: Callable[[str, dict[str, str]], dict[str, Any]]
+    ) -> Callable[[_Request], dict[str, Any]]:
+        return lambda req: handler(self._region(req), req.params)
+
+    def _bindings(self, region: str) -> list[Any]:
+        with self._lock:
+            return bindings_of(list(self._instances.values()), region)
 
     def _default_stock(self) -> dict[tuple[str, str, str], str]:
         stock: dict[tuple[str, str, str], str] = {}
@@ -413,6 +474,11 @@ class AlibabaSandbox(SandboxApp):
                     client_token=i.client_token,
                     image_id=i.image_id,
                     tags=dict(i.tags),
+                    user_data=i.user_data,
+                    system_disk_gb=i.system_disk_gb,
+                    key_pair_name=i.key_pair_name,
+                    security_group_id=i.security_group_id,
+                    vswitch_id=i.vswitch_id,
                 )
                 for i in self._instances.values()
                 if region is None or i.region == region
@@ -433,6 +499,8 @@ class AlibabaSandbox(SandboxApp):
             self._secrets = dict(self._default_secrets)
             self._stock = self._default_stock()
             self.boot_observations = 0
+        self.resources.reset()
+        self.booter.reset()
 
     def control_extra(self, request: Request, route: str) -> Response | None:
         if route == "credentials" and request.method in ("PUT", "POST"):
@@ -448,7 +516,17 @@ class AlibabaSandbox(SandboxApp):
             return json_response(
                 {
                     "instances": [
-                        {"instance_id": i.instance_id, "region": i.region, "zone": i.zone, "state": i.state}
+                        {
+                            "instance_id": i.instance_id,
+                            "region": i.region,
+                            "zone": i.zone,
+                            "state": i.state,
+                            "image_id": i.image_id,
+                            "system_disk_gb": i.system_disk_gb,
+                            "key_pair_name": i.key_pair_name,
+                            "security_group_id": i.security_group_id,
+                            "user_data_bytes": len(base64.b64decode(i.user_data)) if i.user_data else 0,
+                        }
                         for i in self.instances()
                     ]
                 }
@@ -607,10 +685,7 @@ class AlibabaSandbox(SandboxApp):
         return {"NextToken": token, "InstanceTypes": {"InstanceType": page}}
 
     def _page(self, items: list[Any], params: dict[str, str], size: int) -> tuple[list[Any], str]:
-        fingerprint = wire.query_fingerprint(params, frozenset({"NextToken", "MaxResults"}))
-        offset = wire.decode_token(params["NextToken"], fingerprint) if params.get("NextToken") else 0
-        end = offset + size
-        return items[offset:end], wire.encode_token(end, fingerprint) if end < len(items) else ""
+        return wire.token_page(items, params, size)
 
     def _describe_available_resource(self, req: _Request) -> dict[str, Any]:
         params = req.params
@@ -770,8 +845,8 @@ class AlibabaSandbox(SandboxApp):
                 "The specified InstanceType does not exist or beyond the permitted range.",
                 400,
             )
-        image_id = wire.required(params, "ImageId")
-        if image_id not in IMAGES:
+        image = self.resources.image(region, wire.required(params, "ImageId"))
+        if image is None:
             raise WireError("InvalidImageId.NotFound", "The specified ImageId does not exist.", 404)
         zone = self._zone(region, params["ZoneId"]) if params.get("ZoneId") else ""
         amount = wire.integer(params, "Amount", 1, 1, 100)
@@ -792,28 +867,91 @@ class AlibabaSandbox(SandboxApp):
                 limit = -1.0
             if limit <= 0:
                 raise WireError("InvalidSpotPriceLimit", "The specified SpotPriceLimitis not valid.", 400)
-        tags = wire.indexed_pairs(params, "Tag")
-        if len(tags) > MAX_TAGS:
-            raise WireError("InvalidTagCount", "The specified tags are beyond the permitted range.", 400)
-        keys = [k for k, _ in tags]
-        if len(set(keys)) != len(keys):
-            raise WireError("Duplicate.TagKey", "The Tag.N.Key contain duplicate key.", 400)
-        for tag_key, tag_value in tags:
-            if not tag_key or len(tag_key) > 128 or tag_key.startswith(RESERVED_TAG_PREFIXES):
-                raise WireError("InvalidTagKey.Malformed", "The specified Tag.n.Key is not valid.", 400)
-            if tag_value is not None and (len(tag_value) > 128 or tag_value.startswith(("http://", "https://"))):
-                raise WireError("InvalidTagValue.Malformed", "The specified Tag.n.Value is not valid.", 400)
+        tags = wire.tags(params)
+        user_data = self._user_data(params)
+        disk = self._system_disk(params, image)
+        key_pair = params.get("KeyPairName") or ""
+        if key_pair and self.resources.key_pair(region, key_pair) is None:
+            raise WireError(
+                "InvalidKeyPairName.NotFound", "The specified KeyPairName does not exist in our records.", 404
+            )
+        prefix = REGIONS[region][2]
+        vswitch_id = params.get("VSwitchId") or f"vsw-sandbox{prefix}"
+        vswitch = self.resources.vswitch(region, vswitch_id)
+        if vswitch is not None and zone and vswitch.zone != zone:
+            raise WireError("InvalidParameter.Mismatch", "Specified virtual switch is not in the specified zone.", 400)
+        if vswitch is not None and not zone:  # ECS launches in the vSwitch's zone when no zone is named
+            zone = vswitch.zone
+        vpc_id = vswitch.vpc_id if vswitch is not None else f"vpc-sandbox{prefix}"
+        group_id = params.get("SecurityGroupId") or f"sg-sandbox{prefix}"
+        group = self.resources.group(group_id)
+        if self.resources.group_deleted(group_id) or (group is not None and group.region != region):
+            raise WireError("InvalidSecurityGroupId.NotFound", "The specified SecurityGroupId does not exist.", 404)
+        if group is not None and group.vpc_id != vpc_id:
+            raise WireError(
+                "InvalidParameter.Mismatch", "Specified security group and virtual switch are not in the same VPC.", 400
+            )
         return {
             "instance_type": instance_type,
-            "image_id": image_id,
+            "image_id": image.image_id,
             "zone": zone,
             "amount": amount,
             "strategy": strategy,
             "limit": limit,
-            "tags": {k: v or "" for k, v in tags},
-            "vswitch_id": params.get("VSwitchId") or f"vsw-sandbox{REGIONS[region][2]}",
-            "security_group_id": params.get("SecurityGroupId") or f"sg-sandbox{REGIONS[region][2]}",
+            "tags": tags,
+            "vswitch_id": vswitch_id,
+            "vpc_id": vpc_id,
+            "security_group_id": group_id,
+            "user_data": user_data,
+            "system_disk_gb": disk,
+            "key_pair_name": key_pair,
         }
+
+    @staticmethod
+    def _user_data(params: dict[str, str]) -> str:
+        """UserData as sent: Base64 of at most 32 KB of raw data (the limit counts the bytes before encoding)."""
+        encoded = params.get("UserData") or ""
+        if not encoded:
+            return ""
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise WireError("InvalidUserData.Base64FormatInvalid", "The specified UserData is not valid", 400) from None
+        if len(raw) > USER_DATA_MAX_BYTES:
+            raise WireError("InvalidUserData.SizeExceeded", 'The specified parameter "UserData" exceeds the size.', 400)
+        return encoded
+
+    @staticmethod
+    def _system_disk(params: dict[str, str], image: SandboxImage) -> int:
+        """SystemDisk.Size in GiB: 20 to 2048 and not below the image (ECS answers these refusals with 404)."""
+        raw = params.get("SystemDisk.Size") or ""
+        if not raw:
+            return max(SYSTEM_DISK_DEFAULT_GB, image.size_gb)
+        try:
+            size = int(raw)
+        except ValueError:
+            raise WireError(
+                "InvalidSystemDiskSize", "The specified parameter SystemDisk.Size is invalid.", 404
+            ) from None
+        if size < SYSTEM_DISK_MIN_GB:
+            raise WireError(
+                "InvalidSystemDiskSize.LessThanMinSize",
+                "The specified parameter SystemDisk.Size is less than the min size.",
+                404,
+            )
+        if size > SYSTEM_DISK_MAX_GB:
+            raise WireError(
+                "InvalidSystemDiskSize.MoreThanMaxSize",
+                "The specified parameter SystemDisk.Size is more than the max size.",
+                404,
+            )
+        if size < image.size_gb:
+            raise WireError(
+                "InvalidSystemDiskSize.LessThanImageSize",
+                "The specified parameter SystemDisk.Size is less than the image size.",
+                404,
+            )
+        return size
 
     def _create(self, req: _Request, region: str, launch: dict[str, Any]) -> dict[str, Any]:
         """What ECS decides after accepting the request: injected outcomes, then stock, then the instances."""
@@ -850,6 +988,10 @@ class AlibabaSandbox(SandboxApp):
                     private_ip=f"172.16.{n // 250}.{n % 250 + 1}",
                     vswitch_id=str(launch["vswitch_id"]),
                     security_group_id=str(launch["security_group_id"]),
+                    vpc_id=str(launch["vpc_id"]),
+                    user_data=str(launch["user_data"]),
+                    system_disk_gb=int(launch["system_disk_gb"]),
+                    key_pair_name=str(launch["key_pair_name"]),
                 )
                 created.append(instance_id)
         price = self.on_demand_price(region, instance_type)
@@ -865,12 +1007,26 @@ class AlibabaSandbox(SandboxApp):
                 return zone
         raise WireError(*self._code("OperationDenied.NoStock"))
 
-    def _observe(self, instance: _Instance) -> None:
-        """A Describe call saw the instance: it boots after ``boot_observations`` looks (caller holds the lock)."""
+    def _observe(self, instance: _Instance, started: list[_Instance]) -> None:
+        """A Describe call saw the instance: it runs after ``boot_observations`` looks (caller holds the lock).
+        One that just reached Running is added to ``started``, to boot once the lock is released."""
         if instance.status == "Pending":
             if instance.observed >= self.boot_observations:
                 instance.status = "Running"
+                started.append(instance)
             instance.observed += 1
+
+    def _boot(self, started: list[_Instance]) -> None:
+        """Start the lease agent each instance's user data names, as cloud-init runs it on a real machine."""
+        for instance in started:
+            key, count, memory = self._gpus.get(instance.instance_type, ("", 0, 0))
+            self.booter.boot(
+                instance_id=instance.instance_id,
+                user_data=base64.b64decode(instance.user_data) if instance.user_data else None,
+                gpus=simulated_gpus(key, count, memory),
+                instance_type=instance.instance_type,
+                zone=instance.zone,
+            )
 
     def _listed(self, region: str) -> list[_Instance]:
         # Released instances vanish from every Describe call, as ECS forgets them; instances() still shows them.
@@ -913,9 +1069,11 @@ class AlibabaSandbox(SandboxApp):
                 page, token = self._page(matches, params, size)
             else:
                 page, token = matches[(number - 1) * size : number * size], ""
+            started: list[_Instance] = []
             for instance in page:
-                self._observe(instance)
+                self._observe(instance, started)
             items = [self._instance_item(i) for i in page]
+        self._boot(started)
         body: dict[str, Any] = {"TotalCount": len(matches), "Instances": {"Instance": items}}
         if token_mode:
             body["NextToken"] = token
@@ -925,6 +1083,7 @@ class AlibabaSandbox(SandboxApp):
 
     def _instance_item(self, i: _Instance) -> dict[str, Any]:
         entry = self._catalogue[i.instance_type]
+        image = self.resources.image(i.region, i.image_id)
         return {
             "InstanceId": i.instance_id,
             "InstanceName": i.instance_id,
@@ -943,7 +1102,7 @@ class AlibabaSandbox(SandboxApp):
             "ExpiredTime": "2099-12-31T15:59Z",
             "ImageId": i.image_id,
             "OSType": "linux",
-            "OSName": IMAGES.get(i.image_id, ""),
+            "OSName": image.os_name if image is not None else "",
             "InstanceChargeType": "PostPaid",
             "InternetChargeType": "PayByTraffic",
             "InternetMaxBandwidthOut": 0,
@@ -957,14 +1116,90 @@ class AlibabaSandbox(SandboxApp):
             "InnerIpAddress": {"IpAddress": []},
             "EipAddress": {"IpAddress": "", "AllocationId": "", "Bandwidth": 0},
             "VpcAttributes": {
-                "VpcId": f"vpc-sandbox{REGIONS[i.region][2]}",
+                "VpcId": i.vpc_id,
                 "VSwitchId": i.vswitch_id,
                 "PrivateIpAddress": {"IpAddress": [i.private_ip]},
                 "NatIpAddress": "",
             },
             "SecurityGroupIds": {"SecurityGroupId": [i.security_group_id]},
+            "KeyPairName": i.key_pair_name,
             "Tags": {"Tag": [{"TagKey": k, "TagValue": v} for k, v in sorted(i.tags.items())]},
         }
+
+    def _one_instance(self, req: _Request) -> _Instance:
+        """The listed instance ``InstanceId`` names (the caller holds the lock). DescribeInstanceAttribute has no
+        RegionId (the regional endpoint says it); one endpoint serves every region here, so the id decides."""
+        region = self._region(req) if req.params.get("RegionId") else None
+        instance_id = wire.required(req.params, "InstanceId")
+        instance = self._instances.get(instance_id)
+        if instance is None or region not in (None, instance.region) or instance.status == "Deleted":
+            raise WireError("InvalidInstanceId.NotFound", "The specified InstanceId does not exist.", 404)
+        return instance
+
+    def _describe_user_data(self, req: _Request) -> dict[str, Any]:
+        """DescribeUserData: the UserData the instance was launched with, still Base64-encoded ("" for none)."""
+        with self._lock:
+            instance = self._one_instance(req)
+            return {"InstanceId": instance.instance_id, "RegionId": instance.region, "UserData": instance.user_data}
+
+    def _describe_instance_attribute(self, req: _Request) -> dict[str, Any]:
+        """DescribeInstanceAttribute: the instance's image, network, security groups and state."""
+        with self._lock:
+            instance = self._one_instance(req)
+            item = self._instance_item(instance)
+        keys = (
+            "InstanceId", "InstanceName", "HostName", "RegionId", "ZoneId", "InstanceType", "Cpu", "Memory",
+            "Status", "CreationTime", "ExpiredTime", "ImageId", "InstanceChargeType", "InternetChargeType",
+            "InternetMaxBandwidthOut", "InstanceNetworkType", "SerialNumber", "PublicIpAddress",
+            "InnerIpAddress", "EipAddress", "VpcAttributes", "SecurityGroupIds",
+        )  # fmt: skip
+        return {
+            **{k: item[k] for k in keys},
+            "IoOptimized": "optimized",
+            "InternetMaxBandwidthIn": 200,
+            "Description": "",
+            "StoppedMode": "Not-applicable",
+            "OperationLocks": {"LockReason": []},
+        }
+
+    def _describe_disks(self, req: _Request) -> dict[str, Any]:
+        """DescribeDisks: one system disk per listed instance (``SystemDisk.Size`` GiB, released with it);
+        InstanceId, DiskType (all, system or data) and ZoneId filters, PageNumber/PageSize pages (at most 100)."""
+        params = req.params
+        region = self._region(req)
+        disk_type = params.get("DiskType") or "all"
+        if disk_type not in ("all", "system", "data"):
+            raise WireError("InvalidDiskType.ValueNotSupported", 'The specified parameter "DiskType" is not valid.')
+        with self._lock:
+            matches = [
+                i
+                for i in self._listed(region)
+                if disk_type != "data"
+                and (not params.get("InstanceId") or i.instance_id == params["InstanceId"])
+                and (not params.get("ZoneId") or i.zone == params["ZoneId"])
+            ]
+        page, number, size = wire.number_page(matches, params, 10, 100)
+        disks = [
+            {
+                "DiskId": f"d-{REGIONS[i.region][2]}{hashlib.sha256(i.instance_id.encode()).hexdigest()[:17]}",
+                "RegionId": i.region,
+                "ZoneId": i.zone,
+                "InstanceId": i.instance_id,
+                "Type": "system",
+                "Category": "cloud_efficiency",
+                "Size": i.system_disk_gb,
+                "ImageId": i.image_id,
+                "Device": "/dev/xvda",
+                "Status": "In_use",
+                "Portable": False,
+                "DeleteWithInstance": True,
+                "Encrypted": False,
+                "CreationTime": _minutes(i.created),
+                "Tags": {"Tag": []},
+            }
+            for i in page
+        ]
+        return {"TotalCount": len(matches), "PageNumber": number, "PageSize": size, "Disks": {"Disk": disks}}
 
     def _describe_instance_status(self, req: _Request) -> dict[str, Any]:
         params = req.params
@@ -979,9 +1214,11 @@ class AlibabaSandbox(SandboxApp):
                 if (not ids or i.instance_id in ids) and (not params.get("ZoneId") or i.zone == params["ZoneId"])
             ]
             page = matches[(number - 1) * size : number * size]
+            started: list[_Instance] = []
             for instance in page:
-                self._observe(instance)
+                self._observe(instance, started)
             statuses = [{"InstanceId": i.instance_id, "Status": i.status} for i in page]
+        self._boot(started)
         return {
             "TotalCount": len(matches),
             "PageNumber": number,
@@ -1025,6 +1262,8 @@ class AlibabaSandbox(SandboxApp):
                 instance.status = "Deleted"
             if token:
                 self._release_tokens.add((region, token))
+        for instance in targets:
+            self.booter.halt(instance.instance_id)
         return {}
 
 

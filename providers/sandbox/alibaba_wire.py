@@ -33,6 +33,10 @@ _AUTHORIZATION = re.compile(
     r"Signature=(?P<signature>[0-9a-f]{64})$"
 )
 _INDEXED = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<index>\d+)(?:\.(?P<field>[A-Za-z]+))?$")
+# ``Permissions.1.Ipv6SourceCidrIp``: record fields may hold digits.
+_RECORD = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<index>\d+)\.(?P<field>[A-Za-z][A-Za-z0-9]*)$")
+RESERVED_TAG_PREFIXES = ("aliyun", "acs:", "http://", "https://")
+MAX_TAGS = 20
 
 
 class WireError(Exception):
@@ -142,6 +146,58 @@ def indexed_pairs(params: Mapping[str, str], prefix: str = "Tag") -> list[tuple[
     return pairs
 
 
+def indexed_records(params: Mapping[str, str], prefix: str) -> list[dict[str, str]]:
+    """``Permissions.1.PortRange``, ``Permissions.1.SourceCidrIp``, ``Permissions.2...`` as one dict per index,
+    in index order."""
+    entries: dict[int, dict[str, str]] = {}
+    for key, value in params.items():
+        match = _RECORD.match(key)
+        if match and match.group("prefix") == prefix:
+            entries.setdefault(int(match.group("index")), {})[match.group("field")] = value
+    return [entries[index] for index in sorted(entries)]
+
+
+def tags(params: Mapping[str, str], prefix: str = "Tag") -> dict[str, str]:
+    """``Tag.N`` of a creating request, checked as ECS checks them: at most 20, unique keys, no key starting
+    with ``aliyun``/``acs:`` or holding a URL scheme, keys and values at most 128 characters."""
+    pairs = indexed_pairs(params, prefix)
+    if len(pairs) > MAX_TAGS:
+        raise WireError("InvalidTagCount", "The specified tags are beyond the permitted range.", 400)
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise WireError("Duplicate.TagKey", "The Tag.N.Key contain duplicate key.", 400)
+    for tag_key, tag_value in pairs:
+        if not tag_key or len(tag_key) > 128 or tag_key.startswith(RESERVED_TAG_PREFIXES):
+            raise WireError("InvalidTagKey.Malformed", "The specified Tag.n.Key is not valid.", 400)
+        if tag_value is not None and (len(tag_value) > 128 or tag_value.startswith(("http://", "https://"))):
+            raise WireError("InvalidTagValue.Malformed", "The specified Tag.n.Value is not valid.", 400)
+    return {k: v or "" for k, v in pairs}
+
+
+def tags_match(held: Mapping[str, str], wanted: list[tuple[str, str | None]]) -> bool:
+    """A ``Tag.N`` filter of a Describe call: every key present, with the value when one is given."""
+    return all(k in held and (v is None or v == "" or held[k] == v) for k, v in wanted)
+
+
+def tag_list(held: Mapping[str, str]) -> dict[str, Any]:
+    """Tags as Describe answers show them."""
+    return {"Tag": [{"TagKey": k, "TagValue": v} for k, v in sorted(held.items())]}
+
+
+def json_list(params: Mapping[str, str], name: str, limit: int, code: str) -> list[str] | None:
+    """A parameter that is a JSON array of strings (``InstanceIds``, ``KeyPairNames``); None when absent."""
+    raw = params.get(name)
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed) or len(parsed) > limit:
+        raise WireError(code, f'The specified parameter "{name}" is not valid.', 400)
+    return parsed
+
+
 def boolean(params: Mapping[str, str], name: str, default: bool = False) -> bool:
     # The Python SDK sends str(True) = "True"; other SDKs send "true".
     raw = params.get(name)
@@ -198,3 +254,18 @@ def decode_token(token: str, fingerprint: str) -> int:
     if data.get("q") != fingerprint or offset < 0:
         raise WireError("InvalidNextToken.Malformed", "The specified NextToken does not belong to this query.", 400)
     return offset
+
+
+def token_page(items: list[Any], params: Mapping[str, str], size: int) -> tuple[list[Any], str]:
+    """One ``MaxResults``/``NextToken`` page of ``items`` and the token of the next ("" after the last)."""
+    fingerprint = query_fingerprint(params, frozenset({"NextToken", "MaxResults"}))
+    offset = decode_token(params["NextToken"], fingerprint) if params.get("NextToken") else 0
+    end = offset + size
+    return items[offset:end], encode_token(end, fingerprint) if end < len(items) else ""
+
+
+def number_page(items: list[Any], params: Mapping[str, str], default: int, most: int) -> tuple[list[Any], int, int]:
+    """One ``PageNumber``/``PageSize`` page of ``items``, with the page number and size it used."""
+    size = integer(params, "PageSize", default, 1, most)
+    number = integer(params, "PageNumber", 1, 1, 1_000_000)
+    return items[(number - 1) * size : number * size], number, size

@@ -10,10 +10,15 @@ What the layer adds (everything else is moto):
 - injectable faults (``sandbox.faults``) and credential rejection (access keys starting with ``bad`` by
   default, or an explicit allow-list);
 - per-zone offerings so every seeded (region, type) is offered in at least two zones, including the zone
-  its seed spot price was observed in.
+  its seed spot price was observed in;
+- what a booted launch needs (``providers/sandbox/aws_launch.py``): the refusals EC2 answers that moto lets
+  through (user data over 16 KB, unknown AMI or key pair, root volume sizes, 60 inbound rules per address
+  family, a security group still in use), Systems Manager's public parameter naming the region's Deep
+  Learning AMI, ``image_missing`` faults on every image lookup, and booting each launched instance from its
+  user data (``self.booter``), halting it when it is terminated.
 
 Use in-process: ``sandbox = start_aws_sandbox()``; point boto3 (or ``AwsAdapter``) at ``sandbox.url`` for
-both ``ec2`` and ``pricing``; ``sandbox.reset()`` between tests. Standalone: ``python -m providers.sandbox
+``ec2``, ``ssm`` and ``pricing``; ``sandbox.reset()`` between tests. Standalone: ``python -m providers.sandbox
 serve``. Moto's state is process-global, so run one ``AwsSandbox`` per process.
 """
 
@@ -43,12 +48,14 @@ from moto.ec2.models.instance_types import INSTANCE_TYPE_OFFERINGS, INSTANCE_TYP
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.wrappers import Request, Response
 
-from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers.sandbox import aws_launch
+from providers.sandbox.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
 SEED_PATH = Path(__file__).parent / "data" / "aws_prices.csv"
 EC2_XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 PRICING_TARGET = "AWSPriceListService."
+SSM_TARGET = "AmazonSSM."
 SPOT_PRODUCT = "Linux/UNIX"
 ON_DEMAND_TERM = "JRTCKXETXF"  # AWS's offer term code for on-demand
 HOURLY_RATE = "6YS6EN2CT7"  # AWS's rate code for a per-hour price dimension
@@ -110,6 +117,11 @@ PRICING_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
         400,
         "The security token included in the request is invalid.",
     ),
+}
+# Systems Manager speaks the same JSON protocol as the Price List API and refuses a bad key the same way.
+SSM_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
+    FaultKind.THROTTLE: ("ThrottlingException", 400, "Rate exceeded"),
+    FaultKind.CREDENTIALS: PRICING_FAULTS[FaultKind.CREDENTIALS],
 }
 CODE_STATUS = {
     "InsufficientInstanceCapacity": 500,
@@ -473,6 +485,7 @@ class AwsSandbox(SandboxApp):
 
     def reset(self) -> None:
         self.faults.clear()
+        self.booter.reset()
         with self._lock:
             self._tokens.clear()
             self._token_locks.clear()
@@ -520,6 +533,8 @@ class AwsSandbox(SandboxApp):
             )
         if request.service == "pricing":
             response = self._pricing(request)
+        elif request.service == "ssm":
+            response = self._ssm(environ, request)
         else:
             response = self._ec2(environ, request)
         return response(environ, start_response)
@@ -528,6 +543,13 @@ class AwsSandbox(SandboxApp):
         scope = _SCOPE.search(str(environ.get("HTTP_AUTHORIZATION", "")))
         access_key, region, service = scope.groups() if scope else ("", "us-east-1", "")
         target = str(environ.get("HTTP_X_AMZ_TARGET", ""))
+        if target.startswith(SSM_TARGET):
+            try:
+                ssm_payload = json.loads(body or b"{}")
+            except ValueError:
+                ssm_payload = {}
+            ssm_payload = ssm_payload if isinstance(ssm_payload, dict) else {}
+            return _Request("ssm", target[len(SSM_TARGET) :], region, access_key, body, {}, ssm_payload)
         if target.startswith(PRICING_TARGET):
             try:
                 payload = json.loads(body or b"{}")
@@ -561,7 +583,7 @@ class AwsSandbox(SandboxApp):
         if fault.code:
             code, status, template = fault.code, CODE_STATUS.get(fault.code, status), f"Sandbox fault {fault.code}."
         message = template.format(instance_type=",".join(request.instance_types) or "-", zone=request.zone or "-")
-        if table is PRICING_FAULTS:
+        if table is not EC2_FAULTS:
             return _json_error(code, message, status)
         return _ec2_error(code, message, status)
 
@@ -586,7 +608,34 @@ class AwsSandbox(SandboxApp):
             return self._spot_history(request)
         if request.action == "RunInstances":
             return self._run_instances(environ, request)
-        return self._forward(environ, request)
+        refusal = self._boot_refusal(request)
+        if refusal is not None:
+            return _ec2_error(*refusal)
+        response = self._forward(environ, request)
+        if request.action == "TerminateInstances" and response.status_code == 200:
+            for instance_id in aws_launch.terminated_ids(request.params):
+                self.booter.halt(instance_id)
+        return response
+
+    def _boot_refusal(self, request: _Request) -> aws_launch.Refusal | None:
+        """EC2's refusals that moto does not make, for the requests a booted launch and its release send."""
+        params = request.params
+        if request.action == "DescribeImages":
+            image_ids = aws_launch.indexed(params, "ImageId")
+            if image_ids and self._image_missing(request):
+                return ("InvalidAMIID.NotFound", f"The image id '[{', '.join(image_ids)}]' does not exist", 400)
+        if request.action == "AuthorizeSecurityGroupIngress":
+            return aws_launch.ingress_refusal(request.region, params)
+        if request.action == "DeleteSecurityGroup" and params.get("GroupId"):
+            return aws_launch.group_in_use(request.region, params["GroupId"])
+        return None
+
+    def _image_missing(self, request: _Request) -> bool:
+        """An ``image_missing`` fault for this lookup: the region then has no such image."""
+        fault = self.faults.take(
+            IMAGE_ACTION, request.instance_types, request.zone, kinds={FaultKind.IMAGE_MISSING}, region=request.region
+        )
+        return fault is not None
 
     def _forward(self, environ: WSGIEnviron, request: _Request) -> Response:
         cache_key = None
@@ -630,7 +679,7 @@ class AwsSandbox(SandboxApp):
     def _run_instances(self, environ: WSGIEnviron, request: _Request) -> Response:
         token = request.params.get("ClientToken", "")
         if not token:
-            return self._outcome(request) or self._forward(environ, request)
+            return self._outcome(request) or self._booted(request, self._forward(environ, request))
         key = (request.region, token)
         fingerprint = tuple(sorted((k, v) for k, v in request.params.items() if k != "ClientToken"))
         with self._lock:
@@ -657,10 +706,31 @@ class AwsSandbox(SandboxApp):
                     self._tokens[key] = _Stored(
                         fingerprint, response.status, list(response.headers.items()), response.get_data()
                     )
+            return self._booted(request, response)
+
+    def _booted(self, request: _Request, response: Response) -> Response:
+        """moto's instances run as soon as they exist: boot each from the user data its launch carried."""
+        if response.status_code != 200:
             return response
+        user_data = aws_launch.decoded_user_data(request.params)
+        instance_type = request.params.get("InstanceType", "")
+        for instance_id in aws_launch.launched_instance_ids(response.get_data()):
+            self.booter.boot(
+                instance_id=instance_id,
+                user_data=user_data,
+                gpus=aws_launch.instance_gpus(instance_type),
+                instance_type=instance_type,
+                zone=aws_launch.instance_zone(request.region, instance_id),
+            )
+        return response
 
     def _outcome(self, request: _Request) -> Response | None:
-        """Capacity/quota faults and the spot price check: what AWS decides after accepting the request."""
+        """EC2's parameter refusals, then capacity/quota faults and the spot price check: what AWS decides after
+        accepting the request."""
+        image_missing = bool(request.params.get("ImageId")) and self._image_missing(request)
+        refusal = aws_launch.run_instances_refusal(request.region, request.params, image_missing)
+        if refusal is not None:
+            return _ec2_error(*refusal)
         fault = self.faults.take(request.action, request.instance_types, request.zone, kinds=OUTCOME_KINDS)
         if fault is not None:
             return self._fault_response(fault, request, EC2_FAULTS)
@@ -759,6 +829,28 @@ class AwsSandbox(SandboxApp):
             "</DescribeSpotPriceHistoryResponse>"
         )
         return Response(body, status=200, mimetype="text/xml")
+
+    # ------------------------------------------------------------------------------------------- SSM
+
+    def _ssm(self, environ: WSGIEnviron, request: _Request) -> Response:
+        """Systems Manager: the DLAMI's public parameter answered here (so ``image_missing`` faults reach it),
+        every other request answered by moto."""
+        if not self.key_accepted(request.access_key):
+            code, status, message = SSM_FAULTS[FaultKind.CREDENTIALS]
+            return _json_error(code, message, status)
+        fault = self._transport_fault(request)
+        if fault is not None:
+            return self._fault_response(fault, request, SSM_FAULTS)
+        name = request.payload.get("Name")
+        if request.action == "GetParameter" and name == aws_launch.DLAMI_PARAMETER:
+            if self._image_missing(request):
+                # GetParameter's error for a name the region does not have: ParameterNotFound, HTTP 400 (SSM
+                # API reference, https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_GetParameter.html).
+                return _json_error("ParameterNotFound", f"Parameter {name} not found.", 400)
+            value = aws_launch.ensure_dlami(request.region)
+            answer = aws_launch.parameter_answer(name, value, request.region)
+            return Response(json.dumps(answer), content_type="application/x-amz-json-1.1")
+        return self._forward_to_moto(environ, request)
 
     # --------------------------------------------------------------------------------------- pricing
 

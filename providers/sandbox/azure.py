@@ -1,5 +1,6 @@
-"""The Azure sandbox: Resource Manager (Microsoft.Compute), Entra ID's token endpoint and the Retail Prices API
-in one HTTPS server, so ``azure-mgmt-compute`` and the adapter run unchanged against it.
+"""The Azure sandbox: Resource Manager (Microsoft.Compute, Microsoft.Network), Entra ID's token endpoint and the
+Retail Prices API in one HTTPS server, so ``azure-mgmt-compute``, ``azure-mgmt-network`` and the adapter run
+unchanged against it.
 
 - **TLS**: the ARM bearer policy refuses plain http, so the sandbox makes a CA and a server certificate
   (SAN ``IP:127.0.0.1``, ``DNS:localhost``) with ``cryptography`` at start-up; ``sandbox.cert_path`` is the CA
@@ -15,13 +16,21 @@ in one HTTPS server, so ``azure-mgmt-compute`` and the adapter run unchanged aga
 - **VMs**: ``PUT`` (``If-None-Match: *`` -> 412 for an existing VM, which is never changed), ``GET`` (with
   ``$expand=instanceView``), list, ``DELETE`` (204 for a missing VM); creates and deletes are long-running
   operations (``Azure-AsyncOperation``/``Location`` headers back at this server) that finish after
-  ``create_seconds``/``delete_seconds``.
+  ``create_seconds``/``delete_seconds``. A create's boot fields are checked as ARM checks them
+  (``azure_launch``: custom data, SSH keys, OS disk size, platform image, the NIC's security group); ARM keeps
+  ``osProfile.customData`` and never returns it (``vm_request`` shows tests what a create carried).
+- **Boot**: a VM that first runs starts the lease agent its custom data names (``self.booter``, with the GPUs
+  of its size); its delete halts it.
+- **Network security groups** (``azure_network``) and **images** (``azure_images``): PUT/GET/DELETE/list of
+  ``Microsoft.Network/networkSecurityGroups`` with ARM's long-running operations and refusals (a group still on a
+  NIC cannot be deleted), marketplace image versions per location and managed images (``images``).
 - **Faults** (``sandbox.faults``; actions are ARM operation ids such as ``VirtualMachines_CreateOrUpdate``,
   ``ResourceSkus_List``, ``RetailPrices_List``, ``OAuth2_Token``): ``capacity`` makes the create's operation
   fail with ``ZonalAllocationFailed`` (``AllocationFailed`` without a zone) at HTTP 200, or a synchronous 409
   when its code is ``SkuNotAvailable``; ``quota`` is a synchronous 409 ``OperationNotAllowed`` about the cores
   quota; ``throttle`` a 429 with ``Retry-After``; ``credentials`` a 403 ``AuthorizationFailed`` (401
-  ``invalid_client`` on the token endpoint); ``slow`` sleeps before answering.
+  ``invalid_client`` on the token endpoint); ``slow`` sleeps before answering; ``image_missing`` (action
+  ``image``, matched on the region) makes an image lookup answer 404 as Azure does for an image a region lacks.
 
 Use in-process: ``sandbox = start_azure_sandbox()``; ``sandbox.url``, ``sandbox.cert_path``, ``sandbox.reset()``.
 """
@@ -56,7 +65,20 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from werkzeug.wrappers import Request, Response
 
-from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers import gpu_names
+from providers.sandbox import azure_launch
+from providers.sandbox.azure_images import ImageCatalogue
+from providers.sandbox.azure_network import NETWORK, NetworkSecurityGroups, SandboxNsg
+from providers.sandbox.azure_wire import Operation, Operations, arm_error, now_iso
+from providers.sandbox.boot import simulated_gpus
+from providers.sandbox.faults import (
+    IMAGE_ACTION,
+    OUTCOME_KINDS,
+    TRANSPORT_KINDS,
+    Fault,
+    FaultKind,
+    FaultRegistry,
+)
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
 SEED_PATH = Path(__file__).parent / "data" / "azure_prices.csv"
@@ -86,6 +108,11 @@ VM_PAGE_SIZE = 50
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$|^[A-Za-z0-9]$")
 _SUB = r"/subscriptions/(?P<sub>[^/]+)"
 _RG = _SUB + r"/resourceGroups/(?P<rg>[^/]+)"
+_IMAGE_SKU = (
+    _SUB + r"/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/publishers/(?P<publisher>[^/]+)"
+    r"/artifacttypes/vmimage/offers/(?P<offer>[^/]+)/skus/(?P<sku>[^/]+)"
+)
+_NSG = _RG + r"/providers/Microsoft\.Network/networkSecurityGroups"
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_SUB + r"/providers/Microsoft\.Compute/skus$", re.I), "ResourceSkus_List"),
     ("GET", re.compile(_SUB + r"/providers/Microsoft\.Compute/locations/(?P<loc>[^/]+)/usages$", re.I), "Usage_List"),
@@ -110,7 +137,20 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
         "VirtualMachines_Delete",
     ),
+    ("GET", re.compile(_IMAGE_SKU + r"/versions$", re.I), "VirtualMachineImages_List"),
+    ("GET", re.compile(_IMAGE_SKU + r"/versions/(?P<version>[^/]+)$", re.I), "VirtualMachineImages_Get"),
+    ("GET", re.compile(_RG + r"/providers/Microsoft\.Compute/images/(?P<image>[^/]+)$", re.I), "Images_Get"),
+    ("GET", re.compile(_NSG + r"$", re.I), "NetworkSecurityGroups_List"),
+    ("PUT", re.compile(_NSG + r"/(?P<nsg>[^/]+)$", re.I), "NetworkSecurityGroups_CreateOrUpdate"),
+    ("GET", re.compile(_NSG + r"/(?P<nsg>[^/]+)$", re.I), "NetworkSecurityGroups_Get"),
+    ("DELETE", re.compile(_NSG + r"/(?P<nsg>[^/]+)$", re.I), "NetworkSecurityGroups_Delete"),
+    (
+        "GET",
+        re.compile(_SUB + r"/providers/Microsoft\.Network/locations/(?P<loc>[^/]+)/operations/(?P<op>[^/]+)$", re.I),
+        "NetworkOperations_Get",
+    ),
 ]
+IMAGE_ACTIONS = frozenset({"VirtualMachineImages_List", "VirtualMachineImages_Get", "Images_Get"})
 TOKEN_PATH = re.compile(r"^/(?P<tenant>[^/]+)/oauth2/v2\.0/token$")
 PRICES_PATH = "/api/retail/prices"
 _FILTER_CLAUSE = re.compile(r"^\s*(\w+)\s+eq\s+'([^']*)'\s*$", re.I)
@@ -128,6 +168,27 @@ PRICE_FIELDS = {
     "servicefamily": "serviceFamily",
 }
 SYNC_CAPACITY_CODES = frozenset({"SkuNotAvailable"})
+# The demo account's login key for bare launches: a well-formed Ed25519 public key (ARM checks keyData) whose
+# private half does not exist, since its 32 bytes were chosen, not generated.
+DEMO_SSH_KEY = (
+    "ssh-ed25519 "
+    + base64.b64encode(
+        b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + b"gpu-broker azure sandbox demo key"[:32]
+    ).decode()
+    + " broker@sandbox"
+)
+# What the sandbox's "hardware" is (the GPUs nvidia-smi would list), from the size's series as Azure documents them.
+GPU_KEYS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^Standard_NC\d+as_T4_v3$"), gpu_names.T4),
+    (re.compile(r"^Standard_NC\d+ads_A10_v4$"), gpu_names.A10),
+    (re.compile(r"^Standard_NC\d+r?s_v3$"), gpu_names.V100_16_PCIE),
+    (re.compile(r"^Standard_ND40rs_v2$"), gpu_names.V100_32_SXM2),
+    (re.compile(r"^Standard_NC\d+ads_A100_v4$"), gpu_names.A100_80_PCIE),
+    (re.compile(r"^Standard_ND96asr_v4$"), gpu_names.A100_40_SXM),
+    (re.compile(r"^Standard_ND96amsr_A100_v4$"), gpu_names.A100_80_SXM),
+    (re.compile(r"^Standard_NCC?\d+adi?s_H100_v5$"), gpu_names.H100_NVL),
+    (re.compile(r"^Standard_ND96isr_H100_v5$"), gpu_names.H100_SXM),
+)
 
 
 # ------------------------------------------------------------------------------------------------ seed
@@ -190,12 +251,12 @@ def _family(size: str) -> str:
     return "standard" + _series(size).replace("_", "") + "Family"
 
 
+def _gpu_key(size: str, seed: SeedPrice) -> str:
+    return next((key for pattern, key in GPU_KEYS if pattern.match(size)), seed.gpu_model)
+
+
 def _uuid(*parts: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "sandbox-azure/" + "/".join(parts)))
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 # ------------------------------------------------------------------------------------------------- TLS
@@ -293,15 +354,6 @@ class Call:
 
 
 @dataclass(slots=True)
-class _Operation:
-    id: str
-    location: str
-    started: str
-    done_at: float
-    error: tuple[str, str] | None = None
-
-
-@dataclass(slots=True)
 class _Vm:
     subscription: str
     resource_group: str
@@ -312,9 +364,10 @@ class _Vm:
     body: dict[str, Any]
     vm_id: str
     created: str
-    create_op: _Operation
-    delete_op: _Operation | None = None
+    create_op: Operation
+    delete_op: Operation | None = None
     etag: int = 1
+    booted: bool = False  # the sandbox has started its lease agent (once, when it first ran)
 
     def provisioning_state(self, now: float) -> str:
         if self.delete_op is not None:
@@ -329,13 +382,6 @@ class _Vm:
             f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}/providers/{COMPUTE}"
             f"/virtualMachines/{self.name}"
         )
-
-
-def _arm_error(code: str, message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    response = json_response({"error": {"code": code, "message": message}}, status=status)
-    for key, value in (headers or {}).items():
-        response.headers[key] = value
-    return response
 
 
 def _b64(data: bytes) -> str:
@@ -373,7 +419,9 @@ class AzureSandbox(SandboxApp):
         self.price_page_size = PRICE_PAGE_SIZE
         self._lock = threading.Lock()
         self._vms: dict[tuple[str, str, str], _Vm] = {}
-        self._operations: dict[str, _Operation] = {}
+        self._operations = Operations()
+        self.network = NetworkSecurityGroups(self.regions, self._operations, self._nsg_users)
+        self.images = ImageCatalogue(self.regions)
         self._valid_client_ids: frozenset[str] | None = None
         self._quota_limits: dict[str, int] = {}
 
@@ -537,7 +585,7 @@ class AzureSandbox(SandboxApp):
             "authority_url": self.url,
             "prices_url": self.url,
             "subnet_id": self.demo_subnet_id,
-            "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBrokerSandboxKey broker@sandbox",
+            "ssh_public_key": DEMO_SSH_KEY,
             "polling_interval": "0.05",
         }
 
@@ -568,6 +616,7 @@ class AzureSandbox(SandboxApp):
 
     def instances(self, region: str | None = None) -> list[SandboxVm]:
         """Every VM the sandbox holds (deleted ones are gone), optionally in one region."""
+        self._boot_due()
         now = time.monotonic()
         with self._lock:
             self._sweep(now)
@@ -589,6 +638,20 @@ class AzureSandbox(SandboxApp):
         ]
         return sorted(found, key=lambda v: (v.region, v.instance_id))
 
+    def vm_request(self, instance_id: str) -> dict[str, Any]:
+        """What a VM was created with, as ARM keeps it (custom data included, which no GET returns), for tests
+        that read back what a launch carried. Raises ``KeyError`` for a VM the sandbox does not hold."""
+        with self._lock:
+            for vm in self._vms.values():
+                if vm.name.lower() == instance_id.lower():
+                    body: dict[str, Any] = json.loads(json.dumps(vm.body))
+                    return body
+        raise KeyError(instance_id)
+
+    def network_security_group(self, resource_id: str) -> SandboxNsg | None:
+        """A network security group by its resource id, None when there is none (or its delete finished)."""
+        return self.network.find(resource_id)
+
     def reset(self) -> None:
         self.faults.clear()
         with self._lock:
@@ -597,6 +660,9 @@ class AzureSandbox(SandboxApp):
             self.clear_calls()
             self._valid_client_ids = None
             self._quota_limits.clear()
+        self.booter.reset()
+        self.network.reset()
+        self.images.reset()
         self.create_seconds = DEFAULT_CREATE_SECONDS
         self.delete_seconds = 0.0
         self.retry_after_s = 1
@@ -646,7 +712,7 @@ class AzureSandbox(SandboxApp):
                     f"{limit}, Current Usage: {used}, Additional Required: {vcpus}, (Minimum) New Limit Required: "
                     f"{used + vcpus}."
                 )
-                return _arm_error("OperationNotAllowed", message, 409)
+                return arm_error("OperationNotAllowed", message, 409)
         return None
 
     def control_extra(self, request: Request, route: str) -> Response | None:
@@ -678,8 +744,35 @@ class AzureSandbox(SandboxApp):
 
     def handle(self, environ: WSGIEnviron, start_response: StartResponse) -> Iterable[bytes]:
         request = Request(environ)
+        self._boot_due()
         response = self._dispatch(request)
+        # Again after answering: a VM this answer showed running has booted by the time the caller reads it.
+        self._boot_due()
         return response(environ, start_response)
+
+    # ------------------------------------------------------------------------------------------- boot
+
+    def _boot_due(self) -> None:
+        """Start the lease agent of each VM that has come to run, once, from the custom data it was created with
+        (cloud-init's first boot on a real VM); the booter is called outside the sandbox's lock."""
+        now = time.monotonic()
+        due: list[_Vm] = []
+        with self._lock:
+            for vm in self._vms.values():
+                if not vm.booted and vm.delete_op is None and vm.provisioning_state(now) == "Succeeded":
+                    vm.booted = True
+                    due.append(vm)
+        for vm in due:
+            os_profile = (vm.body.get("properties") or {}).get("osProfile") or {}
+            seed = self._seed_by_key.get((vm.location, vm.size))
+            gpus = simulated_gpus(_gpu_key(vm.size, seed), seed.gpu_count, seed.gpu_memory_gb) if seed else []
+            self.booter.boot(
+                instance_id=vm.name,
+                user_data=azure_launch.custom_data(os_profile) or None,
+                gpus=gpus,
+                instance_type=vm.size,
+                zone=f"{vm.location}-{vm.zones[0]}" if vm.zones else vm.location,
+            )
 
     def _dispatch(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
@@ -695,8 +788,8 @@ class AzureSandbox(SandboxApp):
                 return self._arm(request, action, match.groupdict())
         for _, pattern, _ in ROUTES:
             if pattern.match(path):
-                return _arm_error("MethodNotAllowed", f"The requested method {request.method} is not allowed.", 405)
-        return _arm_error("InvalidResourceType", f"No route for {request.method} {path}", 404)
+                return arm_error("MethodNotAllowed", f"The requested method {request.method} is not allowed.", 405)
+        return arm_error("InvalidResourceType", f"No route for {request.method} {path}", 404)
 
     def _log(self, call: Call) -> None:
         with self._lock:
@@ -712,7 +805,7 @@ class AzureSandbox(SandboxApp):
         return fault
 
     def _throttled(self) -> Response:
-        return _arm_error(
+        return arm_error(
             "TooManyRequests",
             "The request is being throttled as the limit has been reached for operation group. Retry later.",
             429,
@@ -781,24 +874,22 @@ class AzureSandbox(SandboxApp):
     def _token_problem(self, request: Request) -> Response | None:
         header = request.headers.get("Authorization", "")
         if not header.startswith("Bearer "):
-            return _arm_error(
+            return arm_error(
                 "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing.", 401
             )
         parts = header[len("Bearer ") :].split(".")
         if len(parts) != 3 or parts[0] != "sbx1":
-            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+            return arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
         expected = _b64(hmac.new(self._token_key, parts[1].encode(), hashlib.sha256).digest())
         if not hmac.compare_digest(expected, parts[2]):
-            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+            return arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
         try:
             claims = json.loads(_unb64(parts[1]))
             expires = int(claims["exp"])
         except (ValueError, KeyError, TypeError):
-            return _arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
+            return arm_error("InvalidAuthenticationToken", "The access token is invalid.", 401)
         if expires < time.time():
-            return _arm_error(
-                "ExpiredAuthenticationToken", "The access token expiry UTC time is earlier than now.", 401
-            )
+            return arm_error("ExpiredAuthenticationToken", "The access token expiry UTC time is earlier than now.", 401)
         return None
 
     # ------------------------------------------------------------------------------------ retail prices
@@ -855,7 +946,7 @@ class AzureSandbox(SandboxApp):
         if request.method == "PUT":
             parsed = request.get_json(force=True, silent=True)
             if not isinstance(parsed, dict):
-                return _arm_error(
+                return arm_error(
                     "InvalidRequestContent", "The request content was invalid and could not be deserialized.", 400
                 )
             body = parsed
@@ -872,14 +963,15 @@ class AzureSandbox(SandboxApp):
         if fault is not None:
             if fault.kind is FaultKind.THROTTLE:
                 return self._throttled()
-            return _arm_error(
+            namespace = NETWORK if action.startswith("Network") else COMPUTE
+            return arm_error(
                 fault.code or "AuthorizationFailed",
-                f"The client does not have authorization to perform action '{COMPUTE}/{action}' over scope "
+                f"The client does not have authorization to perform action '{namespace}/{action}' over scope "
                 f"'/subscriptions/{args.get('sub', '')}' or the scope is invalid.",
                 403,
             )
         if not request.args.get("api-version"):
-            return _arm_error(
+            return arm_error(
                 "MissingApiVersionParameter",
                 "The api-version query parameter (?api-version=) is required for all requests.",
                 400,
@@ -888,10 +980,14 @@ class AzureSandbox(SandboxApp):
             return self._list_skus(request)
         if action == "Usage_List":
             return self._usages(args["loc"])
-        if action == "Operations_Get":
-            return self._operation(args["op"])
+        if action in ("Operations_Get", "NetworkOperations_Get"):
+            return self._operations.response(args["op"])
         if action == "VirtualMachines_List":
             return self._list_vms(request, args["sub"], args["rg"])
+        if action in IMAGE_ACTIONS:
+            return self._image(request, action, args)
+        if action.startswith("NetworkSecurityGroups_"):
+            return self._network_security_groups(request, action, args, body)
         key = (args["sub"].lower(), args["rg"].lower(), args["vm"].lower())
         if action == "VirtualMachines_Get":
             return self._get_vm(request, key)
@@ -899,19 +995,73 @@ class AzureSandbox(SandboxApp):
             return self._delete_vm(request, key)
         return self._put_vm(request, args, key, body, call)
 
+    def _image(self, request: Request, action: str, args: dict[str, str]) -> Response:
+        # An image_missing fault answers as Azure does for an image the region lacks; the lookup names no size or
+        # zone, so the fault is matched on the region alone.
+        location = args.get("loc", "").lower()
+        if action == "Images_Get":
+            managed = self.images.managed(
+                f"/subscriptions/{args['sub']}/resourceGroups/{args['rg']}/providers/{COMPUTE}/images/{args['image']}"
+            )
+            location = managed.location if managed is not None else ""
+        fault = self.faults.take(IMAGE_ACTION, [], None, kinds={FaultKind.IMAGE_MISSING}, region=location or None)
+        if action == "Images_Get":
+            if fault is not None:
+                return arm_error(
+                    "ResourceNotFound",
+                    f"The Resource '{COMPUTE}/images/{args['image']}' under resource group '{args['rg']}' was not "
+                    "found.",
+                    404,
+                )
+            return self.images.managed_image(args)
+        if fault is not None:
+            return self.images.not_found()
+        if action == "VirtualMachineImages_List":
+            return self.images.versions(request, args)
+        return self.images.version(args)
+
+    def _network_security_groups(
+        self, request: Request, action: str, args: dict[str, str], body: dict[str, Any]
+    ) -> Response:
+        if action == "NetworkSecurityGroups_List":
+            return self.network.list_groups(request, args)
+        if action == "NetworkSecurityGroups_Get":
+            return self.network.get(args)
+        if action == "NetworkSecurityGroups_Delete":
+            return self.network.delete(request, args)
+        return self.network.put(request, args, body)
+
+    def _nsg_users(self, nsg_id: str) -> list[str]:
+        """The NICs that use a network security group: each live VM's inline NICs that name it (a NIC made with
+        ``deleteOption: Delete`` goes when its VM's delete finishes)."""
+        users: list[str] = []
+        with self._lock:
+            self._sweep(time.monotonic())
+            for vm in self._vms.values():
+                properties = vm.body.get("properties") or {}
+                configurations = (properties.get("networkProfile") or {}).get("networkInterfaceConfigurations") or []
+                for configuration in configurations:
+                    named = ((configuration.get("properties") or {}).get("networkSecurityGroup") or {}).get("id")
+                    if str(named or "").lower() == nsg_id.lower():
+                        users.append(
+                            f"/subscriptions/{vm.subscription}/resourceGroups/{vm.resource_group}/providers/{NETWORK}"
+                            f"/networkInterfaces/{configuration.get('name', vm.name)}"
+                        )
+        return users
+
     def _list_skus(self, request: Request) -> Response:
         odata = request.args.get("$filter", "").strip()
         skus = self._skus
         if odata:
             match = re.match(r"^location\s+eq\s+'([^']+)'$", odata, re.I)
             if match is None:
-                return _arm_error("InvalidFilter", f"The filter '{odata}' is not supported.", 400)
+                return arm_error("InvalidFilter", f"The filter '{odata}' is not supported.", 400)
             wanted = match.group(1).lower()
             skus = [s for s in skus if wanted in {loc.lower() for loc in s["locations"]}]
         try:
             offset = int(request.args.get("$skiptoken", "0"))
         except ValueError:
-            return _arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
+            return arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
         page = skus[offset : offset + SKU_PAGE_SIZE]
         result: dict[str, Any] = {"value": page}
         if offset + SKU_PAGE_SIZE < len(skus):
@@ -927,7 +1077,7 @@ class AzureSandbox(SandboxApp):
 
     def _usages(self, location: str) -> Response:
         if location.lower() not in self.regions:
-            return _arm_error(
+            return arm_error(
                 "NoRegisteredProviderFound", f"No registered resource provider found for location '{location}'.", 400
             )
         now = time.monotonic()
@@ -961,31 +1111,12 @@ class AzureSandbox(SandboxApp):
         )
         return json_response({"value": value})
 
-    def _operation(self, op_id: str) -> Response:
-        with self._lock:
-            operation = self._operations.get(op_id)
-        if operation is None:
-            return _arm_error("NotFound", f"The operation '{op_id}' was not found.", 404)
-        result: dict[str, Any] = {"startTime": operation.started, "name": op_id}
-        if time.monotonic() < operation.done_at:
-            result["status"] = "InProgress"
-        elif operation.error:
-            code, message = operation.error
-            result.update(status="Failed", endTime=_now_iso(), error={"code": code, "message": message})
-        else:
-            result.update(status="Succeeded", endTime=_now_iso())
-        return json_response(result)
+    def _operation_url(self, request: Request, vm: _Vm, op: Operation) -> str:
+        api_version = request.args.get("api-version", "")
+        return self._operations.url(request.host_url, vm.subscription, COMPUTE, op, api_version)
 
-    def _operation_url(self, request: Request, vm: _Vm, op: _Operation) -> str:
-        return (
-            f"{request.host_url}subscriptions/{vm.subscription}/providers/{COMPUTE}/locations/{vm.location}"
-            f"/operations/{op.id}?api-version={request.args.get('api-version')}"
-        )
-
-    def _new_operation(self, location: str, seconds: float, error: tuple[str, str] | None = None) -> _Operation:
-        op = _Operation(str(uuid.uuid4()), location, _now_iso(), time.monotonic() + seconds, error)
-        self._operations[op.id] = op
-        return op
+    def _new_operation(self, location: str, seconds: float, error: tuple[str, str] | None = None) -> Operation:
+        return self._operations.new(location, seconds, error)
 
     def _sweep(self, now: float) -> None:
         """Forget VMs whose delete finished. Caller holds the lock."""
@@ -995,6 +1126,8 @@ class AzureSandbox(SandboxApp):
 
     def _vm_json(self, vm: _Vm, now: float, *, instance_view: bool) -> dict[str, Any]:
         properties = json.loads(json.dumps(vm.body.get("properties") or {}))
+        # ARM keeps customData for the VM's provisioning agent and never returns it.
+        (properties.get("osProfile") or {}).pop("customData", None)
         state = vm.provisioning_state(now)
         properties.update(vmId=vm.vm_id, provisioningState=state, timeCreated=vm.created)
         if instance_view:
@@ -1050,7 +1183,7 @@ class AzureSandbox(SandboxApp):
         try:
             offset = int(request.args.get("$skiptoken", "0"))
         except ValueError:
-            return _arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
+            return arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
         result: dict[str, Any] = {"value": values[offset : offset + VM_PAGE_SIZE]}
         if offset + VM_PAGE_SIZE < len(values):
             result["nextLink"] = self._link(request, {"$skiptoken": str(offset + VM_PAGE_SIZE)})
@@ -1068,7 +1201,7 @@ class AzureSandbox(SandboxApp):
 
     @staticmethod
     def _not_found(key: tuple[str, str, str]) -> Response:
-        return _arm_error(
+        return arm_error(
             "ResourceNotFound",
             f"The Resource '{COMPUTE}/virtualMachines/{key[2]}' under resource group '{key[1]}' was not found.",
             404,
@@ -1084,6 +1217,7 @@ class AzureSandbox(SandboxApp):
             if vm.delete_op is None:
                 vm.delete_op = self._new_operation(vm.location, self.delete_seconds)
             url = self._operation_url(request, vm, vm.delete_op)
+        self.booter.halt(vm.name)  # the VM stops as its delete begins
         response = Response(status=202)
         response.headers["Azure-AsyncOperation"] = url
         response.headers["Location"] = url + "&monitor=true"
@@ -1099,7 +1233,7 @@ class AzureSandbox(SandboxApp):
             existing = self._vms.get(key)
             if existing is not None:
                 if request.headers.get("If-None-Match", "").strip() == "*":
-                    return _arm_error(
+                    return arm_error(
                         "PreconditionFailed",
                         "The condition specified using HTTP conditional header(s) is not met.",
                         412,
@@ -1107,6 +1241,12 @@ class AzureSandbox(SandboxApp):
                 # A plain PUT on an existing VM would be an update; the sandbox keeps the VM as it is.
                 return json_response(self._vm_json(existing, now, instance_view=False), status=200)
         invalid = self._validate(name, body)
+        if invalid is None:
+            vm_id = (
+                f"/subscriptions/{args['sub']}/resourceGroups/{args['rg']}/providers/{COMPUTE}/virtualMachines/{name}"
+            )
+            location = str(body["location"]).lower()
+            invalid = azure_launch.nsg_refusal(vm_id, body["properties"], location, self.network)
         if invalid is not None:
             return invalid
         fault = self.faults.take(call.action, call.instance_types, call.zone, kinds=OUTCOME_KINDS)
@@ -1120,7 +1260,7 @@ class AzureSandbox(SandboxApp):
                 return refusal
         with self._lock:
             if key in self._vms:  # a concurrent PUT of the same name won the race
-                return _arm_error(
+                return arm_error(
                     "PreconditionFailed", "The condition specified using HTTP conditional header(s) is not met.", 412
                 )
             refusal = self._quota_refusal(location, size, body["properties"].get("priority") == "Spot")
@@ -1136,7 +1276,7 @@ class AzureSandbox(SandboxApp):
                 size=size,
                 body=json.loads(json.dumps(body)),
                 vm_id=str(uuid.uuid4()),
-                created=_now_iso(),
+                created=now_iso(),
                 create_op=op,
             )
             self._vms[key] = vm
@@ -1158,7 +1298,7 @@ class AzureSandbox(SandboxApp):
                 f"Additional details - Deployment Model: Resource Manager, Location: {location}, Current Limit: 0, "
                 f"Current Usage: 0, Additional Required: {vcpus}, (Minimum) New Limit Required: {vcpus}."
             )
-            return _arm_error(fault.code or "OperationNotAllowed", message, 409), None
+            return arm_error(fault.code or "OperationNotAllowed", message, 409), None
         code = fault.code or ("ZonalAllocationFailed" if zones else "AllocationFailed")
         if code in SYNC_CAPACITY_CODES:
             return self._sku_not_available(location, zones, size), None
@@ -1171,7 +1311,7 @@ class AzureSandbox(SandboxApp):
 
     @staticmethod
     def _sku_not_available(location: str, zones: list[str], size: str) -> Response:
-        return _arm_error(
+        return arm_error(
             "SkuNotAvailable",
             f"The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: {size}' is "
             f"currently not available in location '{location}' zones '{','.join(zones)}'. Please try another size "
@@ -1182,10 +1322,10 @@ class AzureSandbox(SandboxApp):
     def _validate(self, name: str, body: dict[str, Any]) -> Response | None:
         """What ARM checks synchronously before accepting a create."""
         if not _VM_NAME.match(name):
-            return _arm_error("InvalidResourceName", f"The resource name '{name}' is invalid.", 400)
+            return arm_error("InvalidResourceName", f"The resource name '{name}' is invalid.", 400)
         location = str(body.get("location") or "").lower()
         if location not in self.regions:
-            return _arm_error(
+            return arm_error(
                 "LocationNotAvailableForResourceType",
                 f"The provided location '{location}' is not available for resource type '{COMPUTE}/virtualMachines'.",
                 400,
@@ -1193,12 +1333,10 @@ class AzureSandbox(SandboxApp):
         properties = body.get("properties") or {}
         size = str((properties.get("hardwareProfile") or {}).get("vmSize") or "")
         if not size:
-            return _arm_error("InvalidParameter", "Required parameter 'hardwareProfile.vmSize' is missing (null).", 400)
+            return arm_error("InvalidParameter", "Required parameter 'hardwareProfile.vmSize' is missing (null).", 400)
         zones = [str(z) for z in body.get("zones") or ()]
         if zones and location not in ZONAL_REGIONS:
-            return _arm_error(
-                "InvalidParameter", f"Availability zones are not supported in location '{location}'.", 400
-            )
+            return arm_error("InvalidParameter", f"Availability zones are not supported in location '{location}'.", 400)
         sku = next((s for s in self._skus if s["name"] == size and location in s["locations"]), None)
         if sku is None or any(r["type"] == "Location" for r in sku["restrictions"]):
             return self._sku_not_available(location, zones, size)
@@ -1208,27 +1346,34 @@ class AzureSandbox(SandboxApp):
             return self._sku_not_available(location, zones, size)
         storage = properties.get("storageProfile") or {}
         if not storage.get("imageReference"):
-            return _arm_error(
+            return arm_error(
                 "InvalidParameter", "Required parameter 'storageProfile.imageReference' is missing (null).", 400
             )
         os_profile = properties.get("osProfile") or {}
         if not os_profile.get("computerName") or not os_profile.get("adminUsername"):
-            return _arm_error("InvalidParameter", "Required parameter 'osProfile' is missing (null).", 400)
+            return arm_error("InvalidParameter", "Required parameter 'osProfile' is missing (null).", 400)
         linux = os_profile.get("linuxConfiguration") or {}
         keys = (linux.get("ssh") or {}).get("publicKeys") or []
         if not os_profile.get("adminPassword") and not any(k.get("keyData") for k in keys):
-            return _arm_error(
+            return arm_error(
                 "InvalidParameter",
                 "Authentication using either SSH or by user name and password must be enabled in Linux profile.",
                 400,
             )
+        refusal = (
+            azure_launch.custom_data_refusal(os_profile)
+            or azure_launch.key_refusal(os_profile)
+            or azure_launch.disk_refusal(storage, location, self.images)
+        )
+        if refusal is not None:
+            return refusal
         network = properties.get("networkProfile") or {}
         configurations = network.get("networkInterfaceConfigurations") or []
         if not network.get("networkInterfaces") and not configurations:
-            return _arm_error("InvalidParameter", "Required parameter 'networkProfile' is missing (null).", 400)
+            return arm_error("InvalidParameter", "Required parameter 'networkProfile' is missing (null).", 400)
         if configurations:
             if not network.get("networkApiVersion"):
-                return _arm_error(
+                return arm_error(
                     "InvalidParameter", "networkApiVersion is required with networkInterfaceConfigurations.", 400
                 )
             for configuration in configurations:
@@ -1236,17 +1381,17 @@ class AzureSandbox(SandboxApp):
                 if not ip_configs or not all(
                     ((c.get("properties") or {}).get("subnet") or {}).get("id") for c in ip_configs
                 ):
-                    return _arm_error("InvalidParameter", "Every ipConfiguration needs a subnet id.", 400)
+                    return arm_error("InvalidParameter", "Every ipConfiguration needs a subnet id.", 400)
         if str(properties.get("priority") or "Regular") == "Spot":
             return self._validate_spot(location, size, properties)
         return None
 
     def _validate_spot(self, location: str, size: str, properties: dict[str, Any]) -> Response | None:
         if properties.get("evictionPolicy") not in ("Deallocate", "Delete"):
-            return _arm_error("InvalidParameter", "evictionPolicy must be Deallocate or Delete for a Spot VM.", 400)
+            return arm_error("InvalidParameter", "evictionPolicy must be Deallocate or Delete for a Spot VM.", 400)
         current = self.spot_price(location, size)
         if current is None:
-            return _arm_error(
+            return arm_error(
                 "SkuNotAvailable",
                 f"The requested VM size '{size}' is not available for Azure Spot in '{location}'.",
                 409,
@@ -1255,9 +1400,9 @@ class AzureSandbox(SandboxApp):
         try:
             max_price_value = Decimal(str(max_price))
         except ArithmeticError:
-            return _arm_error("InvalidParameter", f"maxPrice {max_price!r} is not a number.", 400)
+            return arm_error("InvalidParameter", f"maxPrice {max_price!r} is not a number.", 400)
         if max_price_value != -1 and max_price_value < current:
-            return _arm_error(
+            return arm_error(
                 "OperationNotAllowed",
                 f"Unable to perform operation 'Create VM' since the provided max price '{max_price_value} USD' is "
                 f"lower than the current spot price '{current} USD' for Azure Spot VM size '{size}'. For more "

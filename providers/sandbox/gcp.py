@@ -14,13 +14,20 @@ by scope, ``nextPageToken`` pagination, Google error bodies), so ``google-cloud-
   reported on the operation, and the instance, briefly visible as PROVISIONING, then 404s. A successful insert
   moves the instance PROVISIONING -> STAGING (operation done) -> RUNNING (next read);
 - ``requestId`` idempotency: a repeated insert or delete with the same request id returns the first operation;
+- what a launch carries (``gcp_boot``): ``images.get`` / ``getFromFamily`` and the zonal ``imageFamilyViews.get``
+  over the public Deep Learning VM, Ubuntu and Debian families plus any ``add_image`` publishes; the boot ``Disk``
+  an insert creates (``disks.get``); metadata, network tag and disk size checks with GCP's 400s; VPC
+  ``firewalls.insert`` / ``get`` / ``list`` / ``delete`` with global operations ``get`` / ``wait`` (a rule
+  appears or goes when its operation is done); and the ``startup-script`` of an instance booted by the shared
+  Booter when it first runs, halted when it is deleted;
 - authentication: self-signed service-account JWTs or access tokens from ``POST /token`` (see ``gcp_auth``);
   emails or key ids starting with ``bad`` get 401 UNAUTHENTICATED, projects starting with ``bad`` 403;
 - faults (``sandbox.faults``, default action ``compute.instances.insert``): ``capacity`` ->
   ZONE_RESOURCE_POOL_EXHAUSTED on the operation; ``quota`` -> synchronous 403 QUOTA_EXCEEDED (``code=
   "operation:QUOTA_EXCEEDED"`` puts it on the operation instead); ``throttle`` -> 429 rateLimitExceeded
   (``code="RESOURCE_OPERATION_RATE_EXCEEDED"`` fails the insert operation instead); ``credentials`` -> 403
-  forbidden (``code="UNAUTHENTICATED"``: 401); ``slow`` -> the answer waits ``seconds``.
+  forbidden (``code="UNAUTHENTICATED"``: 401); ``slow`` -> the answer waits ``seconds``; ``image_missing``
+  (action ``image``, optional ``region``) -> the image lookups answer 404 notFound, as for an image GCP lacks.
 
 Use in-process: ``sandbox = start_gcp_sandbox()``; ``sandbox.new_service_account()`` gives a key file whose JWTs
 the sandbox verifies; ``sandbox.reset()`` between tests. Standalone: ``python -m providers.sandbox serve``.
@@ -44,8 +51,16 @@ from urllib.parse import parse_qs
 
 from werkzeug.wrappers import Request, Response
 
-from providers.sandbox import gcp_filter
-from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers.sandbox import gcp_boot, gcp_filter
+from providers.sandbox.boot import simulated_gpus
+from providers.sandbox.faults import (
+    IMAGE_ACTION,
+    OUTCOME_KINDS,
+    TRANSPORT_KINDS,
+    Fault,
+    FaultKind,
+    FaultRegistry,
+)
 from providers.sandbox.gcp_auth import AuthRejected, KeyRing, Principal
 from providers.sandbox.gcp_seed import BILLING_SERVICE, GPU_LABELS, REGION_ZONES, SEED_PATH, SeedMachine, load_seed
 from providers.sandbox.gcp_wire import (
@@ -115,6 +130,7 @@ class _Instance:
     body: dict[str, Any]
     request_id: str
     staged_seen: bool = False
+    booted: bool = False
     since: float = field(default_factory=time.monotonic)
 
     @property
@@ -130,6 +146,18 @@ class _Operation:
     kind: str  # insert | delete
     target: str  # instance name
     failure: tuple[str, int, str, str] | None = None  # (code, http status, http message, message)
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _GlobalOperation:
+    """A firewall insert or delete: the rule appears (or goes) when the operation completes, as in GCP."""
+
+    project: str
+    body: dict[str, Any]
+    kind: str  # insert | delete
+    target: str  # firewall name
+    firewall: dict[str, Any] | None = None  # the rule an insert creates
     created: float = field(default_factory=time.monotonic)
 
 
@@ -222,6 +250,13 @@ class GcpSandbox(SandboxApp):
         self._request_ids: dict[tuple[str, str], tuple[str, str]] = {}
         self._counter = itertools.count(1)
         self._generation = 0
+        self._images: dict[tuple[str, str], gcp_boot.SeedImage] = {}
+        self._image_zones: dict[tuple[str, str], frozenset[str] | None] = {}
+        self._firewalls: dict[tuple[str, str], dict[str, Any]] = {}
+        self._global_ops: dict[tuple[str, str], _GlobalOperation] = {}
+        self._global_request_ids: dict[tuple[str, str], str] = {}
+        self._disks: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._seed_images()
 
     # -------------------------------------------------------------------------------- public helpers
 
@@ -274,21 +309,97 @@ class GcpSandbox(SandboxApp):
             self._request_ids.clear()
 
     def settle(self) -> None:
-        """Finish every running operation now."""
+        """Finish every running operation (zonal and global) now."""
         with self._lock:
             for op in list(self._operations.values()):
                 self._complete(op)
+            for global_op in list(self._global_ops.values()):
+                self._complete_global(global_op)
 
     def reset(self) -> None:
         self._generation += 1
         self.faults.clear()
         self.keys.accept_only(None)
+        self.booter.reset()
         with self._lock:
             self._instances.clear()
             self._operations.clear()
             self._request_ids.clear()
             self._quota_limits.clear()
+            self._firewalls.clear()
+            self._global_ops.clear()
+            self._global_request_ids.clear()
+            self._disks.clear()
+            self._seed_images()
             self.clear_calls()
+
+    # ------------------------------------------------------------------------- images, disks, firewalls
+
+    def _seed_images(self) -> None:
+        self._images = {(i.project, i.name): i for i in gcp_boot.PUBLIC_IMAGES}
+        self._image_zones = {}
+
+    def add_image(
+        self, project: str, name: str, *, family: str = "", disk_size_gb: int = 10, zones: Iterable[str] | None = None
+    ) -> dict[str, Any]:
+        """Publish an image (a buyer's own, say) until the next reset; ``zones`` limits where its family view sees
+        it (None: everywhere). Returns the image as ``images.get`` answers it."""
+        image = gcp_boot.SeedImage(project, name, family, disk_size_gb, f"{name}, added by a test")
+        with self._lock:
+            self._images[(project, name)] = image
+            self._image_zones[(project, name)] = frozenset(zones) if zones is not None else None
+        return gcp_boot.image_json(image)
+
+    def _newest_in_family(self, project: str, family: str, zone: str | None) -> gcp_boot.SeedImage | None:
+        """The newest image of a family (by name, as dated names sort), optionally rolled out in ``zone``."""
+        found = [
+            image
+            for key, image in self._images.items()
+            if key[0] == project and image.family == family and self._rolled_out(key, zone)
+        ]
+        return max(found, key=lambda i: i.name) if found else None
+
+    def _rolled_out(self, key: tuple[str, str], zone: str | None) -> bool:
+        zones = self._image_zones.get(key)
+        return zone is None or zones is None or zone in zones
+
+    def add_firewall(self, project: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a firewall rule at once (a seller's own, say), checked as ``firewalls.insert`` checks it."""
+        firewall = gcp_boot.firewall_json(project, body)
+        with self._lock:
+            self._firewalls[(project, firewall["name"])] = firewall
+        return dict(firewall)
+
+    def firewall_rules(self, project: str | None = None) -> list[dict[str, Any]]:
+        """Every VPC firewall rule (as ``firewalls.get`` answers it), optionally of one project, by name."""
+        with self._lock:
+            rules = [dict(f) for (p, _), f in self._firewalls.items() if project is None or p == project]
+        return sorted(rules, key=lambda f: f["name"])
+
+    def instance_resource(self, instance_id: str) -> dict[str, Any]:
+        """The stored instance (camelCase, as ``instances.get`` answers it) for ``<zone>/<name>``; KeyError if none."""
+        zone, _, name = instance_id.partition("/")
+        with self._lock:
+            for (_, z, n), inst in self._instances.items():
+                if (z, n) == (zone, name):
+                    return json.loads(json.dumps(inst.body))
+        raise KeyError(instance_id)
+
+    def disk_resource(self, zone: str, name: str) -> dict[str, Any]:
+        """The boot disk an insert created (as ``disks.get`` answers it); KeyError if none."""
+        with self._lock:
+            for (_, z, n), disk in self._disks.items():
+                if (z, n) == (zone, name):
+                    return dict(disk)
+        raise KeyError(f"{zone}/{name}")
+
+    def lets_in(self, instance_id: str) -> set[tuple[int, str]]:
+        """Each (tcp port, source range) the project's firewall rules let reach the instance, deny rules applied."""
+        body = self.instance_resource(instance_id)
+        project = body["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+        network = body["networkInterfaces"][0]["network"]
+        tags = list((body.get("tags") or {}).get("items") or [])
+        return gcp_boot.lets_in(self.firewall_rules(project), network, tags)
 
     def set_quota(self, metric: str, limit: float | None) -> None:
         """Set a regional quota's limit in every region (None restores the default). ``regions.get`` reports it
@@ -433,6 +544,16 @@ class GcpSandbox(SandboxApp):
             ("GET", r"zones/(?P<zone>[^/]+)/operations", "compute.zoneOperations.list"),
             ("GET", r"zones/(?P<zone>[^/]+)/operations/(?P<operation>[^/]+)", "compute.zoneOperations.get"),
             ("POST", r"zones/(?P<zone>[^/]+)/operations/(?P<operation>[^/]+)/wait", "compute.zoneOperations.wait"),
+            ("GET", r"zones/(?P<zone>[^/]+)/disks/(?P<disk>[^/]+)", "compute.disks.get"),
+            ("GET", r"zones/(?P<zone>[^/]+)/imageFamilyViews/(?P<family>[^/]+)", "compute.imageFamilyViews.get"),
+            ("GET", r"global/images/family/(?P<family>[^/]+)", "compute.images.getFromFamily"),
+            ("GET", r"global/images/(?P<image>[^/]+)", "compute.images.get"),
+            ("POST", r"global/firewalls", "compute.firewalls.insert"),
+            ("GET", r"global/firewalls", "compute.firewalls.list"),
+            ("GET", r"global/firewalls/(?P<firewall>[^/]+)", "compute.firewalls.get"),
+            ("DELETE", r"global/firewalls/(?P<firewall>[^/]+)", "compute.firewalls.delete"),
+            ("GET", r"global/operations/(?P<operation>[^/]+)", "compute.globalOperations.get"),
+            ("POST", r"global/operations/(?P<operation>[^/]+)/wait", "compute.globalOperations.wait"),
         )
         for verb, pattern, action in routes:
             found = re.fullmatch(pattern, rest)
@@ -474,6 +595,10 @@ class GcpSandbox(SandboxApp):
             return self._insert(request, principal, deferred)
         if request.action == "compute.instances.delete":
             return self._delete(request, principal)
+        if request.action == "compute.firewalls.insert":
+            return self._firewalls_insert(request, principal)
+        if request.action == "compute.firewalls.delete":
+            return self._firewalls_delete(request, principal)
         handlers: dict[str, Any] = {
             "compute.machineTypes.aggregatedList": self._machine_types_list,
             "compute.acceleratorTypes.aggregatedList": self._accelerator_types_list,
@@ -485,6 +610,14 @@ class GcpSandbox(SandboxApp):
             "compute.zoneOperations.get": self._operations_get,
             "compute.zoneOperations.wait": self._operations_get,
             "compute.zoneOperations.list": self._operations_list,
+            "compute.disks.get": self._disks_get,
+            "compute.imageFamilyViews.get": self._image_family_view,
+            "compute.images.getFromFamily": self._images_from_family,
+            "compute.images.get": self._images_get,
+            "compute.firewalls.list": self._firewalls_list,
+            "compute.firewalls.get": self._firewalls_get,
+            "compute.globalOperations.get": self._global_operations_get,
+            "compute.globalOperations.wait": self._global_operations_get,
         }
         response: Response = handlers[request.action](request)
         return response
@@ -706,12 +839,34 @@ class GcpSandbox(SandboxApp):
                 inst.staged_seen = True
         return body
 
-    @staticmethod
-    def _set_running(inst: _Instance) -> None:
+    def _set_running(self, inst: _Instance) -> None:
+        """The instance runs: on its first start it boots from its ``startup-script``. Caller holds the lock."""
         inst.body["status"] = "RUNNING"
         inst.body["lastStartTimestamp"] = now_iso()
         inst.body["cpuPlatform"] = "Intel Cascade Lake"
         inst.since = time.monotonic()
+        if not inst.booted:
+            inst.booted = True
+            self._boot(inst)
+
+    def _boot(self, inst: _Instance) -> None:
+        """Hand the instance's startup script and GPUs to the shared Booter (``providers/sandbox/boot.py``)."""
+        metadata = {str(i.get("key")): str(i.get("value", "")) for i in inst.body["metadata"].get("items") or []}
+        script = metadata.get("startup-script")
+        attached = inst.body.get("guestAccelerators") or []
+        gpus = []
+        if attached:
+            accelerator = last_segment(str(attached[0].get("acceleratorType", "")))
+            count = sum(int(a.get("acceleratorCount") or 0) for a in attached)
+            key, memory_gb = gcp_boot.SIMULATED_GPUS.get(accelerator, (accelerator, 0))
+            gpus = simulated_gpus(key, count, memory_gb)
+        self.booter.boot(
+            instance_id=f"{inst.zone}/{inst.name}",
+            user_data=script.encode() if script is not None else None,
+            gpus=gpus,
+            instance_type=self._broker_type(inst.body),
+            zone=inst.zone,
+        )
 
     def _instances_get(self, request: _Request) -> Response:
         with self._lock:
@@ -787,6 +942,7 @@ class GcpSandbox(SandboxApp):
             inst = _Instance(request.project, zone, self._instance_body(request.project, zone, resource), request_id)
             self._check_gpu_quota(request, zone, inst.body)
             self._instances[key] = inst
+            self._disks[key] = self._boot_disk(request.project, zone, resource, inst.body)
             op = self._new_operation(request.project, zone, "insert", inst, principal, failure)
             if request_id:
                 self._request_ids[(request.project, request_id)] = (zone, op.body["name"])
@@ -874,6 +1030,17 @@ class GcpSandbox(SandboxApp):
         boot = [d for d in disks if d.get("boot")]
         if len(boot) != 1 or not ((boot[0].get("initializeParams") or {}).get("sourceImage") or boot[0].get("source")):
             raise ApiError(400, "Invalid value for field 'resource.disks': ''. Boot disk must be specified.", "invalid")
+        params = boot[0].get("initializeParams") or {}
+        source = str(params.get("sourceImage") or "")
+        with self._lock:
+            image = self._source_image(request.project, zone, source) if source else None
+            known_projects = {p for p, _ in self._images}
+        parsed = gcp_boot.image_of_source(source, request.project) if source else None
+        if image is None and parsed is not None and parsed[0] in known_projects:
+            raise gcp_boot.image_not_found(gcp_boot.image_path(*parsed))
+        gcp_boot.check_disk_size(params, image.disk_size_gb if image is not None else None)
+        gcp_boot.check_metadata(body)
+        gcp_boot.check_tags(body)
         for key, value in (body.get("labels") or {}).items():
             if not _LABEL_KEY.match(str(key)) or not _LABEL_VALUE.match(str(value)):
                 raise ApiError(
@@ -934,9 +1101,13 @@ class GcpSandbox(SandboxApp):
                     "stackType": "IPV4_ONLY",
                 }
             )
+        tags = gcp_boot.check_tags(body)
         disks = []
         for index, disk in enumerate(d for d in body.get("disks") or [] if d):
             params = disk.get("initializeParams") or {}
+            if index == 0 and not params.get("diskSizeGb"):
+                image = self._source_image(project, zone, str(params.get("sourceImage") or ""))
+                params = {**params, "diskSizeGb": str(image.disk_size_gb if image else 10)}
             disk_name = name if index == 0 else f"{name}-{index}"
             disks.append(
                 {
@@ -969,7 +1140,7 @@ class GcpSandbox(SandboxApp):
             "creationTimestamp": now_iso(),
             "name": name,
             "description": str(body.get("description") or ""),
-            "tags": {"fingerprint": "42WmSpB8rSM="},
+            "tags": {"fingerprint": "42WmSpB8rSM=", **({"items": tags} if tags else {})},
             "machineType": f"{zone_url}/machineTypes/{machine_name}",
             "status": "PROVISIONING",
             "zone": zone_url,
@@ -1062,12 +1233,15 @@ class GcpSandbox(SandboxApp):
             op.body["httpErrorMessage"] = status_message
             if op.kind == "insert":
                 self._instances.pop(key, None)
+                self._disks.pop(key, None)
             return
         if op.kind == "insert" and inst is not None and inst.body["status"] == "PROVISIONING":
             inst.body["status"] = "STAGING"
             inst.since = time.monotonic()
         elif op.kind == "delete":
             self._instances.pop(key, None)
+            self._disks.pop(key, None)  # the boot disk is created with autoDelete
+            self.booter.halt(f"{op.zone}/{op.target}")
 
     def _sweep(self) -> None:
         """Operations (and STAGING instances) older than ``settle_seconds`` finish on their own, as in GCP."""
@@ -1079,6 +1253,9 @@ class GcpSandbox(SandboxApp):
             for inst in self._instances.values():
                 if inst.body["status"] == "STAGING" and inst.since <= deadline:
                     self._set_running(inst)
+            for global_op in list(self._global_ops.values()):
+                if global_op.body["status"] != "DONE" and global_op.created <= deadline:
+                    self._complete_global(global_op)
 
     def _operation_or_404(self, request: _Request) -> _Operation:
         zone = self._zone_or_404(request)
@@ -1124,6 +1301,193 @@ class GcpSandbox(SandboxApp):
         if offset + size < len(items):
             body["nextPageToken"] = encode_token(offset + size, query)
         return json_response(body)
+
+    # ------------------------------------------------------------------------------- images and disks
+
+    def _image_fault(self, request: _Request, path: str) -> None:
+        """An injected ``image_missing`` answers as GCP answers an image it does not have: 404 notFound."""
+        region = request.zone.rsplit("-", 1)[0] if request.zone else None
+        fault = self.faults.take(IMAGE_ACTION, (), request.zone, kinds={FaultKind.IMAGE_MISSING}, region=region)
+        if fault is not None:
+            raise gcp_boot.image_not_found(path)
+
+    def _image_family_view(self, request: _Request) -> Response:
+        """``imageFamilyViews.get``: the newest image of the family rolled out in the zone, as ``{"image": ...}``."""
+        zone = self._zone_or_404(request)
+        family = request.route["family"]
+        path = gcp_boot.image_path(request.project, family=family)
+        self._image_fault(request, path)
+        with self._lock:
+            image = self._newest_in_family(request.project, family, zone)
+        if image is None:
+            raise gcp_boot.image_not_found(path)
+        return json_response({"image": gcp_boot.image_json(image)})
+
+    def _images_from_family(self, request: _Request) -> Response:
+        family = request.route["family"]
+        path = gcp_boot.image_path(request.project, family=family)
+        self._image_fault(request, path)
+        with self._lock:
+            image = self._newest_in_family(request.project, family, None)
+        if image is None:
+            raise gcp_boot.image_not_found(path)
+        return json_response(gcp_boot.image_json(image))
+
+    def _images_get(self, request: _Request) -> Response:
+        path = gcp_boot.image_path(request.project, request.route["image"])
+        self._image_fault(request, path)
+        with self._lock:
+            image = self._images.get((request.project, request.route["image"]))
+        if image is None:
+            raise gcp_boot.image_not_found(path)
+        return json_response(gcp_boot.image_json(image))
+
+    def _source_image(self, project: str, zone: str, source: str) -> gcp_boot.SeedImage | None:
+        """The sandbox's image for a ``sourceImage``; None for one it never heard of (accepted as given, so a test
+        may launch from a made-up image). Caller holds the lock."""
+        parsed = gcp_boot.image_of_source(source, project)
+        if parsed is None:
+            return None
+        image_project, name, family = parsed
+        if family:
+            return self._newest_in_family(image_project, family, zone)
+        return self._images.get((image_project, name))
+
+    def _boot_disk(self, project: str, zone: str, request: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """The Disk resource an insert creates for its boot disk; it keeps the image the request named, resolved
+        to one image as GCP resolves a family. Caller holds the lock."""
+        params = next((d.get("initializeParams") or {} for d in request.get("disks") or [] if d and d.get("boot")), {})
+        source = str(params.get("sourceImage") or "")
+        image = self._source_image(project, zone, source)
+        link = gcp_boot.image_json(image)["selfLink"] if image is not None else source
+        image_id = numeric_id("image", image.project, image.name) if image is not None else ""
+        size = int(body["disks"][0]["diskSizeGb"])
+        return gcp_boot.disk_json(project, zone, str(body["name"]), size, link, image_id)
+
+    def _disks_get(self, request: _Request) -> Response:
+        zone = self._zone_or_404(request)
+        with self._lock:
+            disk = self._disks.get((request.project, zone, request.route["disk"]))
+        if disk is None:
+            path = f"projects/{request.project}/zones/{zone}/disks/{request.route['disk']}"
+            raise ApiError(404, f"The resource '{path}' was not found", "notFound")
+        return json_response(disk)
+
+    # ------------------------------------------------------------------------------------ firewalls
+
+    def _firewall_or_404(self, request: _Request) -> dict[str, Any]:
+        firewall = self._firewalls.get((request.project, request.route["firewall"]))
+        if firewall is None:
+            path = f"projects/{request.project}/global/firewalls/{request.route['firewall']}"
+            raise ApiError(404, f"The resource '{path}' was not found", "notFound")
+        return firewall
+
+    def _firewalls_get(self, request: _Request) -> Response:
+        with self._lock:
+            return json_response(self._firewall_or_404(request))
+
+    def _firewalls_list(self, request: _Request) -> Response:
+        try:
+            matches = gcp_filter.parse(request.query.get("filter"))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "invalid") from None
+        with self._lock:
+            found = [dict(f) for (p, _), f in sorted(self._firewalls.items()) if p == request.project]
+        found = [f for f in found if matches(f)]
+        query = json.dumps(["firewalls", request.project, request.query.get("filter", "")])
+        offset, size = page_bounds(request.query, query, MAX_RESULTS)
+        body: dict[str, Any] = {
+            "kind": "compute#firewallList",
+            "id": f"projects/{request.project}/global/firewalls",
+            "items": found[offset : offset + size],
+            "selfLink": f"{API_BASE}projects/{request.project}/global/firewalls",
+        }
+        if offset + size < len(found):
+            body["nextPageToken"] = encode_token(offset + size, query)
+        return json_response(body)
+
+    def _repeated_global(self, request: _Request) -> Response | None:
+        """A repeated request id answers with the first operation, as it is now. Caller holds the lock."""
+        request_id = request.query.get("requestId", "")
+        if request_id and not _UUID.match(request_id):
+            raise ApiError(400, f"Invalid value for field 'requestId': '{request_id}'. Must be a UUID.", "invalid")
+        name = self._global_request_ids.get((request.project, request_id)) if request_id else None
+        op = self._global_ops.get((request.project, name)) if name else None
+        return json_response(op.body) if op is not None else None
+
+    def _firewalls_insert(self, request: _Request, principal: Principal) -> Response:
+        body = request.json()
+        with self._lock:
+            repeated = self._repeated_global(request)
+            if repeated is not None:
+                return repeated
+            firewall = gcp_boot.firewall_json(request.project, body)
+            name = firewall["name"]
+            pending = any(
+                o.kind == "insert" and o.target == name and o.project == request.project and o.body["status"] != "DONE"
+                for o in self._global_ops.values()
+            )
+            if (request.project, name) in self._firewalls or pending:
+                path = f"projects/{request.project}/global/firewalls/{name}"
+                raise ApiError(409, f"The resource '{path}' already exists", "alreadyExists")
+            op = self._new_global_operation(request, principal, "insert", name, firewall)
+            return json_response(op.body)
+
+    def _firewalls_delete(self, request: _Request, principal: Principal) -> Response:
+        with self._lock:
+            repeated = self._repeated_global(request)
+            if repeated is not None:
+                return repeated
+            firewall = self._firewall_or_404(request)
+            op = self._new_global_operation(request, principal, "delete", firewall["name"], None)
+            return json_response(op.body)
+
+    def _new_global_operation(
+        self, request: _Request, principal: Principal, kind: str, target: str, firewall: dict[str, Any] | None
+    ) -> _GlobalOperation:
+        """A RUNNING global operation on a firewall rule. Caller holds the lock."""
+        now = now_iso()
+        name = gcp_boot.operation_name(target, next(self._counter), int(time.time() * 1000))
+        base = f"{API_BASE}projects/{request.project}/global"
+        body = {
+            "kind": "compute#operation",
+            "id": numeric_id("operation", name),
+            "name": name,
+            "operationType": kind,
+            "targetLink": f"{base}/firewalls/{target}",
+            "targetId": numeric_id("firewall", request.project, target),
+            "status": "RUNNING",
+            "user": principal.email,
+            "progress": 0,
+            "insertTime": now,
+            "startTime": now,
+            "selfLink": f"{base}/operations/{name}",
+        }
+        op = _GlobalOperation(request.project, body, kind, target, firewall)
+        self._global_ops[(request.project, name)] = op
+        request_id = request.query.get("requestId", "")
+        if request_id:
+            self._global_request_ids[(request.project, request_id)] = name
+        return op
+
+    def _complete_global(self, op: _GlobalOperation) -> None:
+        """Finish a firewall operation and apply it. Caller holds the lock."""
+        if op.body["status"] == "DONE":
+            return
+        op.body.update(status="DONE", progress=100, endTime=now_iso())
+        if op.kind == "insert" and op.firewall is not None:
+            self._firewalls[(op.project, op.target)] = op.firewall
+        elif op.kind == "delete":
+            self._firewalls.pop((op.project, op.target), None)
+
+    def _global_operations_get(self, request: _Request) -> Response:
+        with self._lock:
+            op = self._global_ops.get((request.project, request.route["operation"]))
+            if op is None:
+                path = f"projects/{request.project}/global/operations/{request.route['operation']}"
+                raise ApiError(404, f"The resource '{path}' was not found", "notFound")
+            self._complete_global(op)  # observing an operation is what moves it on in the sandbox
+            return json_response(op.body)
 
 
 def start_gcp_sandbox(host: str = "127.0.0.1", port: int = 0) -> GcpSandbox:

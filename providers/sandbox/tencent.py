@@ -12,6 +12,14 @@ What it emulates:
 - ``RunInstances``, asynchronous as on CVM: it answers with ``InstanceIdSet`` and the instance is ``PENDING``
   until ``launch_seconds`` have passed, then ``RUNNING`` or ``LAUNCH_FAILED``. Idempotent on ``ClientToken`` per
   region (the same token answers the same ids and never creates a second instance);
+- what a launch carries for access (``providers/sandbox/tencent_access.py``): RunInstances ``UserData`` (base64,
+  kept as sent and readable by DescribeInstancesAttributes), ``SystemDisk.DiskSize``, ``LoginSettings.KeyIds``
+  and ``SecurityGroupIds``; CVM key pairs (``ImportKeyPair``, ``DescribeKeyPairs``, ``DeleteKeyPairs``) and, on
+  the VPC API (the same version string, told apart by the signature's service ``vpc``), security groups
+  (``CreateSecurityGroup``, ``CreateSecurityGroupPolicies``, ``DescribeSecurityGroups``,
+  ``DescribeSecurityGroupPolicies``, ``DeleteSecurityGroup``), all taggable and found by ``tag:<key>`` filters.
+  A key pair or group an instance still uses (until it is shut down) cannot be deleted. An instance boots the
+  lease agent from its user data when it first runs (``self.booter``) and halts when terminated;
 - ``DescribeInstances`` (ids or filters incl. ``tag:<key>``, Offset/Limit), ``DescribeInstancesStatus``,
   ``TerminateInstances`` (``TERMINATING`` for ``terminate_seconds``, then ``SHUTDOWN`` in the recycle bin for
   ``retention_seconds``, then gone; a LAUNCH_FAILED instance is recycled after ``retention_seconds`` too);
@@ -22,7 +30,9 @@ What it emulates:
   ``LatestOperationErrorMsg``) unless a ``code`` is given, which is then answered synchronously by RunInstances
   (``ResourceInsufficient.*``, ``ResourcesSoldOut.*``, ``InvalidParameterValue.InsufficientPrice``, ...);
   ``quota`` is ``LimitExceeded.InstanceQuota`` (or ``code``); ``throttle`` is ``RequestLimitExceeded``;
-  ``credentials`` is ``AuthFailure.UnauthorizedOperation``; ``slow`` sleeps ``seconds`` before answering.
+  ``credentials`` is ``AuthFailure.UnauthorizedOperation``; ``slow`` sleeps ``seconds`` before answering;
+  ``image_missing`` (action ``image``, optionally per ``region``) makes DescribeImages find nothing, as CVM
+  answers a lookup of an image the region does not have.
 
 Use in-process: ``sandbox = start_tencent_sandbox()``; point ``HttpProfile(protocol="http",
 endpoint=<host:port of sandbox.url>)`` (or ``TencentAdapter`` with ``endpoint_url=sandbox.url``) at it;
@@ -31,6 +41,7 @@ endpoint=<host:port of sandbox.url>)`` (or ``TencentAdapter`` with ``endpoint_ur
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -38,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -46,9 +57,12 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
+from providers.sandbox import tencent_access as access
 from providers.sandbox import tencent_auth as auth
-from providers.sandbox.faults import OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
+from providers.sandbox.boot import simulated_gpus
+from providers.sandbox.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
+from providers.sandbox.tencent_access import ApiError
 from providers.sandbox.tencent_catalogue import (
     ON_DEMAND,
     PUBLIC_IMAGES,
@@ -61,12 +75,29 @@ from providers.sandbox.tencent_catalogue import (
     type_config_rows,
 )
 
-API_VERSION = "2017-03-12"
+API_VERSION = "2017-03-12"  # CVM's and VPC's version alike
 SERVICE = "cvm"
+VPC_SERVICE = "vpc"
+SERVICES = frozenset({SERVICE, VPC_SERVICE})
 DEFAULT_SECRETS = {"AKIDsandbox00000001": "sandbox-secret-key-0001"}
 ORDERING_TIMEOUT = 30.0  # how long a same-token request waits for the first one before giving up
 _INSTANCE_ID = re.compile(r"^ins-[a-z0-9]{8}$")
 _IMAGE_ID = re.compile(r"^img-[a-z0-9]{8}$")
+# RunInstances UserData: "base64-encoded, at most 16 KB" (https://cloud.tencent.com/document/api/213/15730),
+# counted on the encoded field as the broker's pre-check counts it. Over it: InvalidParameterValue.TooLong.
+USER_DATA_MAX_BYTES = 16 * 1024
+# SystemDisk.DiskSize: the reference documents only the 50 GB default; an invalid size is answered
+# InvalidParameterValue "The value `N` specified in the parameter `SystemDisk.DiskSize` is not valid", as the
+# API answered in tencentcloud-sdk-python issue #7. The range kept here is the adapter's (20 GB public images).
+SYSTEM_DISK_DEFAULT_GB = 50
+SYSTEM_DISK_MAX_GB = 16384
+DISK_TYPES = frozenset(
+    {"LOCAL_BASIC", "LOCAL_SSD", "CLOUD_BASIC", "CLOUD_SSD", "CLOUD_PREMIUM", "CLOUD_BSSD", "CLOUD_HSSD", "CLOUD_TSSD"}
+)
+# "An instance can be bound to at most 5 security groups" (CVM error LimitExceeded.AssociateUSGLimitExceeded).
+SECURITY_GROUPS_PER_INSTANCE = 5
+DEFAULT_SECURITY_GROUP = "sg-sbx00001"
+RELEASED_STATES = frozenset({"LAUNCH_FAILED", "SHUTDOWN"})  # no longer holding key pairs or security groups
 
 # What each fault kind answers on the CVM wire: (code, message template).
 FAULT_ERRORS: dict[FaultKind, tuple[str, str]] = {
@@ -84,15 +115,6 @@ FAULT_ERRORS: dict[FaultKind, tuple[str, str]] = {
         "The request has not been authorized by CAM for this operation.",
     ),
 }
-
-
-class ApiError(Exception):
-    """An error answer: HTTP 200 with ``Response.Error``."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -148,6 +170,24 @@ class _Instance:
     failure: tuple[str, str] | None = None
     terminate_at: float | None = None
     terminate_request_id: str = ""
+    user_data: str | None = None  # base64, as RunInstances received it
+    system_disk: dict[str, Any] = field(default_factory=dict)
+    key_ids: list[str] = field(default_factory=list)
+    security_group_ids: list[str] = field(default_factory=list)
+    booted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRecord:
+    """What a launch carried, as the sandbox keeps it in CVM's wire format (for tests reading it back)."""
+
+    instance_id: str
+    region: str
+    image_id: str
+    system_disk: dict[str, Any]
+    user_data: str | None
+    key_pairs: list[dict[str, Any]]
+    security_groups: list[dict[str, Any]]
 
 
 @dataclass(slots=True)
@@ -159,6 +199,14 @@ class _Request:
     request_id: str
     instance_types: tuple[str, ...] = ()
     zone: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Carried:
+    user_data: str | None
+    system_disk: dict[str, Any]
+    key_ids: tuple[str, ...]
+    security_group_ids: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -262,7 +310,20 @@ class TencentSandbox(SandboxApp):
         self._secrets: dict[str, str] = dict(DEFAULT_SECRETS)
         self._strict = False
         self._sold_out: set[tuple[str, str, str]] = set(self._seed_sold_out)
+        self._key_pairs: dict[str, access.KeyPairRecord] = {}
+        self._security_groups: dict[str, access.SecurityGroupRecord] = {}
+        self._vpc_actions: dict[str, Callable[[_Request], dict[str, Any]]] = {
+            "CreateSecurityGroup": self._create_security_group,
+            "CreateSecurityGroupPolicies": self._create_security_group_policies,
+            "DescribeSecurityGroups": self._describe_security_groups,
+            "DescribeSecurityGroupPolicies": self._describe_security_group_policies,
+            "DeleteSecurityGroup": self._delete_security_group,
+        }
         self._actions: dict[str, Callable[[_Request], dict[str, Any]]] = {
+            "ImportKeyPair": self._import_key_pair,
+            "DescribeKeyPairs": self._describe_key_pairs,
+            "DeleteKeyPairs": self._delete_key_pairs,
+            "DescribeInstancesAttributes": self._describe_instances_attributes,
             "DescribeZones": self._describe_zones,
             "DescribeZoneInstanceConfigInfos": self._describe_zone_instance_config_infos,
             "DescribeInstanceTypeConfigs": self._describe_instance_type_configs,
@@ -313,6 +374,7 @@ class TencentSandbox(SandboxApp):
 
     def instances(self, region: str | None = None) -> list[SandboxInstance]:
         """Every instance CVM would still describe (any state), optionally in one region."""
+        self._advance()
         now = self._clock()
         with self._lock:
             self._purge(now)
@@ -332,9 +394,56 @@ class TencentSandbox(SandboxApp):
             ]
         return sorted(found, key=lambda i: (i.region, i.instance_id))
 
+    def launched(self, instance_id: str) -> LaunchRecord:
+        """What the launch of ``instance_id`` carried, read from the sandbox's own records in CVM's and VPC's
+        wire shapes: its image, ``SystemDisk``, base64 ``UserData``, the key pairs of its ``LoginSettings.KeyIds``
+        and the security groups of its ``SecurityGroupIds`` with their policies. KeyError for an unknown id."""
+        now = self._clock()
+        with self._lock:
+            instance = self._instances[instance_id]
+            key_pairs = [
+                self._key_pairs[k].to_json(self._key_users(k, now)) for k in instance.key_ids if k in self._key_pairs
+            ]
+            groups = [
+                {**g.to_json(), "SecurityGroupPolicySet": g.policy_set()}
+                for g in (self._security_groups.get(i) for i in instance.security_group_ids)
+                if g is not None
+            ]
+            return LaunchRecord(
+                instance_id=instance_id,
+                region=instance.region,
+                image_id=str(instance.image["ImageId"]),
+                system_disk=dict(instance.system_disk),
+                user_data=instance.user_data,
+                key_pairs=key_pairs,
+                security_groups=groups,
+            )
+
+    def key_pairs(self, region: str | None = None) -> list[dict[str, Any]]:
+        """Every key pair the sandbox holds, as DescribeKeyPairs answers them, optionally in one region."""
+        now = self._clock()
+        with self._lock:
+            return [
+                kp.to_json(self._key_users(kp.key_id, now))
+                for kp in sorted(self._key_pairs.values(), key=lambda k: k.key_id)
+                if region is None or kp.region == region
+            ]
+
+    def security_groups(self, region: str | None = None) -> list[dict[str, Any]]:
+        """Every security group the sandbox holds with its policies, optionally in one region."""
+        with self._lock:
+            return [
+                {**g.to_json(), "SecurityGroupPolicySet": g.policy_set()}
+                for g in sorted(self._security_groups.values(), key=lambda g: g.group_id)
+                if region is None or g.region == region
+            ]
+
     def reset(self) -> None:
         self.faults.clear()
+        self.booter.reset()
         with self._lock:
+            self._key_pairs.clear()
+            self._security_groups.clear()
             self._instances.clear()
             self._tokens.clear()
             self._token_locks.clear()
@@ -359,6 +468,10 @@ class TencentSandbox(SandboxApp):
             return json_response({"sold_out": bool(body.get("sold_out", True))})
         if route == "calls" and request.method == "GET":
             return json_response({"calls": [[c.action, c.region] for c in self.calls()]})
+        if route == "key_pairs" and request.method == "GET":
+            return json_response({"key_pairs": self.key_pairs()})
+        if route == "security_groups" and request.method == "GET":
+            return json_response({"security_groups": self.security_groups()})
         if route == "instances" and request.method == "GET":
             rows = [{"instance_id": i.instance_id, "region": i.region, "state": i.state} for i in self.instances()]
             return json_response({"instances": rows})
@@ -401,11 +514,17 @@ class TencentSandbox(SandboxApp):
         fault = self._transport_fault(request)
         if fault is not None:
             raise self._fault_error(fault, request)
-        if action not in self._actions:
+        actions = self._vpc_actions if authorization and authorization.service == VPC_SERVICE else self._actions
+        if action not in actions:
             raise ApiError("InvalidAction", f"The action {action} is not supported by the sandbox.")
         if region not in REGIONS:
             raise ApiError("UnsupportedRegion", f"The region {region or '(none)'} is not supported.")
-        return _answer(self._actions[action](request), request_id)
+        # Instances that began running since the last request boot before this one is answered, and again after
+        # it, so an answer that shows RUNNING always finds the machine booted.
+        self._advance()
+        answer = actions[action](request)
+        self._advance()
+        return _answer(answer, request_id)
 
     @staticmethod
     def _describe_request(
@@ -445,8 +564,8 @@ class TencentSandbox(SandboxApp):
         problem = auth.timestamp_problem(authorization, timestamp, time.time())
         if problem is not None:
             raise ApiError(*problem)
-        if authorization.service != SERVICE:
-            raise ApiError("AuthFailure.SignatureFailure", f"The credential scope service must be {SERVICE}.")
+        if authorization.service not in SERVICES:
+            raise ApiError("AuthFailure.SignatureFailure", "The credential scope service must be cvm or vpc.")
         if secret is None:
             return  # an unregistered id (not strict): the sandbox cannot know its key, so it trusts the id
         signed = auth.SignedRequest(
@@ -546,6 +665,12 @@ class TencentSandbox(SandboxApp):
             )
         offset = _int(params, "Offset", 0, 0, 1_000_000)
         limit = _int(params, "Limit", 20, 1, 100)
+        instance_type = params.get("InstanceType")
+        types = [instance_type] if isinstance(instance_type, str) else []
+        missing = self.faults.take(IMAGE_ACTION, types, None, kinds={FaultKind.IMAGE_MISSING}, region=request.region)
+        if missing is not None:
+            # CVM answers a lookup of an image the region lacks with an empty set, not an error.
+            return {"TotalCount": 0, "ImageSet": []}
         found = []
         for image in PUBLIC_IMAGES:
             if ids and image["ImageId"] not in ids:
@@ -682,6 +807,7 @@ class TencentSandbox(SandboxApp):
             raise ApiError("ResourceUnavailable.InstanceType", f"{instance_type} is not sold in {zone}.")
         if charge == SPOT:
             self._check_spot(seed, params)
+        carried = self._launch_fields(request, image)
         with self._lock:
             sold_out = (request.region, zone, instance_type) in self._sold_out
         if sold_out:
@@ -733,9 +859,63 @@ class TencentSandbox(SandboxApp):
                     run_request_id=request.request_id,
                     ready_at=now + (fail_after if failure else self._timing.launch_seconds),
                     failure=failure,
+                    user_data=carried.user_data,
+                    system_disk=dict(carried.system_disk),
+                    key_ids=list(carried.key_ids),
+                    security_group_ids=list(carried.security_group_ids),
                 )
                 ids.append(instance_id)
         return ids
+
+    def _launch_fields(self, request: _Request, image: dict[str, Any]) -> _Carried:
+        """RunInstances' access fields, checked as CVM checks them: ``UserData``, ``SystemDisk``,
+        ``LoginSettings.KeyIds`` (key pairs of this region) and ``SecurityGroupIds`` (groups of this region)."""
+        params = request.params
+        user_data = None
+        if params.get("UserData") is not None:
+            user_data = access.decode_user_data(params["UserData"], USER_DATA_MAX_BYTES)
+        disk = params.get("SystemDisk") or {}
+        if not isinstance(disk, dict):
+            raise ApiError("InvalidParameter", "SystemDisk must be an object.")
+        size = disk.get("DiskSize", SYSTEM_DISK_DEFAULT_GB)
+        smallest = int(image.get("ImageSize") or 1)
+        if isinstance(size, bool) or not isinstance(size, int) or not smallest <= size <= SYSTEM_DISK_MAX_GB:
+            raise ApiError(
+                "InvalidParameterValue",
+                f"The value `{size}` specified in the parameter `SystemDisk.DiskSize` is not valid.",
+            )
+        disk_type = str(disk.get("DiskType") or "CLOUD_PREMIUM")
+        if disk_type not in DISK_TYPES:
+            raise ApiError("InvalidParameterValue", f"The disk type {disk_type} is not valid.")
+        login = params.get("LoginSettings") or {}
+        if not isinstance(login, dict):
+            raise ApiError("InvalidParameter", "LoginSettings must be an object.")
+        key_ids = _string_list(login, "KeyIds", 100)
+        if key_ids and login.get("Password"):
+            raise ApiError("InvalidParameterCombination", "LoginSettings takes a password or key pairs, not both.")
+        groups = _string_list(params, "SecurityGroupIds", 100)
+        if len(groups) > SECURITY_GROUPS_PER_INSTANCE:
+            raise ApiError(
+                "LimitExceeded.AssociateUSGLimitExceeded",
+                f"An instance can be bound to at most {SECURITY_GROUPS_PER_INSTANCE} security groups.",
+            )
+        with self._lock:
+            for key_id in key_ids:
+                if not access.KEY_ID.match(key_id):
+                    raise ApiError("InvalidKeyPairId.Malformed", f"The key pair id {key_id} is malformed.")
+                known = self._key_pairs.get(key_id)
+                if known is None or known.region != request.region:
+                    raise ApiError("InvalidParameterValue.KeyPairNotFound", f"The key pair {key_id} does not exist.")
+            for group_id in groups:
+                known_group = self._security_groups.get(group_id)
+                if known_group is None or known_group.region != request.region:
+                    raise ApiError("InvalidSecurityGroupId.NotFound", f"The security group {group_id} does not exist.")
+        return _Carried(
+            user_data=user_data,
+            system_disk={"DiskType": disk_type, "DiskSize": size},
+            key_ids=tuple(key_ids),
+            security_group_ids=tuple(groups),
+        )
 
     @staticmethod
     def _check_spot(seed: SeedPrice, params: dict[str, Any]) -> None:
@@ -776,7 +956,262 @@ class TencentSandbox(SandboxApp):
             for instance in chosen:
                 instance.terminate_at = now
                 instance.terminate_request_id = request.request_id
+        for instance in chosen:
+            self.booter.halt(instance.instance_id)
         return {}
+
+    # ----------------------------------------------------------------------------------- key pairs (CVM)
+
+    def _import_key_pair(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        name = access.check_key_name(params.get("KeyName"))
+        project = params.get("ProjectId")
+        if project is None:
+            raise ApiError("MissingParameter", "The parameter ProjectId is required.")
+        if isinstance(project, bool) or not isinstance(project, int):
+            raise ApiError("InvalidParameterValue", "ProjectId must be an integer.")
+        public_key = access.check_rsa_public_key(params.get("PublicKey"))
+        tags = access.spec_tags(params, "keypair")
+        with self._lock:
+            mine = [k for k in self._key_pairs.values() if k.region == request.region]
+            if any(k.name == name for k in mine):
+                raise ApiError("InvalidKeyPairName.Duplicate", f"The key pair name {name} already exists.")
+            if any(access.key_body(k.public_key) == access.key_body(public_key) for k in mine):
+                raise ApiError("InvalidPublicKey.Duplicate", "The public key has already been imported.")
+            key_id = self._new_resource_id("skey-", self._key_pairs)
+            self._key_pairs[key_id] = access.KeyPairRecord(
+                key_id=key_id,
+                region=request.region,
+                name=name,
+                project_id=project,
+                public_key=public_key,
+                created_at=datetime.now(UTC).replace(microsecond=0),
+                tags=tags,
+            )
+        return {"KeyId": key_id}
+
+    def _describe_key_pairs(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        ids = _string_list(params, "KeyIds", 100)
+        filters = _filters(
+            params, ("project-id", "key-name", "tag-key", "tag-value"), max_filters=10, max_values=5, tags=True
+        )
+        if ids and filters:
+            raise ApiError("InvalidParameterCombination", "KeyIds and Filters cannot be specified together.")
+        for key_id in ids:
+            if not access.KEY_ID.match(key_id):
+                raise ApiError("InvalidKeyPairId.Malformed", f"The key pair id {key_id} is malformed.")
+        offset = _int(params, "Offset", 0, 0, 1_000_000)
+        limit = _int(params, "Limit", 20, 1, 100)
+        now = self._clock()
+        with self._lock:
+            chosen = [
+                k
+                for k in sorted(self._key_pairs.values(), key=lambda k: (k.created_at, k.key_id))
+                if k.region == request.region
+                and (not ids or k.key_id in ids)
+                and _matches(
+                    self._tag_fields(k.tags, {"project-id": [str(k.project_id)], "key-name": [k.name]}), filters
+                )
+            ]
+            page = [k.to_json(self._key_users(k.key_id, now)) for k in chosen[offset : offset + limit]]
+        return {"TotalCount": len(chosen), "KeyPairSet": page}
+
+    def _delete_key_pairs(self, request: _Request) -> dict[str, Any]:
+        ids = _string_list(request.params, "KeyIds", access.KEY_IDS_PER_REQUEST)
+        if not ids:
+            raise ApiError("MissingParameter", "The parameter KeyIds is required.")
+        now = self._clock()
+        with self._lock:
+            for key_id in ids:
+                if not access.KEY_ID.match(key_id):
+                    raise ApiError("InvalidKeyPairId.Malformed", f"The key pair id {key_id} is malformed.")
+                known = self._key_pairs.get(key_id)
+                if known is None or known.region != request.region:
+                    raise ApiError("InvalidKeyPairId.NotFound", f"The key pair {key_id} does not exist.")
+                if self._key_users(key_id, now):
+                    raise ApiError(
+                        "InvalidParameterValue.KeyPairNotSupported",
+                        f"The key pair {key_id} is bound to an instance and cannot be deleted.",
+                    )
+            for key_id in ids:
+                del self._key_pairs[key_id]
+        return {}
+
+    def _key_users(self, key_id: str, now: float) -> list[str]:
+        """Instances still bound to the key pair (caller locks)."""
+        return [
+            i.instance_id
+            for i in sorted(self._instances.values(), key=lambda i: i.sequence)
+            if key_id in i.key_ids and self._state(i, now) not in RELEASED_STATES
+        ]
+
+    def _describe_instances_attributes(self, request: _Request) -> dict[str, Any]:
+        attributes = _string_list(request.params, "Attributes", 10)
+        ids = _string_list(request.params, "InstanceIds", 100)
+        if attributes != ["UserData"]:
+            raise ApiError("InvalidParameterValue", "Attributes takes UserData.")
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            found = []
+            for instance_id in ids:
+                instance = self._instances.get(instance_id)
+                if instance is None or instance.region != request.region:
+                    raise ApiError("InvalidInstanceId.NotFound", f"The instance {instance_id} is not found.")
+                found.append({"InstanceId": instance_id, "Attributes": {"UserData": instance.user_data}})
+        return {"InstanceSet": found}
+
+    # ---------------------------------------------------------------------------- security groups (VPC)
+
+    def _create_security_group(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        name, description = access.check_group_fields(params)
+        tags = access.tags_from(params.get("Tags"), "Tags")
+        now = datetime.now(UTC).replace(microsecond=0)
+        with self._lock:
+            group_id = self._new_resource_id("sg-", self._security_groups)
+            group = access.SecurityGroupRecord(
+                group_id=group_id,
+                region=request.region,
+                name=name,
+                description=description,
+                project_id=str(params.get("ProjectId") or "0"),
+                created_at=now,
+                updated_at=now,
+                tags=tags,
+            )
+            self._security_groups[group_id] = group
+            return {"SecurityGroup": group.to_json()}
+
+    def _group(self, request: _Request) -> access.SecurityGroupRecord:
+        """The request's ``SecurityGroupId`` in its region (caller locks)."""
+        group_id = request.params.get("SecurityGroupId")
+        if not isinstance(group_id, str) or not group_id:
+            raise ApiError("MissingParameter", "The parameter SecurityGroupId is required.")
+        if not access.GROUP_ID.match(group_id):
+            raise ApiError("InvalidSecurityGroupID.Malformed", f"The security group id {group_id} is malformed.")
+        group = self._security_groups.get(group_id)
+        if group is None or group.region != request.region:
+            raise ApiError("InvalidSecurityGroupID.NotFound", f"The security group {group_id} does not exist.")
+        return group
+
+    def _create_security_group_policies(self, request: _Request) -> dict[str, Any]:
+        policy_set = request.params.get("SecurityGroupPolicySet")
+        if not isinstance(policy_set, dict):
+            raise ApiError("MissingParameter", "The parameter SecurityGroupPolicySet is required.")
+        given = [d for d in access.DIRECTIONS if policy_set.get(d)]
+        if len(given) != 1:
+            raise ApiError("InvalidParameter", "Create the rules of one direction (Ingress or Egress) per request.")
+        direction = given[0]
+        raw = policy_set[direction]
+        if not isinstance(raw, list):
+            raise ApiError("InvalidParameter", f"{direction} must be a list.")
+        policies = [access.check_policy(p) for p in raw]
+        with self._lock:
+            group = self._group(request)
+            if len(group.ingress) + len(group.egress) + len(policies) > access.POLICIES_PER_GROUP:
+                raise ApiError(
+                    "LimitExceeded.SecurityGroupPolicySet",
+                    f"A security group holds at most {access.POLICIES_PER_GROUP} rules.",
+                )
+            (group.ingress if direction == "Ingress" else group.egress).extend(policies)
+            group.version += 1
+            group.updated_at = datetime.now(UTC).replace(microsecond=0)
+        return {}
+
+    def _describe_security_groups(self, request: _Request) -> dict[str, Any]:
+        params = request.params
+        ids = _string_list(params, "SecurityGroupIds", 100)
+        filters = _filters(
+            params,
+            ("security-group-id", "project-id", "security-group-name", "tag-key"),
+            max_filters=10,
+            max_values=5,
+            tags=True,
+        )
+        if ids and filters:
+            raise ApiError("InvalidParameterCombination", "SecurityGroupIds and Filters cannot be specified together.")
+        # VPC types Offset and Limit as strings (the SDK's DescribeSecurityGroupsRequest).
+        paging = {k: int(v) if isinstance(v, str) and v.isdigit() else v for k, v in params.items()}
+        offset = _int(paging, "Offset", 0, 0, 1_000_000)
+        limit = _int(paging, "Limit", 20, 1, 100)
+        with self._lock:
+            chosen = [
+                g
+                for g in sorted(self._security_groups.values(), key=lambda g: (g.created_at, g.group_id))
+                if g.region == request.region
+                and (not ids or g.group_id in ids)
+                and _matches(
+                    self._tag_fields(
+                        g.tags,
+                        {
+                            "security-group-id": [g.group_id],
+                            "project-id": [g.project_id],
+                            "security-group-name": [g.name],
+                        },
+                    ),
+                    filters,
+                )
+            ]
+            page = [g.to_json() for g in chosen[offset : offset + limit]]
+        return {"TotalCount": len(chosen), "SecurityGroupSet": page}
+
+    def _describe_security_group_policies(self, request: _Request) -> dict[str, Any]:
+        with self._lock:
+            return {"SecurityGroupPolicySet": self._group(request).policy_set()}
+
+    def _delete_security_group(self, request: _Request) -> dict[str, Any]:
+        now = self._clock()
+        with self._lock:
+            group = self._group(request)
+            if self._group_users(group.group_id, now):
+                raise ApiError("ResourceInUse", f"The security group {group.group_id} is bound to an instance.")
+            del self._security_groups[group.group_id]
+        return {}
+
+    def _group_users(self, group_id: str, now: float) -> list[str]:
+        """Instances still in the security group (caller locks)."""
+        return [
+            i.instance_id
+            for i in self._instances.values()
+            if group_id in i.security_group_ids and self._state(i, now) not in RELEASED_STATES
+        ]
+
+    @staticmethod
+    def _tag_fields(tags: Mapping[str, str], fields: dict[str, list[str]]) -> dict[str, Iterable[str]]:
+        found: dict[str, Iterable[str]] = {**fields, "tag-key": list(tags), "tag-value": list(tags.values())}
+        for key, value in tags.items():
+            found[f"tag:{key}"] = [value]
+        return found
+
+    @staticmethod
+    def _new_resource_id(prefix: str, taken: Mapping[str, Any]) -> str:
+        while True:
+            candidate = prefix + uuid.uuid4().hex[:8]
+            if candidate not in taken:
+                return candidate
+
+    # ------------------------------------------------------------------------------------- booting
+
+    def _advance(self) -> None:
+        """Boot every instance that has begun running since it was last looked at, from its user data."""
+        now = self._clock()
+        starting: list[_Instance] = []
+        with self._lock:
+            for instance in self._instances.values():
+                if not instance.booted and self._state(instance, now) == "RUNNING":
+                    instance.booted = True
+                    starting.append(instance)
+        for instance in starting:
+            seed = instance.seed
+            self.booter.boot(
+                instance_id=instance.instance_id,
+                user_data=base64.b64decode(instance.user_data) if instance.user_data else None,
+                gpus=simulated_gpus(seed.gpu_key, seed.gpu_count, seed.gpu_memory_gb),
+                instance_type=seed.instance_type,
+                zone=instance.zone,
+            )
 
     # ------------------------------------------------------------------------------------ instances
 
@@ -847,7 +1282,11 @@ class TencentSandbox(SandboxApp):
             "RestrictState": "NORMAL",
             "InstanceName": instance.name,
             "InstanceChargeType": instance.charge_type,
-            "SystemDisk": {"DiskType": "CLOUD_PREMIUM", "DiskId": "disk-" + instance.instance_id[4:], "DiskSize": 50},
+            "SystemDisk": {
+                "DiskType": instance.system_disk.get("DiskType", "CLOUD_PREMIUM"),
+                "DiskId": "disk-" + instance.instance_id[4:],
+                "DiskSize": instance.system_disk.get("DiskSize", SYSTEM_DISK_DEFAULT_GB),
+            },
             "DataDisks": None,
             "PrivateIpAddresses": [instance.private_ip],
             "PublicIpAddresses": None,  # no InternetAccessible bandwidth was bought
@@ -858,8 +1297,8 @@ class TencentSandbox(SandboxApp):
             "CreatedTime": instance.created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "ExpiredTime": None,
             "OsName": instance.image["OsName"],
-            "SecurityGroupIds": ["sg-sbx00001"],
-            "LoginSettings": {"KeyIds": None},
+            "SecurityGroupIds": list(instance.security_group_ids) or [DEFAULT_SECURITY_GROUP],
+            "LoginSettings": {"KeyIds": list(instance.key_ids) or None},
             "InstanceState": state,
             "Tags": [{"Key": k, "Value": v} for k, v in sorted(instance.tags.items())],
             "StopChargingMode": "NOT_APPLICABLE",

@@ -15,6 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from providers import gpu_names
+
 SEED_PATH = Path(__file__).parent / "data" / "tencent_prices.csv"
 ON_DEMAND = "POSTPAID_BY_HOUR"
 SPOT = "SPOTPAID"
@@ -49,6 +51,8 @@ REGIONS: dict[str, tuple[Zone, ...]] = {
 # The CSV's gpu_model label -> the GpuType string served by DescribeInstanceTypeConfigs. The SDK documents the
 # field but not its spelling; the sandbox uses "NVIDIA <model>" and the adapter only looks for the model token.
 GPU_TYPES: dict[str, str] = {"T4": "NVIDIA T4", "V100-32GB": "NVIDIA V100", "A100": "NVIDIA A100"}
+# The CSV's gpu_model label -> the broker's GPU key, for the GPUs a booted sandbox machine shows.
+GPU_KEYS: dict[str, str] = {"T4": gpu_names.T4, "V100-32GB": gpu_names.V100_32_SXM2, "A100": gpu_names.A100_40_PCIE}
 TYPE_NAMES: dict[str, str] = {
     "GT4": "GPU计算型GT4",
     "GN10X": "GPU计算型GN10X",
@@ -85,6 +89,10 @@ class SeedPrice:
     @property
     def gpu_type(self) -> str:
         return GPU_TYPES.get(self.gpu_model, self.gpu_model)
+
+    @property
+    def gpu_key(self) -> str:
+        return GPU_KEYS.get(self.gpu_model, self.gpu_model)
 
     @property
     def all_zones(self) -> tuple[str, ...]:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
+from providers.launch import BootSpec, IngressRule, LaunchLimits, OrderResource, UserDataMeasure
 from providers.options import option_number
+from providers.sshkeys import SshPublicKey
 from providers.tencent import mapping
 from providers.tencent.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_READ_TIMEOUT,
     DEFAULT_RETRY_BACKOFF,
+    VPC,
     ClientSettings,
     TencentClient,
 )
@@ -24,6 +27,22 @@ UBUNTU_FILTERS = [
     {"Name": "image-type", "Values": ["PUBLIC_IMAGE"]},
     {"Name": "platform", "Values": [mapping.UBUNTU_PLATFORM]},
 ]
+KEY_PAIR = "key_pair"
+SECURITY_GROUP = "security_group"
+
+# CVM's public Ubuntu images carry no NVIDIA driver. Ubuntu's documented way to install the server (GPGPU) driver
+# is ``ubuntu-drivers install --gpgpu``, with nvidia-smi in the matching nvidia-utils-<version>-server package
+# (Ubuntu Server documentation, "NVIDIA drivers installation",
+# https://ubuntu.com/server/docs/nvidia-drivers-installation); RunInstances has no field that installs it. The
+# lease agent waits for nvidia-smi while the module loads.
+GPU_DRIVER_PRELUDE = r"""if ! command -v nvidia-smi >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q && apt-get install -y -q ubuntu-drivers-common && ubuntu-drivers install --gpgpu
+  driver=$(dpkg-query -W -f='${Package}\n' 'nvidia-driver-*-server' 2>/dev/null \
+    | sed -n 's/^nvidia-driver-\([0-9]*\)-server$/\1/p' | head -n 1)
+  if [ -n "$driver" ]; then apt-get install -y -q "nvidia-utils-${driver}-server"; fi
+  modprobe nvidia || true
+fi"""
 
 
 class TencentAdapter(ProviderAdapter):
@@ -34,9 +53,30 @@ class TencentAdapter(ProviderAdapter):
     ``connect_timeout``/``read_timeout`` seconds (defaults 5/20), ``max_attempts`` for reads (default 3),
     ``retry_backoff`` seconds before the first read retry (default 0.25), ``image_id`` to launch instead of the
     newest public Ubuntu x86_64 image. Prices are CNY per hour for the whole instance.
+
+    A launch with a boot (``spec.boot``) carries it in CVM's own fields: the buyer's RSA keys as imported key
+    pairs (``LoginSettings.KeyIds``), a security group of the VPC API letting only the buyer's addresses in
+    (``SecurityGroupIds``), ``SystemDisk.DiskSize``, and the boot script as base64 ``UserData``. Key pairs and
+    security groups are per region and tagged ``broker:order``; ``release_order_resources`` deletes them.
     """
 
     kind = "tencent"
+    launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
+        user_data_max_bytes=mapping.USER_DATA_MAX_BYTES,
+        user_data_measure=UserDataMeasure.BASE64,
+        user_data_field="CVM RunInstances UserData",
+        source="CVM RunInstances: UserData is base64-encoded, at most 16 KB, "
+        "https://cloud.tencent.com/document/api/213/15730",
+        # Not found in CVM's references (RunInstances documents only the 50 GB default of SystemDisk.DiskSize):
+        # 20 GB is the size of CVM's public Linux images, below which no system disk can hold one; the upper
+        # bound is the broker's default.
+        disk_gb_min=20,
+        disk_gb_max=16384,
+        # DescribeSecurityGroupLimits: 100 rules per security group, less the egress rules every group gets.
+        ingress_rules_max=mapping.SECURITY_GROUP_POLICY_LIMIT - len(mapping.EGRESS_POLICIES),
+        native_key_types=mapping.NATIVE_KEY_TYPES,
+    )
+    login_user: ClassVar[str] = "ubuntu"  # CVM's Ubuntu public images log in as ubuntu (DefaultLoginUser)
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -134,6 +174,11 @@ class TencentAdapter(ProviderAdapter):
 
         CVM creates instances asynchronously: the handle is PENDING and a later ``describe`` shows RUNNING or
         FAILED (LAUNCH_FAILED, with the error in ``extra``). A spot launch needs ``spec.max_price`` (CVM's bid).
+
+        With ``spec.boot``, the image is checked first (``ImageUnavailable`` naming the region, before anything
+        is created), then the order's key pairs and security group in the region are found by their tag or
+        created, and RunInstances carries them with the user data and the system disk size. A repeat finds them
+        again, so it creates no second key pair or security group; with ``boot=None`` nothing of this happens.
         """
         mapping.validate_client_token(spec.client_token)
         charge = mapping.CHARGE_FOR_MODEL.get(spec.pricing_model)
@@ -143,7 +188,12 @@ class TencentAdapter(ProviderAdapter):
             )
         if spec.pricing_model is PricingModel.SPOT and spec.max_price is None:
             raise ProviderRequestRejected("a CVM spot launch needs max_price (the bid)", provider=mapping.PROVIDER)
-        image_id = spec.image or self.options.get("image_id") or self._default_image(spec.region, spec.instance_type)
+        if spec.boot is None:
+            image_id = (
+                spec.image or self.options.get("image_id") or self._default_image(spec.region, spec.instance_type)
+            )
+        else:
+            image_id = self._boot_image(spec, spec.boot)
         tag_spec = mapping.tag_specification(spec.order_ref, spec.tags)
         params: dict[str, Any] = {
             "InstanceChargeType": charge,
@@ -160,6 +210,8 @@ class TencentAdapter(ProviderAdapter):
                 "MarketType": "spot",
                 "SpotOptions": {"MaxPrice": str(spec.max_price), "SpotInstanceType": "one-time"},
             }
+        if spec.boot is not None:
+            params.update(self._boot_params(spec, spec.boot))
         result = self._client.launch(spec.region, params)
         ids = result.get("InstanceIdSet")
         if not isinstance(ids, list) or len(ids) != 1:
@@ -183,6 +235,15 @@ class TencentAdapter(ProviderAdapter):
         )
 
     def _default_image(self, region: str, instance_type: str) -> str:
+        image_id = self._newest_ubuntu(region, instance_type)
+        if image_id is None:
+            raise ProviderRequestRejected(
+                f"no public Ubuntu x86_64 image for {instance_type} in {region}; set options.image_id",
+                provider=mapping.PROVIDER,
+            )
+        return image_id
+
+    def _newest_ubuntu(self, region: str, instance_type: str) -> str | None:
         cached = self._images.get((region, instance_type))
         if cached:
             return cached
@@ -190,13 +251,236 @@ class TencentAdapter(ProviderAdapter):
             region, "DescribeImages", "ImageSet", {"Filters": UBUNTU_FILTERS, "InstanceType": instance_type}
         )
         image_id = mapping.newest_ubuntu_image(images)
-        if image_id is None:
-            raise ProviderRequestRejected(
-                f"no public Ubuntu x86_64 image for {instance_type} in {region}; set options.image_id",
-                provider=mapping.PROVIDER,
-            )
-        self._images[(region, instance_type)] = image_id
+        if image_id is not None:
+            self._images[(region, instance_type)] = image_id
         return image_id
+
+    # ------------------------------------------------------------------------------------------------ boot
+
+    def boot_prelude(self, spec: LaunchSpec) -> str:
+        """The NVIDIA driver install CVM's Ubuntu public images need; nothing for the buyer's own image, which
+        is theirs to prepare."""
+        if spec.boot is None or spec.image or spec.boot.image:
+            return ""
+        return GPU_DRIVER_PRELUDE
+
+    def _boot_image(self, spec: LaunchSpec, boot: BootSpec) -> str:
+        """The image a booted launch uses, checked to exist in the region before anything is created there.
+
+        Raises ``ImageUnavailable`` naming the region when DescribeImages does not know the chosen image (the
+        buyer's, or the account's ``image_id`` option) or no public Ubuntu image fits the instance type."""
+        chosen = spec.image or boot.image or self.options.get("image_id")
+        if not chosen:
+            newest = self._newest_ubuntu(spec.region, spec.instance_type)
+            if newest is None:
+                raise ImageUnavailable(
+                    f"no public Ubuntu x86_64 image for {spec.instance_type} in {spec.region}",
+                    provider=mapping.PROVIDER,
+                )
+            return newest
+        found = self._client.call(
+            spec.region, "DescribeImages", {"ImageIds": [chosen], "InstanceType": spec.instance_type}
+        )
+        if not any(str(image.get("ImageId")) == chosen for image in found.get("ImageSet") or []):
+            raise ImageUnavailable(f"image {chosen} does not exist in {spec.region}", provider=mapping.PROVIDER)
+        return chosen
+
+    def _boot_params(self, spec: LaunchSpec, boot: BootSpec) -> dict[str, Any]:
+        """RunInstances fields for the boot, after making sure its key pairs and security group exist."""
+        script = self.user_data(spec)
+        assert script is not None  # a spec with a boot always renders one
+        native = [key for key in boot.ssh_keys if key.key_type in mapping.NATIVE_KEY_TYPES]
+        key_ids = self._ensure_key_pairs(spec.region, spec.order_ref, native)
+        group_id = self._ensure_security_group(spec.region, spec.order_ref, boot.ingress)
+        params: dict[str, Any] = {"UserData": mapping.encode_user_data(script), "SecurityGroupIds": [group_id]}
+        if key_ids:
+            params["LoginSettings"] = {"KeyIds": key_ids}
+        if boot.disk_gb is not None:
+            params["SystemDisk"] = {"DiskSize": boot.disk_gb}
+        return params
+
+    def _ensure_key_pairs(self, region: str, order_ref: str, keys: Sequence[SshPublicKey]) -> list[str]:
+        """One imported key pair per key, found by the order's tag before any import, so a resumed launch
+        imports nothing twice."""
+        if not keys:
+            return []
+        mine = {
+            mapping.canonical_public_key(str(kp.get("PublicKey") or "")): str(kp["KeyId"])
+            for kp in self._order_key_pairs(region, order_ref)
+        }
+        return [mine.get(key.public_key) or self._import_key_pair(region, order_ref, key.public_key) for key in keys]
+
+    def _import_key_pair(self, region: str, order_ref: str, public_key: str) -> str:
+        name = mapping.key_pair_name(order_ref, public_key)
+        params = {
+            "KeyName": name,
+            "ProjectId": 0,
+            "PublicKey": public_key,
+            "TagSpecification": [{"ResourceType": "keypair", "Tags": mapping.order_tags(order_ref)}],
+        }
+        try:
+            return str(self._client.write(region, "ImportKeyPair", params)["KeyId"])
+        except ProviderRequestRejected as exc:
+            if exc.code == mapping.KEY_NAME_TAKEN_CODE:
+                # An earlier import whose answer was lost: the name is derived from (order, key), so it is ours.
+                found = self._key_pairs(region, [{"Name": "key-name", "Values": [name]}])
+            elif exc.code == mapping.PUBLIC_KEY_TAKEN_CODE:
+                # CVM takes one copy of a public key per account: the buyer's key is already here (another of
+                # their orders, or the seller's own). Use it; it is not this order's to delete.
+                found = self._key_pairs(region, [])
+            else:
+                raise
+            for key_pair in found:
+                if mapping.canonical_public_key(str(key_pair.get("PublicKey") or "")) == public_key:
+                    return str(key_pair["KeyId"])
+            raise
+
+    def _ensure_security_group(self, region: str, order_ref: str, ingress: Iterable[IngressRule]) -> str:
+        """The order's security group in the region holding every wanted rule: found by tag, created when
+        missing; rules a lost answer left out are added, none twice."""
+        groups = self._order_security_groups(region, order_ref)
+        if groups:
+            # Two groups can only come from two launches racing; the oldest wins and release deletes both.
+            group_id = str(
+                min(groups, key=lambda g: (str(g.get("CreatedTime") or ""), str(g["SecurityGroupId"])))[
+                    "SecurityGroupId"
+                ]
+            )
+        else:
+            created = self._client.write(
+                region,
+                "CreateSecurityGroup",
+                {
+                    "GroupName": mapping.security_group_name(order_ref),
+                    "GroupDescription": mapping.SECURITY_GROUP_DESCRIPTION,
+                    "ProjectId": "0",
+                    "Tags": mapping.order_tags(order_ref),
+                },
+                service=VPC,
+            )
+            group_id = str((created.get("SecurityGroup") or {}).get("SecurityGroupId") or "")
+            if not group_id:
+                raise mapping.malformed("CreateSecurityGroup answered without SecurityGroup.SecurityGroupId")
+        present = self._client.call(region, "DescribeSecurityGroupPolicies", {"SecurityGroupId": group_id}, service=VPC)
+        policy_set = present.get("SecurityGroupPolicySet") or {}
+        # CreateSecurityGroupPolicies takes one direction per request (https://cloud.tencent.com/document/api/215/15807).
+        for direction, wanted in (
+            ("Ingress", mapping.ingress_policies(ingress)),
+            ("Egress", list(mapping.EGRESS_POLICIES)),
+        ):
+            missing = mapping.missing_policies(wanted, policy_set.get(direction) or [])
+            if missing:
+                self._client.write(
+                    region,
+                    "CreateSecurityGroupPolicies",
+                    {"SecurityGroupId": group_id, "SecurityGroupPolicySet": {direction: missing}},
+                    service=VPC,
+                )
+        return group_id
+
+    def _key_pairs(self, region: str, filters: list[dict[str, Any]]) -> list[Any]:
+        params: dict[str, Any] = {"Filters": filters} if filters else {}
+        return self._client.pages(region, "DescribeKeyPairs", "KeyPairSet", params)
+
+    def _order_key_pairs(self, region: str, order_ref: str) -> list[Any]:
+        return self._key_pairs(region, [{"Name": f"tag:{mapping.ORDER_TAG}", "Values": [order_ref]}])
+
+    def _security_groups(self, region: str, filters: list[dict[str, Any]]) -> list[Any]:
+        return self._client.pages(
+            region, "DescribeSecurityGroups", "SecurityGroupSet", {"Filters": filters}, service=VPC
+        )
+
+    def _order_security_groups(self, region: str, order_ref: str) -> list[Any]:
+        return self._security_groups(region, [{"Name": f"tag:{mapping.ORDER_TAG}", "Values": [order_ref]}])
+
+    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
+        """Delete the order's key pairs (DeleteKeyPairs) and security groups (DeleteSecurityGroup) in every
+        region. Idempotent: what is gone is skipped. Returns those CVM refuses to delete while an instance still
+        uses them (a key pair bound to it, a security group it is in, until the instance is shut down)."""
+        remaining: list[OrderResource] = []
+        for region in self.regions:
+            for key_pair in self._order_key_pairs(region, order_ref):
+                resource = self._resource(
+                    KEY_PAIR, str(key_pair["KeyId"]), region, key_pair.get("Tags"), key_pair.get("KeyName")
+                )
+                if not self._delete(
+                    region,
+                    "DeleteKeyPairs",
+                    {"KeyIds": [resource.resource_id]},
+                    mapping.KEY_PAIR_IN_USE_CODES,
+                    mapping.KEY_PAIR_GONE_CODES,
+                ):
+                    remaining.append(resource)
+            for group in self._order_security_groups(region, order_ref):
+                resource = self._resource(
+                    SECURITY_GROUP,
+                    str(group["SecurityGroupId"]),
+                    region,
+                    group.get("TagSet"),
+                    group.get("SecurityGroupName"),
+                )
+                if not self._delete(
+                    region,
+                    "DeleteSecurityGroup",
+                    {"SecurityGroupId": resource.resource_id},
+                    mapping.SECURITY_GROUP_IN_USE_CODES,
+                    mapping.SECURITY_GROUP_GONE_CODES,
+                    service=VPC,
+                ):
+                    remaining.append(resource)
+        return remaining
+
+    def _delete(
+        self,
+        region: str,
+        action: str,
+        params: dict[str, Any],
+        in_use: frozenset[str],
+        gone: frozenset[str],
+        service: str = "cvm",
+    ) -> bool:
+        """False when the provider refuses because the resource is still in use; True when it is gone."""
+        try:
+            self._client.call(region, action, params, service=service)
+        except ProviderRequestRejected as exc:
+            if exc.code in in_use:
+                return False
+            if exc.code not in gone:
+                raise
+        return True
+
+    def list_order_resources(self) -> list[OrderResource]:
+        """Every key pair and security group carrying a ``broker:order`` tag in the account's regions."""
+        found: list[OrderResource] = []
+        any_order = [{"Name": "tag-key", "Values": [mapping.ORDER_TAG]}]
+        for region in self.regions:
+            for key_pair in self._key_pairs(region, any_order):
+                found.append(
+                    self._resource(
+                        KEY_PAIR, str(key_pair["KeyId"]), region, key_pair.get("Tags"), key_pair.get("KeyName")
+                    )
+                )
+            for group in self._security_groups(region, any_order):
+                found.append(
+                    self._resource(
+                        SECURITY_GROUP,
+                        str(group["SecurityGroupId"]),
+                        region,
+                        group.get("TagSet"),
+                        group.get("SecurityGroupName"),
+                    )
+                )
+        return [r for r in found if r.order_ref]
+
+    @staticmethod
+    def _resource(kind: str, resource_id: str, region: str, tags: Any, name: Any) -> OrderResource:
+        return OrderResource(
+            kind=kind,
+            resource_id=resource_id,
+            region=region,
+            order_ref=mapping.order_of(tags) or "",
+            extra={"name": str(name or "")},
+        )
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Terminate the instance; a no-op (no API write) when it is already terminated, terminating or failed.

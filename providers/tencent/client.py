@@ -1,8 +1,10 @@
 """The only module that imports the Tencent Cloud SDK.
 
-``TencentClient`` builds one ``CvmClient`` per region (explicit timeouts, SDK retries off) and runs every call
-through the SDK's typed request/response models, so callers pass and receive plain dicts and see only
-``ProviderError`` subclasses, never a ``TencentCloudSDKException``.
+``TencentClient`` builds one ``CvmClient`` (and, for security groups, one ``VpcClient``: they live in the VPC API)
+per region, with explicit timeouts and SDK retries off, and runs every call through the SDK's typed
+request/response models, so callers pass and receive plain dicts and see only ``ProviderError`` subclasses, never
+a ``TencentCloudSDKException``. An ``endpoint_url`` override sends both services to that one host, as a private
+endpoint or the sandbox serves them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from tencentcloud.common import credential
 from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
 from tencentcloud.common.profile.client_profile import ClientProfile
 from tencentcloud.common.profile.http_profile import HttpProfile
-from tencentcloud.cvm.v20170312 import cvm_client, models
+from tencentcloud.cvm.v20170312 import cvm_client
+from tencentcloud.cvm.v20170312 import models as cvm_models
+from tencentcloud.vpc.v20170312 import models as vpc_models
+from tencentcloud.vpc.v20170312 import vpc_client
 
 from providers.errors import ProviderError, ProviderRequestRejected, TransientProviderError
 from providers.tencent import mapping
@@ -30,6 +35,12 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_RETRY_BACKOFF = 0.25  # seconds before the first retry; doubled for each further one
 MAX_RETRY_SLEEP = 5.0
 PAGE_LIMIT = 100  # the largest Limit CVM's paginated Describe* calls accept
+CVM = "cvm"
+VPC = "vpc"
+_SERVICES: dict[str, tuple[Any, Any]] = {
+    CVM: (cvm_client.CvmClient, cvm_models),
+    VPC: (vpc_client.VpcClient, vpc_models),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +87,7 @@ def translate(exc: TencentCloudSDKException) -> ProviderError:
 
 
 class TencentClient:
-    """Lazily built, cached ``CvmClient`` per region for one account.
+    """Lazily built, cached SDK clients per (service, region) for one account.
 
     ``call``/``pages`` retry transient errors up to ``max_attempts`` in total with exponential backoff;
     ``launch`` makes exactly one attempt. The SDK's own retryer stays off (its default is none) for both.
@@ -86,7 +97,7 @@ class TencentClient:
         self.settings = settings
         self.protocol, self.endpoint = split_endpoint(settings.endpoint_url)
         self._sleep = sleep
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
     def profile(self) -> Any:
@@ -100,46 +111,60 @@ class TencentClient:
         )
         return ClientProfile(httpProfile=http, language="en-US")
 
-    def _client(self, region: str) -> Any:
+    def _client(self, service: str, region: str) -> Any:
         with self._lock:
-            client = self._clients.get(region)
+            client = self._clients.get((service, region))
             if client is None:
                 try:
                     cred = credential.Credential(self.settings.secret_id, self.settings.secret_key, self.settings.token)
                 except TencentCloudSDKException as exc:
                     raise translate(exc) from exc
-                client = cvm_client.CvmClient(cred, region, self.profile())
-                self._clients[region] = client
+                client = _SERVICES[service][0](cred, region, self.profile())
+                self._clients[(service, region)] = client
             return client
 
-    def _once(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
-        request = getattr(models, f"{action}Request")()
+    def _once(self, region: str, action: str, params: dict[str, Any], service: str = CVM) -> dict[str, Any]:
+        request = getattr(_SERVICES[service][1], f"{action}Request")()
         request.from_json_string(json.dumps(params))
         try:
-            response = getattr(self._client(region), action)(request)
+            response = getattr(self._client(service, region), action)(request)
         except TencentCloudSDKException as exc:
             raise translate(exc) from exc
         result: dict[str, Any] = json.loads(response.to_json_string())
         return result
 
-    def call(self, region: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def call(
+        self, region: str, action: str, params: dict[str, Any] | None = None, *, service: str = CVM
+    ) -> dict[str, Any]:
         """One read (or a safely repeatable write such as TerminateInstances), retried when transient."""
         attempt = 1
         while True:
             try:
-                return self._once(region, action, dict(params or {}))
+                return self._once(region, action, dict(params or {}), service)
             except TransientProviderError:
                 if attempt >= self.settings.max_attempts:
                     raise
             self._sleep(min(MAX_RETRY_SLEEP, self.settings.retry_backoff * 2 ** (attempt - 1)))
             attempt += 1
 
-    def pages(self, region: str, action: str, result_key: str, params: dict[str, Any] | None = None) -> list[Any]:
+    def pages(
+        self,
+        region: str,
+        action: str,
+        result_key: str,
+        params: dict[str, Any] | None = None,
+        *,
+        service: str = CVM,
+    ) -> list[Any]:
         """Every item under ``result_key`` of an Offset/Limit-paginated read (``TotalCount`` ends the walk)."""
         items: list[Any] = []
         offset = 0
         while True:
-            page = self.call(region, action, {**(params or {}), "Offset": offset, "Limit": PAGE_LIMIT})
+            # VPC's Describe* calls type Offset and Limit as strings; CVM's as integers.
+            paging: dict[str, Any] = {"Offset": offset, "Limit": PAGE_LIMIT}
+            if service == VPC:
+                paging = {key: str(value) for key, value in paging.items()}
+            page = self.call(region, action, {**(params or {}), **paging}, service=service)
             batch = page.get(result_key) or []
             if not isinstance(batch, list):
                 raise mapping.malformed(f"{action}: {result_key} is not a list")
@@ -153,3 +178,8 @@ class TencentClient:
     def launch(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
         """``RunInstances`` exactly once: the broker decides on retry (same ClientToken) or failover."""
         return self._once(region, "RunInstances", params)
+
+    def write(self, region: str, action: str, params: dict[str, Any], *, service: str = CVM) -> dict[str, Any]:
+        """A write that is not safe to repeat blindly (ImportKeyPair, CreateSecurityGroup): exactly once; the
+        caller finds what a lost answer created by its tag or name before trying again."""
+        return self._once(region, action, dict(params), service)

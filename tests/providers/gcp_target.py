@@ -4,13 +4,15 @@ self-signed JWTs with service-account keys generated at sandbox start."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from providers.gcp.adapter import GcpAdapter
 from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
+from providers.sandbox.gcp_boot import ssh_key_lines
 from providers.sandbox.gcp_seed import REGION_ZONES
-from providers.types import Credentials
-from tests.providers.contract import ContractTarget
+from providers.types import Credentials, InstanceHandle
+from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "gcp"
 PROJECT = "broker-contract"
@@ -29,6 +31,28 @@ def _key_json(sandbox: GcpSandbox, valid: bool) -> str:
         email = f"{'contract' if valid else 'bad-contract'}@{PROJECT}.iam.gserviceaccount.com"
         keys[valid] = json.dumps(sandbox.new_service_account(email, PROJECT))
     return keys[valid]
+
+
+def launched_view(sandbox: GcpSandbox, handle: InstanceHandle) -> LaunchedView:
+    """What the sandbox keeps for the instance, read from its Compute Engine resources: the boot Disk's
+    ``sourceImage`` and ``sizeGb``, the ``startup-script`` and ``ssh-keys`` metadata values, what the project's VPC
+    firewall rules let in, and the order named by each rule that targets the instance's network tags (rules have
+    no labels: the order is in the description; a rule without it shows as "")."""
+    body = sandbox.instance_resource(handle.instance_id)
+    disk = sandbox.disk_resource(handle.zone, body["name"])
+    metadata = {item["key"]: item["value"] for item in body["metadata"].get("items") or []}
+    project = body["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+    tags = set((body.get("tags") or {}).get("items") or [])
+    created = [r for r in sandbox.firewall_rules(project) if tags & set(r.get("targetTags") or [])]
+    orders = [(m[1] if (m := re.search(r"broker-order=(\S+)", r.get("description", ""))) else "") for r in created]
+    return LaunchedView(
+        image=disk["sourceImage"],
+        disk_gb=int(disk["sizeGb"]),
+        user_data=metadata.get("startup-script", "").encode(),
+        public_keys=[key for _, key in ssh_key_lines(metadata.get("ssh-keys", ""))],
+        ingress=sandbox.lets_in(handle.instance_id),
+        resource_tags=orders,
+    )
 
 
 def target(sandbox: GcpSandbox) -> ContractTarget:
@@ -52,4 +76,5 @@ def target(sandbox: GcpSandbox) -> ContractTarget:
         read_action="compute.machineTypes.aggregatedList",
         short_timeout={"read_timeout": "0.5", "max_attempts": "1"},
         instances=instances,
+        launched=lambda handle: launched_view(sandbox, handle),
     )

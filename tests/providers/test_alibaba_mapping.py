@@ -62,6 +62,20 @@ CLOUD_APIS_CODES: list[tuple[str, int, type[ProviderError]]] = [
     ("InvalidParameter", 400, ProviderRequestRejected),
     ("Account.Arrearage", 400, ProviderRequestRejected),
     ("SomeFutureClientFault", 400, ProviderRequestRejected),
+    # What a booted launch meets, with the statuses of the RunInstances, ImportKeyPair, AuthorizeSecurityGroup,
+    # DeleteSecurityGroup and DeleteKeyPairs error tables of the ECS API reference.
+    ("InvalidUserData.SizeExceeded", 400, ProviderRequestRejected),
+    ("InvalidUserData.Base64FormatInvalid", 400, ProviderRequestRejected),
+    ("InvalidSystemDiskSize.LessThanImageSize", 404, ProviderRequestRejected),
+    ("InvalidSystemDiskSize.LessThanMinSize", 404, ProviderRequestRejected),
+    ("InvalidSystemDiskSize.MoreThanMaxSize", 404, ProviderRequestRejected),
+    ("InvalidKeyPairName.NotFound", 404, ProviderRequestRejected),
+    ("InvalidSecurityGroupId.NotFound", 404, ProviderRequestRejected),
+    ("InvalidPublicKeyBody.Malformed", 400, ProviderRequestRejected),
+    ("KeyPair.AlreadyExist", 400, ProviderRequestRejected),
+    ("AuthorizationLimitExceed", 403, ProviderRequestRejected),
+    ("DependencyViolation", 403, ProviderRequestRejected),
+    ("InvalidParameter.KeypairAlreadyAttachedInstance", 400, ProviderRequestRejected),
 ]
 
 

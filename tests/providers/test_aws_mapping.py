@@ -16,13 +16,16 @@ from providers.aws.client import _translate
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
+    ImageUnavailable,
     MalformedProviderResponse,
     ProviderError,
     ProviderRequestRejected,
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.launch import IngressRule, OrderResource
 from providers.types import InstanceState
+from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 # Every AWS code in /work/shared/CLOUD-APIS.md ("Error codes worth classifying"), plus the extra credential
 # codes of the brief and examples of "5xx other than capacity" and of final errors.
@@ -197,3 +200,85 @@ def test_newest_ubuntu_release_is_chosen() -> None:
 
     assert mapping.newest_ubuntu_image(images) == "ami-new"
     assert mapping.newest_ubuntu_image([]) is None
+
+
+# ------------------------------------------------------------------------------------------------ boot
+
+
+@pytest.mark.parametrize("code", ["InvalidAMIID.NotFound", "InvalidAMIID.Unavailable", "ParameterNotFound"])
+def test_an_image_the_region_lacks_is_image_unavailable(code: str) -> None:
+    assert mapping.error_class_for(code, 400) is ImageUnavailable
+
+
+def test_the_key_pair_gets_the_first_key_ec2_imports() -> None:
+    ecdsa, rsa3072, rsa4096, ed25519 = parsed(ecdsa_public(), rsa_public(), rsa_public(4096), ed25519_public())
+
+    # ImportKeyPair takes RSA (1024, 2048 or 4096 bits) and ED25519 (EC2 User Guide, create-key-pairs).
+    assert mapping.native_key([ecdsa, rsa3072, ed25519]) == ed25519
+    assert mapping.native_key([rsa4096, ed25519]) == rsa4096
+    assert mapping.native_key([ecdsa, rsa3072]) is None
+
+
+def test_ingress_becomes_one_permission_per_port_with_ipv6_ranges_apart() -> None:
+    rules = [
+        IngressRule(port=22, cidrs=("203.0.113.7/24", "2001:DB8::/32")),
+        IngressRule(port=22, cidrs=("203.0.113.0/24",)),
+        IngressRule(port=53, cidrs=("198.51.100.0/24",), protocol="udp"),
+    ]
+
+    wanted = mapping.wanted_permissions(rules)
+
+    assert wanted == [("tcp", 22, "203.0.113.0/24"), ("tcp", 22, "2001:db8::/32"), ("udp", 53, "198.51.100.0/24")]
+    assert mapping.ip_permissions(wanted) == [
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 22,
+            "ToPort": 22,
+            "IpRanges": [{"CidrIp": "203.0.113.0/24"}],
+            "Ipv6Ranges": [{"CidrIpv6": "2001:db8::/32"}],
+        },
+        {"IpProtocol": "udp", "FromPort": 53, "ToPort": 53, "IpRanges": [{"CidrIp": "198.51.100.0/24"}]},
+    ]
+    assert mapping.existing_permissions(mapping.ip_permissions(wanted)) == set(wanted)
+
+
+def test_existing_permissions_skip_port_ranges_and_all_traffic() -> None:
+    permissions = [
+        {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+        {"IpProtocol": "tcp", "FromPort": 1000, "ToPort": 2000, "IpRanges": [{"CidrIp": "10.0.0.0/8"}]},
+    ]
+
+    assert mapping.existing_permissions(permissions) == set()
+
+
+def test_image_facts_read_the_root_device_and_its_snapshot_size() -> None:
+    image = {
+        "ImageId": "ami-0abc",
+        "RootDeviceName": "/dev/sda1",
+        "BlockDeviceMappings": [
+            {"DeviceName": "/dev/sdb", "VirtualName": "ephemeral0"},
+            {"DeviceName": "/dev/sda1", "Ebs": {"SnapshotId": "snap-1", "VolumeSize": 75}},
+        ],
+    }
+
+    assert mapping.image_facts(image) == mapping.ImageFacts("ami-0abc", "/dev/sda1", 75)
+    assert mapping.root_volume(mapping.image_facts(image), 300) == [
+        {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "DeleteOnTermination": True}}
+    ]
+    with pytest.raises(MalformedProviderResponse):
+        mapping.image_facts({"ImageId": "ami-0abc"})
+
+
+def test_tagged_resources_become_order_resources() -> None:
+    tags = [{"Key": "broker:order", "Value": "ord-7"}]
+    group = {"GroupId": "sg-1", "GroupName": "broker-ord-7", "VpcId": "vpc-1", "Tags": tags}
+    key = {"KeyPairId": "key-1", "KeyName": "broker-ord-7", "Tags": tags}
+
+    assert mapping.order_resource("security_group", group, "us-east-1") == OrderResource(
+        "security_group", "sg-1", "us-east-1", "ord-7", {"name": "broker-ord-7", "vpc_id": "vpc-1"}
+    )
+    assert mapping.order_resource("key_pair", key, "us-east-1") == OrderResource(
+        "key_pair", "key-1", "us-east-1", "ord-7", {"name": "broker-ord-7"}
+    )
+    assert mapping.order_filter("ord-7") == [{"Name": "tag:broker:order", "Values": ["ord-7"]}]
+    assert mapping.order_filter() == [{"Name": "tag-key", "Values": ["broker:order"]}]

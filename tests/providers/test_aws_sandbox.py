@@ -196,6 +196,8 @@ def test_faults_are_driven_over_http(aws_sandbox: AwsSandbox) -> None:
         "code": None,
         "remaining": 1,
         "fired": 0,
+        "region": None,
+        "message": None,
     }
     with pytest.raises(botocore.exceptions.ClientError) as caught:
         _run_p4d(aws_sandbox)

@@ -405,3 +405,101 @@ def test_a_failed_create_describes_as_failed_with_its_error():
 def test_an_unreadable_vm_is_malformed():
     with pytest.raises(mapping.MalformedProviderResponse):
         mapping.instance_handle({"name": "x", "location": "eastus", "properties": {}}, resource_group="broker")
+
+
+# ------------------------------------------------------------------------------------------------- boot
+
+
+def test_image_refs_keep_a_marketplace_urn_or_a_resource_id():
+    urn = mapping.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest")
+    managed = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/gpu"
+    gallery = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/galleries/x/images/y/versions/1.0.0"
+
+    assert (urn.marketplace, str(urn), urn.reference()["sku"]) == (
+        True,
+        "microsoft-dsvm:ubuntu-hpc:2204:latest",
+        "2204",
+    )
+    assert mapping.parse_image(managed).reference() == {"id": managed}
+    assert mapping.managed_image_parts(managed) == ("s", "g", "gpu")
+    assert mapping.managed_image_parts(gallery) is None
+
+
+def test_an_orders_security_group_is_named_per_order_and_region():
+    assert mapping.nsg_name("ord-1f2e", "eastus") == "nsg-ord-1f2e-eastus"
+    hashed = mapping.nsg_name("ord/with spaces", "westus")
+    # NSG names: letters, digits, '_', '.', '-', at most 80 (Naming rules and restrictions for Azure resources).
+    assert hashed.startswith("nsg-") and hashed.endswith("-westus") and len(hashed) <= 80
+    assert hashed == mapping.nsg_name("ord/with spaces", "westus")
+    assert len(mapping.nsg_name("ord-" + "x" * 100, "southcentralus")) <= 80
+
+
+def test_security_rules_are_one_inbound_allow_per_port_and_range_from_priority_100():
+    from providers.launch import IngressRule
+
+    rules = mapping.security_rules(
+        [IngressRule(port=22, cidrs=("203.0.113.0/24", "2001:db8::/48")), IngressRule(8000, ("10.0.0.0/8",), "udp")]
+    )
+
+    assert [(r["properties"]["priority"], r["properties"]["protocol"], r["properties"]["destinationPortRange"],
+             r["properties"]["sourceAddressPrefix"]) for r in rules] == [
+        (100, "Tcp", "22", "2001:db8::/48"),
+        (101, "Tcp", "22", "203.0.113.0/24"),
+        (102, "Udp", "8000", "10.0.0.0/8"),
+    ]  # fmt: skip
+    assert {(r["properties"]["direction"], r["properties"]["access"]) for r in rules} == {("Inbound", "Allow")}
+
+
+def test_an_existing_group_matches_when_its_rules_and_order_tag_do():
+    wanted = {"tags": {"broker:order": "ord-1"}, "properties": {"securityRules": [{"properties": {"priority": 100}}]}}
+    read_back = {
+        "tags": {"broker:order": "ord-1"},
+        "properties": {"securityRules": [{"name": "x", "properties": {"priority": 100, "provisioningState": "S"}}]},
+    }
+
+    assert mapping.nsg_matches(read_back, wanted)
+    assert not mapping.nsg_matches({**read_back, "tags": {}}, wanted)
+    assert not mapping.nsg_matches({"tags": {"broker:order": "ord-1"}, "properties": {}}, wanted)
+
+
+def test_order_resources_come_from_tagged_groups_only():
+    nsg = {
+        "id": "/x/nsg-ord-1-eastus",
+        "name": "nsg-ord-1-eastus",
+        "location": "eastus",
+        "tags": {"broker:order": "ord-1"},
+    }
+
+    resource = mapping.order_resource(nsg)
+
+    assert resource is not None
+    assert (resource.kind, resource.resource_id, resource.region, resource.order_ref) == (
+        "network_security_group",
+        "/x/nsg-ord-1-eastus",
+        "eastus",
+        "ord-1",
+    )
+    assert mapping.order_resource({**nsg, "tags": {}}) is None
+
+
+def test_vm_body_with_a_boot_carries_custom_data_keys_disk_image_and_the_group():
+    boot = mapping.BootParts(
+        image=mapping.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest"),
+        custom_data="IyEvYmluL2Jhc2gK",
+        admin_username="azureuser",
+        public_keys=("ssh-ed25519 AAAAkey",),
+        nsg_id="/subscriptions/s/resourceGroups/broker/providers/Microsoft.Network/networkSecurityGroups/n",
+        disk_gb=200,
+    )
+
+    body = mapping.vm_body(_spec(), "vm", mapping.LaunchSettings(subnet_id="/s", ssh_public_key=""), boot)
+    properties = body["properties"]
+
+    assert properties["osProfile"]["customData"] == "IyEvYmluL2Jhc2gK"
+    assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"] == [
+        {"path": "/home/azureuser/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAAkey"}
+    ]
+    assert properties["storageProfile"]["osDisk"]["diskSizeGB"] == 200
+    assert properties["storageProfile"]["imageReference"]["offer"] == "ubuntu-hpc"
+    nic = properties["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+    assert nic["networkSecurityGroup"] == {"id": boot.nsg_id}

@@ -9,10 +9,13 @@ import pytest
 import requests
 
 from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from tests.sshkeys import ed25519_public
 
 SUB = "00000000-0000-0000-0000-0000000005b0"
 VMS = f"/subscriptions/{SUB}/resourceGroups/broker/providers/Microsoft.Compute/virtualMachines"
 API = {"api-version": "2024-07-01"}
+IMAGE = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
+KEYS_PATH = "/home/azureuser/.ssh/authorized_keys"
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +67,11 @@ def _vm_body(**overrides):
         "tags": {"broker:order": "ord-1"},
         "properties": {
             "hardwareProfile": {"vmSize": "Standard_NC4as_T4_v3"},
-            "storageProfile": {"imageReference": {"publisher": "Canonical", "offer": "o", "sku": "s", "version": "v"}},
+            "storageProfile": {"imageReference": IMAGE},
             "osProfile": {
                 "computerName": "vm1",
                 "adminUsername": "azureuser",
-                "linuxConfiguration": {"ssh": {"publicKeys": [{"path": "/p", "keyData": "ssh-ed25519 AAAA"}]}},
+                "linuxConfiguration": {"ssh": {"publicKeys": [{"path": KEYS_PATH, "keyData": ed25519_public()}]}},
             },
             "networkProfile": {
                 "networkApiVersion": "2024-05-01",

@@ -344,7 +344,7 @@ def test_a_price_change_never_alters_an_order_already_placed(
     locked = order.price_per_hour
     assert locked == Decimal("15.2")
     Machine.objects.filter(name="fra-h100-1").update(price_per_gpu_hour=Decimal("3.10"))
-    order.instances.update(running_at=timezone.now() - dt.timedelta(hours=1))
+    order.instances.update(ready_at=timezone.now() - dt.timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
         order_terminate(order=order)
     assert offers_sync(account_id=fleet.pk).ok
