@@ -261,12 +261,17 @@ class BrokerClient:
         regions: Iterable[str] | None = None,
         duration_hours: Money | None = None,
         idempotency_key: str | None = None,
+        launch: Mapping[str, Any] | None = None,
+        launch_template: str | None = None,
     ) -> dict[str, Any]:
         """Place an order for an ``offer`` id (at its price now) or a ``quote`` id (at the price it locked).
 
-        Safe to retry: give the same ``idempotency_key`` to be answered with the same order (the client already
-        reuses one across its own retries). The same key with a different body raises ``Conflict``
-        (``idempotency_conflict``).
+        ``launch`` is what the machine runs and who may reach it (image, workload, disk_gb, ports,
+        allowed_cidrs, ssh_keys, spend_cap_usd; the broker's README describes it), or ``launch_template`` a
+        saved template's id or name; neither: a quote's configuration, else just the machine with the
+        organisation's keys, SSH open to this client's address. Safe to retry: give the same
+        ``idempotency_key`` to be answered with the same order (the client already reuses one across its own
+        retries). The same key with a different body raises ``Conflict`` (``idempotency_conflict``).
         """
         if (offer is None) == (quote is None):
             raise ValueError("give exactly one of offer or quote")
@@ -279,6 +284,10 @@ class BrokerClient:
             payload["regions"] = list(regions)
         if duration_hours is not None:
             payload["duration_hours"] = _money(duration_hours)
+        if launch is not None:
+            payload["launch"] = dict(launch)
+        if launch_template is not None:
+            payload["launch_template"] = launch_template
         body: dict[str, Any] = self.post("orders", payload, idempotency_key=idempotency_key).body
         return body
 
@@ -330,6 +339,32 @@ class BrokerClient:
     def terminate(self, order_id: str) -> dict[str, Any]:
         """Ask for the order's instance to be stopped (idempotent; a placed order is cancelled instead)."""
         body: dict[str, Any] = self.post(f"orders/{order_id}/terminate").body
+        return body
+
+    # --- SSH keys and launch templates -----------------------------------------------------------------------
+
+    def ssh_keys(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The organisation's SSH public keys (needs keys:manage or orders:place)."""
+        return self._pages("ssh-keys", {}, limit, 100)
+
+    def ssh_key_add(self, public_key: str, name: str = "", *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Add a public key (ed25519, ECDSA, or RSA of 3072+ bits). Never give it a private key: the broker
+        refuses one and does not keep it, but it should not travel at all (``cli`` checks before sending)."""
+        payload = {"public_key": public_key, "name": name}
+        body: dict[str, Any] = self.post("ssh-keys", payload, idempotency_key=idempotency_key).body
+        return body
+
+    def ssh_key_delete(self, key_id: str) -> None:
+        self.request("DELETE", f"ssh-keys/{key_id}")
+
+    def launch_templates(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        return self._pages("launch-templates", {}, limit, 100)
+
+    def launch_template_save(
+        self, name: str, launch: Mapping[str, Any], *, description: str = "", idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        payload = {"name": name, "description": description, "launch": dict(launch)}
+        body: dict[str, Any] = self.post("launch-templates", payload, idempotency_key=idempotency_key).body
         return body
 
     # --- Ledger --------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ import argparse
 import json
 import logging
 import os
+import shlex
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -83,10 +86,27 @@ def _order_lines(order: dict[str, Any], out: TextIO) -> None:
         ("usage", f"{usage.get('seconds', 0)} s, {usage.get('amount_usd')} USD"),
         ("attempts", len(order.get("attempts") or [])),
     ]  # fmt: skip
+    boot = order.get("boot") or {}
+    if boot and order.get("state") == "provisioning":
+        rows.append(("boot", f"{boot.get('state')} (ready by {boot.get('deadline') or 'launch'})"))
+    if (boot.get("failure") or {}).get("reason"):
+        rows.append(("failed", f"{boot['failure'].get('stage')}: {boot['failure'].get('reason')}"))
     for name, value in rows:
         out.write(f"{name:<9} {_cell(value)}\n")
+    connection_lines(order.get("connection"), out)
     for warning in order.get("warnings") or []:
         out.write(f"warning   {warning}\n")
+
+
+def connection_lines(connection: dict[str, Any] | None, out: TextIO) -> None:
+    """How to reach a ready machine: the ssh line, the host keys to expect, the exposed ports' URLs."""
+    if not connection:
+        return
+    out.write(f"connect   {connection.get('ssh')}\n")
+    for key in connection.get("host_keys") or []:
+        out.write(f"host key  {key.get('type')} {key.get('fingerprint')}\n")
+    for url in connection.get("urls") or []:
+        out.write(f"port {url.get('port'):<5}{url.get('url')}\n")
 
 
 # --- Commands --------------------------------------------------------------------------------------------------
@@ -318,6 +338,169 @@ def _receipt_table(receipt: dict[str, Any], out: TextIO) -> None:
         out.write("no checkpoint covers these entries yet\n")
 
 
+def cmd_keys(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.action == "add":
+        if not args.file:
+            raise UsageError("keys add needs the public key file, e.g. ~/.ssh/id_ed25519.pub")
+        text = _read_public_key(args.file)
+        added = client.ssh_key_add(text, args.name or "")
+        if args.json:
+            _json(added, out)
+        else:
+            out.write(f"added {added['name']}: {added['key_type']} {added['bits']} bits {added['fingerprint']}\n")
+        return EXIT_OK
+    if args.action == "rm":
+        if not args.file:
+            raise UsageError("keys rm needs a key id (see broker keys list)")
+        client.ssh_key_delete(args.file)
+        out.write(f"removed {args.file}\n")
+        return EXIT_OK
+    keys = list(client.ssh_keys())
+    if args.json:
+        _json(keys, out)
+        return EXIT_OK
+    rows = [[k["id"], k["name"], k["key_type"], k["bits"], k["fingerprint"], k["added_by"]] for k in keys]
+    table(rows, ["id", "name", "type", "bits", "fingerprint", "added_by"], out)
+    return EXIT_OK
+
+
+_PRIVATE_MARKERS = ("PRIVATE KEY", "PuTTY-User-Key-File", "openssh-key-v1")
+
+
+def _read_public_key(path: str) -> str:
+    """The public key in ``path``. A private key is refused here, before it is sent anywhere: the usual slip is
+    ``~/.ssh/id_ed25519`` for ``~/.ssh/id_ed25519.pub``."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    if any(marker in text for marker in _PRIVATE_MARKERS):
+        pub = f"{path}.pub" if not path.endswith(".pub") else path
+        raise UsageError(f"{path} is a private key: nothing was sent. Give the public half, e.g. {pub}")
+    return text.strip()
+
+
+def ssh_command(connection: dict[str, Any], known_hosts: str, extra: Sequence[str] = ()) -> list[str]:
+    """The ``ssh`` invocation that connects to the machine and checks its host key against the ones its agent
+    reported (pinned in ``known_hosts``), instead of trusting whatever answers on first use."""
+    return [
+        "ssh",
+        "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-p", str(connection["port"]),
+        f"{connection['user']}@{connection['host']}",
+        *extra,
+    ]  # fmt: skip
+
+
+def cmd_ssh(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
+    order = client.order_get(args.order)
+    connection = order.get("connection")
+    if not connection:
+        boot = order.get("boot") or {}
+        why = (boot.get("failure") or {}).get("reason") or f"the order is {order.get('state')}"
+        sys.stderr.write(f"broker: order {args.order} has no ready machine to connect to: {why}\n")
+        return EXIT_API
+    extra = list(args.command or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    with tempfile.TemporaryDirectory(prefix="broker-ssh-") as folder:
+        known_hosts = Path(folder) / "known_hosts"
+        known_hosts.write_text("\n".join(connection.get("known_hosts") or []) + "\n")
+        command = ssh_command(connection, str(known_hosts), extra)
+        if args.print:
+            out.write(shlex.join(command) + "\n")
+            out.write(known_hosts.read_text())
+            return EXIT_OK
+        return subprocess.call(command)  # noqa: S603 - the user's own ssh, with the order's address
+
+
+def launch_config_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch configuration ``broker launch``'s options describe."""
+    env: list[dict[str, Any]] = []
+    for item, secret in [(e, False) for e in args.env or []] + [(e, True) for e in args.secret_env or []]:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env/--secret-env want NAME=VALUE, not {item!r}")
+        env.append({"name": name, "value": value, **({"secret": True} if secret else {})})
+    ports = [int(p) for p in _split(args.port)] if args.port else []
+    launch: dict[str, Any] = {}
+    if args.image:
+        command = ["/bin/sh", "-c", args.run_command] if args.run_command else []
+        launch["workload"] = {"kind": "container", "image": args.image, "command": command, "env": env,
+                              "ports": ports}  # fmt: skip
+        if args.shm:
+            launch["workload"]["shm_size_gb"] = args.shm
+    elif args.run_command or args.script:
+        if args.script:
+            try:
+                script = Path(args.script).read_text()
+            except OSError as exc:
+                raise UsageError(f"cannot read {args.script}: {exc}") from None
+        else:
+            script = f"#!/bin/bash\n{args.run_command}\n"
+        launch["workload"] = {"kind": "script", "script": script, "env": env}
+        if ports:
+            launch["ports"] = ports
+    elif ports:
+        launch["ports"] = ports
+    if args.vm_image:
+        launch["image"] = args.vm_image
+    if args.disk:
+        launch["disk_gb"] = args.disk
+    if args.allow:
+        launch["allowed_cidrs"] = _split(args.allow)
+    if args.key:
+        launch["ssh_keys"] = _split(args.key)
+    if args.spend_cap:
+        launch["spend_cap_usd"] = args.spend_cap
+    return launch
+
+
+def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
+    """Quote, order the best quote with the launch configuration, wait for ready, print how to connect."""
+    model, _, count = args.gpu.partition(":")
+    if count and not count.isdigit():
+        raise UsageError(f"--gpu wants MODEL[:COUNT], e.g. H100:8, not {args.gpu!r}")
+    workload = {"profile": args.profile, "limit": 5, "gpu_count": int(count or 1),
+                "gpu_models": _expand_gpus(client, [model])}  # fmt: skip
+    extra = {"regions": _split(args.region), "pricing_models": _split(args.pricing)}
+    workload.update({k: v for k, v in extra.items() if v})
+    if args.max_price:
+        workload["max_price_per_hour"] = args.max_price
+    if args.hours:
+        workload["duration_hours"] = args.hours
+    launch = launch_config_from(args)
+    result = client.quote({**workload, "launch": launch})
+    quotes = result.get("quotes") or []
+    if not quotes:
+        sys.stderr.write("broker: no offer fits: " + "; ".join(
+            f"{m['instance_type']} fails {', '.join(m['failed'])}" for m in result.get("near_misses", [])[:3]
+        ) + "\n")  # fmt: skip
+        return EXIT_API
+    best = quotes[0]
+    offer = best["offer"]
+    say = sys.stderr if args.json else out
+    say.write(f"ordering {offer['gpu_count']} x {offer['gpu_model']} {offer['instance_type']} in {offer['zone']} "
+              f"({offer['provider']}) at {best['price_per_hour']} USD/h\n")  # fmt: skip
+    order = client.order(quote=best["id"], duration_hours=args.hours, max_price_per_hour=args.max_price)
+    last: dict[str, Any] = order
+    for state in client.watch(order["id"], until=["running"], timeout=args.wait, interval=args.interval):
+        last = state
+        if not args.json:
+            reason = f"  {state['state_reason']}" if state.get("state_reason") else ""
+            out.write(f"{state.get('state_changed_at')}  {state['state']}{reason}\n")
+            out.flush()
+    final = client.order_get(order["id"])
+    if args.json:
+        _json(final, out)
+    else:
+        _order_lines(final, out)
+        if final.get("connection"):
+            out.write(f"ssh with the host key checked: broker ssh {final['id']}\n")
+    return EXIT_OK if last.get("state") == "running" and final.get("state") == "running" else EXIT_API
+
+
 def cmd_key(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
     key = client.ledger_key()
     if args.json:
@@ -417,6 +600,43 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("key", parents=[common], help="the verifier key the broker publishes")
     p.set_defaults(run=cmd_key)
+
+    p = sub.add_parser("keys", parents=[common], help="your organisation's SSH keys: list, add FILE, rm ID")
+    p.add_argument("action", nargs="?", choices=["list", "add", "rm"], default="list")
+    p.add_argument("file", nargs="?", help="add: the public key file (~/.ssh/id_ed25519.pub); rm: the key id")
+    p.add_argument("--name", help="add: a name (default: the key's comment)")
+    p.set_defaults(run=cmd_keys)
+
+    p = sub.add_parser("ssh", parents=[common], help="ssh into an order's machine, its host key checked")
+    p.add_argument("order")
+    p.add_argument("--print", action="store_true", help="print the ssh command and known_hosts instead of running it")
+    p.add_argument("command", nargs="*", help="a command to run there, after --: broker ssh ORDER -- nvidia-smi")
+    p.set_defaults(run=cmd_ssh)
+
+    p = sub.add_parser("launch", parents=[common], help="quote, order, wait until ready, print how to connect")
+    p.add_argument("--gpu", required=True, help="MODEL[:COUNT], e.g. H100:8 or T4 (a family means any variant)")
+    p.add_argument("--image", help="a container image to run on the GPUs")
+    p.add_argument(
+        "--run", dest="run_command", help="the command: in the container with --image, else a script on the machine"
+    )
+    p.add_argument("--script", help="a script file to run on the machine (instead of --run)")
+    p.add_argument("--env", action="append", help="NAME=VALUE for the workload; repeatable")
+    p.add_argument("--secret-env", action="append", help="NAME=VALUE kept secret (never shown again); repeatable")
+    p.add_argument("--port", action="append", help="ports to open (and expose from the container); repeatable")
+    p.add_argument("--allow", action="append", help="address ranges that may connect (default: this machine's)")
+    p.add_argument("--key", action="append", help="SSH key ids to install (default: all of the organisation's)")
+    p.add_argument("--shm", type=int, help="shared memory for the container, GB")
+    p.add_argument("--disk", type=int, help="disk size, GB")
+    p.add_argument("--vm-image", help="the machine image id (default: the cloud's GPU-ready image)")
+    p.add_argument("--hours", help="stop after this many hours")
+    p.add_argument("--spend-cap", help="stop once the order has cost this many USD")
+    p.add_argument("--max-price", help="USD per hour at most")
+    p.add_argument("--profile", choices=PROFILES, default="training", help="the workload profile (default training)")
+    p.add_argument("--region", action="append", help="regions allowed; repeatable")
+    p.add_argument("--pricing", action="append", help="on_demand, spot; repeatable")
+    p.add_argument("--wait", type=float, default=1800.0, help="give up waiting after this many seconds")
+    p.add_argument("--interval", type=float, default=3.0, help="seconds between looks")
+    p.set_defaults(run=cmd_launch)
     return main
 
 

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ledger.checkpoints import ProofUnavailable
+from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.services import (
     IdempotencyConflict,
@@ -41,6 +42,9 @@ def error_response(code: str, message: str, http_status: int, fields: dict[str, 
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, LaunchConfigInvalid):
+        fields = {k: [v] for k, v in exc.fields.items()}
+        return error_response(exc.code, "the launch configuration has invalid fields", 400, fields)
     if isinstance(exc, ProofUnavailable):
         return error_response("proof_unavailable", str(exc), status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, OrderError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -51,9 +52,11 @@ def idempotency_key(request: Request) -> str | None:
 
 
 def request_fingerprint(request: Request, **kwargs: Any) -> str:
-    """SHA-256 of the path's arguments and the parsed body, so formatting differences are not conflicts."""
+    """HMAC-SHA-256 of the path's arguments and the parsed body, so formatting differences are not conflicts.
+    Keyed with the broker's secret: a body may carry the buyer's secret values (a launch configuration's), and
+    a plain hash of a short secret can be guessed from the stored fingerprint."""
     body = json.dumps({"path": kwargs, "body": request.data}, sort_keys=True, default=str)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hmac.new(settings.SECRET_KEY.encode(), body.encode(), hashlib.sha256).hexdigest()
 
 
 def idempotent(

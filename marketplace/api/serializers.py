@@ -10,8 +10,10 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from marketplace.catalog.regions import JURISDICTIONS
+from marketplace.launch.config import launch_view
+from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import Demand, Profile, Tolerance
-from marketplace.models import Offer, Order
+from marketplace.models import Offer, Order, Quote
 from marketplace.orders.selectors import order_usage
 from providers import gpu_names
 
@@ -109,6 +111,14 @@ class OrderPlaceInput(serializers.Serializer):
     duration_hours = serializers.DecimalField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
+    launch = serializers.JSONField(
+        required=False,
+        help_text="what the machine runs and who may reach it (README: Launch configuration); absent: a quote's "
+        "configuration, else just the machine with the organisation's SSH keys, SSH open to the caller's address",
+    )
+    launch_template = serializers.CharField(
+        required=False, max_length=80, help_text="a saved launch template's id or name, instead of launch"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("offer" in attrs) == ("quote" in attrs):
@@ -191,12 +201,23 @@ def demand_from(data: dict[str, Any]) -> Demand:
     )
 
 
-class QuoteCreateInput(DemandInput):
+class LaunchFields(serializers.Serializer):
+    """The launch configuration a quote's (or a procurement demand's) order will launch."""
+
+    launch = serializers.JSONField(required=False, help_text="a launch configuration (README: Launch configuration)")
+    launch_template = serializers.CharField(required=False, max_length=80, help_text="a saved template's id or name")
+
+
+class QuoteCreateInput(DemandInput, LaunchFields):
     limit = serializers.IntegerField(required=False, default=10, min_value=1, max_value=50)
 
 
+class ProcurementDemandInput(DemandInput, LaunchFields):
+    pass
+
+
 class ProcurementInput(serializers.Serializer):
-    demands = DemandInput(many=True, allow_empty=False, max_length=2000)
+    demands = ProcurementDemandInput(many=True, allow_empty=False, max_length=2000)
     time_limit = serializers.FloatField(required=False, min_value=0.5, max_value=30)
 
 
@@ -212,6 +233,10 @@ class QuoteOutput(serializers.Serializer):
     breakdown = serializers.JSONField()
     reason = serializers.CharField()
     expires_at = serializers.DateTimeField()
+    launch = serializers.SerializerMethodField()
+
+    def get_launch(self, quote: Quote) -> dict[str, Any] | None:
+        return launch_view(quote.launch_config)
 
 
 class AttemptOutput(serializers.Serializer):
@@ -242,6 +267,9 @@ class OrderOutput(serializers.ModelSerializer):
     instance = serializers.SerializerMethodField()
     ledger_head = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    launch = serializers.SerializerMethodField()
+    connection = serializers.SerializerMethodField()
+    boot = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -259,8 +287,12 @@ class OrderOutput(serializers.ModelSerializer):
             "price_per_hour",
             "allow_failover",
             "duration_hours",
+            "spend_cap_usd",
             "run_until",
             "usage",
+            "launch",
+            "connection",
+            "boot",
             "attempts",
             "instance",
             "ledger_head",
@@ -275,6 +307,15 @@ class OrderOutput(serializers.ModelSerializer):
     def get_usage(self, order: Order) -> dict[str, object]:
         usage = order_usage(order, now=self.context.get("now") or timezone.now())
         return {"seconds": usage.seconds, "amount_usd": format(usage.amount_usd, "f")}
+
+    def get_launch(self, order: Order) -> dict[str, Any] | None:
+        return launch_view(order.launch_config)
+
+    def get_connection(self, order: Order) -> dict[str, Any] | None:
+        return order_connection(order)
+
+    def get_boot(self, order: Order) -> dict[str, Any] | None:
+        return order_boot(order)
 
     def get_ledger_head(self, order: Order) -> str | None:
         entries = self.context.get("ledger_heads", {})

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import views, webhooks
+from marketplace.api import launch, views, webhooks
 
 app_name = "api"
 
@@ -19,6 +19,10 @@ urlpatterns = [
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.OrderReceiptApi.as_view(), name="order-receipt"),
+    path("ssh-keys", launch.SshKeyListCreateApi.as_view(), name="ssh-keys"),
+    path("ssh-keys/<str:key_id>", launch.SshKeyDetailApi.as_view(), name="ssh-key"),
+    path("launch-templates", launch.LaunchTemplateListCreateApi.as_view(), name="launch-templates"),
+    path("launch-templates/<str:template_id>", launch.LaunchTemplateDetailApi.as_view(), name="launch-template"),
     path("webhooks", webhooks.WebhookListCreateApi.as_view(), name="webhooks"),
     path("webhooks/<str:webhook_id>", webhooks.WebhookDetailApi.as_view(), name="webhook"),
     path("webhooks/<str:webhook_id>/deliveries", webhooks.WebhookDeliveryListApi.as_view(), name="webhook-deliveries"),

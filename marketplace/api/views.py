@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db.models import F, QuerySet
@@ -21,6 +22,7 @@ from ledger.checkpoints import consistency_proof, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import checkpoint_json, latest_checkpoint, receipt
 from marketplace.api import idempotency, pagination
+from marketplace.api.launch import client_address
 from marketplace.api.serializers import (
     BudgetInput,
     OfferListInput,
@@ -36,6 +38,7 @@ from marketplace.api.tokens import request_organization
 from marketplace.catalog.history import offer_prices
 from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
+from marketplace.launch.config import LaunchChoice
 from marketplace.matching import Ranking
 from marketplace.models import Offer, Order, Organization
 from marketplace.orders.budgets import budget_set, budget_status
@@ -205,6 +208,8 @@ class OrderListCreateApi(APIView):
                 allow_failover=data["allow_failover"],
                 regions=tuple(data["regions"]),
                 duration_hours=data.get("duration_hours"),
+                launch=launch_choice(request, data),
+                caller_address=client_address(request),
             ),
             idempotency_key=key,
         )
@@ -213,6 +218,15 @@ class OrderListCreateApi(APIView):
         if not result.created:
             response["Idempotent-Replayed"] = "true"
         return response
+
+
+def launch_choice(request: Request, data: dict[str, Any]) -> LaunchChoice | None:
+    """The launch configuration a request names (inline or a template); None when it names none."""
+    if "launch" not in data and "launch_template" not in data:
+        return None
+    return LaunchChoice(
+        data=data.get("launch"), template=data.get("launch_template"), caller_address=client_address(request)
+    )
 
 
 def _order_or_404(request: Request, order_id: str, permission: BuyerPermission = BuyerPermission.READ) -> Order:
@@ -280,6 +294,7 @@ class QuoteCreateApi(APIView):
             user=request.user,
             demand=demand_from(body.validated_data),
             limit=body.validated_data["limit"],
+            launch=launch_choice(request, body.validated_data),
         )
         return Response(
             {
@@ -306,11 +321,17 @@ class ProcurementCreateApi(APIView):
         body = ProcurementInput(data=request.data)
         body.is_valid(raise_exception=True)
         demands = [demand_from(d) for d in body.validated_data["demands"]]
+        launches = {
+            i: choice
+            for i, d in enumerate(body.validated_data["demands"])
+            if (choice := launch_choice(request, d)) is not None
+        }
         result = procurement_run(
             organization=organization,
             user=request.user,
             demands=demands,
             time_limit=body.validated_data.get("time_limit"),
+            launches=launches,
         )
         a = result.assignment
         return Response(

@@ -352,6 +352,8 @@ def launch_configuration_create(
 ) -> LaunchConfiguration:
     """Validate ``choice`` and store it, or return the named template's configuration (immutable, so an order
     keeps what it was placed with whatever happens to the template later). Raises ``LaunchConfigInvalid``."""
+    if choice.data is not None and not isinstance(choice.data, Mapping):
+        raise LaunchConfigInvalid({"launch": "a launch configuration is a JSON object"})
     if choice.template is not None:
         if choice.data is not None:
             raise LaunchConfigInvalid({"launch_template": "name a template or give a configuration, not both"})
@@ -465,3 +467,8 @@ def launch_template_save(
     template.name, template.description, template.configuration = name, description, config
     template.save()
     return template
+
+
+def launch_template_delete(*, template: LaunchTemplate) -> None:
+    """Forget a template; its configuration stays for the orders and quotes placed with it."""
+    LaunchTemplate.objects.filter(pk=template.pk).delete()

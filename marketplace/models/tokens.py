@@ -14,6 +14,7 @@ class TokenScope(models.TextChoices):
     INSTANCES_MANAGE = "instances:manage", "list and terminate orders' instances"
     LEDGER_READ = "ledger:read", "read ledger receipts"
     WEBHOOKS_MANAGE = "webhooks:manage", "create, list and delete webhooks and read their deliveries"
+    KEYS_MANAGE = "keys:manage", "add, list and remove SSH keys; save launch templates"
 
 
 class ApiToken(models.Model):

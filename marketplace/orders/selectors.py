@@ -8,13 +8,23 @@ import json
 import uuid
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Avg, Max, QuerySet
 from django.db.models.functions import TruncMinute
 
 from ledger.selectors import entries_for_subject, latest_hashes
-from marketplace.models import InvoiceLine, Membership, Order, Organization, OrganizationKind, Role
+from marketplace.models import (
+    InvoiceLine,
+    Lease,
+    LeaseHeartbeat,
+    Membership,
+    Order,
+    Organization,
+    OrganizationKind,
+    Role,
+)
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.orders.budgets import LIVE_STATES
 from providers.models import Machine, MachineHeartbeat, ProviderKind
@@ -81,8 +91,8 @@ def buyer_organization(user: AbstractBaseUser | AnonymousUser, *, active: int | 
 def order_list(*, organization: Organization) -> QuerySet[Order]:
     return (
         Order.objects.filter(organization=organization)
-        .select_related("gpu_model", "offer")
-        .prefetch_related("attempts__offer", "instances")
+        .select_related("gpu_model", "offer", "launch_config")
+        .prefetch_related("attempts__offer", "instances", "leases")
     )
 
 
@@ -194,26 +204,41 @@ class Telemetry:
 
     machine: str
     minutes: list[tuple[dt.datetime, Decimal, Decimal, Decimal]]  # (minute, utilization %, temperature C, power W)
-    latest: MachineHeartbeat | None
+    latest: MachineHeartbeat | LeaseHeartbeat | None
     tdp_w: int | None  # the whole machine's rated power (TDP x GPUs), when the spec table knows it
+    source: str = "lease"  # "lease": the lease agent on the machine; "host": an independent host's own agent
 
 
 def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Telemetry | None:
-    """GPU telemetry of the independent machine running ``order`` since ``since``; None for an instance on a
-    cloud (clouds report none to the broker) or no instance at all.
+    """GPU telemetry of the machine running ``order`` since ``since``, from the lease agent on it, on every
+    provider kind; for an independent machine whose lease sent none, from its host agent. None with no
+    instance, or a cloud order placed before leases existed.
 
-    Only heartbeats from the instance's running to its termination count: the machine is sold whole, so
-    they are this order's, while those after belong to whoever rented it next."""
+    Only heartbeats from the instance's ready report to its termination count: those after belong to whoever
+    rented the machine next."""
     instance = order.instance
-    if instance is None or instance.account.kind != ProviderKind.COMMUNITY:
+    if instance is None:
         return None
-    # One machine is one zone of its account (providers/community/adapter.py).
-    machine = Machine.objects.filter(account_id=instance.account_id, name=instance.zone).first()
-    if machine is None:
-        return None
-    start = max(since, instance.running_at or instance.launched_at)
+    start = max(since, instance.ready_at or instance.running_at or instance.launched_at)
     end = instance.terminated_at or now
-    beats = MachineHeartbeat.objects.filter(machine=machine, at__gte=start, at__lte=end)
+    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    tdp = order.gpu_model.tdp_w
+    beats: QuerySet[Any]
+    if lease is not None and lease.heartbeats.exists():
+        beats = LeaseHeartbeat.objects.filter(lease=lease, at__gte=start, at__lte=end)
+        name, gpus, source = f"{instance.instance_type} {instance.provider_instance_id}", order.gpu_count, "lease"
+    elif instance.account.kind == ProviderKind.COMMUNITY:
+        # One machine is one zone of its account (providers/community/adapter.py).
+        machine = Machine.objects.filter(account_id=instance.account_id, name=instance.zone).first()
+        if machine is None:
+            return None
+        beats = MachineHeartbeat.objects.filter(machine=machine, at__gte=start, at__lte=end)
+        name, gpus, source = machine.name, machine.gpu_count, "host"
+    elif lease is not None:
+        beats = LeaseHeartbeat.objects.none()
+        name, gpus, source = f"{instance.instance_type} {instance.provider_instance_id}", order.gpu_count, "lease"
+    else:
+        return None
     minutes = [
         (r["minute"], _tenth(r["util"]), _tenth(r["temp"]), _tenth(r["power"]))
         for r in beats.annotate(minute=TruncMinute("at"))
@@ -221,12 +246,12 @@ def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Te
         .annotate(util=Avg("utilization_pct"), temp=Max("temperature_c"), power=Avg("power_w"))
         .order_by("minute")
     ]
-    tdp = order.gpu_model.tdp_w
     return Telemetry(
-        machine=machine.name,
+        machine=name,
         minutes=minutes,
         latest=beats.order_by("-at").first(),
-        tdp_w=tdp * machine.gpu_count if tdp else None,
+        tdp_w=tdp * gpus if tdp else None,
+        source=source,
     )
 
 

@@ -3,6 +3,7 @@ conditional update and writes the ledger entry in the same transaction."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -128,6 +129,7 @@ class PlaceRequest:
     # What to launch: inline, or a template. None: the quote's configuration, else the defaults (just the
     # machine, every key of the organisation, SSH open to the caller's address only).
     launch: LaunchChoice | None = None
+    caller_address: str | None = None  # where the request came from: who may reach the machine by default
 
     def fingerprint(self) -> str:
         body = {
@@ -198,9 +200,10 @@ def order_place(
             if request.launch is None and quote is not None and quote.launch_config is not None:
                 config = quote.launch_config
             else:
-                config = launch_configuration_create(
-                    organization=organization, user=user, choice=request.launch or LaunchChoice()
-                )
+                choice = request.launch or LaunchChoice()
+                if choice.caller_address is None:
+                    choice = dataclasses.replace(choice, caller_address=request.caller_address)
+                config = launch_configuration_create(organization=organization, user=user, choice=choice)
             problems = launch_problems_for(offer=offer, config=config)
             if problems:
                 raise LaunchConfigInvalid({p.field: p.message for p in problems})

@@ -17,13 +17,16 @@ from marketplace.api.tokens import api_token_create
 from marketplace.models import (
     ApiToken,
     Instance,
+    LaunchTemplate,
     Offer,
     Order,
     OrderState,
+    SshKey,
     TokenScope,
     WebhookDelivery,
     WebhookEndpoint,
 )
+from tests.leases import boot
 
 pytestmark = pytest.mark.django_db
 
@@ -46,6 +49,10 @@ ROUTES = {
     "api/v1/orders/<str:order_id>": "object",
     "api/v1/orders/<str:order_id>/terminate": "object",
     "api/v1/orders/<str:order_id>/receipt": "object",
+    "api/v1/ssh-keys": "list",
+    "api/v1/ssh-keys/<str:key_id>": "object",
+    "api/v1/launch-templates": "list",
+    "api/v1/launch-templates/<str:template_id>": "object",
     "api/v1/webhooks": "list",
     "api/v1/webhooks/<str:webhook_id>": "object",
     "api/v1/webhooks/<str:webhook_id>/deliveries": "object",
@@ -73,6 +80,12 @@ ROUTES = {
     "provider/machines/new": "tests/portal/test_machines.py",
     "provider/earnings": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
     "provider/orders/<uuid:order_id>/receipt": "tests/portal/test_machines.py (another provider, a buyer: 404)",
+    "agent/v1/lease/claim": "a one-time boot token: tests/marketplace/test_leases.py, tests/api/test_agent_hostile.py",
+    "agent/v1/lease/secrets": "HMAC per lease, one lease's secrets only: tests/marketplace/test_leases.py",
+    "agent/v1/lease/ready": "HMAC per lease: tests/marketplace/test_leases.py",
+    "agent/v1/lease/failed": "HMAC per lease: tests/marketplace/test_leases.py",
+    "agent/v1/lease/heartbeat": "HMAC per lease: tests/marketplace/test_leases.py",
+    "agent/v1/lease/agent.pyz": "public (the lease agent's code, which boot scripts fetch and hash-check)",
     "agent/v1/register": "HMAC per machine: tests/providers/test_community*.py",
     "agent/v1/heartbeat": "HMAC per machine: tests/providers/test_community*.py",
     "": "public catalogue",
@@ -121,8 +134,9 @@ def test_every_route_is_accounted_for():
 
 
 @pytest.fixture
-def world(acme, alice, charlie, aws_account, django_capture_on_commit_callbacks):
-    """Alice's things: a webhook with deliveries, a running order, a quote, a token."""
+def world(acme, alice, charlie, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
+    """Alice's things: a webhook with deliveries, a running order, a quote, a token, a launch template, an SSH
+    key."""
     api = APIClient()
     api.force_authenticate(alice)
     hook = api.post("/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}, format="json").json()
@@ -131,14 +145,21 @@ def world(acme, alice, charlie, aws_account, django_capture_on_commit_callbacks)
         placed = api.post("/api/v1/orders", {"offer": offer.pk, "allow_failover": False}, format="json")
     assert placed.status_code == 201, placed.json()
     order = Order.objects.get(public_id=placed.json()["id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        boot(order, aws_sandbox)
     assert order.state == OrderState.RUNNING
+    template = api.post(
+        "/api/v1/launch-templates", {"name": "alice-dev", "launch": {"allowed_cidrs": ["198.51.100.0/24"]}},
+        format="json",
+    ).json()  # fmt: skip
     quote = api.post("/api/v1/quotes", {"profile": "inference"}, format="json").json()["quotes"][0]
     delivery = WebhookDelivery.objects.filter(endpoint_id=hook["id"]).first()
     assert delivery is not None
     token = api_token_create(organization=acme, user=alice, name="alice-ci", scopes=["offers:read"]).token
     secret = WebhookEndpoint.objects.get(pk=hook["id"]).secret_encrypted
+    key = SshKey.objects.get(organization=acme)
     return {"order": order, "hook": hook["id"], "delivery": delivery.pk, "quote": quote["id"], "token": token,
-            "secret": secret}  # fmt: skip
+            "secret": secret, "template": template["id"], "key": key}  # fmt: skip
 
 
 def _strangers(charlie):
@@ -162,6 +183,9 @@ def _unchanged(world) -> None:
     assert WebhookDelivery.objects.filter(endpoint_id=world["hook"], redelivery_of__isnull=False).count() == 0
     assert not WebhookDelivery.objects.filter(endpoint_id=world["hook"], event_type="ping").exists()
     assert ApiToken.objects.get(pk=world["token"].pk).revoked_at is None
+    assert SshKey.objects.filter(pk=world["key"].pk, name=world["key"].name).exists()
+    template = LaunchTemplate.objects.get(public_id=world["template"])
+    assert (template.name, template.configuration.spec["allowed_cidrs"]) == ("alice-dev", ["198.51.100.0/24"])
 
 
 @pytest.mark.parametrize("who", ["session", "token"])
@@ -179,6 +203,12 @@ def test_a_stranger_gets_404_on_every_api_object_and_changes_nothing(world, char
         ("post", f"/api/v1/webhooks/{hook}/ping"),
         ("patch", f"/api/v1/webhooks/{hook}", {"active": False, "url": "http://127.0.0.1:9/charlie"}),
         ("post", f"/api/v1/webhooks/{hook}/secret"),
+        ("get", f"/api/v1/ssh-keys/{world['key'].public_id}"),
+        ("delete", f"/api/v1/ssh-keys/{world['key'].public_id}"),
+        ("get", f"/api/v1/launch-templates/{world['template']}"),
+        ("put", f"/api/v1/launch-templates/{world['template']}", {"name": "x", "launch": {}}),
+        ("delete", f"/api/v1/launch-templates/{world['template']}"),
+        ("get", "/api/v1/launch-templates/alice-dev"),
     ]
     for method, path, *body in calls:
         response = getattr(client, method)(path, *body, format="json")
@@ -198,17 +228,25 @@ def test_a_stranger_sees_nothing_of_alice_in_any_api_list(
     owner.force_authenticate(alice)
     owner.put("/api/v1/budget", {"budget_per_hour": "123.45", "budget_monthly": None}, format="json")
     # An hour of running, so ending it writes an invoice line.
-    Instance.objects.filter(order=world["order"]).update(running_at=timezone.now() - dt.timedelta(hours=1))
+    Instance.objects.filter(order=world["order"]).update(ready_at=timezone.now() - dt.timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
         owner.post(f"/api/v1/orders/{world['order'].public_id}/terminate")
     assert owner.get("/api/v1/invoice").json()["lines"], "alice's own invoice has her order"
-    for path in ["/api/v1/orders", "/api/v1/webhooks", "/api/v1/invoice", "/api/v1/budget"]:
+    for path in ["/api/v1/orders", "/api/v1/webhooks", "/api/v1/invoice", "/api/v1/budget", "/api/v1/ssh-keys",
+                 "/api/v1/launch-templates"]:  # fmt: skip
         body = client.get(path)
         assert body.status_code == 200, path
         text = json.dumps(body.json())
         assert str(world["order"].public_id) not in text and "123.45" not in text, path
+        assert world["key"].fingerprint not in text and "alice-dev" not in text, path
     assert client.get("/api/v1/orders").json()["results"] == []
     assert client.get("/api/v1/webhooks").json()["results"] == []
+    ordered = client.post("/api/v1/orders", {"offer": world["order"].offer_id, "launch_template": world["template"]},
+                          format="json")  # fmt: skip
+    assert ordered.status_code == 400 and "launch_template" in ordered.json()["error"]["fields"]
+    ordered = client.post("/api/v1/orders", {"offer": world["order"].offer_id,
+                          "launch": {"ssh_keys": [str(world["key"].public_id)]}}, format="json")  # fmt: skip
+    assert ordered.status_code == 400 and "launch.ssh_keys[0]" in ordered.json()["error"]["fields"]
 
 
 def test_a_stranger_gets_404_on_every_storefront_object_and_changes_nothing(world, charlie):

@@ -10,7 +10,6 @@ import json
 from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
 from ledger.services import ledger_verify
 from marketplace.catalog.services import offers_sync
@@ -25,25 +24,10 @@ from marketplace.models import (
 )
 from marketplace.orders.provisioning import Step, order_boot_check
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
-from providers.community.agent import Agent, parse_simulated
 from providers.community.lease import BrokerRefused
-from providers.community.services import machine_list
-from providers.models import Machine, MachineState
 from providers.services import provider_account_connect
+from tests.hosts import start_hosts, stop_hosts
 from tests.leases import LAUNCH, ClientTransport, boot, held_agent
-
-LISTING = {
-    "gpu_model": "H100-SXM5",
-    "gpu_count": 8,
-    "gpu_memory_gb": 80,
-    "vcpus": 96,
-    "memory_gib": 1024,
-    "disk_gb": 4000,
-    "network_gbps": Decimal("100"),
-    "country": "DE",
-    "region": "eu-de",
-    "price_per_gpu_hour": Decimal("1.9000"),
-}
 
 
 @pytest.fixture
@@ -56,22 +40,10 @@ def fleet(db):
 @pytest.fixture
 def hosts(fleet):
     """Two verified machines, each with a simulated agent in this process whose leases the test drives."""
-    agents = []
-    for name in ("fra-h100-1", "fra-h100-2"):
-        listed = machine_list(account=fleet, name=name, listing=dict(LISTING))
-        agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
-                      simulated=parse_simulated("H100:80x8"), launch_seconds=0, lease_threads=False)  # fmt: skip
-        url = agent.serve("127.0.0.1", 0, report=False)
-        Machine.objects.filter(pk=listed.machine.pk).update(
-            agent_url=url, state=MachineState.VERIFIED, online=True, last_heartbeat_at=timezone.now()
-        )
-        agents.append(agent)
+    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
     assert offers_sync(account_id=fleet.pk).ok
     yield agents
-    for agent in agents:
-        for instance in agent.instances.values():
-            agent._end_lease(instance)
-        agent.stop()
+    stop_hosts(agents)
 
 
 def _place(acme, alice, capture, launch=LAUNCH, **extra):
