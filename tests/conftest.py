@@ -95,6 +95,7 @@ def aws_sandbox_server():
     from providers.sandbox.aws import start_aws_sandbox
 
     sandbox = start_aws_sandbox()
+    _SANDBOX_SERVERS.append(sandbox)
     yield sandbox
     sandbox.stop()
 
@@ -156,6 +157,7 @@ def tencent_sandbox_server():
     # Instances start at once, so an eagerly run poll sees them running on its first look.
     sandbox = start_tencent_sandbox(launch_seconds=0, terminate_seconds=0)
     sandbox.register_secret(TENCENT_TEST_CREDENTIALS["secret_id"], TENCENT_TEST_CREDENTIALS["secret_key"])
+    _SANDBOX_SERVERS.append(sandbox)
     yield sandbox
     sandbox.stop()
 
@@ -197,6 +199,7 @@ def gcp_sandbox_server():
     # Operations finish at once, so an eagerly run poll sees the instance running on its first look.
     sandbox = GcpSandbox(settle_seconds=0)
     sandbox.start()
+    _SANDBOX_SERVERS.append(sandbox)
     yield sandbox
     sandbox.stop()
 
@@ -229,3 +232,24 @@ def gcp_account(db, gcp_sandbox):
     outcome = offers_sync(account_id=account.pk)
     assert outcome.ok, outcome.error
     return ProviderAccount.objects.get(pk=account.pk)
+
+
+@pytest.fixture
+def machines_phone_home(live_server, settings, aws_sandbox_server):
+    """Sandboxed machines boot by themselves: each launch's boot script names the live server as the broker
+    (``BROKER_PUBLIC_URL``), and every sandbox runs the agents of the instances it boots in threads, which
+    phone home over HTTP as real machines do. Returns the URL, for worker processes' environment."""
+    from providers.sandbox.boot import BootMode
+
+    settings.PUBLIC_URL = live_server.url
+    started = [s for s in _SANDBOX_SERVERS if s is not None]
+    for sandbox in started:
+        sandbox.booter.mode = BootMode.THREAD
+    yield live_server.url
+    for sandbox in started:
+        sandbox.booter.reset()
+        sandbox.booter.mode = BootMode.HOLD
+
+
+# The session's sandboxes, as they start, so ``machines_phone_home`` reaches every one a test uses.
+_SANDBOX_SERVERS: list[object] = []

@@ -27,13 +27,18 @@ LISTING = {
 
 
 def start_hosts(
-    fleet: ProviderAccount, names: Sequence[str], *, lease_threads: bool, simulate: str = "H100:80x8"
+    fleet: ProviderAccount,
+    names: Sequence[str],
+    *,
+    lease_threads: bool,
+    simulate: str = "H100:80x8",
+    listing: dict[str, object] | None = None,
 ) -> list[Agent]:
     """List, verify and start one simulated agent per name. With ``lease_threads`` off, each lease the agent
     starts is held for the test to drive (``tests.leases.boot``); on, it phones home by itself."""
     agents = []
     for name in names:
-        listed = machine_list(account=fleet, name=name, listing=dict(LISTING))
+        listed = machine_list(account=fleet, name=name, listing=dict(listing or LISTING))
         agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
                       simulated=parse_simulated(simulate), launch_seconds=0, lease_threads=lease_threads)  # fmt: skip
         url = agent.serve("127.0.0.1", 0, report=False)

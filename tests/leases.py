@@ -43,6 +43,15 @@ def held_agent(order: Order, source: Any) -> LeaseAgent:
     raise LookupError(f"no host holds a lease for {instance.provider_instance_id}")
 
 
+def boot_if_launched(order: Order, source: Any) -> Order:
+    """Boot the order's machine if it has one waiting for its agent (a failed order has none); the order,
+    refreshed."""
+    order.refresh_from_db()
+    if order.state == "provisioning" and order.instances.filter(active=True).exists():
+        boot(order, source)
+    return order
+
+
 def boot(order: Order, source: Any, transport: ClientTransport | None = None) -> str:
     """Run the held agent's boot (claim, secrets, checks, ready) through the test client; its final state."""
     agent = held_agent(order, source)

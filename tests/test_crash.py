@@ -24,14 +24,16 @@ from marketplace.models import Instance, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from providers.services import adapter_for_account
 from providers.types import InstanceState
+from tests.leases import LAUNCH
 from tests.test_worker import ROOT, _database_url
 
 RUNS = int(os.environ.get("BROKER_CRASH_RUNS", "20"))
 SEED = int(os.environ.get("BROKER_CRASH_SEED", str(random.SystemRandom().randrange(1_000_000))))
 
 
-def _start_worker() -> subprocess.Popen[bytes]:
+def _start_worker(public_url: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DATABASE_URL=_database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL)
+    env["BROKER_PUBLIC_URL"] = public_url  # the launched machines' agents phone home to the live server
     env["BROKER_PROVISION_POLL_INTERVAL_S"] = "0.2"
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "broker", "worker", "--pool", "solo", "--loglevel", "ERROR"],
@@ -62,7 +64,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     not settings.CELERY_BROKER_URL.startswith("amqp"),
     reason="redelivery on a dropped connection is RabbitMQ's behaviour; CI runs it on RabbitMQ",
 )
-def test_orders_survive_a_worker_killed_at_random_points(alice, acme, aws_account):
+def test_orders_survive_a_worker_killed_at_random_points(alice, acme, aws_account, machines_phone_home):
     celery_app.conf.task_always_eager = False
     celery_app.control.purge()
     rng = random.Random(SEED)
@@ -70,19 +72,22 @@ def test_orders_survive_a_worker_killed_at_random_points(alice, acme, aws_accoun
     orders: list[Order] = []
     kills = []
     for _ in range(RUNS):
-        worker = _start_worker()
+        worker = _start_worker(machines_phone_home)
         _wait_until_ready(worker)
         offer = rng.choice(offers)
-        orders.append(order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order)
+        orders.append(
+            order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
+        )
         # From before the worker takes the task to after the machine runs: through the attempt's opening,
-        # the launch call, its recording and the polls.
+        # the launch call, its recording and the polls; the machine's agent reports ready to the live server
+        # whether the worker lives or not.
         delay = rng.uniform(0.0, 1.0)
         time.sleep(delay)
         _kill(worker)
         orders[-1].refresh_from_db()
         kills.append((round(delay, 2), orders[-1].state, orders[-1].attempts.count()))
 
-    survivor = _start_worker()
+    survivor = _start_worker(machines_phone_home)
     try:
         deadline = time.monotonic() + 180
         pending = {o.pk for o in orders}

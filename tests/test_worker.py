@@ -18,6 +18,7 @@ from ledger.services import ledger_verify
 from marketplace.models import Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from providers.services import adapter_for_account
+from tests.leases import LAUNCH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,9 +33,11 @@ def _database_url() -> str:
 
 
 @pytest.fixture
-def worker():
-    """A real worker process on the same broker and the test database; stopped after the test."""
+def worker(machines_phone_home):
+    """A real worker process on the same broker and the test database; stopped after the test. The machines it
+    launches phone home to the test's live server, as real ones would to the broker."""
     env = dict(os.environ, DATABASE_URL=_database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL)
+    env["BROKER_PUBLIC_URL"] = machines_phone_home
     env["BROKER_PROVISION_POLL_INTERVAL_S"] = "0.2"
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "broker", "worker", "--pool", "solo", "--loglevel", "WARNING"],
@@ -68,7 +71,7 @@ def test_an_order_runs_and_terminates_through_a_real_worker(alice, acme, aws_acc
     celery_app.control.purge()
     offer = aws_account.offers.filter(instance_type="g5.xlarge", pricing_model="on_demand").order_by("zone").first()
 
-    placed = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order
+    placed = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
     running = _wait_for_state(placed, {OrderState.RUNNING, OrderState.FAILED})
 
     assert running.state == OrderState.RUNNING, running.state_reason

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from marketplace.launch.selectors import order_connection
 from marketplace.models import (
     DeliveryState,
     Instance,
@@ -302,7 +303,7 @@ def order_event_emit(*, order: Order, previous: str | None, now: dt.datetime | N
     transaction: price and instance may have changed since ``order`` was loaded)."""
     if not WebhookEndpoint.objects.filter(organization_id=order.organization_id, active=True).exists():
         return  # the common case costs one query
-    order = Order.objects.select_related("gpu_model").get(pk=order.pk)
+    order = Order.objects.select_related("gpu_model", "launch_config").get(pk=order.pk)
     instance = Instance.objects.filter(order_id=order.pk).order_by("-active", "-pk").first()
     now = now or timezone.now()
     data = {
@@ -316,6 +317,8 @@ def order_event_emit(*, order: Order, previous: str | None, now: dt.datetime | N
         "gpu_count": order.gpu_count,
         "pricing_model": order.pricing_model,
         "instance": _instance_json(instance),
+        # How to reach the machine (no secret in it: the ssh line, host keys, the exposed ports' URLs).
+        "connection": order_connection(order) if order.state == "running" else None,
         "at": now,
     }
     webhook_event_emit(organization_id=order.organization_id, event_type=f"order.{order.state}", data=data, now=now)

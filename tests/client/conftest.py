@@ -32,7 +32,8 @@ def token(acme, alice) -> str:
 
 
 @pytest.fixture
-def broker(live_server, token) -> Iterator[BrokerClient]:
+def broker(live_server, token, machines_phone_home) -> Iterator[BrokerClient]:
+    """The client on the live server; the machines it orders boot and phone home by themselves."""
     with BrokerClient(live_server.url, token, timeout=30, retries=2, backoff=0.05) as client:
         yield client
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def broker_cli(live_server, token):
+def broker_cli(live_server, token, machines_phone_home):
     env = {**os.environ, "BROKER_URL": live_server.url, "BROKER_TOKEN": token, "PYTHONPATH": str(CLIENT_DIR)}
     env.pop("BROKER_VERIFIER_KEY", None)
 

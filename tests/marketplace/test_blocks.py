@@ -14,19 +14,21 @@ from marketplace.matching import Demand, rank
 from marketplace.models import Attempt, Offer, OrderState
 from marketplace.orders.blocks import provider_blocks
 from marketplace.orders.services import PlaceRequest, order_place
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
 
-def _order(acme, alice, offer, capture):
+def _order(acme, alice, offer, capture, sandbox):
     with capture(execute=True):
         order = order_place(
             organization=acme,
             user=alice,
-            request=PlaceRequest(offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01")),
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01")
+            ),
         ).order
-    order.refresh_from_db()
-    return order
+    return boot_if_launched(order, sandbox)
 
 
 @pytest.fixture
@@ -46,11 +48,11 @@ def test_the_next_order_skips_a_zone_another_order_found_sold_out(
 ):
     aws_sandbox.faults.inject("capacity", instance_type=t4_offer.instance_type, zone=t4_offer.zone)
 
-    first = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    first = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     assert first.state == OrderState.RUNNING, first.state_reason
     assert next((a.offer.zone, a.error_class) for a in first.attempts.all()) == (t4_offer.zone, "capacity")
 
-    second = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    second = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     assert second.state == OrderState.RUNNING, second.state_reason
     attempts = list(second.attempts.all())
     # Straight to another zone: no second capacity error on the sold-out one.
@@ -61,7 +63,7 @@ def test_the_next_order_skips_a_zone_another_order_found_sold_out(
 
 def test_a_quote_leaves_out_a_blocked_zone(acme, alice, aws_sandbox, t4_offer, django_capture_on_commit_callbacks):
     aws_sandbox.faults.inject("capacity", instance_type=t4_offer.instance_type, zone=t4_offer.zone)
-    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     now = timezone.now()
     blocks = provider_blocks(now=now)
     assert blocks.zone_types == {(t4_offer.account_id, t4_offer.zone, t4_offer.instance_type)}
@@ -74,7 +76,7 @@ def test_a_quote_leaves_out_a_blocked_zone(acme, alice, aws_sandbox, t4_offer, d
 
 def test_a_block_ends_with_its_window(acme, alice, aws_sandbox, t4_offer, django_capture_on_commit_callbacks, settings):
     aws_sandbox.faults.inject("capacity", instance_type=t4_offer.instance_type, zone=t4_offer.zone)
-    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     # The zone has stock again, and the capacity error is older than the window.
     aws_sandbox.faults.clear()
     Attempt.objects.filter(error_class="capacity").update(
@@ -82,7 +84,7 @@ def test_a_block_ends_with_its_window(acme, alice, aws_sandbox, t4_offer, django
     )
     assert provider_blocks(now=timezone.now()).zone_types == frozenset()
 
-    again = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    again = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     assert again.state == OrderState.RUNNING, again.state_reason
     assert [(a.offer_id, a.outcome) for a in again.attempts.all()] == [(t4_offer.pk, "launched")]
 
@@ -92,6 +94,6 @@ def test_a_zero_window_turns_sharing_off(
 ):
     settings.BLOCK_CAPACITY_S = 0
     aws_sandbox.faults.inject("capacity", instance_type=t4_offer.instance_type, zone=t4_offer.zone)
-    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
-    second = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks)
+    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
+    second = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     assert next((a.offer.zone, a.error_class) for a in second.attempts.all()) == (t4_offer.zone, "capacity")

@@ -17,6 +17,7 @@ from ledger.services import ledger_verify
 from marketplace.models import Instance, Order, Organization
 from marketplace.orders.budgets import BudgetExceeded, budget_set, budget_status
 from marketplace.orders.services import PlaceRequest, order_place
+from tests.leases import LAUNCH
 
 pytestmark = pytest.mark.django_db
 
@@ -60,7 +61,7 @@ def test_the_monthly_budget_counts_this_months_usage(api, acme, alice, t4, djang
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     # It ran from before the month began until ten hours into it: only the ten hours count.
     Instance.objects.filter(order=order).update(
-        running_at=month_start - dt.timedelta(hours=5), terminated_at=month_start + dt.timedelta(hours=10)
+        ready_at=month_start - dt.timedelta(hours=5), terminated_at=month_start + dt.timedelta(hours=10)
     )
     status = budget_status(acme, now=now)
     assert status.month_to_date == (order.price_per_hour * 10).quantize(Decimal("0.01"))
@@ -102,7 +103,7 @@ def test_concurrent_orders_cannot_both_take_the_last_room(acme, alice, t4):
     def buy() -> None:
         try:
             barrier.wait()
-            order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=t4.pk))
+            order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=t4.pk))
             outcomes.append("placed")
         except BudgetExceeded:
             outcomes.append("refused")
@@ -137,7 +138,9 @@ def test_failover_to_a_dearer_offer_stays_within_the_hourly_budget(
         order = order_place(
             organization=acme,
             user=alice,
-            request=PlaceRequest(offer_id=aws_t4.pk, max_price_per_hour=tencent_t4.price_usd + Decimal("0.01")),
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=aws_t4.pk, max_price_per_hour=tencent_t4.price_usd + Decimal("0.01")
+            ),
         ).order
     order.refresh_from_db()
     assert order.state == "failed"

@@ -10,6 +10,7 @@ from ledger.services import ledger_verify
 from marketplace.models import Instance, Offer, OfferStatus, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from providers.services import adapter_for_account
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +20,7 @@ def _place(acme, alice, offer, capture, cap=None):
         return order_place(
             organization=acme,
             user=alice,
-            request=PlaceRequest(offer_id=offer.pk, max_price_per_hour=cap),
+            request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk, max_price_per_hour=cap),
         ).order
 
 
@@ -35,7 +36,7 @@ def test_a_launch_that_fails_after_it_was_accepted_fails_over(
 
     order = _place(acme, alice, offer, django_capture_on_commit_callbacks, cap=offer.price_usd * 2)
 
-    order.refresh_from_db()
+    boot_if_launched(order, tencent_sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     first, second = order.attempts.all()
     assert (first.outcome, first.error_class) == ("failed", "capacity")
@@ -61,7 +62,7 @@ def test_a_sold_out_cloud_fails_over_to_another_cloud(
 
     order = _place(acme, alice, aws_t4, django_capture_on_commit_callbacks, cap=cap)
 
-    order.refresh_from_db()
+    boot_if_launched(order, tencent_sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     kinds = [a.offer.account.kind for a in order.attempts.all()]
     assert kinds[0] == "aws"

@@ -39,7 +39,7 @@ def _run(api, t4, capture) -> Order:
 def test_an_ended_order_gets_one_line_at_its_locked_price(api, t4, django_capture_on_commit_callbacks):
     order = _run(api, t4, django_capture_on_commit_callbacks)
     # It has been running for two hours.
-    Instance.objects.filter(order=order).update(running_at=timezone.now() - dt.timedelta(hours=2))
+    Instance.objects.filter(order=order).update(ready_at=timezone.now() - dt.timedelta(hours=2))
     with django_capture_on_commit_callbacks(execute=True):
         order_terminate(order=order)
     order.refresh_from_db()

@@ -13,6 +13,7 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Attempt, Instance, Offer, OfferStatus, Order, OrderState
 from providers.services import adapter_for_account
+from tests.leases import boot
 
 pytestmark = pytest.mark.django_db
 
@@ -41,13 +42,19 @@ def _ledger_kinds(order: Order) -> list[str]:
     return list(LedgerEntry.objects.filter(subject=f"order:{order.public_id}").values_list("kind", flat=True))
 
 
-def test_an_order_is_launched_and_runs_with_every_step_ledgered(api, aws_account, django_capture_on_commit_callbacks):
+def test_an_order_is_launched_and_runs_with_every_step_ledgered(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
     offer = _offer(aws_account)
 
     response = _post(api, {"offer": offer.pk}, capture=django_capture_on_commit_callbacks)
 
     assert response.status_code == 201, response.content
     order = Order.objects.get(public_id=response.json()["id"])
+    # The provider runs the machine; the order runs once the machine's agent says it is ready.
+    assert order.state == OrderState.PROVISIONING
+    assert api.get(f"/api/v1/orders/{order.public_id}").json()["connection"] is None
+    assert boot(order, aws_sandbox) == "running"
     assert order.state == OrderState.RUNNING
     assert order.price_per_hour == offer.price_usd
     assert [(a.number, a.outcome, a.offer_id) for a in order.attempts.all()] == [(1, "launched", offer.pk)]
@@ -64,6 +71,10 @@ def test_an_order_is_launched_and_runs_with_every_step_ledgered(api, aws_account
     assert detail["state"] == "running"
     assert detail["instance"]["provider_instance_id"] == order.instance.provider_instance_id
     assert detail["ledger_head"] == LedgerEntry.objects.order_by("-sequence").first().entry_hash
+    assert detail["connection"]["ssh"].startswith("ssh -p ") and detail["connection"]["ssh"].endswith(
+        "ubuntu@127.0.0.1"
+    )
+    assert detail["boot"]["state"] == "ready"
 
 
 def test_a_capacity_error_fails_over_to_the_next_zone(
@@ -75,7 +86,7 @@ def test_a_capacity_error_fails_over_to_the_next_zone(
     response = _post(api, {"offer": offer.pk}, capture=django_capture_on_commit_callbacks)
 
     order = Order.objects.get(public_id=response.json()["id"])
-    assert order.state == OrderState.RUNNING
+    assert boot(order, aws_sandbox) == "running"
     first, second = order.attempts.all()
     assert (first.outcome, first.error_class, first.provider_code) == (
         "failed",
@@ -103,7 +114,7 @@ def test_a_quota_error_skips_the_whole_region(api, aws_account, aws_sandbox, dja
     first, second = order.attempts.all()
     assert (first.error_class, first.provider_code) == ("quota", "VcpuLimitExceeded")
     assert second.offer.region != "us-east-1"
-    assert order.state == OrderState.RUNNING
+    assert boot(order, aws_sandbox) == "running"
     assert order.instance.region == second.offer.region
 
 
@@ -137,7 +148,7 @@ def test_a_throttled_launch_is_retried_with_the_same_token(
     response = _post(api, {"offer": offer.pk}, capture=django_capture_on_commit_callbacks)
 
     order = Order.objects.get(public_id=response.json()["id"])
-    assert order.state == OrderState.RUNNING
+    assert boot(order, aws_sandbox) == "running"
     assert [(a.number, a.outcome) for a in order.attempts.all()] == [(1, "launched")]
     assert len(adapter_for_account(aws_account).find_by_order(order.ref)) == 1
 
@@ -221,9 +232,10 @@ def test_an_offer_above_the_buyers_cap_is_refused(api, aws_account, django_captu
 
 
 def test_a_stranger_sees_404_and_a_teammate_sees_the_order(
-    api, aws_account, bob, charlie, django_capture_on_commit_callbacks
+    api, aws_account, aws_sandbox, bob, charlie, django_capture_on_commit_callbacks
 ):
     order_id = _post(api, {"offer": _offer(aws_account).pk}, capture=django_capture_on_commit_callbacks).json()["id"]
+    boot(Order.objects.get(public_id=order_id), aws_sandbox)
     stranger, teammate = APIClient(), APIClient()
     stranger.force_authenticate(charlie)
     teammate.force_authenticate(bob)
@@ -242,8 +254,11 @@ def test_anonymous_requests_are_refused(aws_account):
     assert "error" in response.json()
 
 
-def test_terminate_stops_the_instance_and_is_idempotent(api, aws_account, django_capture_on_commit_callbacks):
+def test_terminate_stops_the_instance_and_is_idempotent(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
     order_id = _post(api, {"offer": _offer(aws_account).pk}, capture=django_capture_on_commit_callbacks).json()["id"]
+    boot(Order.objects.get(public_id=order_id), aws_sandbox)
 
     with django_capture_on_commit_callbacks(execute=True):
         first = api.post(f"/api/v1/orders/{order_id}/terminate")
@@ -291,7 +306,7 @@ def test_a_launch_that_timed_out_is_retried_with_its_token_and_never_runs_twice(
     time.sleep(1.5)  # let the late request finish at the sandbox
 
     order = Order.objects.get(public_id=response.json()["id"])
-    assert order.state == OrderState.RUNNING
+    assert boot(order, aws_sandbox) == "running"
     assert [(a.number, a.outcome) for a in order.attempts.all()] == [(1, "launched")]
     tagged = [i for i in aws_sandbox.instances() if i.tags.get("broker:order") == order.ref]
     assert len(tagged) == 1

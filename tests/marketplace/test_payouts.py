@@ -11,22 +11,24 @@ from django.utils import timezone
 from marketplace.models import InvoiceLine
 from marketplace.orders.payouts import month_bounds, payout_statement, provider_running_orders
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_statement_lists_ended_orders_with_the_commission(
-    acme, alice, aws_account, django_capture_on_commit_callbacks, settings
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks, settings
 ):
     settings.COMMISSION_SHARE = 0.15
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            launch=LAUNCH,
             offer_id=offer.pk, max_price_per_hour=offer.price_usd)).order  # fmt: skip
-    order.refresh_from_db()
+    boot_if_launched(order, aws_sandbox)
     assert [o.pk for o in provider_running_orders(provider=aws_account.provider)] == [order.pk]
     # Two hours of running, then the buyer stops it.
-    order.instances.update(running_at=timezone.now() - dt.timedelta(hours=2))
+    order.instances.update(ready_at=timezone.now() - dt.timedelta(hours=2))
     with django_capture_on_commit_callbacks(execute=True):
         order_terminate(order=order)
     line = InvoiceLine.objects.get(order=order)

@@ -15,20 +15,24 @@ from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
 
-def _running(acme, alice, offer, capture, *, allow_failover: bool):
+def _running(acme, alice, offer, capture, sandbox, *, allow_failover: bool):
     with capture(execute=True):
         order = order_place(
             organization=acme,
             user=alice,
             request=PlaceRequest(
-                offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("1"), allow_failover=allow_failover
+                launch=LAUNCH,
+                offer_id=offer.pk,
+                max_price_per_hour=offer.price_usd + Decimal("1"),
+                allow_failover=allow_failover,
             ),
         ).order
-    order.refresh_from_db()
+    boot_if_launched(order, sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     return order
 
@@ -40,15 +44,18 @@ def _take_away(account, order) -> str:
     return instance.provider_instance_id
 
 
-def test_a_preempted_spot_order_is_provisioned_again(acme, alice, aws_account, django_capture_on_commit_callbacks):
+def test_a_preempted_spot_order_is_provisioned_again(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
     spot = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="spot").order_by("price_usd")[0]
-    order = _running(acme, alice, spot, django_capture_on_commit_callbacks, allow_failover=True)
+    order = _running(acme, alice, spot, django_capture_on_commit_callbacks, aws_sandbox, allow_failover=True)
     lost = _take_away(aws_account, order)
 
     with django_capture_on_commit_callbacks(execute=True):
         assert orders_sweep_task.apply().get() >= 1
 
-    order.refresh_from_db()
+    # A new machine, booted by its own agent like the first.
+    boot_if_launched(order, aws_sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     assert order.instance.provider_instance_id != lost
     assert Instance.objects.get(provider_instance_id=lost).active is False
@@ -62,10 +69,10 @@ def test_a_preempted_spot_order_is_provisioned_again(acme, alice, aws_account, d
 
 
 def test_a_lost_machine_fails_the_order_when_failover_was_not_allowed(
-    acme, alice, aws_account, django_capture_on_commit_callbacks
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
 ):
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
-    order = _running(acme, alice, offer, django_capture_on_commit_callbacks, allow_failover=False)
+    order = _running(acme, alice, offer, django_capture_on_commit_callbacks, aws_sandbox, allow_failover=False)
     lost = _take_away(aws_account, order)
 
     assert order_check_running(order_id=order.pk) == Step.DONE
@@ -77,9 +84,9 @@ def test_a_lost_machine_fails_the_order_when_failover_was_not_allowed(
     assert ledger_verify().ok
 
 
-def test_a_healthy_machine_is_left_alone(acme, alice, aws_account, django_capture_on_commit_callbacks):
+def test_a_healthy_machine_is_left_alone(acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
-    order = _running(acme, alice, offer, django_capture_on_commit_callbacks, allow_failover=True)
+    order = _running(acme, alice, offer, django_capture_on_commit_callbacks, aws_sandbox, allow_failover=True)
     entries = LedgerEntry.objects.count()
     assert order_check_running(order_id=order.pk) == Step.DONE
     order.refresh_from_db()

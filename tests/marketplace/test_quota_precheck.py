@@ -12,15 +12,20 @@ from ledger.services import ledger_verify
 from marketplace.models import OrderState
 from marketplace.orders.blocks import provider_blocks
 from marketplace.orders.services import PlaceRequest, order_place
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
 
-def _place(acme, alice, offer, capture, cap):
+def _place(acme, alice, offer, capture, cap, sandbox=None):
     with capture(execute=True):
         order = order_place(
-            organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk, max_price_per_hour=cap)
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk, max_price_per_hour=cap),
         ).order
+    if sandbox is not None:
+        boot_if_launched(order, sandbox)
     order.refresh_from_db()
     return order
 
@@ -37,11 +42,11 @@ def test_a_full_gpu_quota_sends_the_order_to_another_region_without_a_launch_cal
     cap = Decimal("1.00")  # admits europe-west4's T4 too
     gcp_sandbox.set_quota("NVIDIA_T4_GPUS", 1)  # one T4 per region for this project
 
-    first = _place(acme, alice, t4, django_capture_on_commit_callbacks, cap)
+    first = _place(acme, alice, t4, django_capture_on_commit_callbacks, cap, gcp_sandbox)
     assert first.state == OrderState.RUNNING, first.state_reason
     gcp_sandbox.clear_calls()
 
-    second = _place(acme, alice, t4, django_capture_on_commit_callbacks, cap)
+    second = _place(acme, alice, t4, django_capture_on_commit_callbacks, cap, gcp_sandbox)
     assert second.state == OrderState.RUNNING, second.state_reason
     refused, launched = second.attempts.order_by("number")
     assert (refused.offer.region, refused.error_class, refused.provider_code) == ("us-central1", "quota", "precheck")
@@ -63,7 +68,7 @@ def test_without_failover_the_precheck_fails_the_order_with_the_quota_named(
         order = order_place(
             organization=acme,
             user=alice,
-            request=PlaceRequest(offer_id=t4.pk, max_price_per_hour=t4.price_usd, allow_failover=False),
+            request=PlaceRequest(launch=LAUNCH, offer_id=t4.pk, max_price_per_hour=t4.price_usd, allow_failover=False),
         ).order
     order.refresh_from_db()
     assert order.state == OrderState.FAILED

@@ -16,6 +16,7 @@ from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, OfferStatus, Order, OrderState, Quote
 from providers.types import PricingModel
 from tests.factories import ProviderAccountFactory, UserFactory, listed_quotes
+from tests.leases import boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -428,7 +429,7 @@ def test_a_user_of_no_buyer_organisation_cannot_ask_for_quotes(book):
 
 
 def test_an_order_from_a_quote_launches_the_quoted_offer_at_the_locked_price(
-    alice, aws_account, django_capture_on_commit_callbacks
+    alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
 ):
     client = APIClient()
     client.force_authenticate(alice)
@@ -442,7 +443,7 @@ def test_an_order_from_a_quote_launches_the_quoted_offer_at_the_locked_price(
         response = _post(client, "/api/v1/orders", {"quote": quote["id"]})
 
     assert response.status_code == 201
-    order = Order.objects.get()
+    order = boot_if_launched(Order.objects.get(), aws_sandbox)
     assert order.state == OrderState.RUNNING
     assert order.offer_id == offer.pk
     assert order.price_per_hour == Decimal(quote["price_per_hour"])

@@ -12,6 +12,7 @@ from ledger.canonical import entry_envelope
 from ledger.checkpoints import ledger_checkpoint_and_anchor
 from marketplace.models import OrderState
 from marketplace.orders.services import PlaceRequest, order_place
+from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -24,15 +25,17 @@ def api(alice) -> APIClient:
 
 
 @pytest.fixture
-def running_order(acme, alice, aws_account, django_capture_on_commit_callbacks):
+def running_order(acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(
             organization=acme,
             user=alice,
-            request=PlaceRequest(offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01")),
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01")
+            ),
         ).order
-    order.refresh_from_db()
+    boot_if_launched(order, aws_sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     return order
 

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
+from marketplace.launch.leases import boot_spec, lease_open
 from marketplace.models import Attempt, AttemptOutcome, Instance, OrderState
 from marketplace.orders.provisioning import Step, order_poll
 from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
@@ -16,6 +17,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from marketplace.tasks import orders_reconcile_task
 from providers.services import adapter_for_account
 from providers.types import LaunchSpec, PricingModel
+from tests.leases import LAUNCH, boot, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -25,14 +27,16 @@ def t4(aws_account):
     return aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
 
 
-def _place(acme, alice, offer, capture, *, run: bool = True):
+def _place(acme, alice, offer, capture, *, run: bool = True, sandbox=None):
     with capture(execute=run):
-        order = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
+    if sandbox is not None:
+        boot_if_launched(order, sandbox)
     order.refresh_from_db()
     return order
 
 
-def _launch(account, offer, order, token: str, attempt: int, region: str | None = None):
+def _launch(account, offer, order, token: str, attempt: int, region: str | None = None, boot=None):
     return adapter_for_account(account).launch(
         LaunchSpec(
             region=region or offer.region,
@@ -42,6 +46,7 @@ def _launch(account, offer, order, token: str, attempt: int, region: str | None 
             client_token=token,
             order_ref=order.ref,
             tags={"broker:attempt": str(attempt)},
+            boot=boot,
         )
     )
 
@@ -72,15 +77,22 @@ def test_an_instance_outliving_its_order_is_terminated(
     assert order_reconcile(order_id=order.pk).terminated == []
 
 
-def test_a_launch_lost_in_a_crash_is_adopted(acme, alice, aws_account, t4, django_capture_on_commit_callbacks):
-    # The worker opened the attempt and the provider launched the machine, then the worker died before
-    # recording the answer: the order is provisioning with a pending attempt and no instance.
+def test_a_launch_lost_in_a_crash_is_adopted(
+    acme, alice, aws_account, aws_sandbox, t4, django_capture_on_commit_callbacks
+):
+    # The worker opened the attempt (and its lease) and the provider launched the machine with its boot, then
+    # the worker died before recording the answer: the order is provisioning with a pending attempt and no
+    # instance.
     order = _place(acme, alice, t4, django_capture_on_commit_callbacks, run=False)
     order = order_transition(order=order, to=OrderState.PROVISIONING)
     attempt = Attempt.objects.create(
         order=order, number=1, offer=t4, client_token=f"{order.ref}-a1", started_at=timezone.now()
     )
-    launched = _launch(aws_account, t4, order, attempt.client_token, attempt=1)
+    lease_open(attempt=attempt, now=timezone.now())
+    order.refresh_from_db()
+    launched = _launch(
+        aws_account, t4, order, attempt.client_token, attempt=1, boot=boot_spec(order=order, attempt=attempt)
+    )
 
     report = order_reconcile(order_id=order.pk)
 
@@ -89,17 +101,18 @@ def test_a_launch_lost_in_a_crash_is_adopted(acme, alice, aws_account, t4, djang
     assert attempt.outcome == AttemptOutcome.LAUNCHED
     instance = Instance.objects.get(order=order, active=True)
     assert instance.provider_instance_id == launched.instance_id
-    assert order_poll(order_id=order.pk) == Step.DONE
-    order.refresh_from_db()
+    # The adopted machine boots like any other: its agent's ready report makes the order run.
+    assert order_poll(order_id=order.pk) == Step.WAIT
+    assert boot(order, aws_sandbox) == "running"
     assert order.state == OrderState.RUNNING
     assert '"adopted":true' in LedgerEntry.objects.filter(kind="attempt.launched").get().payload.replace(" ", "")
     assert ledger_verify().ok
 
 
 def test_a_second_machine_for_a_running_order_is_removed(
-    acme, alice, aws_account, t4, django_capture_on_commit_callbacks
+    acme, alice, aws_account, aws_sandbox, t4, django_capture_on_commit_callbacks
 ):
-    order = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks, sandbox=aws_sandbox)
     assert order.state == OrderState.RUNNING
     own = order.instance
     # A launch in another region of the account (a provider's token dedupes only within one region).

@@ -18,6 +18,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState
+from tests.leases import LAUNCH, boot_if_launched
 
 
 def _listing(account, capacity: int) -> Offer:
@@ -35,7 +36,10 @@ def _place(acme, alice, offer, *, allow_failover: bool) -> Order:
         organization=acme,
         user=alice,
         request=PlaceRequest(
-            offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01"), allow_failover=allow_failover
+            launch=LAUNCH,
+            offer_id=offer.pk,
+            max_price_per_hour=offer.price_usd + Decimal("0.01"),
+            allow_failover=allow_failover,
         ),
     ).order
 
@@ -79,7 +83,7 @@ def test_concurrent_orders_for_the_last_units_never_oversell(acme, alice, aws_ac
         thread.join()
 
     assert errors == []
-    orders = list(Order.objects.filter(pk__in=placed))
+    orders = [boot_if_launched(o, aws_sandbox) for o in Order.objects.filter(pk__in=placed)]
     assert len(orders) == buyers
     running = [o for o in orders if o.state == OrderState.RUNNING]
     assert len(running) == 3, [(o.state, o.state_reason) for o in orders]
@@ -173,7 +177,7 @@ def test_the_loser_of_a_race_for_the_last_unit_fails_over_without_calling_the_pr
     buyer = _place(acme, alice, listing, allow_failover=True)
     rival_thread.join()
 
-    buyer.refresh_from_db()
+    boot_if_launched(buyer, aws_sandbox)
     assert buyer.state == OrderState.RUNNING, buyer.state_reason
     failed, launched = list(buyer.attempts.order_by("number"))
     assert (failed.offer_id, failed.error_class, failed.provider_code) == (listing.pk, "capacity", "listing.sold_out")
@@ -193,11 +197,11 @@ def test_a_full_listing_is_passed_over_for_the_next_offer(
     listing = _listing(aws_account, capacity=1)
     with django_capture_on_commit_callbacks(execute=True):
         first = _place(acme, alice, listing, allow_failover=True)
+    boot_if_launched(first, aws_sandbox)
     aws_sandbox.clear_calls()
     with django_capture_on_commit_callbacks(execute=True):
         second = _place(acme, alice, listing, allow_failover=True)
-    first.refresh_from_db()
-    second.refresh_from_db()
+    boot_if_launched(second, aws_sandbox)
     assert first.state == second.state == OrderState.RUNNING
     assert first.offer_id == listing.pk
     (attempt,) = second.attempts.all()
@@ -238,7 +242,7 @@ def test_units_come_back_when_an_attempt_fails_or_the_machine_is_lost(
 
     with django_capture_on_commit_callbacks(execute=True):
         order = _place(acme, alice, listing, allow_failover=False)
-    order.refresh_from_db()
+    boot_if_launched(order, aws_sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
     listing.refresh_from_db()
     assert listing.reserved == 1

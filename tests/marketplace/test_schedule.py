@@ -15,6 +15,7 @@ from marketplace.models import Instance, Order, OrderState
 from marketplace.orders.selectors import order_usage
 from marketplace.orders.services import orders_end_scheduled
 from providers.services import adapter_for_account
+from tests.leases import boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -35,14 +36,17 @@ def t4(aws_account):
     return aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
 
 
-def test_an_order_stops_at_the_end_of_its_duration(api, t4, aws_account, django_capture_on_commit_callbacks):
+def test_an_order_stops_at_the_end_of_its_duration(
+    api, t4, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=True):
         response = _post(api, "/api/v1/orders", {"offer": t4.pk, "duration_hours": "2"})
     assert response.status_code == 201, response.content
-    order = Order.objects.get()
+    order = boot_if_launched(Order.objects.get(), aws_sandbox)
     instance = order.instance
     assert order.state == OrderState.RUNNING
-    assert order.run_until == instance.running_at + dt.timedelta(hours=2)
+    # The duration counts from when the machine was ready, as the metering does.
+    assert order.run_until == instance.ready_at + dt.timedelta(hours=2)
     assert response.json()["duration_hours"] == "2.00"
 
     assert orders_end_scheduled(now=order.run_until - dt.timedelta(seconds=1)) == 0
@@ -62,21 +66,23 @@ def test_an_order_stops_at_the_end_of_its_duration(api, t4, aws_account, django_
     assert orders_end_scheduled(now=order.run_until + dt.timedelta(hours=1)) == 0
 
 
-def test_an_order_without_a_duration_runs_until_terminated(api, t4, django_capture_on_commit_callbacks):
+def test_an_order_without_a_duration_runs_until_terminated(api, t4, aws_sandbox, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         _post(api, "/api/v1/orders", {"offer": t4.pk})
-    order = Order.objects.get()
+    order = boot_if_launched(Order.objects.get(), aws_sandbox)
     assert order.state == OrderState.RUNNING and order.run_until is None
     assert orders_end_scheduled(now=order.state_changed_at + dt.timedelta(days=365)) == 0
 
 
-def test_an_order_from_a_quote_takes_the_quotes_duration(api, aws_account, django_capture_on_commit_callbacks):
+def test_an_order_from_a_quote_takes_the_quotes_duration(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
     quote = _post(api, "/api/v1/quotes", {"profile": "inference", "duration_hours": 3, "limit": 1}).json()
     with django_capture_on_commit_callbacks(execute=True):
         response = _post(api, "/api/v1/orders", {"quote": quote["quotes"][0]["id"]})
-    order = Order.objects.get(public_id=response.json()["id"])
+    order = boot_if_launched(Order.objects.get(public_id=response.json()["id"]), aws_sandbox)
     assert order.duration_hours == Decimal("3.00")
-    assert order.run_until == order.instance.running_at + dt.timedelta(hours=3)
+    assert order.run_until == order.instance.ready_at + dt.timedelta(hours=3)
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "9000", "soon"])
@@ -87,11 +93,11 @@ def test_a_bad_duration_is_refused(api, t4, bad):
     assert not Order.objects.exists()
 
 
-def test_usage_is_metered_per_second_at_the_locked_price(api, t4, django_capture_on_commit_callbacks):
+def test_usage_is_metered_per_second_at_the_locked_price(api, t4, aws_sandbox, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         _post(api, "/api/v1/orders", {"offer": t4.pk})
-    order = Order.objects.get()
-    started = order.instance.running_at
+    order = boot_if_launched(Order.objects.get(), aws_sandbox)
+    started = order.instance.ready_at
     Instance.objects.filter(pk=order.instance.pk).update(terminated_at=started + dt.timedelta(minutes=90, seconds=1))
     order = Order.objects.prefetch_related("instances").get()
     usage = order_usage(order, now=started + dt.timedelta(days=1))

@@ -43,6 +43,7 @@ from marketplace.webhooks.services import (
 )
 from marketplace.webhooks.signing import signature_header, signature_verify
 from marketplace.webhooks.tasks import webhooks_sweep_task
+from tests.leases import LAUNCH, boot
 
 pytestmark = pytest.mark.django_db
 
@@ -174,7 +175,7 @@ def test_the_secret_is_stored_encrypted_and_recoverable(acme, alice, receiver):
 
 
 def test_an_order_placed_through_the_api_sends_its_events_in_order(
-    acme, alice, aws_account, receiver, django_capture_on_commit_callbacks
+    acme, alice, aws_account, aws_sandbox, receiver, django_capture_on_commit_callbacks
 ):
     created = _endpoint(acme, alice, receiver.url())
     api = APIClient()
@@ -187,12 +188,15 @@ def test_an_order_placed_through_the_api_sends_its_events_in_order(
 
     assert response.status_code == 201, response.content
     order = Order.objects.get(public_id=response.json()["id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        boot(order, aws_sandbox)
     assert order.state == OrderState.RUNNING
     assert receiver.events() == [
         "order.placed",
         "order.provisioning",
         "instance.launched",
         "instance.running",
+        "instance.ready",
         "order.running",
     ]
     bodies = [json.loads(r["body"]) for r in receiver.requests]
@@ -204,14 +208,18 @@ def test_an_order_placed_through_the_api_sends_its_events_in_order(
     assert running["price_per_hour"] == str(order.price_per_hour)
     assert running["instance"]["provider_instance_id"] == order.instance.provider_instance_id
     assert running["instance"]["zone"] == order.instance.zone
+    # The running event says how to connect, and which host key to expect.
+    lease = order.leases.get()
+    assert running["connection"]["ssh"] == f"ssh -p {lease.ssh_port} ubuntu@127.0.0.1"
+    assert running["connection"]["host_keys"][0]["fingerprint"] == lease.host_keys[0]["fingerprint"]
     assert bodies[0]["data"]["previous_state"] is None and bodies[0]["data"]["instance"] is None
     assert set(WebhookDelivery.objects.values_list("state", flat=True)) == {DeliveryState.DELIVERED}
-    assert len({r["headers"]["Broker-Delivery"] for r in receiver.requests}) == 5
+    assert len({r["headers"]["Broker-Delivery"] for r in receiver.requests}) == 6
 
     with django_capture_on_commit_callbacks(execute=True):
         api.post(f"/api/v1/orders/{order.public_id}/terminate")
 
-    assert receiver.events()[5:] == ["order.terminating", "instance.terminated", "order.terminated"]
+    assert receiver.events()[6:] == ["order.terminating", "instance.terminated", "order.terminated"]
     assert json.loads(receiver.requests[-1]["body"])["data"]["instance"]["terminated_at"] is not None
 
 
@@ -239,7 +247,7 @@ def test_a_rolled_back_transition_sends_nothing(acme, alice, aws_account, receiv
     from marketplace.orders.services import PlaceRequest, order_place
 
     offer = aws_account.offers.filter(instance_type="g5.xlarge").order_by("price_usd").first()
-    order = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order
+    order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
     _endpoint(acme, alice, receiver.url())
 
     with django_capture_on_commit_callbacks(execute=True) as callbacks:

@@ -6,6 +6,7 @@ import pytest
 
 from marketplace.portal.forms import parse_windows
 from providers.models import Machine, ProviderAccount
+from tests.leases import LAUNCH, boot_if_launched
 from tests.portal.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -76,7 +77,7 @@ def test_windows_wrap_round_the_week():
     assert parse_windows("") == []
 
 
-def test_an_order_receipt_is_only_for_the_provider_it_ran_for(petra, quentin, acme, alice, aws_account,
+def test_an_order_receipt_is_only_for_the_provider_it_ran_for(petra, quentin, acme, alice, aws_account, aws_sandbox,
                                                               django_capture_on_commit_callbacks):  # fmt: skip
     from decimal import Decimal
 
@@ -90,7 +91,9 @@ def test_an_order_receipt_is_only_for_the_provider_it_ran_for(petra, quentin, ac
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            launch=LAUNCH,
             offer_id=offer.pk, max_price_per_hour=offer.price_usd + Decimal("0.01"))).order  # fmt: skip
+    boot_if_launched(order, aws_sandbox)
     url = f"/provider/orders/{order.public_id}/receipt"
     mine = client_for(petra).get(url)
     assert mine.status_code == 200 and mine.json()["subject"] == f"order:{order.public_id}"

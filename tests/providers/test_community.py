@@ -14,12 +14,13 @@ from django.utils import timezone
 
 from providers.community import protocol
 from providers.community.adapter import available_now
-from providers.community.agent import Agent, parse_simulated
 from providers.community.services import machine_list, machines_withdraw_silent
 from providers.errors import CapacityUnavailable, CredentialsRejected
 from providers.models import Machine, MachineHeartbeat, MachineState
 from providers.services import adapter_for_account, provider_account_connect
 from providers.types import InstanceState, LaunchSpec, PricingModel
+from tests.hosts import start_hosts, stop_hosts
+from tests.leases import LAUNCH, boot_if_launched
 
 LISTING = {
     "gpu_model": "H100-SXM5",
@@ -159,20 +160,11 @@ def test_heartbeats_older_than_the_retention_are_deleted(listed):
 
 @pytest.fixture
 def hosts(fleet):
-    """Two verified machines of the fleet, each with a simulated agent in this process."""
-    agents = []
-    for name in ("fra-h100-1", "fra-h100-2"):
-        listed = machine_list(account=fleet, name=name, listing=dict(LISTING))
-        agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
-                      simulated=parse_simulated("H100:80x8"), launch_seconds=0)  # fmt: skip
-        url = agent.serve("127.0.0.1", 0, report=False)
-        Machine.objects.filter(pk=listed.machine.pk).update(
-            agent_url=url, state=MachineState.VERIFIED, online=True, last_heartbeat_at=timezone.now()
-        )
-        agents.append(agent)
+    """Two verified machines of the fleet, each with a simulated agent in this process (leases held for the test
+    to boot: tests.leases)."""
+    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False, listing=LISTING)
     yield agents
-    for agent in agents:
-        agent.stop()
+    stop_hosts(agents)
 
 
 def _spec(zone: str, token: str) -> LaunchSpec:
@@ -236,9 +228,9 @@ def test_orders_run_on_independent_machines_and_fail_over_between_them(
     def place():
         with django_capture_on_commit_callbacks(execute=True):
             order = order_place(organization=acme, user=alice, request=PlaceRequest(
+                launch=LAUNCH,
                 offer_id=first_offer.pk, max_price_per_hour=Decimal("16"))).order  # fmt: skip
-        order.refresh_from_db()
-        return order
+        return boot_if_launched(order, hosts)
 
     first, second = place(), place()
     assert first.state == second.state == OrderState.RUNNING, (first.state_reason, second.state_reason)
@@ -302,8 +294,9 @@ def test_a_machine_sold_on_demand_and_interruptible_is_reserved_once_for_both(
     spot = Offer.objects.get(account=fleet, zone="fra-h100-1", pricing_model="spot")
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            launch=LAUNCH,
             offer_id=spot.pk, max_price_per_hour=spot.price_usd, allow_failover=False)).order  # fmt: skip
-    order.refresh_from_db()
+    boot_if_launched(order, hosts)
     assert order.state == OrderState.RUNNING, order.state_reason
     assert dict(Offer.objects.filter(zone="fra-h100-1").values_list("pricing_model", "reserved")) == {
         "spot": 1,
@@ -339,8 +332,9 @@ def test_a_price_change_never_alters_an_order_already_placed(
     offer = Offer.objects.get(account=fleet, zone="fra-h100-1", pricing_model="on_demand")
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(
+            launch=LAUNCH,
             offer_id=offer.pk, max_price_per_hour=Decimal("16"), allow_failover=False)).order  # fmt: skip
-    order.refresh_from_db()
+    boot_if_launched(order, hosts)
     locked = order.price_per_hour
     assert locked == Decimal("15.2")
     Machine.objects.filter(name="fra-h100-1").update(price_per_gpu_hour=Decimal("3.10"))
