@@ -2,7 +2,8 @@
 
 The script is plain bash, so it runs under cloud-init on every image the clouds publish. In order it:
 
-1. runs the cloud's prelude (e.g. the GPU driver installation Alibaba and Tencent leave to the buyer);
+1. runs the cloud's prelude (e.g. the GPU driver installation Alibaba and Tencent leave to the buyer), and
+   for a container workload on an image without them, installs Docker and the NVIDIA Container Toolkit;
 2. appends the buyer's public keys to the login user's ``authorized_keys`` (also given to the cloud's own key
    mechanism where it takes them, so a console login works too);
 3. writes the lease file ``/opt/gpu-broker/lease.json``: where to phone home, the one-time boot token, the
@@ -23,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from providers.launch import BootSpec, LaunchLimits, LaunchProblem, UserDataMeasure
+from providers.launch import BootSpec, LaunchLimits, LaunchProblem, UserDataMeasure, WorkloadKind
 
 LEASE_FILE_VERSION = 1
 LEASE_MARKER = "BROKER_LEASE_JSON"
@@ -31,6 +32,21 @@ KEYS_MARKER = "BROKER_AUTHORIZED_KEYS"
 AGENT_PATH = "/agent/v1/lease/agent.pyz"
 BROKER_DIR = "/opt/gpu-broker"
 _LOGIN_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# Docker and the NVIDIA Container Toolkit where the image lacks them (Deep Learning images ship both), on
+# Debian-family images, following NVIDIA's install guide for the toolkit's apt repository:
+# https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
+CONTAINER_RUNTIME = """if command -v apt-get >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  command -v docker >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q docker.io; }
+  if ! command -v nvidia-ctk >/dev/null 2>&1; then
+    keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+    curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | gpg --dearmor -o "$keyring"
+    curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \\
+      | sed "s#deb https://#deb [signed-by=$keyring] https://#g" > /etc/apt/sources.list.d/nvidia-container-toolkit.list
+    apt-get update -q && apt-get install -y -q nvidia-container-toolkit
+  fi
+  nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
+fi"""
 _LEASE_BLOCK = re.compile(rf"<<'{LEASE_MARKER}'\n(.*?)\n{LEASE_MARKER}\n", re.DOTALL)
 MAX_LEASE_FILE = 1024 * 1024  # what a reader will parse; every cloud's user data limit is far below
 
@@ -75,6 +91,8 @@ def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") ->
     ]
     if prelude.strip():
         lines += ["# --- the cloud's prelude", prelude.strip(), "# --- end of prelude"]
+    if boot.workload_kind is WorkloadKind.CONTAINER:
+        lines += ["# --- a container runtime with GPU access, where the image has none", CONTAINER_RUNTIME]
     if keys:
         lines += [
             'home=$(getent passwd "$BROKER_LOGIN_USER" | cut -d: -f6)',

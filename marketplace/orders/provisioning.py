@@ -581,7 +581,22 @@ def order_check_running(*, order_id: int) -> Step:
     instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
     if instance is None:
         return Step.DONE
-    handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
+    adapter = adapter_for_account(instance.account)
+    try:
+        handle = adapter.describe(instance.region, instance.provider_instance_id)
+    except ProviderRequestRejected as exc:
+        # Some clouds forget an instance as soon as it is gone (an ECS release, an Azure spot eviction that
+        # deletes the VM): "not found" for a machine the broker launched means the provider took it.
+        if not instance_not_found(exc):
+            raise
+        handle = InstanceHandle(
+            instance_id=instance.provider_instance_id,
+            region=instance.region,
+            zone=instance.zone,
+            instance_type=instance.instance_type,
+            state=InstanceState.TERMINATED,
+            extra={"error_code": exc.code},
+        )
     if handle.state not in (InstanceState.TERMINATED, InstanceState.FAILED, InstanceState.STOPPING):
         return Step.DONE
     spot = order.pricing_model == PricingModel.SPOT
@@ -611,6 +626,12 @@ def order_check_running(*, order_id: int) -> Step:
         else:
             order_transition(order=order, to=OrderState.FAILED, reason=reason)
     return Step.PROVISION if order.allow_failover else Step.DONE
+
+
+def instance_not_found(error: ProviderError) -> bool:
+    """Is this the provider saying it does not know the instance (its not-found code, in any cloud's casing)?"""
+    code = error.code.replace(".", "").replace("_", "").lower()
+    return "notfound" in code
 
 
 def order_release_resources(*, order: Order) -> list[str]:

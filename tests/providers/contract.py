@@ -24,7 +24,9 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
+from providers.launch import BootSpec, IngressRule, WorkloadKind
 from providers.types import InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
+from tests.sshkeys import ed25519_public, parsed, rsa_public
 
 
 @dataclass
@@ -142,3 +144,28 @@ def _async_error(handle: InstanceHandle) -> ProviderError:
 
 def live(target: ContractTarget) -> list[Any]:
     return [i for i in target.instances() if str(getattr(i, "state", "")).lower() not in {"terminated", "deleted"}]
+
+
+AGENT_SHA256 = "ab" * 32
+
+
+def contract_boot(
+    *, script: str | None = None, disk_gb: int | None = 120, cidrs: tuple[str, ...] = ("203.0.113.0/24",)
+) -> BootSpec:
+    """A boot as the broker would send it: two keys, SSH and one service port from a documentation range, a
+    disk size, and a container workload (or ``script``)."""
+    workload = (
+        {"kind": WorkloadKind.SCRIPT.value, "script": script, "env": []}
+        if script is not None
+        else {"kind": "container", "image": "vllm/vllm-openai:v0.6.3", "ports": [8000], "env": [], "command": [],
+              "args": ["--model", "m"]}
+    )  # fmt: skip
+    return BootSpec(
+        broker_url="https://broker.example",
+        boot_token="bt_contract-token-0123456789abcdefghijklmnopqrstuvw",
+        agent_sha256=AGENT_SHA256,
+        ssh_keys=parsed(ed25519_public(), rsa_public()),
+        ingress=(IngressRule(port=22, cidrs=cidrs), IngressRule(port=8000, cidrs=cidrs)),
+        disk_gb=disk_gb,
+        workload=workload,
+    )

@@ -15,37 +15,17 @@ import pytest
 
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected
-from providers.launch import BootSpec, IngressRule, WorkloadKind
+from providers.launch import BootSpec
 from providers.sandbox.boot import BootMode
 from providers.types import InstanceHandle, InstanceState, LaunchSpec
-from tests.providers.contract import ContractTarget, launchable, live, settle, spec_for
-from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
-
-AGENT_SHA256 = "ab" * 32
-
-
-def boot(*, script: str | None = None, disk_gb: int | None = 120, cidrs: tuple[str, ...] = ("203.0.113.0/24",)):
-    workload = (
-        {"kind": WorkloadKind.SCRIPT.value, "script": script, "env": []}
-        if script is not None
-        else {"kind": "container", "image": "vllm/vllm-openai:v0.6.3", "ports": [8000], "env": [], "command": [],
-              "args": ["--model", "m"]}
-    )  # fmt: skip
-    return BootSpec(
-        broker_url="https://broker.example",
-        boot_token="bt_contract-token-0123456789abcdefghijklmnopqrstuvw",
-        agent_sha256=AGENT_SHA256,
-        ssh_keys=parsed(ed25519_public(), rsa_public()),
-        ingress=(IngressRule(port=22, cidrs=cidrs), IngressRule(port=8000, cidrs=cidrs)),
-        disk_gb=disk_gb,
-        workload=workload,
-    )
+from tests.providers.contract import ContractTarget, contract_boot, launchable, live, settle, spec_for
+from tests.sshkeys import ecdsa_public, parsed
 
 
 def booted_spec(target: ContractTarget, boot_spec: BootSpec | None = None, token: str | None = None) -> LaunchSpec:
     from dataclasses import replace
 
-    return replace(spec_for(launchable(target), token), boot=boot_spec or boot())
+    return replace(spec_for(launchable(target), token), boot=boot_spec or contract_boot())
 
 
 @pytest.fixture
@@ -121,8 +101,8 @@ def test_a_repeated_launch_makes_one_instance_and_one_set_of_resources(held):
 def test_a_configuration_over_the_clouds_user_data_limit_is_refused_before_launch(held):
     adapter = held.make_adapter(True, {})
     limit = adapter.launch_limits.user_data_max_bytes
-    small = booted_spec(held, boot(script="#!/bin/bash\necho hello\n"))
-    large = booted_spec(held, boot(script="#!/bin/bash\n" + "echo 0123456789abcdef\n" * (limit // 20 + 1)))
+    small = booted_spec(held, contract_boot(script="#!/bin/bash\necho hello\n"))
+    large = booted_spec(held, contract_boot(script="#!/bin/bash\n" + "echo 0123456789abcdef\n" * (limit // 20 + 1)))
 
     assert adapter.launch_problems(small) == []
     problems = adapter.launch_problems(large)
@@ -136,7 +116,7 @@ def test_a_disk_outside_the_clouds_range_is_refused_before_launch(held):
     adapter = held.make_adapter(True, {})
     limits = adapter.launch_limits
 
-    problems = adapter.launch_problems(booted_spec(held, boot(disk_gb=limits.disk_gb_max + 1)))
+    problems = adapter.launch_problems(booted_spec(held, contract_boot(disk_gb=limits.disk_gb_max + 1)))
 
     assert [p.field for p in problems] == ["launch.disk_gb"]
 
@@ -180,7 +160,7 @@ def test_a_missing_image_fails_the_launch_before_any_instance_exists(held):
 
 def test_a_key_the_clouds_own_mechanism_refuses_still_reaches_the_machine(held):
     """ECDSA: not every cloud's key import takes it; the boot script installs every key regardless."""
-    boot_spec = boot()
+    boot_spec = contract_boot()
     from dataclasses import replace
 
     spec = booted_spec(held, replace(boot_spec, ssh_keys=parsed(ecdsa_public())))
