@@ -7,7 +7,9 @@ exception.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +31,13 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 _loader_lock = threading.Lock()
 _shared_loader: Any = None
+# SDK clients outlive the adapter that built them: building one costs ~70 ms (endpoint resolution, the service
+# model's shapes), and an order builds an adapter at placement, launch and every poll. botocore clients are
+# thread-safe. The key holds everything a client is made of, the secret as a hash, so no two accounts (nor two
+# keys of one account) ever share one.
+_CLIENT_CACHE_SIZE = 256
+_client_cache: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_client_cache_lock = threading.Lock()
 
 
 def _botocore_session() -> Any:
@@ -96,12 +105,7 @@ class AwsClient:
 
     def __init__(self, settings: ClientSettings):
         self.settings = settings
-        self._session = boto3.session.Session(
-            aws_access_key_id=settings.access_key_id,
-            aws_secret_access_key=settings.secret_access_key,
-            aws_session_token=settings.session_token,
-            botocore_session=_botocore_session(),
-        )
+        self._session: Any = None  # built only when a client is not in the shared cache (~40 ms: its handlers)
         self._clients: dict[tuple[str, str, bool], Any] = {}
         self._lock = threading.Lock()  # boto3 sessions are not thread-safe when creating clients
 
@@ -118,11 +122,31 @@ class AwsClient:
             user_agent_extra="gpu-broker",
         )
 
+    def _cache_key(self, service: str, region: str, retries: bool) -> tuple[Any, ...]:
+        s = self.settings
+        secret = hashlib.sha256(f"{s.secret_access_key}\0{s.session_token or ''}".encode()).hexdigest()
+        return (service, region, retries, s.access_key_id, secret, s.endpoint_url, s.connect_timeout, s.read_timeout,
+                s.max_attempts)  # fmt: skip
+
     def _client(self, service: str, region: str, *, retries: bool = True) -> Any:
         key = (service, region, retries)
         with self._lock:
             client = self._clients.get(key)
             if client is None:
+                shared_key = self._cache_key(service, region, retries)
+                with _client_cache_lock:
+                    client = _client_cache.get(shared_key)
+                    if client is not None:
+                        _client_cache.move_to_end(shared_key)
+                        self._clients[key] = client
+                        return client
+                if self._session is None:
+                    self._session = boto3.session.Session(
+                        aws_access_key_id=self.settings.access_key_id,
+                        aws_secret_access_key=self.settings.secret_access_key,
+                        aws_session_token=self.settings.session_token,
+                        botocore_session=_botocore_session(),
+                    )
                 try:
                     with _sdk_errors():
                         client = self._session.client(
@@ -136,6 +160,10 @@ class AwsClient:
                         f"cannot build the {service} client: {exc}", provider=mapping.PROVIDER
                     ) from exc
                 self._clients[key] = client
+                with _client_cache_lock:
+                    _client_cache[shared_key] = client
+                    while len(_client_cache) > _CLIENT_CACHE_SIZE:
+                        _client_cache.popitem(last=False)
             return client
 
     def call(self, region: str, operation: str, **params: Any) -> dict[str, Any]:

@@ -1,0 +1,191 @@
+"""Benchmark: order to ready through the AWS sandbox, split into the provider's calls, the broker's own work
+and the boot, against the same launches made with boto3 alone in the same run.
+
+    .venv/bin/python bench/boot.py [--runs 10] [--database postgres://postgres@127.0.0.1:5432/broker_bench_boot]
+
+The broker's path is the real one minus the task queue: ``order_place`` with a launch configuration (a
+container with a secret, two ports, a key), ``order_provision`` (the key pair, the security group and its
+rules, the Deep Learning AMI from SSM, ``RunInstances`` with the boot script), ``order_poll`` until the
+provider runs the instance, and then the boot: the sandbox (its own process, as a cloud is) starts the lease
+agent from the user data, which phones home over HTTP to the broker served in this process, claims its
+token, fetches the secret, checks the GPUs, "starts" the container, finds SSH and reports ready. The
+baseline makes the same provider calls with boto3 alone, the same way, until the instance runs.
+
+What it reports, medians over the runs:
+
+- order to the provider's "running", against boto3 alone: the broker's overhead on the provider's calls
+  (recording the attempt and lease, the ledger, ranking, the limits checked before launch);
+- the boot: from the provider's "running" to ready, as the agent's protocol costs here (four signed round
+  trips; the simulated machine itself takes no time, where a real image boots for one to three minutes);
+- order to ready, the whole wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench_boot")
+    args = parser.parse_args()
+
+    from bench.sync import django_on, sandboxes_serving
+
+    port = _free_port()
+    django_on(
+        args.database, CELERY_BROKER_URL="memory://", BROKER_PUBLIC_URL=f"http://127.0.0.1:{port}",
+        BROKER_LEASE_HEARTBEAT_S="60",
+    )  # fmt: skip
+    from django.core.handlers.wsgi import WSGIHandler
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", port, WSGIHandler(), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sandboxes_serving("bench-boot-sandbox.json") as specs:
+            return _bench(args.runs, next(s for s in specs if s.kind == "aws"))
+    finally:
+        server.shutdown()
+
+
+def _bench(runs: int, spec: object) -> int:
+    import boto3
+    from botocore.config import Config
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from marketplace.catalog.services import offers_sync
+    from marketplace.launch.config import LaunchChoice
+    from marketplace.launch.keys import ssh_key_add
+    from marketplace.models import Lease, Membership, Offer, Order, OrderState, Organization, OrganizationKind, Role
+    from marketplace.orders.provisioning import Step, order_poll, order_provision
+    from marketplace.orders.services import PlaceRequest, order_place
+    from providers.models import Provider, ProviderAccount
+    from providers.sshkeys import ssh_key_parse
+
+    region = "us-east-1"
+    ProviderAccount.objects.update(enabled=False)  # only this run's account on sale
+    provider = Provider.objects.create(name=f"bench boot {uuid.uuid4().hex[:6]}")
+    account = ProviderAccount(provider=provider, kind="aws", name="aws-bench", endpoint_url=spec.endpoint_url,
+                              regions=[region])  # type: ignore[attr-defined]  # fmt: skip
+    account.set_credentials(spec.credentials)  # type: ignore[attr-defined]
+    account.save()
+    offers_sync(account_id=account.pk)
+    org = Organization.objects.create(name=f"bench buyer {uuid.uuid4().hex[:6]}", kind=OrganizationKind.BUYER)
+    user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
+    Membership.objects.create(user=user, organization=org, role=Role.OWNER)
+    public_key = _public_key()
+    ssh_key_add(organization=org, user=user, public_key=public_key)
+    offer = Offer.objects.filter(account=account, instance_type="g4dn.xlarge", pricing_model="on_demand").order_by(
+        "price_usd", "id"
+    )[0]
+    launch = LaunchChoice(
+        data={
+            "workload": {"kind": "container", "image": "vllm/vllm-openai:v0.6.3", "ports": [8000],
+                         "env": [{"name": "HF_TOKEN", "value": "hf_bench", "secret": True}]},
+            "allowed_cidrs": ["198.51.100.0/24"],
+        }
+    )  # fmt: skip
+    ec2 = boto3.client(
+        "ec2", endpoint_url=spec.endpoint_url, region_name=region,  # type: ignore[attr-defined]
+        aws_access_key_id=spec.credentials["access_key_id"],  # type: ignore[attr-defined]
+        aws_secret_access_key=spec.credentials["secret_access_key"],  # type: ignore[attr-defined]
+        config=Config(retries={"max_attempts": 1}),
+    )  # fmt: skip
+    ssm = boto3.client(
+        "ssm", endpoint_url=spec.endpoint_url, region_name=region,  # type: ignore[attr-defined]
+        aws_access_key_id=spec.credentials["access_key_id"],  # type: ignore[attr-defined]
+        aws_secret_access_key=spec.credentials["secret_access_key"],  # type: ignore[attr-defined]
+    )  # fmt: skip
+    from providers.aws import mapping
+
+    def broker_run() -> tuple[float, float, float, float]:
+        started = time.perf_counter()
+        order = order_place(organization=org, user=user, request=PlaceRequest(offer_id=offer.pk, launch=launch)).order
+        step = order_provision(order_id=order.pk)
+        while step == Step.POLL:
+            step = order_poll(order_id=order.pk)
+        provider_running = time.perf_counter()
+        deadline = time.monotonic() + 60
+        while Order.objects.filter(pk=order.pk).values_list("state", flat=True).get() != OrderState.RUNNING:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"order {order.public_id} never became ready")
+            time.sleep(0.005)
+        ready = time.perf_counter()
+        lease = Lease.objects.get(order=order)
+        assert lease.claimed_at is not None and lease.ready_at is not None
+        protocol = (lease.ready_at - lease.claimed_at).total_seconds()
+        return provider_running - started, ready - provider_running, ready - started, protocol
+
+    user_data = b"#!/bin/bash\n" + b"# the same size as the broker's boot script\n" * 60
+
+    def sdk_run() -> float:
+        started = time.perf_counter()
+        ref = f"ord-{uuid.uuid4().hex}"
+        image = ssm.get_parameter(Name=mapping.DLAMI_PARAMETER)["Parameter"]["Value"]
+        ec2.describe_images(ImageIds=[image])
+        ec2.import_key_pair(KeyName=f"broker-{ref}", PublicKeyMaterial=public_key.encode())
+        group = ec2.create_security_group(GroupName=f"broker-{ref}", Description="bench")["GroupId"]
+        ec2.authorize_security_group_ingress(
+            GroupId=group,
+            IpPermissions=[{"IpProtocol": "tcp", "FromPort": p, "ToPort": p,
+                            "IpRanges": [{"CidrIp": "198.51.100.0/24"}]} for p in (22, 8000)],
+        )  # fmt: skip
+        reservation = ec2.run_instances(
+            ImageId=image, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1, KeyName=f"broker-{ref}",
+            SecurityGroupIds=[group], UserData=user_data.decode(), ClientToken=ref[:64],
+            Placement={"AvailabilityZone": offer.zone},
+        )  # fmt: skip
+        instance_id = reservation["Instances"][0]["InstanceId"]
+        while True:
+            found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+            if found["State"]["Name"] == "running":
+                return time.perf_counter() - started
+
+    assert ssh_key_parse(public_key)
+    print(
+        f"{runs} runs; g4dn.xlarge in {offer.zone}, a container with a secret and two ports; {timezone.now():%Y-%m-%d}"
+    )
+    broker_rows = [broker_run() for _ in range(runs)]
+    sdk = [sdk_run() for _ in range(runs)]
+    launch_s = statistics.median(r[0] for r in broker_rows)
+    boot_s = statistics.median(r[1] for r in broker_rows)
+    total_s = statistics.median(r[2] for r in broker_rows)
+    protocol_s = statistics.median(r[3] for r in broker_rows)
+    sdk_s = statistics.median(sdk)
+    print(f"order to the provider's running: broker {launch_s * 1000:.0f} ms, boto3 alone {sdk_s * 1000:.0f} ms, "
+          f"broker/SDK = {launch_s / sdk_s:.2f} (+{(launch_s - sdk_s) * 1000:.0f} ms)")  # fmt: skip
+    print(f"the boot, provider's running to ready: {boot_s * 1000:.0f} ms "
+          f"(the agent's claim to ready: {protocol_s * 1000:.0f} ms over HTTP)")  # fmt: skip
+    print(f"order to ready: {total_s * 1000:.0f} ms; ready / SDK-alone running = {total_s / sdk_s:.2f}")
+    return 0
+
+
+def _public_key() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
