@@ -176,6 +176,7 @@ class ReadyReport:
     ssh_user: str
     ssh_host: str | None
     host_keys: tuple[HostKey, ...]
+    ports: tuple[tuple[int, int], ...] = ()  # (the machine's port, where it is reached), when they differ
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -239,7 +240,18 @@ def ready_report_parse(body: Any) -> ReadyReport:
     keys_raw = _field(body, "host_keys", list)
     if not keys_raw or len(keys_raw) > MAX_HOST_KEYS:
         raise LeaseRefused("invalid", f"host_keys: 1 to {MAX_HOST_KEYS} host public keys")
+    ports_raw = body.get("ports") or []
+    if not isinstance(ports_raw, list) or len(ports_raw) > 32 or not all(isinstance(p, dict) for p in ports_raw):
+        raise LeaseRefused("invalid", "ports: at most 32 {port, host_port} objects")
+    ports = tuple(
+        (
+            _bounded_int(p.get("port"), "ports.port", 1, 65535),
+            _bounded_int(p.get("host_port"), "ports.host_port", 1, 65535),
+        )
+        for p in ports_raw
+    )
     return ReadyReport(
+        ports=ports,
         gpus=tuple(gpus),
         workload_kind=str(workload.get("kind") or "none")[:16],
         workload_detail=str(workload.get("detail") or "")[:2000],
@@ -373,6 +385,7 @@ def lease_ready(*, lease: Lease, report: ReadyReport, now: dt.datetime | None = 
         locked.ssh_port, locked.ssh_user, locked.ssh_host = report.ssh_port, report.ssh_user, report.ssh_host or ""
         locked.host_keys = [{"type": k.key_type, "public_key": k.public_key, "fingerprint": k.fingerprint}
                             for k in report.host_keys]  # fmt: skip
+        locked.ports = {str(port): host_port for port, host_port in report.ports}
         if problem:
             locked.state, locked.failure_stage, locked.failure_reason = LeaseState.REFUSED, "gpus", problem
             locked.save()

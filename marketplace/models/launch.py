@@ -120,6 +120,7 @@ class Lease(models.Model):
     ssh_port = models.PositiveIntegerField(null=True, blank=True)
     ssh_user = models.CharField(max_length=32, blank=True, default="")
     host_keys = models.JSONField(default=list, blank=True, help_text="[{type, public_key, fingerprint}]")
+    ports = models.JSONField(default=dict, blank=True, help_text="the machine's port -> where buyers reach it")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -70,7 +70,10 @@ CLOUDS: dict[str, Cloud] = {
             CloudField("secret_access_key", "Secret access key", required=True, secret=True),
             CloudField("session_token", "Session token", secret=True, help="only for temporary credentials"),
         ),
-        options=(CloudField("image_id", "Image id (AMI)", help="default: the region's Canonical Ubuntu"),),
+        options=(
+            CloudField("image_id", "Image id (AMI)", help="default: the region's Deep Learning Base GPU AMI"),
+            CloudField("subnet_id", "Subnet ids", help="comma-separated, one per zone; default: the default VPC"),
+        ),
         # us-east-1, eu-central-2, us-gov-west-1, cn-northwest-1
         region_pattern=re.compile(r"[a-z]{2}(-[a-z]+)+-\d{1,2}"),
         region_examples=("us-east-1", "eu-west-1"),
@@ -87,8 +90,10 @@ CLOUDS: dict[str, Cloud] = {
         options=(
             CloudField("resource_group", "Resource group"),
             CloudField("subnet_id", "Subnet id", help="needed to launch"),
-            CloudField("ssh_public_key", "SSH public key", kind="textarea", help="needed to launch"),
-            CloudField("image", "Image"),
+            CloudField(
+                "ssh_public_key", "SSH public key", kind="textarea", help="only for launches without a buyer's keys"
+            ),
+            CloudField("image", "Image", help="default: Microsoft's Ubuntu-HPC GPU image"),
             CloudField("authority_url", "Authority URL", kind="url", help="sovereign clouds only"),
             CloudField("prices_url", "Retail prices URL", kind="url", help="sovereign clouds only"),
         ),
@@ -112,7 +117,7 @@ CLOUDS: dict[str, Cloud] = {
             CloudField("project_id", "Project id", help="default: the key's own project"),
         ),
         options=(
-            CloudField("image", "Image"),
+            CloudField("image", "Image", help="default: the Deep Learning VM image family"),
             CloudField("boot_disk_gb", "Boot disk (GB)", kind="integer", min_value=10, max_value=65536),
             CloudField("network", "Network"),
             CloudField("subnetwork", "Subnetwork"),
@@ -132,8 +137,11 @@ CLOUDS: dict[str, Cloud] = {
         ),
         options=(
             CloudField("image_id", "Image id"),
+            CloudField(
+                "image_family", "Image family", help="default: acs:ubuntu_22_04_x64, the driver installed at boot"
+            ),
             CloudField("vswitch_id", "vSwitch id"),
-            CloudField("security_group_id", "Security group id"),
+            CloudField("security_group_id", "Security group id", help="only for launches without a firewall"),
         ),
         # cn-shanghai, ap-southeast-1, cn-shanghai-finance-1
         region_pattern=re.compile(r"[a-z]{2}(-[a-z]+)+(-\d{1,2})?"),

@@ -14,7 +14,7 @@ A lease's life, every step but the first signed with the lease's own key (``prot
    which never appear in user data, logs or the broker's answers.
 3. The executor checks the GPUs, starts the workload (a container, a script, or nothing), finds SSH listening
    and reads the host keys.
-4. ``POST /agent/v1/lease/ready`` ``{"gpus", "workload", "ssh", "host_keys"}`` -> ``{"state": "running"}``, or
+4. ``POST /agent/v1/lease/ready`` ``{"gpus", "workload", "ssh", "host_keys", "ports"}`` -> ``{"state": "running"}``, or
    ``{"state": "refused", "problem"}`` when the machine is not what the order bought (the broker terminates it
    and fails over). A step that fails posts ``/agent/v1/lease/failed`` ``{"stage", "reason"}`` instead.
 5. ``POST /agent/v1/lease/heartbeat`` ``{"gpus": [...telemetry], "workload": {"state"}}`` every ``heartbeat_s``;
@@ -101,6 +101,8 @@ class Executor(Protocol):
     def ssh(self) -> SshSeen: ...
 
     def host_keys(self) -> list[str]: ...
+
+    def expose(self, ports: list[int]) -> list[dict[str, int]]: ...
 
     def stop(self) -> None: ...
 
@@ -262,6 +264,10 @@ class HostExecutor:
             time.sleep(2)
         return SshSeen(False, 22)
 
+    def expose(self, ports: list[int]) -> list[dict[str, int]]:
+        """The machine's own ports: a container publishes each on the same number (``docker run -p P:P``)."""
+        return [{"port": port, "host_port": port} for port in ports]
+
     def host_keys(self) -> list[str]:
         keys = []
         for kind in ("ed25519", "ecdsa", "rsa"):
@@ -299,6 +305,7 @@ class SimulatedExecutor:
         self.ssh_host = ssh_host
         self._kind = "none"
         self._listener: socket.socket | None = None
+        self._services: list[socket.socket] = []
         self._closed = threading.Event()
         blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + os.urandom(32)
         self._host_key = "ssh-ed25519 " + base64.b64encode(blob).decode()
@@ -352,10 +359,41 @@ class SimulatedExecutor:
     def host_keys(self) -> list[str]:
         return [self._host_key]
 
+    def expose(self, ports: list[int]) -> list[dict[str, int]]:
+        """A port of its own for each exposed one, answering HTTP with a line that says what runs there, so the
+        URLs an order shows lead somewhere in the sandbox too."""
+        exposed = []
+        for port in ports:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind((self.ssh_host, 0))
+            listener.listen(8)
+            self._services.append(listener)
+            body = f"simulated workload ({self._kind}) on the machine's port {port}\n".encode()
+            threading.Thread(target=self._serve_http, args=(listener, body), daemon=True).start()
+            exposed.append({"port": port, "host_port": int(listener.getsockname()[1])})
+        return exposed
+
+    def _serve_http(self, listener: socket.socket, body: bytes) -> None:
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        while not self._closed.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(4096)
+                    conn.sendall(head.encode() + body)
+                except OSError:
+                    pass
+
     def stop(self) -> None:
         self._closed.set()
-        if self._listener is not None:
-            self._listener.close()
+        for listener in [self._listener, *self._services]:
+            if listener is not None:
+                listener.close()
 
 
 def parse_simulated(spec: str) -> list[GpuSeen]:
@@ -481,9 +519,11 @@ class LeaseAgent:
         if not ssh.listening:
             self.fail("ssh", f"nothing answers SSH on port {ssh.port}")
             return self.state
+        exposed = self.executor.expose([int(p) for p in self.lease.get("ports") or [] if int(p) != 22])
         answer = self._post(
             "/agent/v1/lease/ready",
             {
+                "ports": exposed,
                 "gpus": [{"index": g.index, "name": g.name, "memory_gb": g.memory_gb} for g in gpus],
                 "workload": {"kind": str(workload.get("kind") or "none"), "detail": detail[:MAX_REASON]},
                 "ssh": {"listening": True, "port": ssh.port, "user": login_user, "host": ssh.host},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from django.conf import settings
@@ -84,13 +85,17 @@ def test_launch_waits_for_ready_and_ssh_pins_the_reported_host_key(cli_env, boot
     order = Order.objects.get(organization=acme)
     assert order.state == "running"
     assert "connect   ssh -p " in launched.stdout and "lease@127.0.0.1" in launched.stdout
-    assert "port 8000 http://127.0.0.1:8000" in launched.stdout
+    lease = order.leases.get()
+    url = f"http://127.0.0.1:{lease.ports['8000']}"
+    assert f"port 8000 {url}" in launched.stdout
+    # The exposed port leads somewhere: the simulated machine answers on it.
+    with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 - the test's own loopback listener
+        assert answer.read().startswith(b"simulated workload (container) on the machine's port 8000")
     assert "hf_do-not-print-me" not in launched.stdout + launched.stderr
     printed = broker(cli_env, "ssh", str(order.public_id), "--print")
     assert printed.returncode == 0, printed.stderr
     command, known = printed.stdout.splitlines()[0], printed.stdout.splitlines()[1]
     assert "StrictHostKeyChecking=yes" in command and command.endswith(" lease@127.0.0.1")
-    lease = order.leases.get()
     assert known == f"[127.0.0.1]:{lease.ssh_port} {lease.host_keys[0]['public_key']}"
 
 

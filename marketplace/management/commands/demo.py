@@ -7,12 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from marketplace.demo import DEMO_PASSWORD
-from marketplace.models import Membership, Organization, OrganizationKind, Role
+from marketplace.launch.keys import ssh_key_add
+from marketplace.models import Membership, Organization, OrganizationKind, Role, SshKey
 from providers.sandbox.demo import read_manifest
 from providers.services import provider_account_connect
 
@@ -41,6 +45,7 @@ class Command(BaseCommand):
             petra.save()
         buyer, _ = Organization.objects.get_or_create(name="Acme Research", defaults={"kind": OrganizationKind.BUYER})
         Membership.objects.get_or_create(user=alice, organization=buyer, defaults={"role": Role.OWNER})
+        _seed_ssh_key(buyer, alice)
         accounts = [
             provider_account_connect(
                 provider_name="Petra Cloud Resale",
@@ -63,6 +68,25 @@ class Command(BaseCommand):
         self.stdout.write(
             json.dumps({"buyer": "alice", "provider_admin": "petra", "accounts": {a.kind: a.pk for a in accounts}})
         )
+
+
+def _seed_ssh_key(organization: Organization, user: Any) -> None:
+    """Alice's demo key: a fresh ed25519 pair, its private half in var/demo-ssh (for the ssh lines the demo
+    prints; the sandbox's machines answer SSH's greeting only), its public half on the organisation."""
+    if SshKey.objects.filter(organization=organization).exists():
+        return
+    folder = Path(settings.VAR_DIR) / "demo-ssh"
+    folder.mkdir(exist_ok=True)
+    private = ed25519.Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    path = folder / "id_ed25519"
+    path.write_bytes(pem)
+    path.chmod(0o600)
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    (folder / "id_ed25519.pub").write_bytes(public + b" alice@demo\n")
+    ssh_key_add(organization=organization, user=user, public_key=public.decode() + " alice@demo")
 
 
 # The demo's independent provider: machines listed at plausible community prices (USD per GPU-hour), each
