@@ -31,10 +31,20 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ledger.models import Anchor, Checkpoint, LedgerHead
-from marketplace.models import Attempt, AttemptOutcome, Instance, Offer, OfferStatus, Order, OrderState
+from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
+    Instance,
+    LeaseHeartbeat,
+    LeaseState,
+    Offer,
+    OfferStatus,
+    Order,
+    OrderState,
+)
 from providers.models import Machine, MachineHeartbeat, ProviderAccount, SyncStatus
 
-# Seconds from placement until an order first ran.
+# Seconds from placement until an order's machine was first ready.
 PROVISIONING_BUCKETS: tuple[int, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200)
 
 # A request carrying one of these came through a proxy: its loopback REMOTE_ADDR is the proxy's, not the client's.
@@ -56,6 +66,7 @@ class BrokerCollector:
         yield from self._provisioning()
         yield from self._ledger(now)
         yield from self._machines()
+        yield from self._leases()
 
     # --- Catalogue and accounts ------------------------------------------------------------------------------
 
@@ -225,6 +236,45 @@ class BrokerCollector:
         yield utilization
         yield temperature
         yield power
+
+    # --- Rented machines, on every provider kind, from their lease agents -------------------------------------
+
+    def _leases(self) -> Iterator[Metric]:
+        labels = ["order", "provider", "instance_type", "region", "gpu_model"]
+        families = {
+            "utilization_pct": GaugeMetricFamily(
+                "broker_order_gpu_utilization_percent",
+                "Mean GPU utilization of a running order's machine, in its lease agent's latest heartbeat.",
+                labels=labels,
+            ),
+            "temperature_c": GaugeMetricFamily(
+                "broker_order_gpu_temperature_celsius",
+                "Hottest GPU temperature of a running order's machine, in its lease agent's latest heartbeat.",
+                labels=labels,
+            ),
+            "power_w": GaugeMetricFamily(
+                "broker_order_gpu_power_watts",
+                "Total GPU power draw of a running order's machine, in its lease agent's latest heartbeat.",
+                labels=labels,
+            ),
+        }
+        latest = LeaseHeartbeat.objects.filter(lease=OuterRef("lease")).order_by("-at", "-pk").values("pk")[:1]
+        rows = LeaseHeartbeat.objects.filter(
+            pk=Subquery(latest), lease__state=LeaseState.READY, lease__order__state=OrderState.RUNNING
+        ).values(
+            "utilization_pct", "temperature_c", "power_w", "lease__order__public_id",
+            "lease__attempt__offer__account__kind", "lease__attempt__offer__instance_type",
+            "lease__attempt__offer__region", "lease__order__gpu_model__key",
+        )  # fmt: skip
+        for row in rows:
+            values = [
+                str(row["lease__order__public_id"]), row["lease__attempt__offer__account__kind"],
+                row["lease__attempt__offer__instance_type"], row["lease__attempt__offer__region"],
+                row["lease__order__gpu_model__key"],
+            ]  # fmt: skip
+            for field, family in families.items():
+                family.add_metric(values, float(row[field]))
+        yield from families.values()
 
 
 registry = CollectorRegistry(auto_describe=False)

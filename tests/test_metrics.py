@@ -78,8 +78,8 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
     ]
     ledger_checkpoint_and_anchor()
 
-    # A fixed number of aggregate queries, however many offers, orders and attempts there are.
-    with django_assert_max_num_queries(12):
+    # A fixed number of aggregate queries, however many offers, orders, attempts and leases there are.
+    with django_assert_max_num_queries(13):
         samples = _scrape(client)
 
     expected = Offer.objects.values("account__kind", "status").annotate(n=Count("pk"))
@@ -174,3 +174,26 @@ def test_only_loopback_or_the_bearer_token_may_scrape(client, settings):
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
     assert client.get("/metrics", REMOTE_ADDR="203.0.113.9", HTTP_AUTHORIZATION="Basic czNjcmV0").status_code == 403
     assert client.post("/metrics").status_code == 405
+
+
+def test_a_running_cloud_orders_gpus_are_scraped_from_its_lease_agent(
+    client, acme, alice, aws_account, aws_sandbox, t4_offer, django_capture_on_commit_callbacks
+):
+    from tests.leases import held_agent
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(
+            organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=t4_offer.pk)
+        ).order
+    boot_if_launched(order, aws_sandbox)
+    agent = held_agent(order, aws_sandbox)
+    assert agent.heartbeat() == "running"
+    beat = order.leases.get().heartbeats.get()
+
+    samples = _scrape(client)
+
+    labels = {"order": str(order.public_id), "provider": "aws", "instance_type": "g4dn.xlarge",
+              "region": t4_offer.region, "gpu_model": "T4"}  # fmt: skip
+    assert _one(samples, "broker_order_gpu_utilization_percent", **labels) == float(beat.utilization_pct)
+    assert _one(samples, "broker_order_gpu_temperature_celsius", **labels) == float(beat.temperature_c)
+    assert _one(samples, "broker_order_gpu_power_watts", **labels) == float(beat.power_w)
