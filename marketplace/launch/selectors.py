@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
+
 from marketplace.launch.leases import connection_host
-from marketplace.models import Instance, Lease, LeaseState, Order, SshKey
+from marketplace.models import Instance, LaunchTemplate, Lease, LeaseState, Order, Organization, SshKey
 
 SSH_PORT = 22
 
@@ -48,7 +50,7 @@ def order_connection(order: Order) -> dict[str, Any] | None:
             {"type": k["type"], "fingerprint": k["fingerprint"], "public_key": k["public_key"]} for k in lease.host_keys
         ],
         "known_hosts": [known_hosts_line(host, port, k["public_key"]) for k in lease.host_keys],
-        "urls": [{"port": p, "url": f"http://{host}:{p}"} for p in ports],
+        "urls": [{"port": p, "url": f"http://{host}:{(lease.ports or {}).get(str(p), p)}"} for p in ports],
         "ready_at": instance.ready_at,
     }
 
@@ -76,3 +78,12 @@ def order_boot(order: Order) -> dict[str, Any] | None:
 
 def ssh_keys_for_form(organization_id: int) -> list[SshKey]:
     return list(SshKey.objects.filter(organization_id=organization_id).order_by("name"))
+
+
+def launch_template_list(*, organization: Organization) -> QuerySet[LaunchTemplate]:
+    """The organisation's launch templates by name, with their configurations (the storefront lists them)."""
+    return (
+        LaunchTemplate.objects.filter(organization=organization)
+        .select_related("configuration", "created_by")
+        .order_by("name")
+    )

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -10,6 +13,7 @@ from marketplace.matching import PROFILES, Profile, Tolerance
 from marketplace.models import GpuModel, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.portal.forms import SignupForm
+from providers.sshkeys import MAX_KEY_TEXT, MAX_NAME
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
 
@@ -25,12 +29,6 @@ class OfferFilterForm(forms.Form):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         keys = GpuModel.objects.filter(offers__isnull=False).values_list("key", flat=True).distinct().order_by("key")
         self.fields["gpu"].choices = [("", "any"), *((k, k) for k in keys)]  # type: ignore[attr-defined]
-
-
-class OrderPlaceForm(forms.Form):
-    offer = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
-    max_price_per_hour = forms.DecimalField(required=False, min_value=Decimal("0.000001"), decimal_places=6)
-    allow_failover = forms.BooleanField(required=False, initial=True)
 
 
 class WorkloadForm(forms.Form):
@@ -126,3 +124,230 @@ class BuyerInviteForm(forms.Form):
 
 class BuyerRoleForm(forms.Form):
     role = forms.ChoiceField(choices=BUYER_ROLE_CHOICES)
+
+
+# --- Launching a machine: SSH keys and the order's launch configuration ----------------------------------------
+
+
+class SshKeyForm(forms.Form):
+    """One public key, pasted or uploaded as its .pub file. The text is never rendered back (``render_value``
+    would not apply to a textarea, so the template leaves it out on errors): a private key pasted by mistake
+    must not travel to the browser again."""
+
+    name = forms.CharField(
+        required=False, max_length=MAX_NAME, help_text="default: the key's comment, e.g. alice@laptop"
+    )
+    public_key = forms.CharField(
+        required=False,
+        max_length=MAX_KEY_TEXT,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAA… you@laptop", "spellcheck": "false"}),
+        label="Public key",
+    )
+    public_key_file = forms.FileField(required=False, label="or upload the .pub file")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        upload = data.get("public_key_file")
+        if upload is not None:
+            if data.get("public_key", "").strip():
+                raise forms.ValidationError("paste the key or upload its file, not both")
+            if upload.size > MAX_KEY_TEXT:
+                self.add_error("public_key_file", f"a public key file is at most {MAX_KEY_TEXT} bytes")
+                return data
+            try:
+                data["public_key"] = upload.read().decode("utf-8")
+            except UnicodeDecodeError:
+                self.add_error("public_key_file", "not a text file: choose the .pub file, e.g. id_ed25519.pub")
+        elif not data.get("public_key", "").strip() and "public_key" not in self.errors:
+            self.add_error("public_key", "paste one public key, e.g. the contents of ~/.ssh/id_ed25519.pub")
+        return data
+
+
+WORKLOAD_CHOICES = [
+    ("none", "Just the machine"),
+    ("container", "A container"),
+    ("script", "A script"),
+]
+ACCESS_CHOICES = [("mine", "only your address"), ("anywhere", "anywhere"), ("custom", "these address ranges")]
+ANYWHERE = ["0.0.0.0/0"]
+
+
+def _split_ports(raw: str) -> list[int]:
+    """``"8000, 8888"`` as numbers; the service checks their range."""
+    ports = []
+    for item in raw.replace(",", " ").split():
+        if not item.isdigit() or len(item) > 5:
+            raise forms.ValidationError(f"{item[:12]!r} is not a port number: give numbers separated by commas")
+        ports.append(int(item))
+    return ports
+
+
+def _split_words(raw: str) -> list[str]:
+    """A command line as its words, quoted as a shell would read it (``"--name 'my model'"``: two words)."""
+    try:
+        return shlex.split(raw)
+    except ValueError as exc:
+        raise forms.ValidationError(f"cannot split into words: {exc}") from None
+
+
+class LaunchForm(forms.Form):
+    """The order's configure step: how long, which keys, what runs and who may reach it. Environment
+    variables come as numbered rows (``env_name_<i>``, ``env_value_<i>``, ``env_secret_<i>``) read by
+    ``env_rows``; ``launch_data`` builds the configuration in the shape ``marketplace.launch.config`` takes."""
+
+    duration_hours = forms.DecimalField(
+        required=False, min_value=Decimal("0.01"), max_value=Decimal("8760"), decimal_places=2, label="Run for (hours)"
+    )
+    spend_cap_usd = forms.DecimalField(
+        required=False, min_value=Decimal("0.01"), max_digits=9, decimal_places=2, label="or stop at a spend of (USD)"
+    )
+    ssh_keys = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="SSH keys")
+    workload_kind = forms.ChoiceField(choices=WORKLOAD_CHOICES, initial="none", widget=forms.RadioSelect)
+    container_image = forms.CharField(
+        required=False, max_length=255, label="Image",
+        widget=forms.TextInput(attrs={"placeholder": "vllm/vllm-openai:v0.6.3", "spellcheck": "false"}),
+    )  # fmt: skip
+    command = forms.CharField(
+        required=False, max_length=4096, label="Command (replaces the image's entrypoint)",
+        widget=forms.TextInput(attrs={"placeholder": "empty: the image's own", "spellcheck": "false"}),
+    )  # fmt: skip
+    args = forms.CharField(
+        required=False, max_length=16384, label="Arguments",
+        widget=forms.TextInput(attrs={"placeholder": "--model meta-llama/Llama-3.1-8B", "spellcheck": "false"}),
+    )  # fmt: skip
+    container_ports = forms.CharField(
+        required=False, max_length=200, label="Exposed ports", widget=forms.TextInput(attrs={"placeholder": "8000"})
+    )
+    shm_size_gb = forms.IntegerField(required=False, min_value=1, max_value=1024, label="Shared memory (GB)")
+    registry_server = forms.CharField(
+        required=False, max_length=253, label="Registry", widget=forms.TextInput(attrs={"placeholder": "ghcr.io"})
+    )
+    registry_username = forms.CharField(required=False, max_length=255, label="Registry user")
+    registry_password = forms.CharField(
+        required=False, max_length=4096, label="Registry password", widget=forms.PasswordInput(render_value=False)
+    )
+    script = forms.CharField(
+        required=False, strip=False, label="Script",
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "placeholder": "#!/bin/bash\nset -e\n…"}),
+    )  # fmt: skip
+    ports = forms.CharField(
+        required=False, max_length=200, label="More open ports", widget=forms.TextInput(attrs={"placeholder": "8888"})
+    )
+    access = forms.ChoiceField(choices=ACCESS_CHOICES, initial="mine", widget=forms.RadioSelect)
+    cidrs = forms.CharField(
+        required=False, max_length=2000, label="Address ranges",
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "203.0.113.0/24, 198.51.100.7/32"}),
+    )  # fmt: skip
+    disk_gb = forms.IntegerField(required=False, min_value=10, max_value=16384, label="Disk (GB)")
+    image = forms.CharField(
+        required=False, max_length=255, label="Own machine image",
+        widget=forms.TextInput(attrs={"placeholder": "empty: the provider's GPU-ready image"}),
+    )  # fmt: skip
+    allow_failover = forms.BooleanField(required=False, initial=True, label="May fail over to a like offer")
+    max_price_per_hour = forms.DecimalField(
+        required=False, min_value=Decimal("0.000001"), decimal_places=6, label="paying at most (USD/h)"
+    )
+    save_template = forms.BooleanField(required=False, label="Save as a launch template")
+    # Not "template_name": that is the attribute naming the template a Form renders itself with.
+    save_name = forms.CharField(required=False, max_length=80, label="Template name")
+
+    def __init__(self, *args: Any, keys: list[tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["ssh_keys"].choices = keys  # type: ignore[attr-defined]
+
+    def clean_container_ports(self) -> list[int]:
+        return _split_ports(self.cleaned_data.get("container_ports", ""))
+
+    def clean_ports(self) -> list[int]:
+        return _split_ports(self.cleaned_data.get("ports", ""))
+
+    def clean_command(self) -> list[str]:
+        return _split_words(self.cleaned_data.get("command", ""))
+
+    def clean_args(self) -> list[str]:
+        return _split_words(self.cleaned_data.get("args", ""))
+
+    def clean_cidrs(self) -> list[str]:
+        return self.cleaned_data.get("cidrs", "").replace(",", " ").split()
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if (
+            data.get("duration_hours") is None
+            and data.get("spend_cap_usd") is None
+            and not self.has_error("duration_hours")
+        ):
+            self.add_error("duration_hours", "give the hours to run, a spend cap, or both")
+        if data.get("access") == "custom" and not data.get("cidrs") and not self.has_error("cidrs"):
+            self.add_error("cidrs", "name at least one address range, e.g. 203.0.113.0/24")
+        if data.get("save_template") and not (data.get("save_name") or "").strip():
+            self.add_error("save_name", "name the template")
+        return data
+
+    def launch_data(self, env: list[dict[str, Any]], registry_password: str | None) -> dict[str, Any]:
+        """The launch configuration as the service takes it; ``env`` from ``env_rows``, secrets filled in."""
+        d = self.cleaned_data
+        data: dict[str, Any] = {"ssh_keys": list(d["ssh_keys"]), "ports": d["ports"]}
+        kind = d["workload_kind"]
+        workload: dict[str, Any] = {"kind": kind}
+        if kind == "container":
+            workload.update(image=d["container_image"].strip(), command=d["command"], args=d["args"], env=env,
+                            ports=d["container_ports"])  # fmt: skip
+            if d.get("shm_size_gb") is not None:
+                workload["shm_size_gb"] = d["shm_size_gb"]
+            if d["registry_server"] or d["registry_username"] or registry_password:
+                workload["registry"] = {"server": d["registry_server"].strip(), "username": d["registry_username"],
+                                        "password": registry_password or ""}  # fmt: skip
+        elif kind == "script":
+            workload.update(script=d["script"], env=env)
+        data["workload"] = workload
+        if d["access"] == "anywhere":
+            data["allowed_cidrs"] = list(ANYWHERE)
+        elif d["access"] == "custom":
+            data["allowed_cidrs"] = d["cidrs"]
+        # "mine" leaves allowed_cidrs out: the service defaults it to the caller's own address.
+        if d.get("disk_gb") is not None:
+            data["disk_gb"] = d["disk_gb"]
+        if (d.get("image") or "").strip():
+            data["image"] = d["image"].strip()
+        if d.get("spend_cap_usd") is not None:
+            data["spend_cap_usd"] = format(d["spend_cap_usd"], "f")
+        return data
+
+
+MAX_ENV_ROWS = 64
+
+
+@dataclass
+class EnvRow:
+    """One environment variable row of the form. A secret row's value is never rendered back: ``kept`` says a
+    value given before is kept when the field stays empty."""
+
+    index: int
+    name: str = ""
+    value: str = ""
+    secret: bool = False
+    kept: bool = False
+    error: str = ""
+
+    @property
+    def shown_value(self) -> str:
+        return "" if self.secret else self.value
+
+
+def env_rows(post: Mapping[str, str]) -> list[EnvRow]:
+    """The environment rows as posted, empty rows included (they keep their place for field errors)."""
+    try:
+        count = min(int(post.get("env_rows", "0")), MAX_ENV_ROWS)
+    except ValueError:
+        count = 0
+    return [
+        EnvRow(
+            index=i,
+            name=post.get(f"env_name_{i}", "").strip(),
+            value=post.get(f"env_value_{i}", ""),
+            secret=bool(post.get(f"env_secret_{i}")),
+        )
+        for i in range(max(count, 0))
+    ]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import team, views, webhooks
+from marketplace.web import launch, team, views, webhooks
 
 app_name = "storefront"
 
@@ -8,7 +8,6 @@ urlpatterns = [
     path("", views.offers, name="offers"),
     path("workload/", views.workload, name="workload"),
     path("offers/<int:offer_id>/prices", views.prices, name="prices"),
-    path("quotes/order", views.quote_order_view, name="quote-order"),
     path("compare", views.compare, name="compare"),
     path("spending", views.spending, name="spending"),
     path("spending.csv", views.spending_csv, name="spending-csv"),
@@ -34,7 +33,13 @@ urlpatterns = [
     path("team/invitations/<int:invitation_id>/revoke", team.invitation_revoke_view, name="invitation-revoke"),
     path("team/leave", team.leave, name="team-leave"),
     path("invitations/<str:token>", team.invitation, name="invitation"),
-    path("orders/place", views.order_place_view, name="order-place"),
+    path("orders/new", launch.order_configure, name="order-configure"),
+    path("orders/new/confirm", launch.order_confirm, name="order-confirm"),
+    path("orders/place", launch.order_place_view, name="order-place"),
+    path("keys/", launch.keys, name="keys"),
+    path("keys/<str:key_id>/delete", launch.key_delete, name="key-delete"),
+    path("templates/", launch.templates, name="templates"),
+    path("templates/<str:template_id>/delete", launch.template_delete, name="template-delete"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
 ]

@@ -6,7 +6,10 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import secrets
+from collections import Counter
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -16,6 +19,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt
@@ -25,7 +29,8 @@ from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
-from marketplace.models import ApiToken, Offer, Order, OrderState, Organization
+from marketplace.launch.selectors import order_boot, order_connection
+from marketplace.models import ApiToken, AttemptOutcome, LeaseState, Offer, Order, OrderState, Organization
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
@@ -41,10 +46,11 @@ from marketplace.orders.selectors import (
     order_telemetry,
     order_usage,
 )
-from marketplace.orders.services import OrderError, PlaceRequest, order_place, order_terminate
+from marketplace.orders.services import OrderError, order_terminate
 from marketplace.web.charts import sparkline
 from marketplace.web.compare import CompareError, compare_ids, comparison
-from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, OrderPlaceForm, WorkloadForm
+from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, WorkloadForm
+from marketplace.web.launchview import launch_shown
 from marketplace.web.orgs import buyer_access
 
 PAGE_SIZE = 200
@@ -129,37 +135,6 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
 
 
 @login_required
-@require_POST
-def order_place_view(request: HttpRequest) -> HttpResponse:
-    org = _org_or_404(request, BuyerPermission.ORDER)
-    form = OrderPlaceForm(request.POST)
-    if not form.is_valid():
-        problems = "; ".join(f"{field}: {errors[0]}" for field, errors in form.errors.items())
-        messages.error(request, f"Could not place the order: {problems}")
-        return redirect("storefront:offers")
-    data = form.cleaned_data
-    try:
-        result = order_place(
-            organization=org,
-            user=request.user,  # type: ignore[arg-type]
-            request=PlaceRequest(
-                offer_id=data["offer"],
-                max_price_per_hour=data["max_price_per_hour"],
-                allow_failover=data["allow_failover"],
-            ),
-            # The form's hidden nonce makes a double-clicked submit place one order, not two.
-            idempotency_key=request.POST.get("nonce") or None,
-        )
-    except OrderError as exc:
-        messages.error(request, f"Could not place the order: {exc}")
-        return redirect("storefront:offers")
-    messages.success(request, f"Order {result.order.public_id} placed; provisioning has started.")
-    for warning in result.warnings:
-        messages.warning(request, warning)
-    return redirect("storefront:orders")
-
-
-@login_required
 @require_http_methods(["GET", "POST"])
 def workload(request: HttpRequest) -> HttpResponse:
     """The workload form; a valid submission ranks the offers and shows the quotes with their reasons.
@@ -180,31 +155,6 @@ def workload(request: HttpRequest) -> HttpResponse:
             allowed_models=sorted(requirements.gpu_models),
         )
     return render(request, "storefront/workload.html", context)
-
-
-@login_required
-@require_POST
-def quote_order_view(request: HttpRequest) -> HttpResponse:
-    """Order a quote at the price it locked."""
-    org = _org_or_404(request, BuyerPermission.ORDER)
-    try:
-        result = order_place(
-            organization=org,
-            user=request.user,  # type: ignore[arg-type]
-            request=PlaceRequest(quote_id=request.POST.get("quote", "")),
-            idempotency_key=request.POST.get("nonce") or None,
-        )
-    except OrderError as exc:
-        messages.error(request, f"Could not place the order: {exc}")
-        return redirect("storefront:workload")
-    if not result.created:
-        # The form's nonce replayed the order this quote already placed (a double click, a resubmit).
-        messages.info(request, f"Order {result.order.public_id} was already placed from this quote.")
-        return redirect("storefront:orders")
-    messages.success(request, f"Order {result.order.public_id} placed at the quoted price; provisioning has started.")
-    for warning in result.warnings:
-        messages.warning(request, warning)
-    return redirect("storefront:orders")
 
 
 @login_required
@@ -243,6 +193,9 @@ def order_terminate_view(request: HttpRequest, order_id: str) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Order {order.public_id} is being terminated.")
+    back = request.POST.get("next", "")
+    if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        return redirect(back)
     return redirect("storefront:orders")
 
 
@@ -411,11 +364,59 @@ def spending_csv(request: HttpRequest) -> HttpResponse:
 TELEMETRY_WINDOW = dt.timedelta(hours=1)
 
 
+# Where the agent on the machine stopped, as the order page says it (providers/community/lease.py's stages).
+FAILURE_STAGES = {
+    "gpus": "while checking the GPUs",
+    "workload": "while starting the workload",
+    "ssh": "while waiting for SSH to answer",
+}
+
+
+@dataclass(frozen=True)
+class BootStep:
+    label: str
+    at: dt.datetime | None
+    detail: str
+    status: str  # done | current | failed | pending
+
+
+def _boot_steps(order: Order, boot: dict[str, Any] | None) -> list[BootStep]:
+    """The current machine's way to ready: launched, running at the provider, agent started, ready."""
+    instance = order.instance
+    if instance is None or boot is None:
+        return []
+    attempt = next((a for a in order.attempts.all() if a.pk == instance.attempt_id), None)
+    number = attempt.number if attempt else ""
+    broken = boot["failure"] is not None or boot["state"] in (LeaseState.FAILED, LeaseState.REFUSED)
+    stages = [
+        ("Machine launched", instance.launched_at, f"attempt {number} · {instance.instance_type} in {instance.zone}"),
+        ("Provider reports it running", instance.running_at, "the machine is up; its agent is starting"),
+        ("Broker's agent started", boot["claimed_at"], "it claimed the machine's one-time boot token"),
+        ("Ready", boot["ready_at"], "GPUs checked, workload started, SSH answering"),
+    ]
+    steps, open_seen = [], False
+    for label, at, detail in stages:
+        if at is not None:
+            status = "done"
+        elif not open_seen:
+            # Where it stopped: a failure, the step it waits on, or (terminated first) simply not reached.
+            if broken or order.state == OrderState.FAILED:
+                status = "failed"
+            else:
+                status = "pending" if order.state in Order.FINAL_STATES else "current"
+            open_seen = True
+        else:
+            status = "pending"
+        steps.append(BootStep(label=label, at=at, detail=detail, status=status))
+    return steps
+
+
 @login_required
 def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
-    """One order: its state and ledger history, its instances and how to reach them, price and cost so far,
-    and the last hour of GPU telemetry when it runs on an independent machine. static/storefront/order.js
-    keeps state and cost current from the orders API."""
+    """One order: its state and ledger history, how its machine boots and how to connect once it is ready,
+    what it runs, price and cost so far, and the last hour of GPU telemetry from the agent on the machine.
+    static/storefront/order.js keeps state and cost current from the orders API and redraws the machine,
+    telemetry and history parts from this page."""
     order = order_get(organization=_org_or_404(request), public_id=order_id)
     if order is None:
         raise Http404("no such order")
@@ -430,6 +431,9 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
         if telemetry.tdp_w:
             share = [(m, min(p / telemetry.tdp_w * 100, Decimal(100))) for m, _, _, p in minutes]
             charts["power"] = sparkline(share, width=320, height=64)
+    boot = order_boot(order)
+    attempts = list(order.attempts.all())
+    instance = order.instance
     return render(
         request,
         "storefront/order_detail.html",
@@ -438,8 +442,22 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
             "usage": order_usage(order, now=now),
             "history": order_history(order),
             "instances": sorted(order.instances.all(), key=lambda i: i.pk, reverse=True),
+            "instance": instance,
             "telemetry": telemetry,
             "charts": charts,
+            "boot": boot,
+            "boot_steps": _boot_steps(order, boot),
+            "gpus_seen": [f"{n}\u00d7 {name}" for name, n in Counter(boot["gpus"] if boot else []).items()],
+            "failure_stage": FAILURE_STAGES.get(boot["failure"]["stage"], "while booting")
+            if boot and boot["failure"]
+            else "",
+            "waiting": boot is not None
+            and boot["state"] in (LeaseState.WAITING, LeaseState.CLAIMED)
+            and order.state == OrderState.PROVISIONING,
+            "connection": order_connection(order),
+            "failed_attempts": [a for a in attempts if a.outcome == AttemptOutcome.FAILED],
+            "launch": launch_shown(order.launch_config.spec if order.launch_config else None),
+            "heartbeat_s": settings.LEASE_HEARTBEAT_S,
             "live": order.state not in Order.FINAL_STATES,
             "terminable": order.state in (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING),
             "now": now,

@@ -91,7 +91,6 @@ ROUTES = {
     "": "public catalogue",
     "workload/": "own",
     "offers/<int:offer_id>/prices": "public catalogue",
-    "quotes/order": "object (a quote id)",
     "compare": "public catalogue",
     "spending": "list",
     "spending.csv": "list",
@@ -113,7 +112,13 @@ ROUTES = {
     "team/invitations/<int:invitation_id>/revoke": "tests/marketplace/test_buyer_team.py (another's invitation: 404)",
     "team/leave": "own (leaves the active organisation only)",
     "invitations/<str:token>": "tests/marketplace/test_buyer_team.py (unknown or a provider's token: 404)",
-    "orders/place": "object (an offer is public; the order is the caller's)",
+    "orders/new": "object (an offer is public; another organisation's quote is 404)",
+    "orders/new/confirm": "own (a draft in the caller's own session, for the organisation it was made for)",
+    "orders/place": "own (places the caller's own session draft, for the organisation it was made for)",
+    "keys/": "list",
+    "keys/<str:key_id>/delete": "object",
+    "templates/": "list",
+    "templates/<str:template_id>/delete": "object",
     "orders/<str:order_id>/terminate": "object",
     "orders/<str:order_id>/receipt": "object",
 }
@@ -264,6 +269,9 @@ def test_a_stranger_gets_404_on_every_storefront_object_and_changes_nothing(worl
         ("post", f"/webhooks/{hook}/secret", {"nonce": "n1"}),
         ("post", f"/webhooks/{hook}/deliveries/{delivery}/redeliver"),
         ("post", f"/tokens/{world['token'].pk}/revoke"),
+        ("post", f"/keys/{world['key'].public_id}/delete"),
+        ("post", f"/templates/{world['template']}/delete"),
+        ("get", f"/orders/new?quote={world['quote']}"),
     ]
     for method, path, *body in calls:
         response = getattr(browser, method)(path, *body)

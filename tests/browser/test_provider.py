@@ -19,13 +19,17 @@ from providers.community.services import machine_decide
 from providers.models import Machine, MachineState, ProviderAccount
 from tests.browser.conftest import shoot
 from tests.conftest import AWS_TEST_CREDENTIALS
+from tests.leases import LAUNCH
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PASSWORD = "correct-horse-battery-9"
 
 
-def test_sign_up_connect_list_a_machine_and_see_it_earn(page, live_server, aws_sandbox, acme, alice, gpu_models):
+def test_sign_up_connect_list_a_machine_and_see_it_earn(
+    page, live_server, aws_sandbox, acme, alice, gpu_models, settings
+):
     base = live_server.url
+    settings.PUBLIC_URL = base  # where the machine's lease agent phones home, as the boot script says
     # Sign up.
     page.goto(f"{base}/provider/signup")
     page.fill("input[name=username]", "helga")
@@ -102,9 +106,12 @@ def test_sign_up_connect_list_a_machine_and_see_it_earn(page, live_server, aws_s
         assert all(word in row.inner_text() for word in ("verified", "online", "passed"))
         assert row.locator("svg.spark polyline").count() == 1
 
-        # A buyer orders it; it runs on Helga's machine.
+        # A buyer orders it; it runs on Helga's machine once the lease agent there reports ready.
         order = order_place(organization=acme, user=alice, request=PlaceRequest(
-            offer_id=offer.pk, max_price_per_hour=offer.price_usd)).order  # fmt: skip
+            offer_id=offer.pk, max_price_per_hour=offer.price_usd, launch=LAUNCH)).order  # fmt: skip
+        deadline = timezone.now() + dt.timedelta(seconds=20)
+        while Order.objects.get(pk=order.pk).state == OrderState.PROVISIONING and timezone.now() < deadline:
+            page.wait_for_timeout(200)
         order.refresh_from_db()
         assert order.state == OrderState.RUNNING, order.state_reason
         assert [i.state for i in agent.instances.values()] == ["running"]
@@ -115,7 +122,7 @@ def test_sign_up_connect_list_a_machine_and_see_it_earn(page, live_server, aws_s
         assert str(order.public_id)[:8] in page.locator("section").first.inner_text()
 
         # Two hours later the buyer stops it: the statement shows the line, the commission and the net.
-        Order.objects.get(pk=order.pk).instances.update(running_at=timezone.now() - dt.timedelta(hours=2))
+        Order.objects.get(pk=order.pk).instances.update(ready_at=timezone.now() - dt.timedelta(hours=2))
         order_terminate(order=Order.objects.get(pk=order.pk))
         page.goto(f"{base}/provider/earnings")
         net = Decimal(page.inner_text("#net-total"))

@@ -16,6 +16,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from providers.community.services import machine_heartbeat
 from providers.models import Machine
 from tests.browser.conftest import shoot, sign_in
+from tests.leases import LAUNCH
 from tests.marketplace.test_storefront_instance import beats_over_the_last_hour, farm, order_on_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,14 +32,14 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     base = live_server.url
     # An order that ran two hours on the AWS sandbox and ended this month, for the invoice.
     t4 = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
-    ended = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=t4.pk)).order
-    Instance.objects.filter(order=ended).update(running_at=timezone.now() - dt.timedelta(hours=2))
+    ended = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=t4.pk, launch=LAUNCH)).order
+    Instance.objects.filter(order=ended).update(ready_at=timezone.now() - dt.timedelta(hours=2))
     order_terminate(order=ended)
     line = InvoiceLine.objects.get(order=ended)
     # One running for 40 minutes on Helga's machine, its agent reporting all along.
     order = order_on_machine(farm, acme, alice, _on_commit)
     started = timezone.now() - dt.timedelta(minutes=40)
-    order.instances.update(running_at=started, launched_at=started - dt.timedelta(seconds=30))
+    order.instances.update(ready_at=started, launched_at=started - dt.timedelta(seconds=30))
     load = [5, 20, 45, 70, 88, 93, 95, 91, 94, 96, 92, 90, 93, 97, 95, 94, 92, 96, 95, 93]
     beats_over_the_last_hour(Machine.objects.get(name="fra-h100-1"), since=started, values=load)
 
@@ -59,7 +60,7 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     assert page.locator("table.compare thead th").count() == 4  # the labels' column and three offers
     assert page.locator("table.compare td.best").count() >= 3
     assert "Price per FP16 TFLOP-hour" in page.inner_text("table.compare")
-    assert page.locator("table.compare tfoot button:has-text('Order')").count() == 3
+    assert page.locator("table.compare tfoot a:has-text('Order')").count() == 3
     shoot(page, "storefront-compare")
     page.goto(f"{base}/compare?ids=1")
     assert "choose at least 2 offers to compare (1 chosen)" in page.inner_text("#compare-error")
@@ -104,5 +105,5 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     shoot(page, "storefront-order-terminated")
 
     page.goto(f"{base}/orders/{ended.public_id}/")
-    assert "does not report GPU telemetry" in page.inner_text("#telemetry")
+    assert "reported no GPU telemetry for this order" in page.inner_text("#telemetry")
     shoot(page, "storefront-order-cloud")

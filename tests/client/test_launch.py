@@ -89,7 +89,7 @@ def test_launch_waits_for_ready_and_ssh_pins_the_reported_host_key(cli_env, boot
     url = f"http://127.0.0.1:{lease.ports['8000']}"
     assert f"port 8000 {url}" in launched.stdout
     # The exposed port leads somewhere: the simulated machine answers on it.
-    with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 - the test's own loopback listener
+    with urllib.request.urlopen(url, timeout=10) as answer:
         assert answer.read().startswith(b"simulated workload (container) on the machine's port 8000")
     assert "hf_do-not-print-me" not in launched.stdout + launched.stderr
     printed = broker(cli_env, "ssh", str(order.public_id), "--print")

@@ -32,6 +32,7 @@ from marketplace.models import (
 from marketplace.portal.selectors import token_hash
 from marketplace.portal.services import PortalError, invitation_create, membership_role_set
 from tests.factories import MembershipFactory
+from tests.leases import boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -288,7 +289,7 @@ def test_team_changes_are_ledgered_with_people_only_as_commitments(alice, bob, a
 
 
 @pytest.fixture
-def world(acme, alice, bob, vera, aws_account, django_capture_on_commit_callbacks):
+def world(acme, alice, bob, vera, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
     """Acme's things, made by its owner: a running order, a quote, a webhook with a delivery, a token, an
     invitation."""
     api = APIClient()
@@ -299,6 +300,7 @@ def world(acme, alice, bob, vera, aws_account, django_capture_on_commit_callback
         hook = api.post("/api/v1/webhooks", {"url": "http://127.0.0.1:9/hook"}, format="json").json()
         api.post(f"/api/v1/webhooks/{hook['id']}/ping")
     assert placed.status_code == 201, placed.json()
+    boot_if_launched(Order.objects.get(public_id=placed.json()["id"]), aws_sandbox)
     quote = api.post("/api/v1/quotes", {"profile": "inference"}, format="json").json()["quotes"][0]
     token = api_token_create(organization=acme, user=alice, name="alice-ci", scopes=["offers:read"]).token
     invitation, _ = invitation_create(organization=acme, email="nina@example.com", role=Role.MEMBER, by=alice)
@@ -378,8 +380,9 @@ def _storefront_writes(world) -> list[tuple[str, dict[str, object]]]:
     order, hook, delivery = world["order"].public_id, world["hook"], world["delivery"]
     alice_membership = Membership.objects.get(user__username="alice")
     return [
-        ("/orders/place", {"offer": world["offer"].pk, "allow_failover": "on"}),
-        ("/quotes/order", {"quote": world["quote"]}),
+        ("/orders/new", {"offer": world["offer"].pk, "duration_hours": "1", "allow_failover": "on"}),
+        ("/orders/new", {"quote": world["quote"], "duration_hours": "1"}),
+        ("/orders/place", {"nonce": "a-nonce-of-sixteen-or-more"}),
         ("/workload/", {"profile": "inference", "duration_hours": "8", "interruption_tolerance": "checkpointed"}),
         (f"/orders/{order}/terminate", {}),
         ("/tokens/", {"name": "mine", "scopes": ["offers:read"]}),

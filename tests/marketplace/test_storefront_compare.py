@@ -86,9 +86,9 @@ def test_the_compare_page_renders_the_columns_with_order_buttons(offers, alice):
     page = response.content.decode()
     for name in ("g5.xlarge", "p4de.24xlarge", "p5.48xlarge", "A100-80GB-SXM4", "EU", "Price per FP16 TFLOP-hour"):
         assert name in page
-    assert page.count('action="/orders/place"') == 3
-    assert f'name="offer" value="{offers["h100"].pk}"' in page
-    assert page.count("csrfmiddlewaretoken") >= 3
+    # Each "Order" opens the order's configure step for that offer.
+    assert page.count('href="/orders/new?offer=') == 3
+    assert f'href="/orders/new?offer={offers["h100"].pk}"' in page
     assert page.count('class="best"') >= 6
     assert "<script>" not in page  # the content security policy allows no inline code
 
@@ -142,8 +142,8 @@ def test_an_offer_no_longer_for_sale_is_shown_as_such_and_cannot_be_ordered(offe
     # The cheapest per hour is gone: the best one can still order is the on-demand A10G.
     assert [c.best for c in _row(rows, "Price per hour").cells] == [True, False, False]
     assert "no longer for sale" in page and "1 of them is no longer for sale" in page
-    assert page.count('action="/orders/place"') == 2
-    assert f'name="offer" value="{offers["a10g-spot"].pk}"' not in page
+    assert page.count('href="/orders/new?offer=') == 2
+    assert f'href="/orders/new?offer={offers["a10g-spot"].pk}"' not in page
 
 
 def test_a_stale_offer_counts_as_no_longer_for_sale(offers):
@@ -156,13 +156,14 @@ def test_a_stale_offer_counts_as_no_longer_for_sale(offers):
 
 def test_the_comparison_shows_nothing_private(offers, charlie, django_capture_on_commit_callbacks):
     from marketplace.orders.services import PlaceRequest, order_place
+    from tests.leases import LAUNCH
 
     # A stranger's order on one of the offers: neither it nor the provider's account may show.
     with django_capture_on_commit_callbacks(execute=False):
         order = order_place(
             organization=charlie.memberships.get().organization,
             user=charlie,
-            request=PlaceRequest(offer_id=offers["h100"].pk),
+            request=PlaceRequest(offer_id=offers["h100"].pk, launch=LAUNCH),
         ).order
 
     response = Client().get("/compare", {"ids": _ids(offers["a10g"], offers["h100"])})
@@ -171,5 +172,5 @@ def test_the_comparison_shows_nothing_private(offers, charlie, django_capture_on
     assert response.status_code == 200
     for secret in ("petra-main", "Petra Cloud Resale", str(order.public_id), "Charlie Labs", "charlie"):
         assert secret not in page
-    assert "Sign in to order" in page and 'action="/orders/place"' not in page
+    assert "Sign in to order" in page and "/orders/new" not in page
     assert not re.search(r"reserved|capacity", page, re.IGNORECASE)

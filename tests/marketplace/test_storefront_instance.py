@@ -1,5 +1,5 @@
-"""One order's page: state and ledger history, the instance and how to reach it, cost, and the GPU telemetry an
-independent machine's host agent reports, for the order's own organisation only."""
+"""One order's page: state and ledger history, the instance and how to reach it, cost, and the GPU telemetry the
+agent on the machine reports, for the order's own organisation only."""
 
 from __future__ import annotations
 
@@ -10,64 +10,47 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from marketplace.models import Offer, Order, OrderState
+from marketplace.catalog.services import offers_sync
+from marketplace.models import LeaseHeartbeat, Offer, Order, OrderState
 from marketplace.orders.selectors import order_telemetry
 from marketplace.orders.services import PlaceRequest, order_place
-from providers.community.agent import Agent, parse_simulated
-from providers.community.services import machine_heartbeat, machine_list
-from providers.models import Machine, MachineHeartbeat, MachineState
+from providers.community.services import machine_heartbeat
+from providers.models import Machine, MachineHeartbeat
 from providers.services import provider_account_connect
+from tests.hosts import start_hosts, stop_hosts
+from tests.leases import LAUNCH, boot, held_agent
 
 pytestmark = pytest.mark.django_db
-
-H100_BOX = {
-    "gpu_model": "H100-SXM5",
-    "gpu_count": 8,
-    "gpu_memory_gb": 80,
-    "vcpus": 96,
-    "memory_gib": 1024,
-    "disk_gb": 4000,
-    "network_gbps": Decimal("100"),
-    "country": "DE",
-    "region": "eu-de",
-    "price_per_gpu_hour": Decimal("1.9000"),
-    "min_bid_per_gpu_hour": Decimal("0.9500"),
-}
 
 
 @pytest.fixture
 def farm(db):
     """Helga's independent machines fra-h100-1 and -2, verified, each with a simulated host agent in this
-    process, and their offers synced into the catalogue."""
-    from marketplace.catalog.services import offers_sync
-
+    process that holds each lease for the test to boot, and their offers (on-demand and spot) synced into the
+    catalogue."""
     account = provider_account_connect(
         provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
     )
-    agents = []
-    for name in ("fra-h100-1", "fra-h100-2"):
-        listed = machine_list(account=account, name=name, listing=dict(H100_BOX))
-        agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
-                      simulated=parse_simulated("H100:80x8"), launch_seconds=0)  # fmt: skip
-        url = agent.serve("127.0.0.1", 0, report=False)
-        now = timezone.now()
-        Machine.objects.filter(pk=listed.machine.pk).update(
-            agent_url=url, state=MachineState.VERIFIED, online=True, last_heartbeat_at=now, registered_at=now
-        )
-        agents.append(agent)
+    agents = start_hosts(account, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
+    # Rented by the hour or, below the list price, as spot: each machine sells both.
+    Machine.objects.filter(account=account).update(min_bid_per_gpu_hour=Decimal("0.9500"))
     assert offers_sync(account_id=account.pk).ok
+    account.agents = agents
     yield account
-    for agent in agents:
-        agent.stop()
+    stop_hosts(agents)
 
 
 def order_on_machine(account, organization, user, capture, zone: str = "fra-h100-1") -> Order:
-    """An order placed on one of the farm's machines and run through the real provisioning (its tasks run
-    eagerly when ``capture``, django_capture_on_commit_callbacks, runs the on-commit callbacks)."""
+    """An order placed on one of the farm's machines, run through the real provisioning (its tasks run eagerly
+    when ``capture``, django_capture_on_commit_callbacks, runs the on-commit callbacks) and booted: the
+    machine's agent claimed it and reported ready."""
     offer = Offer.objects.get(account=account, zone=zone, pricing_model="on_demand")
     with capture(execute=True):
-        order = order_place(organization=organization, user=user, request=PlaceRequest(offer_id=offer.pk)).order
-    order.refresh_from_db()
+        order = order_place(
+            organization=organization, user=user, request=PlaceRequest(offer_id=offer.pk, launch=LAUNCH)
+        ).order
+    with capture(execute=True):
+        boot(order, account.agents)
     assert order.state == OrderState.RUNNING, order.state_reason
     return order
 
@@ -88,7 +71,7 @@ def running(farm, acme, alice, django_capture_on_commit_callbacks):
     order = order_on_machine(farm, acme, alice, django_capture_on_commit_callbacks)
     # It has been running for 40 minutes, with a heartbeat every four.
     started = timezone.now() - dt.timedelta(minutes=40)
-    order.instances.update(running_at=started, launched_at=started - dt.timedelta(seconds=30))
+    order.instances.update(ready_at=started, launched_at=started - dt.timedelta(seconds=30))
     machine = Machine.objects.get(name="fra-h100-1")
     beats_over_the_last_hour(machine, since=started, values=[10, 35, 60, 85, 90, 95, 92, 88, 91, 93])
     return order
@@ -133,7 +116,7 @@ def test_telemetry_counts_only_the_heartbeats_of_the_orders_own_run(running):
     instance = running.instance
     # Before the order ran, the machine served someone else: that load is not this buyer's business.
     earlier = machine_heartbeat(machine=machine, gpus=[{"utilization_pct": 7}], instances=1)
-    MachineHeartbeat.objects.filter(pk=earlier.pk).update(at=instance.running_at - dt.timedelta(minutes=5))
+    MachineHeartbeat.objects.filter(pk=earlier.pk).update(at=instance.ready_at - dt.timedelta(minutes=5))
     now = timezone.now()
 
     telemetry = order_telemetry(running, since=now - dt.timedelta(hours=1), now=now)
@@ -144,20 +127,22 @@ def test_telemetry_counts_only_the_heartbeats_of_the_orders_own_run(running):
     assert telemetry.tdp_w == 8 * 700
 
 
-def test_an_order_on_a_cloud_says_plainly_that_there_is_no_telemetry(
-    aws_account, acme, alice, django_capture_on_commit_callbacks
+def test_the_agent_on_the_machine_reports_telemetry_and_the_page_says_where_it_comes_from(
+    farm, acme, alice, django_capture_on_commit_callbacks
 ):
-    offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
-    with django_capture_on_commit_callbacks(execute=True):
-        order = order_place(organization=acme, user=alice, request=PlaceRequest(offer_id=offer.pk)).order
-    order.refresh_from_db()
-    assert order.state == OrderState.RUNNING, order.state_reason
+    order = order_on_machine(farm, acme, alice, django_capture_on_commit_callbacks)
+    before = _page(alice, order)
+    assert "the first report from the agent on the machine is due within 15 s" in before
 
+    agent = held_agent(order, farm.agents)
+    assert agent.heartbeat() == "running"
     page = _page(alice, order)
 
-    assert "This provider does not report GPU telemetry to the broker" in page
-    assert "<polyline" not in page
-    assert order.instance.provider_instance_id in page
+    beat = LeaseHeartbeat.objects.get(lease__order=order)
+    assert "From the broker's agent on the machine" in page
+    assert f'id="latest-utilization">{beat.utilization_pct} %' in page
+    assert page.count("<polyline") == 3
+    assert "only independent machines" not in page and "does not report GPU telemetry" not in page
 
 
 def test_a_teammate_sees_the_order_and_a_stranger_gets_404(running, bob, charlie):

@@ -16,6 +16,7 @@ from django.utils import timezone
 from ledger.models import LedgerEntry
 from marketplace.models import Instance, InvoiceLine, Order, OrderState, Organization
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from tests.leases import LAUNCH, boot
 
 pytestmark = pytest.mark.django_db
 
@@ -25,14 +26,17 @@ def t4(aws_account):
     return aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
 
 
-def _run(t4, user, capture, *, hours: float) -> Order:
-    """An order of ``user``'s organisation on the sandbox, running for ``hours`` already."""
+def _run(t4, user, capture, sandbox, *, hours: float) -> Order:
+    """An order of ``user``'s organisation on the sandbox, booted, and running for ``hours`` already."""
     organization = user.memberships.get().organization
     with capture(execute=True):
-        order = order_place(organization=organization, user=user, request=PlaceRequest(offer_id=t4.pk)).order
-    order.refresh_from_db()
+        order = order_place(
+            organization=organization, user=user, request=PlaceRequest(offer_id=t4.pk, launch=LAUNCH)
+        ).order
+    with capture(execute=True):
+        boot(order, sandbox)
     assert order.state == OrderState.RUNNING, order.state_reason
-    Instance.objects.filter(order=order).update(running_at=timezone.now() - dt.timedelta(hours=hours))
+    Instance.objects.filter(order=order).update(ready_at=timezone.now() - dt.timedelta(hours=hours))
     return order
 
 
@@ -43,13 +47,13 @@ def _end(order: Order, capture) -> InvoiceLine:
 
 
 @pytest.fixture
-def month_of_orders(t4, alice, charlie, django_capture_on_commit_callbacks):
+def month_of_orders(t4, alice, charlie, aws_sandbox, django_capture_on_commit_callbacks):
     """Alice's organisation: one order that ran two hours and ended, one still running for an hour. Charlie's:
     one that ran three hours and ended."""
     capture = django_capture_on_commit_callbacks
-    ended = _end(_run(t4, alice, capture, hours=2), capture)
-    live = _run(t4, alice, capture, hours=1)
-    strangers = _end(_run(t4, charlie, capture, hours=3), capture)
+    ended = _end(_run(t4, alice, capture, aws_sandbox, hours=2), capture)
+    live = _run(t4, alice, capture, aws_sandbox, hours=1)
+    strangers = _end(_run(t4, charlie, capture, aws_sandbox, hours=3), capture)
     return ended, live, strangers
 
 

@@ -95,7 +95,7 @@ def test_a_submitted_workload_shows_ranked_quotes_with_their_reasons(browser, bo
     assert "(best value;" in quotes[0].reason
     assert page.count("Order at this price") == 3
     for q in quotes:
-        assert f'name="quote" value="{q.public_id}"' in page
+        assert f'href="/orders/new?quote={q.public_id}"' in page
     assert "0.4507" in page
     assert "4.51" in page  # the spot quote's total for 10 hours
     # The defaults the profile applied are spelled out.
@@ -148,27 +148,43 @@ def test_bad_input_shows_the_form_error_and_quotes_nothing(browser, book, fields
     assert Quote.objects.count() == 0
 
 
+def _configure_quote(browser: Client, quote: Quote) -> str:
+    """The quote's configure step (its duration filled in; just the machine, the organisation's keys) sent; the
+    confirmation's nonce."""
+    page = browser.get(f"/orders/new?quote={quote.public_id}").content.decode()
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
+    duration = re.search(r'name="duration_hours" id="id_duration_hours" [^>]*value="([^"]*)"', page).group(1)
+    keys = re.findall(r'name="ssh_keys" value="([^"]+)" checked', page)
+    configured = browser.post(
+        "/orders/new",
+        {"quote": quote.public_id, "nonce": nonce, "duration_hours": duration, "ssh_keys": keys,
+         "workload_kind": "none", "access": "mine", "env_rows": "0"},
+    )  # fmt: skip
+    assert configured.status_code == 302, configured.content.decode()
+    assert "locked until" in browser.get(configured["Location"]).content.decode()
+    return nonce
+
+
 def test_an_order_placed_from_a_quote_pays_the_quoted_price_and_shows_on_my_orders(
     browser, book, django_capture_on_commit_callbacks
 ):
     browser.post("/workload/", _form(profile="training", gpu_count="8"))
     quote = Quote.objects.get(rank=2)
     assert quote.offer.instance_type == "p4de.24xlarge"
+    nonce = _configure_quote(browser, quote)
 
     # The sandbox is not running here: the provisioning task is enqueued on commit and not run.
     with django_capture_on_commit_callbacks(execute=False):
-        response = browser.post("/quotes/order", {"quote": quote.public_id, "nonce": f"quote-{quote.public_id}"})
-        again = browser.post(
-            "/quotes/order", {"quote": quote.public_id, "nonce": f"quote-{quote.public_id}"}, follow=True
-        )
+        response = browser.post("/orders/place", {"nonce": nonce})
+        again = browser.post("/orders/place", {"nonce": nonce}, follow=True)
 
-    assert response.status_code == 302
-    assert response["Location"] == "/orders/"
     order = Order.objects.get()
+    assert (response.status_code, response["Location"]) == (302, f"/orders/{order.public_id}/")
     assert (order.quote_id, order.offer_id) == (quote.pk, quote.offer_id)
     assert order.price_per_hour == Decimal("27.44705")
+    assert order.duration_hours == Decimal("8.00")  # the quote's
     # The double submit replayed the first order and says so.
-    assert f"Order {order.public_id} was already placed from this quote." in again.content.decode()
+    assert f"Order {order.public_id} was already placed from this form." in again.content.decode()
     page = browser.get("/orders/").content.decode()
     assert str(order.public_id)[:8] in page
     assert "p4de.24xlarge" in page
@@ -179,15 +195,16 @@ def test_an_expired_or_foreign_quote_is_refused_with_a_message(
 ):
     browser.post("/workload/", _form(profile="inference"))
     expired, mine = Quote.objects.order_by("rank")[:2]
+    nonce = _configure_quote(browser, expired)
     Quote.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
     stranger = Client()
     stranger.force_login(charlie)
 
     with django_capture_on_commit_callbacks(execute=False):
-        late = browser.post("/quotes/order", {"quote": expired.public_id}, follow=True)
-        foreign = stranger.post("/quotes/order", {"quote": mine.public_id}, follow=True)
+        late = browser.post("/orders/place", {"nonce": nonce}, follow=True)
+    foreign = stranger.get(f"/orders/new?quote={mine.public_id}")
 
     assert late.redirect_chain == [("/workload/", 302)]
     assert f"Could not place the order: quote {expired.public_id} expired at" in late.content.decode()
-    assert f"Could not place the order: quote {mine.public_id} does not exist" in foreign.content.decode()
+    assert foreign.status_code == 404
     assert Order.objects.count() == 0

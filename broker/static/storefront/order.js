@@ -1,6 +1,7 @@
 // One order's page: keeps state, cost and the instance's address current by polling the orders API
 // (GET /api/v1/orders/<id>, the session signs it in) until the order reaches a final state, and every
-// REFRESH_MS redraws the GPU telemetry and the ledger history from the page itself, as the server renders them.
+// REFRESH_MS (and at once when the state changes) redraws the machine's boot and connection, the GPU telemetry
+// and the ledger history from the page itself, as the server renders them. Copy buttons copy a node's text.
 (function () {
   "use strict";
   var root = document.getElementById("order-live");
@@ -13,7 +14,8 @@
   var REFRESH_MS = 10000;
   var timer = null;
   var refresher = null;
-  var PARTS = ["telemetry", "history"]; // ids of the page's parts redrawn from a fresh copy of the page
+  var PARTS = ["machine", "instances", "telemetry", "history"]; // ids of the page's parts redrawn from a fresh copy of the page
+  var lastState = root.getAttribute("data-state");
 
   function text(id, value) {
     var node = document.getElementById(id);
@@ -30,6 +32,8 @@
     }
     text("order-reason", order.state_reason);
     text("order-cost", "$" + Number(order.usage.amount_usd).toFixed(2));
+    text("terminate-cost", "$" + Number(order.usage.amount_usd).toFixed(2));
+    text("terminate-seconds", String(order.usage.seconds));
     text("order-seconds", String(order.usage.seconds));
     if (order.instance) {
       text("instance-state", order.instance.state);
@@ -39,6 +43,11 @@
     }
     var now = new Date();
     text("live-note", "live · updated " + now.toISOString().slice(11, 19) + " UTC");
+    var changed = order.state !== lastState;
+    lastState = order.state;
+    if (FINAL.indexOf(order.state) < 0 && changed) {
+      refresh(); // became ready (or went back to provisioning): show how to connect, or why not, right away
+    }
     if (FINAL.indexOf(order.state) >= 0) {
       var terminate = document.getElementById("terminate-form");
       if (terminate) {
@@ -88,6 +97,36 @@
       });
   }
 
+  function copy(event) {
+    var button = event.target.closest("button.copy");
+    var source = button && document.getElementById(button.getAttribute("data-copy"));
+    if (!source) {
+      return;
+    }
+    var value = source.textContent.trim();
+    function done() {
+      button.textContent = "Copied";
+      window.setTimeout(function () {
+        button.textContent = "Copy";
+      }, 1500);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(value).then(done, function () {
+        button.textContent = "Select and copy";
+      });
+      return;
+    }
+    // Without the clipboard API (a plain-http page), select the text for the usual copy keys.
+    var range = document.createRange();
+    range.selectNodeContents(source);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    button.textContent = "Selected: press Ctrl+C";
+  }
+
+  // Delegated: the machine part, where the buttons are, is replaced on every refresh.
+  document.addEventListener("click", copy);
   timer = window.setInterval(poll, EVERY_MS);
   refresher = window.setInterval(refresh, REFRESH_MS);
 })();
