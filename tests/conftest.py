@@ -253,3 +253,29 @@ def machines_phone_home(live_server, settings, aws_sandbox_server):
 
 # The session's sandboxes, as they start, so ``machines_phone_home`` reaches every one a test uses.
 _SANDBOX_SERVERS: list[object] = []
+
+
+# --- Independent hosts --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(db):
+    """Helga's community account, with no machines yet."""
+    from providers.services import provider_account_connect
+
+    return provider_account_connect(
+        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
+    )
+
+
+@pytest.fixture
+def held_hosts(fleet):
+    """Two verified 8x H100 machines of the fleet on sale, whose agents hold each lease for the test to boot
+    (``tests.leases.boot``)."""
+    from marketplace.catalog.services import offers_sync
+    from tests.hosts import start_hosts, stop_hosts
+
+    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
+    assert offers_sync(account_id=fleet.pk).ok
+    yield agents
+    stop_hosts(agents)

@@ -462,19 +462,24 @@ def _scheduled_end(order: Order, now: dt.datetime) -> tuple[dt.datetime | None, 
     return min(ends)
 
 
+def _booting(order_id: int) -> tuple[Order | None, Instance | None, Lease | None]:
+    """A provisioning order, its active instance and that instance's lease (None where there is none)."""
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.PROVISIONING:
+        return None, None, None
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    if instance is None:
+        return order, None, None
+    return order, instance, Lease.objects.filter(attempt_id=instance.attempt_id).first()
+
+
 def order_boot_check(*, order_id: int, now: dt.datetime | None = None) -> Step:
     """The provider runs the order's machine: is its agent late? Past the lease's boot deadline with no ready
     report, the machine is terminated and its attempt failed (``boot_timeout``), and the order fails over
     (``Step.PROVISION``). ``Step.WAIT`` while there is time; ``Step.DONE`` when there is nothing to wait for."""
     now = now or timezone.now()
-    order = Order.objects.get(pk=order_id)
-    if order.state != OrderState.PROVISIONING:
-        return Step.DONE
-    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
-    if instance is None:
-        return Step.DONE
-    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
-    if lease is None or lease.state == LeaseState.READY:
+    order, instance, lease = _booting(order_id)
+    if order is None or instance is None or lease is None or lease.state == LeaseState.READY:
         return Step.DONE
     if lease.state in (LeaseState.FAILED, LeaseState.REFUSED):
         return order_boot_settle(order_id=order.pk)
@@ -491,14 +496,8 @@ def order_boot_settle(*, order_id: int) -> Step:
     machine and fail its attempt. A workload that would not start fails the order with the agent's reason
     (``Step.DONE``); the wrong GPUs or no SSH fail over (``Step.PROVISION``). Idempotent: an instance already
     settled is not touched again."""
-    order = Order.objects.get(pk=order_id)
-    if order.state != OrderState.PROVISIONING:
-        return Step.DONE
-    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
-    if instance is None:
-        return Step.DONE
-    lease = Lease.objects.filter(attempt_id=instance.attempt_id).first()
-    if lease is None or lease.state not in (LeaseState.FAILED, LeaseState.REFUSED):
+    order, instance, lease = _booting(order_id)
+    if order is None or instance is None or lease is None or lease.state not in (LeaseState.FAILED, LeaseState.REFUSED):
         return Step.DONE
     if lease.state == LeaseState.REFUSED:
         _boot_failed(order, instance, "gpu_mismatch", "gpu_mismatch", lease.failure_reason)

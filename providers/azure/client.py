@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -368,43 +368,32 @@ class AzureClient:
                 raise
             return [str(item.name) for item in found or ()]
 
-    def image_version(self, location: str, publisher: str, offer: str, sku: str, version: str) -> dict[str, Any] | None:
-        """One version of a marketplace image in ``location``; None when Azure has no such version there."""
+    @staticmethod
+    def _found(read: Callable[[], Any]) -> dict[str, Any] | None:
+        """What a GET answers, as a dict; None for ARM's 404 (no such resource, or no such resource group)."""
         with _sdk_errors():
             try:
-                image = self._read.virtual_machine_images.get(location, publisher, offer, sku, version)
+                found = read()
             except HttpResponseError as exc:
                 if exc.status_code == 404:
                     return None
                 raise
-            result: dict[str, Any] = image.as_dict()
+            result: dict[str, Any] = found.as_dict()
             return result
+
+    def image_version(self, location: str, publisher: str, offer: str, sku: str, version: str) -> dict[str, Any] | None:
+        """One version of a marketplace image in ``location``; None when Azure has no such version there."""
+        return self._found(lambda: self._read.virtual_machine_images.get(location, publisher, offer, sku, version))
 
     def managed_image(self, resource_group: str, name: str) -> dict[str, Any] | None:
         """A managed image of this subscription; None when there is no such image (or resource group)."""
-        with _sdk_errors():
-            try:
-                image = self._read.images.get(resource_group, name)
-            except HttpResponseError as exc:
-                if exc.status_code == 404:
-                    return None
-                raise
-            result: dict[str, Any] = image.as_dict()
-            return result
+        return self._found(lambda: self._read.images.get(resource_group, name))
 
     # -- network security groups
 
     def get_nsg(self, resource_group: str, name: str) -> dict[str, Any] | None:
         """The network security group, or None when there is none of that name (or no such resource group)."""
-        with _sdk_errors():
-            try:
-                nsg = self._network.network_security_groups.get(resource_group, name)
-            except HttpResponseError as exc:
-                if exc.status_code == 404:
-                    return None
-                raise
-            result: dict[str, Any] = nsg.as_dict()
-            return result
+        return self._found(lambda: self._network.network_security_groups.get(resource_group, name))
 
     def list_nsgs(self, resource_group: str) -> list[dict[str, Any]]:
         """Every network security group in the resource group (ARM's list has no tag filter: callers filter);

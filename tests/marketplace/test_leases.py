@@ -12,7 +12,6 @@ from decimal import Decimal
 import pytest
 
 from ledger.services import ledger_verify
-from marketplace.catalog.services import offers_sync
 from marketplace.launch.config import LaunchChoice
 from marketplace.models import (
     Attempt,
@@ -25,25 +24,12 @@ from marketplace.models import (
 from marketplace.orders.provisioning import Step, order_boot_check
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from providers.community.lease import BrokerRefused
-from providers.services import provider_account_connect
-from tests.hosts import start_hosts, stop_hosts
 from tests.leases import LAUNCH, ClientTransport, boot, held_agent
 
 
 @pytest.fixture
-def fleet(db):
-    return provider_account_connect(
-        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
-    )
-
-
-@pytest.fixture
-def hosts(fleet):
-    """Two verified machines, each with a simulated agent in this process whose leases the test drives."""
-    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
-    assert offers_sync(account_id=fleet.pk).ok
-    yield agents
-    stop_hosts(agents)
+def hosts(held_hosts):
+    return held_hosts
 
 
 def _place(acme, alice, capture, launch=LAUNCH, **extra):

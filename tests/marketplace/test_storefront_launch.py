@@ -12,12 +12,9 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from marketplace.catalog.services import offers_sync
 from marketplace.launch.config import launch_secrets
 from marketplace.models import LaunchTemplate, Lease, LeaseState, Offer, Order, OrderState, Role, SshKey
-from providers.services import provider_account_connect
 from tests.factories import MembershipFactory
-from tests.hosts import start_hosts, stop_hosts
 from tests.leases import ClientTransport, boot, held_agent
 from tests.sshkeys import ed25519_pair, ed25519_public, rsa_public
 
@@ -28,19 +25,8 @@ REGISTRY_SECRET = "ghp_registry-PASSWORD-do-not-leak"
 
 
 @pytest.fixture
-def fleet(db):
-    return provider_account_connect(
-        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
-    )
-
-
-@pytest.fixture
-def hosts(fleet):
-    """Two verified machines whose agents hold each lease for the test to boot."""
-    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
-    assert offers_sync(account_id=fleet.pk).ok
-    yield agents
-    stop_hosts(agents)
+def hosts(held_hosts):
+    return held_hosts
 
 
 @pytest.fixture

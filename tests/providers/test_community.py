@@ -17,24 +17,14 @@ from providers.community.adapter import available_now
 from providers.community.services import machine_list, machines_withdraw_silent
 from providers.errors import CapacityUnavailable, CredentialsRejected
 from providers.models import Machine, MachineHeartbeat, MachineState
-from providers.services import adapter_for_account, provider_account_connect
+from providers.services import adapter_for_account
 from providers.types import InstanceState, LaunchSpec, PricingModel
+from tests.hosts import LISTING as HOST_LISTING
 from tests.hosts import start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
 
-LISTING = {
-    "gpu_model": "H100-SXM5",
-    "gpu_count": 8,
-    "gpu_memory_gb": 80,
-    "vcpus": 96,
-    "memory_gib": 1024,
-    "disk_gb": 4000,
-    "network_gbps": Decimal("100"),
-    "country": "DE",
-    "region": "eu-de",
-    "price_per_gpu_hour": Decimal("1.9000"),
-    "min_bid_per_gpu_hour": Decimal("0.9500"),
-}
+# The hosts' listing, sold as interruptible too.
+LISTING = {**HOST_LISTING, "min_bid_per_gpu_hour": Decimal("0.9500")}
 
 
 # --- The protocol ------------------------------------------------------------------------------------------------
@@ -73,13 +63,6 @@ def test_availability_windows(windows, moment, expected):
 
 
 # --- The broker's agent endpoints ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fleet(db):
-    return provider_account_connect(
-        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
-    )
 
 
 @pytest.fixture
