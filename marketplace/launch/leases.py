@@ -293,8 +293,10 @@ def lease_claim(*, token: Any, now: dt.datetime | None = None) -> tuple[Lease, s
     if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > 64:
         raise LeaseRefused("bad_token", "boot_token: not a boot token", status=401)
     with transaction.atomic():
+        # Only the lease's row: the attempt and order rows joined in are read, not locked, or a claim racing
+        # the launch being recorded (which updates the attempt, then the lease) would deadlock with it.
         lease = (
-            Lease.objects.select_for_update()
+            Lease.objects.select_for_update(of=("self",))
             .select_related("attempt", "order")
             .filter(token_hash=token_hash(token))
             .first()

@@ -444,16 +444,31 @@ class LeaseAgent:
         self.heartbeat_s: float = protocol.HEARTBEAT_S
         self.state = "booting"  # booting -> running | refused | failed | ended | claim_refused
 
-    def _post(self, path: str, payload: dict[str, Any], *, signed: bool = True) -> dict[str, Any]:
+    def _post(self, path: str, payload: dict[str, Any], *, signed: bool = True, tries: int = 6) -> dict[str, Any]:
+        """One call, tried again (with a fresh signature and nonce) while the broker cannot be reached or answers
+        5xx or 429, waiting 1, 2, 4... seconds; other refusals raise ``BrokerRefused`` at once."""
         body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if signed:
-            headers.update(protocol.sign(self.key_id, self._secret, "POST", path, body))
-        status, raw = self.transport("POST", path, body, headers)
-        if len(raw) > MAX_ANSWER:
-            raise BrokerRefused(status, "too_large", "the broker's answer is larger than an agent reads")
+        for attempt in range(tries):
+            headers = {"Content-Type": "application/json"}
+            if signed:
+                headers.update(protocol.sign(self.key_id, self._secret, "POST", path, body))
+            try:
+                status, raw = self.transport("POST", path, body, headers)
+            except OSError:
+                if attempt + 1 >= tries:
+                    raise
+                time.sleep(2.0**attempt)
+                continue
+            if (status >= 500 or status == 429) and attempt + 1 < tries:
+                log.warning("%s answered %s; trying again", path, status)
+                time.sleep(2.0**attempt)
+                continue
+            return self._answer(status, raw)
+        raise BrokerRefused(0, "unreachable", f"{path}: no answer")
+
+    def _answer(self, status: int, raw: bytes) -> dict[str, Any]:
         try:
-            answer = json.loads(raw or b"{}")
+            answer = protocol.bounded_json(raw, max_bytes=MAX_ANSWER)
         except ValueError:
             answer = {}
         if not isinstance(answer, dict):
@@ -473,8 +488,16 @@ class LeaseAgent:
                     {"boot_token": self.lease["boot_token"], "agent": {"version": AGENT_VERSION,
                                                                        "executor": self.executor.name}},
                     signed=False,
+                    tries=1,
                 )  # fmt: skip
                 break
+            except BrokerRefused as exc:
+                # A token refused (401) is final; a broker in trouble (5xx, 429) is waited for, like no answer.
+                if (exc.status < 500 and exc.status != 429) or time.monotonic() > deadline:
+                    raise
+                log.warning("the broker answered %s to the claim; retrying in %.0f s", exc.status, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 60.0)
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise
