@@ -212,3 +212,33 @@ def test_the_spend_cap_sets_when_the_order_ends(acme, alice, hosts, django_captu
     # 7.60 USD at 15.20 USD/h: half an hour.
     assert order.spend_cap_usd == Decimal("7.60")
     assert abs((order.run_until - ready_at) - dt.timedelta(minutes=30)) < dt.timedelta(seconds=2)
+
+
+def test_an_agent_waits_out_a_broker_in_trouble_and_stops_at_a_refusal(
+    acme, alice, hosts, django_capture_on_commit_callbacks, client, monkeypatch
+):
+    import providers.community.lease as lease_module
+
+    order = _place(acme, alice, django_capture_on_commit_callbacks)
+    agent = held_agent(order, hosts)
+    through = ClientTransport(client)
+    answers = [503, 502]  # a proxy in front of a restarting broker, then the broker itself
+
+    def flaky(method, target, body, headers):
+        if answers:
+            return answers.pop(0), b'{"code": "unavailable"}'
+        return through(method, target, body, headers)
+
+    waits: list[float] = []
+    monkeypatch.setattr(lease_module.time, "sleep", waits.append)  # the waits are asserted, not slept
+    agent.transport = flaky
+    with django_capture_on_commit_callbacks(execute=True):
+        assert agent.boot() == "running"
+    order.refresh_from_db()
+    assert waits == [2.0, 4.0] and order.state == OrderState.RUNNING
+
+    # A spent token is final: the agent gives up at once instead of retrying.
+    again = held_agent(order, hosts)
+    again.key_id = ""
+    again.transport = ClientTransport(client)
+    assert again.boot() == "claim_refused"
