@@ -76,6 +76,7 @@ class GpuSeen:
     index: int
     name: str
     memory_gb: int
+    power_limit_w: int = 300  # the board's rated power (nvidia-smi's power.limit); a simulation draws within it
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,9 @@ class SimulatedExecutor:
         samples = []
         for gpu in self._gpus:
             util = random.uniform(88, 99) if busy else random.uniform(0, 4)  # noqa: S311 - a simulation
-            samples.append(_sample(gpu.index, util, 36 + util * 0.4, 70 + util * 6, gpu.memory_gb * (0.7 * busy)))
+            # Idle near a tenth of the rating, busy up to nine tenths: within what the board can draw.
+            power = gpu.power_limit_w * (0.1 + 0.8 * util / 100)
+            samples.append(_sample(gpu.index, util, 36 + util * 0.4, power, gpu.memory_gb * (0.7 * busy)))
         return samples
 
     def start(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:

@@ -62,10 +62,23 @@ NVIDIA_SMI_NAMES: dict[str, str] = {
 }
 
 
+# Each board's rated power in watts, as the broker's spec table has it (marketplace/catalog/gpu_specs.py, from
+# the vendors' datasheets), so a simulated machine's power draw stays within what its GPUs can draw.
+RATED_POWER_W: dict[str, int] = {
+    gpu_names.T4: 70, gpu_names.A10: 150, gpu_names.A10G: 300, gpu_names.L4: 72, gpu_names.L40S: 350,
+    gpu_names.V100_16_SXM2: 300, gpu_names.V100_32_SXM2: 300, gpu_names.V100_16_PCIE: 250,
+    gpu_names.A100_40_SXM: 400, gpu_names.A100_40_PCIE: 250, gpu_names.A100_80_SXM: 400,
+    gpu_names.A100_80_PCIE: 300, gpu_names.H100_SXM: 700, gpu_names.H100_PCIE: 350, gpu_names.H100_NVL: 400,
+    gpu_names.H200_SXM: 700, gpu_names.H200_NVL: 600, gpu_names.B200: 1000, gpu_names.MI250X: 500,
+    gpu_names.MI300X: 750,
+}  # fmt: skip
+
+
 def simulated_gpus(model_key: str, count: int, memory_gb: int) -> list[GpuSeen]:
-    """The GPUs a machine of this type shows, named as nvidia-smi names them."""
+    """The GPUs a machine of this type shows, named as nvidia-smi names them, drawing within their rating."""
     name = NVIDIA_SMI_NAMES.get(model_key, model_key)
-    return [GpuSeen(index, name, memory_gb) for index in range(count)]
+    limit = RATED_POWER_W.get(model_key, 300)
+    return [GpuSeen(index, name, memory_gb, limit) for index in range(count)]
 
 
 class BootMode(enum.StrEnum):

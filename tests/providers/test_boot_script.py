@@ -116,3 +116,18 @@ def test_host_key_fingerprints_and_simulated_gpus():
     with pytest.raises(ValueError, match="NAME:GBxCOUNT"):
         parse_simulated("H100")
     assert json.loads(json.dumps(lease_file(_boot(), login_user="gpu")))["login_user"] == "gpu"
+
+
+def test_a_simulated_machine_draws_no_more_power_than_its_gpus_are_rated_for():
+    from marketplace.catalog.gpu_specs import GPU_SPECS
+    from providers.community.lease import SimulatedExecutor
+    from providers.sandbox.boot import RATED_POWER_W, simulated_gpus
+
+    executor = SimulatedExecutor(simulated_gpus("T4", 2, 16))
+    executor.start({"kind": "container", "image": "x"}, {}, "ubuntu")
+
+    samples = executor.telemetry()
+
+    assert all(7 <= s["power_w"] <= 70 for s in samples)
+    rated = {s["key"]: s["tdp_w"] for s in GPU_SPECS if s.get("tdp_w")}
+    assert {k: v for k, v in rated.items() if k in RATED_POWER_W} == RATED_POWER_W
