@@ -55,23 +55,26 @@ ALL: frozenset[str] = frozenset(
 )
 
 
-def reported_gpu_matches(reported_name: str, reported_memory_gb: float, key: str, memory_gb: float) -> bool:
-    """Is a GPU a machine reports (nvidia-smi's name and memory, e.g. "NVIDIA A100-SXM4-80GB", 80) the model
-    ``key`` with ``memory_gb`` of memory? The family must appear as a whole token, so an A10G is not an A10
-    nor an L40S an L40; a PCIe or NVL card is not the SXM part of the same family, nor the reverse; and the
-    memory must be the model's (nvidia-smi reports a little less than the marketed figure: 81559 MiB for
-    80 GB), so a 40 GB A100 is not an 80 GB one."""
+def reported_model_matches(reported_name: str, key: str) -> bool:
+    """Is a GPU name a machine reports (nvidia-smi's, e.g. "NVIDIA A100-SXM4-80GB") the model ``key``? The
+    family must appear as a whole token, so an A10G is not an A10 nor an L40S an L40; and a PCIe or NVL card is
+    not the SXM part of the same family, nor the reverse."""
     import re
 
     name = reported_name.upper()
-    family = key.upper().split("-")[0]
+    variant = key.upper()
+    family = variant.split("-")[0]
     if re.search(rf"(?<![A-Z0-9]){re.escape(family)}(?![A-Z0-9])", name) is None:
         return False
-    variant = key.upper()
     if "PCIE" in variant and "PCIE" not in name:
         return False
     if "NVL" in variant and "NVL" not in name:
         return False
-    if ("SXM" in variant or family in {"H200", "B200"}) and ("PCIE" in name or "NVL" in name) and "NVL" not in variant:
-        return False
-    return reported_memory_gb >= 0.9 * memory_gb
+    sxm_only = "SXM" in variant or family in {"H200", "B200"}
+    return not (sxm_only and "NVL" not in variant and ("PCIE" in name or "NVL" in name))
+
+
+def reported_gpu_matches(reported_name: str, reported_memory_gb: float, key: str, memory_gb: float) -> bool:
+    """``reported_model_matches``, and the memory is the model's: nvidia-smi reports a little less than the
+    marketed figure (81559 MiB for 80 GB), so a 40 GB A100 is not an 80 GB one."""
+    return reported_model_matches(reported_name, key) and reported_memory_gb >= 0.9 * memory_gb

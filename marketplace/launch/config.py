@@ -36,6 +36,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from ledger.canonical import canonical_bytes, sha256_hex
+from marketplace.launch.keys import ssh_key_list
 from marketplace.models import LaunchConfiguration, LaunchTemplate, Organization, SshKey
 from providers.launch import IngressRule, WorkloadKind
 from providers.secrets import decrypt_secret, encrypt_secret
@@ -361,7 +362,7 @@ def launch_configuration_create(
         if template is None:
             raise LaunchConfigInvalid({"launch_template": "no such launch template in this organisation"})
         return template.configuration
-    keys = list(SshKey.objects.filter(organization=organization).order_by("name"))
+    keys = list(ssh_key_list(organization=organization))
     spec, secrets = launch_parse(choice.data, keys=keys, caller_address=choice.caller_address)
     salt = random_secrets.token_hex(16)
     return LaunchConfiguration.objects.create(

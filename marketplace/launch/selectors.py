@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from marketplace.launch.leases import connection_host
-from marketplace.models import Instance, LaunchTemplate, Lease, LeaseState, Order, Organization, SshKey
+from marketplace.models import Instance, LaunchTemplate, Lease, LeaseState, Order, Organization
 
 SSH_PORT = 22
 
@@ -74,10 +74,6 @@ def order_boot(order: Order) -> dict[str, Any] | None:
         "workload": lease.workload_detail,
         "failure": failure,
     }
-
-
-def ssh_keys_for_form(organization_id: int) -> list[SshKey]:
-    return list(SshKey.objects.filter(organization_id=organization_id).order_by("name"))
 
 
 def launch_template_list(*, organization: Organization) -> QuerySet[LaunchTemplate]:

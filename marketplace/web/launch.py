@@ -38,7 +38,7 @@ from marketplace.launch.config import (
     launch_template_save,
 )
 from marketplace.launch.keys import SshKeyRefused, ssh_key_add, ssh_key_delete, ssh_key_get, ssh_key_list
-from marketplace.launch.selectors import launch_template_list, ssh_keys_for_form
+from marketplace.launch.selectors import launch_template_list
 from marketplace.models import LaunchTemplate, Offer, Organization, Quote
 from marketplace.orders.quoting import quote_get
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
@@ -312,7 +312,7 @@ def _configure_page(
     for i, row in enumerate(shown):
         row.index = i
     chosen = form["ssh_keys"].value() or []
-    keys = ssh_keys_for_form(organization.pk)
+    keys = list(ssh_key_list(organization=organization))
     return render(
         request,
         "storefront/order_configure.html",
@@ -336,7 +336,7 @@ def _configure_page(
 
 
 def _choices(organization: Organization) -> list[tuple[str, str]]:
-    return [(str(k.public_id), k.name) for k in ssh_keys_for_form(organization.pk)]
+    return [(str(k.public_id), k.name) for k in list(ssh_key_list(organization=organization))]
 
 
 @login_required
@@ -456,7 +456,11 @@ def _configure_post(
                     choice=choice,
                 ).name
             else:
-                launch_parse(data, keys=ssh_keys_for_form(organization.pk), caller_address=choice.caller_address)
+                launch_parse(
+                    data,
+                    keys=list(ssh_key_list(organization=organization)),
+                    caller_address=choice.caller_address,
+                )
         except LaunchConfigInvalid as exc:
             _apply_errors(exc.fields, form, used)
             valid = False
@@ -509,7 +513,11 @@ def order_confirm(request: HttpRequest) -> HttpResponse:
         return redirect("storefront:offers")
     configure = f"{reverse('storefront:order-configure')}?draft={draft.nonce}"
     try:
-        spec, _ = launch_parse(draft.launch, keys=ssh_keys_for_form(organization.pk), caller_address=_caller(request))
+        spec, _ = launch_parse(
+            draft.launch,
+            keys=list(ssh_key_list(organization=organization)),
+            caller_address=_caller(request),
+        )
     except LaunchConfigInvalid as exc:
         # Something changed since the form was sent (a key removed meanwhile): back to the form with why.
         messages.error(request, f"The configuration no longer holds: {exc}")

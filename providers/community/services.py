@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -15,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from providers.community import protocol
+from providers.gpu_names import reported_model_matches
 from providers.models import AgentNonce, Machine, MachineHeartbeat, MachineState, ProviderAccount, ProviderKind
 
 log = logging.getLogger("providers.community.security")
@@ -93,20 +93,12 @@ def self_test_matches(machine: Machine, self_test: dict[str, Any]) -> tuple[bool
     if not self_test.get("ok"):
         return False, str(self_test.get("error") or "the self-test failed")
     gpus = self_test.get("gpus") or []
-    matching = [g for g in gpus if _same_model(str(g.get("model", "")), machine.gpu_model)]
+    matching = [g for g in gpus if reported_model_matches(str(g.get("model", "")), machine.gpu_model)]
     if len(matching) < machine.gpu_count:
         return False, f"listing promises {machine.gpu_count}x {machine.gpu_model}, the agent found {len(matching)}"
     if any(int(g.get("memory_gb") or 0) < machine.gpu_memory_gb for g in matching[: machine.gpu_count]):
         return False, f"listing promises {machine.gpu_memory_gb} GB per GPU, the agent found less"
     return True, ""
-
-
-def _same_model(found: str, listed: str) -> bool:
-    """Is the GPU an agent found (nvidia-smi's name, e.g. "NVIDIA A100-SXM4-80GB") the listed model (a spec
-    key, e.g. "A100-80GB-SXM")? The family must appear as a whole token: an A100 is not an A10, nor an L40S
-    an L40."""
-    family = re.escape(listed.upper().split("-")[0])
-    return re.search(rf"(?<![A-Z0-9]){family}(?![A-Z0-9])", found.upper()) is not None
 
 
 def machine_heartbeat(*, machine: Machine, gpus: list[dict[str, Any]], instances: int) -> MachineHeartbeat:

@@ -131,3 +131,27 @@ def test_a_simulated_machine_draws_no_more_power_than_its_gpus_are_rated_for():
     assert all(7 <= s["power_w"] <= 70 for s in samples)
     rated = {s["key"]: s["tdp_w"] for s in GPU_SPECS if s.get("tdp_w")}
     assert {k: v for k, v in rated.items() if k in RATED_POWER_W} == RATED_POWER_W
+
+
+@pytest.mark.parametrize(
+    ("name", "memory", "key", "spec_memory", "expected"),
+    [
+        ("NVIDIA A10G", 24, "A10G", 24, True),
+        ("NVIDIA A10G", 24, "A10", 24, False),
+        ("NVIDIA A10", 24, "A10G", 24, False),
+        ("NVIDIA L40S", 48, "L40S", 48, True),
+        ("NVIDIA H100 80GB HBM3", 80, "H100-SXM5", 80, True),
+        ("NVIDIA H100 PCIe", 80, "H100-SXM5", 80, False),
+        ("NVIDIA H100 PCIe", 80, "H100-PCIE", 80, True),
+        ("NVIDIA H100 NVL", 94, "H100-NVL", 94, True),
+        ("NVIDIA A100-SXM4-40GB", 40, "A100-80GB-SXM4", 80, False),
+        ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB-SXM4", 80, True),
+        ("Tesla T4", 15, "T4", 16, True),
+    ],
+)
+def test_a_reported_gpu_is_the_ordered_model_only_when_family_form_and_memory_agree(
+    name, memory, key, spec_memory, expected
+):
+    from providers.gpu_names import reported_gpu_matches
+
+    assert reported_gpu_matches(name, memory, key, spec_memory) is expected
