@@ -78,9 +78,8 @@ def order_poll_task(self, order_id: int, polls: int = 0) -> str:  # type: ignore
         order_provision_task.delay(order_id)
         return step.value
     if step == Step.WAIT:
-        # The provider runs the machine; the agent's ready report moves the order on. One check at the boot
-        # deadline catches a silent machine (the minute sweep catches it too, should this task be lost).
-        order_boot_deadline_task.apply_async((order_id,), countdown=settings.BOOT_TIMEOUT_S + 1)
+        # The provider runs the machine; the agent's ready report moves the order on, and the check booked at
+        # the boot deadline when the launch was recorded catches a silent one.
         return step.value
     if step == Step.POLL:
         if polls + 1 >= settings.PROVISION_POLL_LIMIT:

@@ -7,6 +7,8 @@ are bounded in size and depth before they are parsed, and every report is valida
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -49,22 +51,36 @@ def _body(request: HttpRequest) -> Any:
         raise LeaseRefused("invalid", f"the body is not acceptable JSON: {exc}") from None
 
 
-def _signed(request: HttpRequest) -> tuple[Lease, Any] | JsonResponse:
-    body = request.body[: MAX_BODY + 1]
-    try:
-        lease = lease_authenticate(request.headers, request.method or "POST", request.get_full_path(), body)
-    except protocol.Rejected as exc:
-        return _refusal(exc.code, exc.message, 401)
-    try:
-        return lease, _body(request)
-    except LeaseRefused as exc:
-        return _refusal(exc.code, exc.message, exc.status)
+def _signed(handler: Callable[[Lease, Any], dict[str, Any]]) -> Callable[[HttpRequest], JsonResponse]:
+    """A lease call signed with the lease's key: authenticated (401 for a forged, stale or replayed one), its
+    body bounded and parsed, then ``handler(lease, body)``'s answer, or its refusal in the protocol's shape."""
+
+    @csrf_exempt
+    @require_POST
+    @never_cache
+    @functools.wraps(handler)
+    def view(request: HttpRequest) -> JsonResponse:
+        declared = request.headers.get("Content-Length") or "0"
+        if not declared.isdigit() or len(declared) > 9 or int(declared) > MAX_BODY:
+            # Refused before anything reads or hashes it.
+            return _refusal("too_large", f"the body is larger than {MAX_BODY} bytes", 413)
+        try:
+            lease = lease_authenticate(request.headers, request.method or "POST", request.get_full_path(), request.body)
+        except protocol.Rejected as exc:
+            return _refusal(exc.code, exc.message, 401)
+        try:
+            return JsonResponse(handler(lease, _body(request)))
+        except LeaseRefused as exc:
+            return _refusal(exc.code, exc.message, exc.status)
+
+    return view
 
 
 @csrf_exempt
 @require_POST
 @never_cache
 def claim(request: HttpRequest) -> JsonResponse:
+    """Not signed: the one-time boot token in the body is the credential."""
     try:
         body = _body(request)
         token = body.get("boot_token") if isinstance(body, dict) else None
@@ -77,61 +93,28 @@ def claim(request: HttpRequest) -> JsonResponse:
     )  # fmt: skip
 
 
-@csrf_exempt
-@require_POST
-@never_cache
-def secrets(request: HttpRequest) -> JsonResponse:
-    checked = _signed(request)
-    if isinstance(checked, JsonResponse):
-        return checked
-    lease, _ = checked
-    try:
-        return JsonResponse(lease_secrets(lease=lease))
-    except LeaseRefused as exc:
-        return _refusal(exc.code, exc.message, exc.status)
+@_signed
+def secrets(lease: Lease, body: Any) -> dict[str, Any]:
+    return lease_secrets(lease=lease)
 
 
-@csrf_exempt
-@require_POST
-def ready(request: HttpRequest) -> JsonResponse:
-    checked = _signed(request)
-    if isinstance(checked, JsonResponse):
-        return checked
-    lease, body = checked
-    try:
-        outcome = lease_ready(lease=lease, report=ready_report_parse(body))
-    except LeaseRefused as exc:
-        return _refusal(exc.code, exc.message, exc.status)
-    return JsonResponse({"state": outcome.state, "problem": outcome.problem})
+@_signed
+def ready(lease: Lease, body: Any) -> dict[str, Any]:
+    outcome = lease_ready(lease=lease, report=ready_report_parse(body))
+    return {"state": outcome.state, "problem": outcome.problem}
 
 
-@csrf_exempt
-@require_POST
-def failed(request: HttpRequest) -> JsonResponse:
-    checked = _signed(request)
-    if isinstance(checked, JsonResponse):
-        return checked
-    lease, body = checked
+@_signed
+def failed(lease: Lease, body: Any) -> dict[str, Any]:
     body = body if isinstance(body, dict) else {}
-    try:
-        lease_failed(lease=lease, stage=body.get("stage"), reason=body.get("reason"))
-    except LeaseRefused as exc:
-        return _refusal(exc.code, exc.message, exc.status)
-    return JsonResponse({"state": "failed"})
+    lease_failed(lease=lease, stage=body.get("stage"), reason=body.get("reason"))
+    return {"state": "failed"}
 
 
-@csrf_exempt
-@require_POST
-def heartbeat(request: HttpRequest) -> JsonResponse:
-    checked = _signed(request)
-    if isinstance(checked, JsonResponse):
-        return checked
-    lease, body = checked
-    try:
-        gpus, workload_state = telemetry_parse(body)
-    except LeaseRefused as exc:
-        return _refusal(exc.code, exc.message, exc.status)
-    return JsonResponse({"state": lease_heartbeat(lease=lease, gpus=gpus, workload_state=workload_state)})
+@_signed
+def heartbeat(lease: Lease, body: Any) -> dict[str, Any]:
+    gpus, workload_state = telemetry_parse(body)
+    return {"state": lease_heartbeat(lease=lease, gpus=gpus, workload_state=workload_state)}
 
 
 @require_GET

@@ -319,9 +319,16 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
             launched_at=now,
         )
         Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
-        Lease.objects.filter(attempt=attempt, boot_deadline__isnull=True).update(
+        booked = Lease.objects.filter(attempt=attempt, boot_deadline__isnull=True).update(
             boot_deadline=now + dt.timedelta(seconds=settings.BOOT_TIMEOUT_S)
         )
+        if booked:
+            # One check at the deadline per launch (the minute sweep looks again, should this task be lost).
+            from marketplace.tasks import order_boot_deadline_task
+
+            transaction.on_commit(
+                lambda: order_boot_deadline_task.apply_async((order.pk,), countdown=settings.BOOT_TIMEOUT_S + 1)
+            )
         extra = {"adopted": True} if adopted else {}
         _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
         instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)

@@ -5,7 +5,6 @@ Plain Django views (no session, no CSRF: every request is HMAC-signed by the mac
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -24,9 +23,9 @@ def _signed_json(request: HttpRequest) -> tuple[Any, dict[str, Any]] | JsonRespo
     except protocol.Rejected as exc:
         return JsonResponse({"code": exc.code, "message": exc.message}, status=401)
     try:
-        payload = json.loads(body or b"{}")
-    except ValueError:
-        return JsonResponse({"code": "invalid", "message": "the body is not JSON"}, status=400)
+        payload = protocol.bounded_json(body)
+    except ValueError as exc:
+        return JsonResponse({"code": "invalid", "message": f"the body is not acceptable JSON: {exc}"}, status=400)
     if not isinstance(payload, dict):
         return JsonResponse({"code": "invalid", "message": "the body is not a JSON object"}, status=400)
     return machine, payload
