@@ -423,18 +423,10 @@ class AzureClient:
         """``begin_delete``; True when the group is gone within ``wait_s`` (or was not there). Azure refuses a
         group still on a NIC with 400 ``InUseNetworkSecurityGroupCannotBeDeleted``, raised as
         ``ProviderRequestRejected`` with that code."""
-        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
-        with _sdk_errors():
-            try:
-                poller = self._network.network_security_groups.begin_delete(resource_group, name, polling=polling)
-            except HttpResponseError as exc:
-                if exc.status_code == 404:
-                    return True
-                raise
-        outcome = self._settle(poller)
-        if outcome["error"] is not None:
-            raise outcome["error"]
-        return bool(outcome["finished"]) and wait_s > 0
+        return self._delete(
+            lambda polling: self._network.network_security_groups.begin_delete(resource_group, name, polling=polling),
+            wait_s,
+        )
 
     # -- writes
 
@@ -463,10 +455,17 @@ class AzureClient:
 
     def delete_vm(self, resource_group: str, name: str, *, wait_s: float) -> bool:
         """``begin_delete``; True when Azure finished deleting within ``wait_s`` (or had no such VM)."""
+        return self._delete(
+            lambda polling: self._read.virtual_machines.begin_delete(resource_group, name, polling=polling), wait_s
+        )
+
+    def _delete(self, begin: Callable[[Any], Any], wait_s: float) -> bool:
+        """Start a delete with polling bounded by ``wait_s``; True when it finished within it, or there was
+        nothing to delete (404)."""
         polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
         with _sdk_errors():
             try:
-                poller = self._read.virtual_machines.begin_delete(resource_group, name, polling=polling)
+                poller = begin(polling)
             except HttpResponseError as exc:
                 if exc.status_code == 404:
                     return True
