@@ -38,6 +38,7 @@ from marketplace.models import (
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.reservations import reservation_release, reservation_take
+from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
 from marketplace.webhooks.services import instance_event_emit
 from providers.base import ProviderAdapter
@@ -61,13 +62,6 @@ class Step(enum.StrEnum):
     WAIT = "wait"  # the provider runs the machine; its agent has not reported ready yet
     DONE = "done"
     PROVISION = "provision"  # the launched instance failed before it was ready: fail over
-
-
-class BootFailure(ProviderError):
-    """The machine ran at the provider but did not become usable: no ready report in time (``boot_timeout``),
-    the wrong GPUs (``gpu_mismatch``), no SSH (``boot``), or a workload that would not start (``workload``)."""
-
-    error_class = "boot"
 
 
 def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
@@ -455,14 +449,11 @@ def order_running_if_ready(*, order_id: int) -> bool:
 def _scheduled_end(order: Order, now: dt.datetime) -> tuple[dt.datetime | None, str]:
     """When the running order must stop: its duration from now, or when what is left of its spend cap runs out
     at the locked price, whichever is first; (None, "") for neither."""
-    from marketplace.orders.selectors import order_usage
-
     ends: list[tuple[dt.datetime, str]] = []
     if order.duration_hours is not None:
         ends.append((now + dt.timedelta(hours=float(order.duration_hours)), "duration"))
     if order.spend_cap_usd is not None and order.price_per_hour > 0:
-        spent = order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
-        left = max(Decimal(0), order.spend_cap_usd - spent)
+        left = max(Decimal(0), order.spend_cap_usd - order_spent_usd(order, now=now))
         ends.append((now + dt.timedelta(hours=float(left / order.price_per_hour)), "spend_cap"))
     if not ends:
         return None, ""

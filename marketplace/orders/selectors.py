@@ -134,6 +134,11 @@ def order_usage(order: Order, *, now: dt.datetime) -> Usage:
     return Usage(seconds=seconds, amount_usd=amount)
 
 
+def order_spent_usd(order: Order, *, now: dt.datetime) -> Decimal:
+    """What the order has cost so far, over every machine it ran on (its spend cap counts against this)."""
+    return order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
+
+
 def month_bounds(raw: str) -> tuple[dt.datetime, dt.datetime]:
     """The UTC start of the month ``raw`` ("YYYY-MM") and of the month after; ValueError when malformed."""
     if len(raw) != 7 or raw[4] != "-":

@@ -313,21 +313,17 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
     return order
 
 
-def _spent(order: Order, now: dt.datetime) -> Decimal:
-    from marketplace.orders.selectors import order_usage
-
-    return order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
-
-
 def orders_end_scheduled(*, now: dt.datetime | None = None) -> int:
     """Start terminating every running order whose requested duration is over, or whose spend cap its usage
     reached (``run_until`` is the earlier of the two); how many were started."""
+    from marketplace.orders.selectors import order_spent_usd
+
     now = now or timezone.now()
     started = 0
     for order in Order.objects.filter(state=OrderState.RUNNING, run_until__lte=now):
         reason = f"scheduled end: ran the requested {order.duration_hours} h"
         if order.spend_cap_usd is not None and (
-            order.duration_hours is None or _spent(order, now) >= order.spend_cap_usd - Decimal("0.01")
+            order.duration_hours is None or order_spent_usd(order, now=now) >= order.spend_cap_usd - Decimal("0.01")
         ):
             reason = f"spend cap reached: the order has cost its cap of {order.spend_cap_usd} USD"
         try:
