@@ -142,6 +142,8 @@ def orders_sweep_task() -> int:
                 count += 1
         except ProviderError as exc:
             log.warning("could not check order %s: %s", order_id, exc)
+        except Exception:  # one order's surprise must not stop the sweep for everyone else's
+            log.exception("checking running order %s failed", order_id)
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):

@@ -52,7 +52,7 @@ def held_farm(gpu_models):
     stop_hosts(agents)
 
 
-def _wait(predicate, seconds: float = 30.0) -> None:
+def _wait(predicate, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
