@@ -39,7 +39,7 @@ from werkzeug.wrappers import Request, Response
 
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
-from providers.community.lease import GpuSeen, HostExecutor, LeaseAgent, SimulatedExecutor, Transport
+from providers.community.lease import GpuSeen, HostExecutor, LeaseAgent, SimulatedExecutor, Transport, telemetry_sample
 
 log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
@@ -99,18 +99,8 @@ def read_nvidia_smi() -> tuple[list[Gpu], list[dict[str, Any]]]:
     for index, line in enumerate(out.stdout.strip().splitlines()):
         name, total, util, temp, power, used = (part.strip() for part in line.split(","))
         gpus.append(Gpu(name.removeprefix("NVIDIA "), round(float(total) / 1024)))
-        telemetry.append(_sample(index, float(util), float(temp), float(power), float(used) / 1024))
+        telemetry.append(telemetry_sample(index, float(util), float(temp), float(power), float(used) / 1024))
     return gpus, telemetry
-
-
-def _sample(index: int, util: float, temp: float, power: float, used_gb: float) -> dict[str, Any]:
-    return {
-        "index": index,
-        "utilization_pct": round(util, 1),
-        "temperature_c": round(temp, 1),
-        "power_w": round(power, 1),
-        "memory_used_gb": round(used_gb, 2),
-    }
 
 
 class Agent:
@@ -159,7 +149,9 @@ class Agent:
             working = index < busy
             util = random.uniform(85, 99) if working else random.uniform(0, 3)  # noqa: S311 - simulation
             samples.append(
-                _sample(index, util, 38 + util * 0.4, 60 + util * 6, gpu.memory_gb * (0.7 if working else 0.01))
+                telemetry_sample(
+                    index, util, 38 + util * 0.4, 60 + util * 6, gpu.memory_gb * (0.7 if working else 0.01)
+                )
             )
         return samples
 

@@ -114,7 +114,7 @@ def host_key_fingerprint(line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def _sample(index: int, util: float, temp: float, power: float, used_gb: float) -> dict[str, Any]:
+def telemetry_sample(index: int, util: float, temp: float, power: float, used_gb: float) -> dict[str, Any]:
     return {
         "index": index,
         "utilization_pct": round(util, 1),
@@ -168,7 +168,7 @@ class HostExecutor:
 
     def telemetry(self) -> list[dict[str, Any]]:
         rows = self._smi("index,utilization.gpu,temperature.gpu,power.draw,memory.used")
-        return [_sample(int(i), float(u), float(t), float(p), float(m) / 1024) for i, u, t, p, m in rows]
+        return [telemetry_sample(int(i), float(u), float(t), float(p), float(m) / 1024) for i, u, t, p, m in rows]
 
     def start(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
         self._kind = str(workload.get("kind") or "none")
@@ -321,7 +321,7 @@ class SimulatedExecutor:
             util = random.uniform(88, 99) if busy else random.uniform(0, 4)  # noqa: S311 - a simulation
             # Idle near a tenth of the rating, busy up to nine tenths: within what the board can draw.
             power = gpu.power_limit_w * (0.1 + 0.8 * util / 100)
-            samples.append(_sample(gpu.index, util, 36 + util * 0.4, power, gpu.memory_gb * (0.7 * busy)))
+            samples.append(telemetry_sample(gpu.index, util, 36 + util * 0.4, power, gpu.memory_gb * (0.7 * busy)))
         return samples
 
     def start(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
