@@ -11,12 +11,29 @@ Django-free, so the auditor's tool uses the same reader as the broker's writer.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from web3 import Web3
-from web3.exceptions import TransactionNotFound
-from web3.types import Wei
+
+@contextmanager
+def recursion_limit_kept() -> Iterator[None]:
+    """Import web3 and its dependencies inside this: ``py_ecc`` raises the process's recursion limit to 100,000
+    on import (py-evm's ``eth`` to 12,288), which lets C code such as the JSON decoder recurse until it
+    overflows the C stack (a SIGSEGV) instead of raising ``RecursionError``. The limit is put back as it was."""
+    limit = sys.getrecursionlimit()
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+with recursion_limit_kept():
+    from web3 import Web3
+    from web3.exceptions import TransactionNotFound
+    from web3.types import Wei
 
 ANCHOR_PREFIX = b"broker-ledger/1"
 _DATA_LENGTH = len(ANCHOR_PREFIX) + 8 + 32
