@@ -14,6 +14,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -23,6 +24,8 @@ from django.db.models import Model, Q, QuerySet
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
+
+from providers.community.protocol import bounded_json
 
 M = TypeVar("M", bound=Model)
 
@@ -34,25 +37,46 @@ PARAMETERS = [
 ]
 
 
+# A cursor is decoded from the client's text: every value it carries is checked before it is converted and
+# compared in SQL (a 1e1000000 there would be rounded, or turned into an integer, for a minute).
+MAX_CURSOR = 1024
+MAX_KEY_TEXT = 64
+_INTEGER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+_NUMBER = re.compile(r"-?[0-9]{1,30}(?:\.[0-9]{0,30})?(?:[eE][+-]?[0-9]{1,2})?", re.ASCII)
+_BIGINT = 2**63  # ids and counts are 64-bit columns
+
+
+def int_key(text: str) -> int:
+    if not _INTEGER.fullmatch(text) or not -_BIGINT <= int(text) < _BIGINT:
+        raise ValueError(f"not a 64-bit integer: {text[:20]!r}")
+    return int(text)
+
+
+def decimal_key(text: str) -> Decimal:
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"not a plain number: {text[:20]!r}")
+    return Decimal(text)
+
+
+def float_key(text: str) -> float:
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"not a plain number: {text[:20]!r}")
+    return float(text)
+
+
+def datetime_key(text: str) -> dt.datetime:
+    if not text.isascii():
+        raise ValueError(f"not an ISO 8601 time: {text[:20]!r}")
+    return dt.datetime.fromisoformat(text)
+
+
 @dataclass(frozen=True)
 class Key:
     """One column of the ordering: a field or annotation, its direction, and how its cursor text reads back."""
 
     field: str
     descending: bool = False
-    parse: Callable[[str], Any] = int
-
-
-def decimal_key(text: str) -> Decimal:
-    return Decimal(text)
-
-
-def float_key(text: str) -> float:
-    return float(text)
-
-
-def datetime_key(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text)
+    parse: Callable[[str], Any] = int_key
 
 
 def _text(value: Any) -> str:
@@ -92,11 +116,16 @@ def limit_from(request: Request, default: int = DEFAULT_LIMIT) -> int:
 
 def _decode(raw: str, keys: Sequence[Key], tag: str) -> list[Any]:
     wrong = ValidationError({"cursor": ["not a cursor of this listing: use next_cursor from the page before"]})
+    if len(raw) > MAX_CURSOR or not raw.isascii():
+        raise wrong
     try:
-        data = json.loads(base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)))
+        data = bounded_json(base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)), max_depth=2)
         if data["t"] != tag or len(data["v"]) != len(keys):
             raise wrong
-        return [key.parse(text) for key, text in zip(keys, data["v"], strict=True)]
+        texts = data["v"]
+        if not all(isinstance(text, str) and len(text) <= MAX_KEY_TEXT for text in texts):
+            raise wrong
+        return [key.parse(text) for key, text in zip(keys, texts, strict=True)]
     except (ValueError, KeyError, TypeError, InvalidOperation, binascii.Error, UnicodeError):
         raise wrong from None
 

@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from django.db import connection
@@ -33,6 +33,7 @@ from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
 from marketplace.models import GpuModel, Offer
+from marketplace.numbers import number_problem
 
 _TERM = re.compile(r"\S+")
 _SPLIT = re.compile(r"^(?P<field>[A-Za-z_]+)(?P<op>!=|>=|<=|=|<|>)(?P<value>.*)$")
@@ -45,6 +46,11 @@ FIELDS = (*_TEXT, *_NUMERIC)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
 _PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
 _LOOKUP = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
+# What a numeric term may compare with: beyond every offer there is (GPUs per machine, GB per GPU, USD per hour).
+_RANGES = {
+    "count": (0, 1024), "mem": (0, 16384), "price": (0, 1_000_000), "gpuprice": (0, 1_000_000),
+    "reliability": (0, 1),
+}  # fmt: skip
 
 
 class QueryError(ValueError):
@@ -87,15 +93,17 @@ def parse(text: str) -> list[Term]:
 
 def _term(field: str, op: str, value: str, raw: str, column: int) -> Term:
     if field in _NUMERIC:
-        try:
-            number = Decimal(value)
-        except InvalidOperation:
-            raise QueryError(f"{field} compares with a number, not {value!r}", term=raw, column=column) from None
-        if not number.is_finite() or number < 0:
-            raise QueryError(f"{field} compares with a number of at least 0", term=raw, column=column)
-        if field == "reliability" and number > 1:
-            raise QueryError("reliability is a share from 0 to 1, e.g. reliability>0.95", term=raw, column=column)
-        return Term(field, op, number, raw, column)
+        low, high = _RANGES[field]
+        # Checked as text before Decimal() reads it: a huge exponent would reach the database layer, whose
+        # int() of 1e1000000 holds the process for a minute, and Decimal() reads any Unicode digit.
+        if number_problem(value, low=low, high=high, whole=False):
+            if field == "reliability":
+                raise QueryError("reliability is a share from 0 to 1, e.g. reliability>0.95", term=raw, column=column)
+            raise QueryError(
+                f"{field} compares with a number from {low} to {high}, written with the digits 0-9, not {value[:20]!r}",
+                term=raw, column=column,
+            )  # fmt: skip
+        return Term(field, op, Decimal(value), raw, column)
     if op not in ("=", "!="):
         raise QueryError(f"{field} takes = or !=, not {op}", term=raw, column=column)
     if field == "pricing":

@@ -14,11 +14,17 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from providers.community.protocol import bounded_json
 from providers.secrets import SecretUnreadable, decrypt_secret, encrypt_secret
 
 SESSION_KEY = "launch_drafts"
 MAX_DRAFTS = 8  # a few tabs configuring orders at once; older drafts are dropped
 MAX_NONCE = 64
+# A draft is the form's fields and a validated launch configuration (a script of at most 256 K characters, each
+# at most a 6-character \uXXXX escape, nesting a few levels): read back within these bounds, so a session row
+# never feeds the decoder something unbounded.
+MAX_DRAFT_BYTES = 4 * 1024 * 1024
+MAX_DRAFT_DEPTH = 16
 
 
 @dataclass
@@ -49,7 +55,7 @@ def draft_load(request: HttpRequest, nonce: str, *, organization: int) -> Draft 
     if not token:
         return None
     try:
-        body = json.loads(decrypt_secret(token)["draft"])
+        body = bounded_json(decrypt_secret(token)["draft"], max_bytes=MAX_DRAFT_BYTES, max_depth=MAX_DRAFT_DEPTH)
         draft = Draft(**body)
     except (SecretUnreadable, KeyError, TypeError, ValueError):
         return None

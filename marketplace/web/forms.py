@@ -9,9 +9,11 @@ from typing import Any
 from django import forms
 
 from marketplace.catalog.regions import JURISDICTIONS
+from marketplace.launch.config import DISK_GB_MAX, DISK_GB_MIN, SPEND_CAP_MAX
 from marketplace.matching import PROFILES, Profile, Tolerance
 from marketplace.models import GpuModel, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
+from marketplace.numbers import MAX_BUDGET, MAX_PRICE_PER_HOUR, DecimalFormField, FloatFormField, IntegerFormField
 from marketplace.portal.forms import SignupForm
 from providers.sshkeys import MAX_KEY_TEXT, MAX_NAME
 
@@ -20,10 +22,12 @@ PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
 
 class OfferFilterForm(forms.Form):
     gpu = forms.ChoiceField(required=False, label="GPU")
-    count = forms.IntegerField(required=False, min_value=1, max_value=64, label="GPUs at least")
+    count = IntegerFormField(required=False, min_value=1, max_value=64, label="GPUs at least")
     region = forms.CharField(required=False, max_length=64)
     pricing = forms.ChoiceField(required=False, choices=PRICING)
-    max_price = forms.DecimalField(required=False, min_value=Decimal("0"), decimal_places=4, label="Max $/h")
+    max_price = DecimalFormField(
+        required=False, min_value=Decimal("0"), max_value=MAX_PRICE_PER_HOUR, decimal_places=4, label="Max $/h"
+    )
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -37,11 +41,11 @@ class WorkloadForm(forms.Form):
     profile = forms.ChoiceField(
         choices=[(p.value, f"{p.value.replace('_', '-')}: {PROFILES[p].description}") for p in Profile]
     )
-    gpu_count = forms.IntegerField(required=False, min_value=1, max_value=64, label="GPUs")
-    total_gpu_memory_gb = forms.IntegerField(
+    gpu_count = IntegerFormField(required=False, min_value=1, max_value=64, label="GPUs")
+    total_gpu_memory_gb = IntegerFormField(
         required=False, min_value=1, max_value=16384, label="or total GPU memory (GB)"
     )
-    duration_hours = forms.FloatField(initial=8, min_value=0.01, max_value=8760, label="Hours")
+    duration_hours = FloatFormField(initial=8, min_value=0.01, max_value=8760, label="Hours")
     jurisdiction = forms.ChoiceField(
         required=False, choices=[("", "anywhere"), *((j, j) for j in JURISDICTIONS)], label="Data must stay in"
     )
@@ -53,8 +57,8 @@ class WorkloadForm(forms.Form):
     interruption_tolerance = forms.ChoiceField(
         choices=[(t.value, t.value) for t in Tolerance], initial=Tolerance.CHECKPOINTED.value, label="Interruptions"
     )
-    max_price_per_hour = forms.DecimalField(
-        required=False, min_value=Decimal("0.000001"), decimal_places=6, label="Max $/h"
+    max_price_per_hour = DecimalFormField(
+        required=False, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR, decimal_places=6, label="Max $/h"
     )
 
     def clean(self) -> dict[str, object]:
@@ -92,11 +96,21 @@ class ApiTokenForm(forms.Form):
 class BudgetForm(forms.Form):
     """The organisation's spending limits in USD; a blank field removes that limit."""
 
-    budget_per_hour = forms.DecimalField(
-        required=False, min_value=Decimal("0.01"), max_digits=14, decimal_places=2, label="Hourly budget (USD/h)"
+    budget_per_hour = DecimalFormField(
+        required=False,
+        min_value=Decimal("0.01"),
+        max_value=MAX_BUDGET,
+        max_digits=14,
+        decimal_places=2,
+        label="Hourly budget (USD/h)",
     )
-    budget_monthly = forms.DecimalField(
-        required=False, min_value=Decimal("0.01"), max_digits=14, decimal_places=2, label="Monthly budget (USD)"
+    budget_monthly = DecimalFormField(
+        required=False,
+        min_value=Decimal("0.01"),
+        max_value=MAX_BUDGET,
+        max_digits=14,
+        decimal_places=2,
+        label="Monthly budget (USD)",
     )
 
 
@@ -177,7 +191,7 @@ def _split_ports(raw: str) -> list[int]:
     """``"8000, 8888"`` as numbers; the service checks their range."""
     ports = []
     for item in raw.replace(",", " ").split():
-        if not item.isdigit() or len(item) > 5:
+        if not (item.isascii() and item.isdigit()) or len(item) > 5:  # int() would read any Unicode digit
             raise forms.ValidationError(f"{item[:12]!r} is not a port number: give numbers separated by commas")
         ports.append(int(item))
     return ports
@@ -196,11 +210,16 @@ class LaunchForm(forms.Form):
     variables come as numbered rows (``env_name_<i>``, ``env_value_<i>``, ``env_secret_<i>``) read by
     ``env_rows``; ``launch_data`` builds the configuration in the shape ``marketplace.launch.config`` takes."""
 
-    duration_hours = forms.DecimalField(
+    duration_hours = DecimalFormField(
         required=False, min_value=Decimal("0.01"), max_value=Decimal("8760"), decimal_places=2, label="Run for (hours)"
     )
-    spend_cap_usd = forms.DecimalField(
-        required=False, min_value=Decimal("0.01"), max_digits=9, decimal_places=2, label="or stop at a spend of (USD)"
+    spend_cap_usd = DecimalFormField(
+        required=False,
+        min_value=Decimal("0.01"),
+        max_value=SPEND_CAP_MAX,
+        max_digits=9,
+        decimal_places=2,
+        label="or stop at a spend of (USD)",
     )
     ssh_keys = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="SSH keys")
     workload_kind = forms.ChoiceField(choices=WORKLOAD_CHOICES, initial="none", widget=forms.RadioSelect)
@@ -219,7 +238,7 @@ class LaunchForm(forms.Form):
     container_ports = forms.CharField(
         required=False, max_length=200, label="Exposed ports", widget=forms.TextInput(attrs={"placeholder": "8000"})
     )
-    shm_size_gb = forms.IntegerField(required=False, min_value=1, max_value=1024, label="Shared memory (GB)")
+    shm_size_gb = IntegerFormField(required=False, min_value=1, max_value=1024, label="Shared memory (GB)")
     registry_server = forms.CharField(
         required=False, max_length=253, label="Registry", widget=forms.TextInput(attrs={"placeholder": "ghcr.io"})
     )
@@ -239,14 +258,18 @@ class LaunchForm(forms.Form):
         required=False, max_length=2000, label="Address ranges",
         widget=forms.Textarea(attrs={"rows": 2, "placeholder": "203.0.113.0/24, 198.51.100.7/32"}),
     )  # fmt: skip
-    disk_gb = forms.IntegerField(required=False, min_value=10, max_value=16384, label="Disk (GB)")
+    disk_gb = IntegerFormField(required=False, min_value=DISK_GB_MIN, max_value=DISK_GB_MAX, label="Disk (GB)")
     image = forms.CharField(
         required=False, max_length=255, label="Own machine image",
         widget=forms.TextInput(attrs={"placeholder": "empty: the provider's GPU-ready image"}),
     )  # fmt: skip
     allow_failover = forms.BooleanField(required=False, initial=True, label="May fail over to a like offer")
-    max_price_per_hour = forms.DecimalField(
-        required=False, min_value=Decimal("0.000001"), decimal_places=6, label="paying at most (USD/h)"
+    max_price_per_hour = DecimalFormField(
+        required=False,
+        min_value=Decimal("0.000001"),
+        max_value=MAX_PRICE_PER_HOUR,
+        decimal_places=6,
+        label="paying at most (USD/h)",
     )
     save_template = forms.BooleanField(required=False, label="Save as a launch template")
     # Not "template_name": that is the attribute naming the template a Form renders itself with.
@@ -338,10 +361,8 @@ class EnvRow:
 
 def env_rows(post: Mapping[str, str]) -> list[EnvRow]:
     """The environment rows as posted, empty rows included (they keep their place for field errors)."""
-    try:
-        count = min(int(post.get("env_rows", "0")), MAX_ENV_ROWS)
-    except ValueError:
-        count = 0
+    raw = post.get("env_rows", "0")
+    count = min(int(raw), MAX_ENV_ROWS) if raw.isascii() and raw.isdigit() and len(raw) <= 4 else 0
     return [
         EnvRow(
             index=i,
