@@ -10,7 +10,9 @@ what is allowed:
 * ``public+loopback`` (development and tests): public hosts and loopback too, where the sandboxes listen;
   a name that does not resolve passes, since it leads nowhere.
 
-Checked when an account is saved and whenever an adapter is built for it. The SDKs resolve names themselves
+Checked when an account is saved and whenever an adapter is built for it. A host agent's URL
+(``providers/community``) is held to the same rules when the agent registers, and again at every connection
+the community client makes, by the address it connects to (``address_allowed``). The SDKs resolve names themselves
 when they connect, so a name that changes its answer in between (DNS rebinding) is not caught here: give
 addresses, or keep the broker's egress firewalled, where that matters.
 """
@@ -18,7 +20,6 @@ addresses, or keep the broker's egress firewalled, where that matters.
 from __future__ import annotations
 
 import ipaddress
-import json
 import socket
 from collections.abc import Mapping
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from broker.addresses import is_loopback, is_public
+from providers.community.protocol import bounded_json
 from providers.types import Credentials
 
 # The options that name an endpoint (Azure's, for sovereign clouds).
@@ -41,6 +43,12 @@ class EndpointRefused(ValueError):
         self.message = message
 
 
+# A service-account key file is one flat JSON object of a few KB; a pasted one is parsed within these bounds
+# wherever it is read (portal form, adapter, this module).
+KEY_MAX_BYTES = 64 * 1024
+KEY_MAX_DEPTH = 4
+
+
 def account_endpoints(credentials: Credentials, options: Mapping[str, str]) -> list[tuple[str, str]]:
     """Every (field, URL) of an account that points the broker somewhere other than the cloud's own API."""
     found = [("endpoint_url", credentials.endpoint_url)] if credentials.endpoint_url else []
@@ -48,7 +56,7 @@ def account_endpoints(credentials: Credentials, options: Mapping[str, str]) -> l
     key = credentials.values.get("service_account_json")
     if key:
         try:
-            token_uri = json.loads(key).get("token_uri")
+            token_uri = bounded_json(key, max_bytes=KEY_MAX_BYTES, max_depth=KEY_MAX_DEPTH).get("token_uri")
         except (ValueError, AttributeError):
             token_uri = None  # the adapter names a malformed key itself
         if isinstance(token_uri, str) and token_uri:
@@ -60,6 +68,13 @@ def account_endpoints_check(credentials: Credentials, options: Mapping[str, str]
     """Raise ``EndpointRefused`` for the first of the account's endpoints that is not allowed."""
     for field, url in account_endpoints(credentials, options):
         endpoint_check(field, url)
+
+
+def address_allowed(address: str) -> bool:
+    """Whether the broker may connect to the IP ``address`` under ``settings.PROVIDER_ENDPOINTS``; also
+    applied to the address a connection actually goes to (the community client), so a name that resolves
+    differently at connect time is judged by where it leads."""
+    return is_public(address) or (settings.PROVIDER_ENDPOINTS == "public+loopback" and is_loopback(address))
 
 
 def endpoint_check(field: str, url: str) -> None:
@@ -82,7 +97,7 @@ def endpoint_check(field: str, url: str) -> None:
             if with_loopback:
                 return
             raise EndpointRefused(field, f"the host {host} does not resolve") from None
-    refused = [a for a in addresses if not (is_public(a) or (with_loopback and is_loopback(a)))]
+    refused = [a for a in addresses if not address_allowed(a)]
     if refused:
         allowed = "public or loopback addresses" if with_loopback else "public addresses"
         raise EndpointRefused(

@@ -73,8 +73,10 @@ class ProviderAccount(models.Model):
         return Credentials(kind=self.kind, values=values, endpoint_url=self.endpoint_url or None)
 
     def community_machines(self) -> list[dict[str, object]]:
-        """The verified, online machines of a community account, as its adapter reads them."""
-        rows = self.machines.filter(state=MachineState.VERIFIED, online=True).order_by("name")
+        """The machines of a community account whose agents have registered, as its adapter reads them. Only
+        the verified, online ones are ``for_sale``; the others are still reached to describe and stop the
+        instances of orders placed while they were on sale (a machine that moved to a new URL, say)."""
+        rows = self.machines.exclude(agent_url="").order_by("name")
         return [
             {
                 "name": m.name,
@@ -91,6 +93,7 @@ class ProviderAccount(models.Model):
                 "price_per_gpu_hour": str(m.price_per_gpu_hour),
                 "min_bid_per_gpu_hour": None if m.min_bid_per_gpu_hour is None else str(m.min_bid_per_gpu_hour),
                 "availability": m.availability,
+                "for_sale": m.state == MachineState.VERIFIED and m.online,
             }
             for m in rows
         ]
@@ -135,6 +138,9 @@ class Machine(models.Model):
     hardware = models.JSONField(default=dict, blank=True)
     self_test = models.JSONField(default=dict, blank=True)
     self_test_ok = models.BooleanField(null=True)
+    # The heartbeat rate limit's window, kept on the row so it holds across web processes.
+    beat_window_start = models.DateTimeField(null=True, blank=True)
+    beat_window_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

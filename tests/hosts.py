@@ -3,7 +3,9 @@ serving in this process."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import socketserver
+import threading
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 
 from django.utils import timezone
@@ -54,3 +56,73 @@ def stop_hosts(agents: Sequence[Agent]) -> None:
         for instance in agent.instances.values():
             agent._end_lease(instance)
         agent.stop()
+
+
+class HostilePeer:
+    """A stand-in for a hostile or broken host agent (or whatever its URL leads to): a TCP server on loopback
+    that reads each HTTP request and answers with what the test scripts, byte for byte.
+
+    ``answer(method, target)`` gives (status, body, extra headers); with ``silent`` it answers nothing and
+    holds the connection until ``close``; with ``trickle`` it sends its answer one byte at a time (a byte,
+    then a short wait on ``release``) until released. ``requests`` lists what it received."""
+
+    def __init__(
+        self,
+        answer: Callable[[str, str], tuple[int, bytes, dict[str, str]]] | None = None,
+        *,
+        silent: bool = False,
+        trickle: bool = False,
+    ):
+        self.answer = answer or (lambda method, target: (404, b'{"code": "not_found", "message": "none"}', {}))
+        self.silent = silent
+        self.trickle = trickle
+        self.requests: list[tuple[str, str]] = []
+        self.release = threading.Event()
+        self.answered_fully = threading.Event()
+        peer = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                peer._serve(self)
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _serve(self, handler: socketserver.StreamRequestHandler) -> None:
+        method, target, _ = handler.rfile.readline(65537).decode("latin-1").split(" ", 2)
+        length = 0
+        while (line := handler.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        handler.rfile.read(length)
+        self.requests.append((method, target))
+        if self.silent:
+            self.release.wait()
+            return
+        status, body, headers = self.answer(method, target)
+        head = f"HTTP/1.1 {status} Scripted\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in {"Content-Type": "application/json", **headers}.items())
+        raw = head.encode() + b"\r\n" + body
+        try:
+            if not self.trickle:
+                handler.wfile.write(raw)
+            else:
+                for index in range(len(raw)):
+                    handler.wfile.write(raw[index : index + 1])
+                    handler.wfile.flush()
+                    if self.release.wait(0.05):
+                        return
+            self.answered_fully.set()
+        except OSError:
+            pass  # the broker hung up
+
+    def close(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()

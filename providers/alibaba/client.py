@@ -23,6 +23,7 @@ from alibabacloud_tea_openapi import utils_models as openapi_models
 from darabonba.runtime import RuntimeOptions
 
 from providers.alibaba import mapping
+from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -79,6 +80,7 @@ class ClientSettings:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
 
 
 def split_endpoint(endpoint_url: str) -> tuple[str, str]:
@@ -217,8 +219,10 @@ class AlibabaClient:
     def call(self, region: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """One read, or a write that is safe to repeat (DeleteInstances with its token, ImportKeyPair by name,
         CreateSecurityGroup with its token, AuthorizeSecurityGroup of an existing rule, the deletes), with up to
-        ``max_attempts`` tries."""
+        ``max_attempts`` tries, each retry only if it still ends within the call's deadline (``providers.deadline``)."""
         attempts = max(1, self.settings.max_attempts)
+        s = self.settings
+        deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
         for attempt in range(1, attempts + 1):
             try:
                 return self._once(region, action, dict(params or {}))
@@ -226,7 +230,10 @@ class AlibabaClient:
                 if not error.retryable or attempt == attempts:
                     raise
                 retry_after = getattr(error.__cause__, "retry_after", None)
-                self._sleep(backoff_seconds(attempt, retry_after if isinstance(retry_after, int) else None))
+                delay = backoff_seconds(attempt, retry_after if isinstance(retry_after, int) else None)
+                if not deadline.allows_retry(delay):
+                    raise
+                self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def launch(self, region: str, params: dict[str, Any]) -> dict[str, Any]:

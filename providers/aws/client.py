@@ -22,6 +22,7 @@ import botocore.session
 from botocore.parsers import ResponseParserError
 
 from providers.aws import mapping
+from providers.deadline import CALL_DEADLINE_S
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
 
 PRICING_REGION = "us-east-1"  # the Price List API is served from us-east-1 (and ap-south-1) only
@@ -110,11 +111,12 @@ class AwsClient:
         self._lock = threading.Lock()  # boto3 sessions are not thread-safe when creating clients
 
     def _config(self, *, retries: bool) -> botocore.config.Config:
-        retry_policy = (
-            {"mode": "standard", "total_max_attempts": self.settings.max_attempts}
-            if retries
-            else {"mode": "standard", "total_max_attempts": 1}
-        )
+        # botocore retries inside one call and has only per-attempt timeouts: as many attempts as fit, at those
+        # timeouts, in the call deadline. Standard mode waits up to 2^(n-1) s before retry n, at most 20 s
+        # (botocore/retries/standard.py, ExponentialBackoff): 1 + 2 s for the default three attempts.
+        s = self.settings
+        fit = max(1, int(CALL_DEADLINE_S // (s.connect_timeout + s.read_timeout)))
+        retry_policy = {"mode": "standard", "total_max_attempts": min(s.max_attempts, fit) if retries else 1}
         return botocore.config.Config(
             connect_timeout=self.settings.connect_timeout,
             read_timeout=self.settings.read_timeout,

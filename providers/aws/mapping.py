@@ -7,7 +7,6 @@ tested without a network and reused by any code that sees an AWS error code.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from providers import gpu_names
+from providers.community.protocol import bounded_json
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -303,6 +303,18 @@ def zones_by_type(offerings: Iterable[Mapping[str, Any]]) -> dict[str, list[str]
     return {name: sorted(locations) for name, locations in zones.items()}
 
 
+# A Price List item is one product's JSON text, a few KB nesting 7 deep (product -> terms -> OnDemand -> offer
+# -> priceDimensions -> dimension -> pricePerUnit); parsed within these bounds (a ValueError beyond them).
+MAX_PRICE_ITEM_BYTES = 1024 * 1024
+MAX_PRICE_ITEM_DEPTH = 16
+
+
+def _price_item(raw: Any) -> Any:
+    if isinstance(raw, str | bytes):
+        return bounded_json(raw, max_bytes=MAX_PRICE_ITEM_BYTES, max_depth=MAX_PRICE_ITEM_DEPTH)
+    return raw
+
+
 def on_demand_usd(price_list: Iterable[Any]) -> tuple[Decimal, str] | None:
     """The hourly USD price and SKU from Price List items (each a JSON string), or None if none is stated.
 
@@ -310,7 +322,7 @@ def on_demand_usd(price_list: Iterable[Any]) -> tuple[Decimal, str] | None:
     """
     for raw in price_list:
         try:
-            product = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            product = _price_item(raw)
             terms = product.get("terms", {}).get("OnDemand", {})
             sku = str(product.get("product", {}).get("sku", ""))
             for term in terms.values():
@@ -328,7 +340,7 @@ def on_demand_usd_by_type(price_list: Iterable[Any]) -> dict[str, tuple[Decimal,
     prices: dict[str, tuple[Decimal, str]] = {}
     for raw in price_list:
         try:
-            product = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            product = _price_item(raw)
             instance_type = str(product.get("product", {}).get("attributes", {}).get("instanceType", ""))
         except (ValueError, TypeError, AttributeError) as exc:
             raise malformed(f"unreadable Price List item ({exc!r})") from None

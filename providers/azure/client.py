@@ -38,7 +38,20 @@ from azure.mgmt.network import NetworkManagementClient
 from azure.mgmt.network.models import NetworkSecurityGroup
 
 from providers.azure import mapping
+from providers.community.protocol import bounded_json
+from providers.deadline import CALL_DEADLINE_S
 from providers.errors import CredentialsRejected, ProviderError, TransientProviderError
+
+# Bounds on an answer's JSON this module parses itself (the SDK parses the rest), far above a token answer or
+# a Retail Prices page: beyond them an answer is malformed (a ValueError), not a reason to parse without end or
+# to recurse through the stack.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+MAX_ANSWER_DEPTH = 32
+
+
+def _json(response: HttpResponse) -> Any:
+    return bounded_json(response.content, max_bytes=MAX_ANSWER_BYTES, max_depth=MAX_ANSWER_DEPTH)
+
 
 ARM_URL = "https://management.azure.com"
 AUTHORITY_URL = "https://login.microsoftonline.com"
@@ -80,13 +93,25 @@ def _transport(settings: ClientSettings) -> RequestsTransport:
     )
 
 
+def _retries(settings: ClientSettings, wanted: int) -> int:
+    """Retries within one call, no more than fit in ``CALL_DEADLINE_S`` at the per-attempt timeouts. azure-core's
+    own total (the RetryPolicy's ``timeout``, set to the same deadline) is checked only between attempts."""
+    fit = int(CALL_DEADLINE_S // (settings.connect_timeout + settings.read_timeout))
+    return max(0, min(wanted, fit - 1))
+
+
 def _plain_pipeline(base_url: str, settings: ClientSettings, retries: int) -> PipelineClient[HttpRequest, HttpResponse]:
     return PipelineClient(
         base_url=base_url,
         policies=[
             policies.HeadersPolicy(),
             policies.UserAgentPolicy(user_agent="gpu-broker"),
-            policies.RetryPolicy(retry_total=retries, retry_backoff_factor=0.5, retry_backoff_max=10),
+            policies.RetryPolicy(
+                retry_total=_retries(settings, retries),
+                retry_backoff_factor=0.5,
+                retry_backoff_max=10,
+                timeout=CALL_DEADLINE_S,
+            ),
             policies.NetworkTraceLoggingPolicy(),
         ],
         transport=_transport(settings),
@@ -175,7 +200,7 @@ class ClientSecretTokenCredential:
         )
         try:
             response = self._pipeline.send_request(request)
-            body = response.json() if response.content else {}
+            body = _json(response) if response.content else {}
         except (AzureError, ValueError) as exc:
             raise _translate(exc) from exc
         if not isinstance(body, dict):
@@ -266,7 +291,8 @@ class AzureClient:
             settings.subscription_id,
             base_url=settings.arm_url,
             transport=_transport(settings),
-            retry_total=settings.max_attempts - 1,
+            retry_total=_retries(settings, settings.max_attempts - 1),
+            timeout=CALL_DEADLINE_S,
             retry_backoff_factor=0.5,
             retry_backoff_max=10,
             polling_interval=settings.polling_interval,
@@ -280,7 +306,8 @@ class AzureClient:
             self.settings.subscription_id,
             base_url=self.settings.arm_url,
             transport=_transport(self.settings),
-            retry_total=retries,
+            retry_total=_retries(self.settings, retries),
+            timeout=CALL_DEADLINE_S,
             retry_backoff_factor=0.5,
             retry_backoff_max=10,
             polling_interval=self.settings.polling_interval,
@@ -339,7 +366,7 @@ class AzureClient:
                 raise mapping.malformed(f"Retail Prices answered more than {MAX_PRICE_PAGES} pages")
             with _sdk_errors():
                 response = self._prices.send_request(HttpRequest("GET", url))
-                body = response.json() if response.content else None
+                body = _json(response) if response.content else None
             if response.status_code != 200:
                 detail = body.get("Error") or body.get("error") if isinstance(body, dict) else None
                 detail = detail if isinstance(detail, dict) else {}

@@ -6,13 +6,21 @@ agent URL, key id and secret, and its listing (GPUs, price, region, availability
 so the broker's failover and shared blocks treat a busy machine like a sold-out zone; it is sold whole
 (``capacity`` 1, reserved by the broker before launch) on demand at its GPU-hour price, and as interruptible
 ("spot") at its minimum bid when it has one.
+
+Only the machines on sale (verified and online) are offered and searched by order; every machine with an
+agent is still reached to describe and stop the instances it runs. Every agent answer is validated here
+(types, lengths, states) into the DTOs, a ``MalformedProviderResponse`` naming the field otherwise. Option
+(a string, as stored on the account): ``deadline``, the seconds each agent call may take in all (default 15,
+at most 60).
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import ipaddress
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -20,8 +28,14 @@ from typing import Any
 from urllib.parse import quote
 
 from providers.base import ProviderAdapter
-from providers.community.client import PROVIDER, AgentClient
-from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
+from providers.community.client import DEFAULT_DEADLINE_S, PROVIDER, AgentClient, AgentTimeout, AgentUnreachable
+from providers.errors import (
+    CapacityUnavailable,
+    CredentialsRejected,
+    MalformedProviderResponse,
+    ProviderError,
+    ProviderRequestRejected,
+)
 from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
 from providers.sshkeys import KEY_TYPES
@@ -33,6 +47,16 @@ _STATES = {
     "terminated": InstanceState.TERMINATED,
     "failed": InstanceState.FAILED,
 }
+# What an agent's answer may hold, so nothing it sends can overflow a column or surprise a sweep: an
+# instance id fits ``Instance.provider_instance_id`` (128) after the machine's name (60) and a slash, and
+# the SSH host ``Instance.public_ip`` (64).
+_AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_HOSTNAME = re.compile(r"(?=.{1,64}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
+MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 64, 128, 256
+MAX_TOKEN = 64  # ``Attempt.client_token``
+MAX_INSTANCES = 256
+MAX_GPUS = 64
+MAX_DEADLINE_S = 60.0  # whatever the account says: a provisioning worker is never held longer by one call
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,7 @@ class MachineListing:
     price_per_gpu_hour: Decimal
     min_bid_per_gpu_hour: Decimal | None
     availability: list[dict[str, Any]]
+    for_sale: bool = True  # verified and online; a machine out of sale is still reached for its orders
 
     @property
     def instance_type(self) -> str:
@@ -78,6 +103,7 @@ def parse_machines(raw: str) -> list[MachineListing]:
                 if m.get("min_bid_per_gpu_hour") in (None, "")
                 else Decimal(str(m["min_bid_per_gpu_hour"])),
                 availability=list(m.get("availability") or []),
+                for_sale=bool(m.get("for_sale", True)),
             )
             for m in items
         ]
@@ -122,10 +148,14 @@ class CommunityAdapter(ProviderAdapter):
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
         self.machines = {m.name: m for m in parse_machines(credentials.values.get("machines", "[]"))}
-        self._timeout = option_number(self.options, "read_timeout", 10.0)
+        # One deadline per agent call, connect to last byte: a silent agent costs this, then fails over.
+        self._deadline = min(option_number(self.options, "deadline", DEFAULT_DEADLINE_S), MAX_DEADLINE_S)
 
     def _client(self, machine: MachineListing) -> AgentClient:
-        return AgentClient(machine.url, machine.key_id, machine.secret, timeout=self._timeout)
+        return AgentClient(machine.url, machine.key_id, machine.secret, deadline=self._deadline)
+
+    def _on_sale(self) -> list[MachineListing]:
+        return sorted((m for m in self.machines.values() if m.for_sale), key=lambda m: m.name)
 
     def _machine(self, zone: str) -> MachineListing:
         machine = self.machines.get(zone)
@@ -136,24 +166,26 @@ class CommunityAdapter(ProviderAdapter):
         return machine
 
     def check_credentials(self) -> None:
-        """Each machine's agent answers a signed status request (an account with no machines passes)."""
-        for machine in self.machines.values():
-            self._client(machine).call("GET", "/v1/status")
+        """Each machine on sale answers a signed status request (an account with none passes)."""
+        for machine in self._on_sale():
+            _status(self._client(machine).call("GET", "/v1/status"))
 
     def list_offers(self) -> list[OfferQuote]:
         """A quote per machine that is inside an availability window and whose agent answers with all its GPUs
         present and free. A machine that does not answer is left out, not an error: the others still sell."""
         now = dt.datetime.now(dt.UTC)
         offers: list[OfferQuote] = []
-        for machine in sorted(self.machines.values(), key=lambda m: m.name):
-            if not available_now(machine.availability, now):
-                continue
+        for machine in self._on_sale():
             try:
-                status = self._client(machine).call("GET", "/v1/status")
+                if not available_now(machine.availability, now):
+                    continue
+            except (ValueError, TypeError, AttributeError):
+                continue  # windows the broker cannot read: this machine is not offered, the others are
+            try:
+                gpus_found, gpus_free = _status(self._client(machine).call("GET", "/v1/status"))
             except ProviderError:
                 continue
-            found = (status.get("hardware") or {}).get("gpus") or []
-            if len(found) < machine.gpu_count or int(status.get("gpus_free", 0)) < machine.gpu_count:
+            if gpus_found < machine.gpu_count or gpus_free < machine.gpu_count:
                 continue
             offers.extend(self._quotes(machine))
         return offers
@@ -185,6 +217,11 @@ class CommunityAdapter(ProviderAdapter):
         """``POST /v1/instances`` on the machine named by ``spec.zone``, idempotent on the client token. With a
         boot, the request carries the boot script (base64), from which the host agent starts the lease."""
         machine = self._machine(spec.zone)
+        if not machine.for_sale:
+            # Its offer may outlive it until the next sync: a machine out of sale takes no new launch.
+            raise CapacityUnavailable(
+                f"machine {machine.name} is not on sale now", code="machine_off_sale", provider=PROVIDER
+            )
         body: dict[str, Any] = {
             "client_token": spec.client_token,
             "order_ref": spec.order_ref,
@@ -195,7 +232,12 @@ class CommunityAdapter(ProviderAdapter):
         script = self.user_data(spec)
         if script is not None:
             body["boot"] = base64.b64encode(script).decode()
-        answer = self._client(machine).call("POST", "/v1/instances", body)
+        try:
+            answer = self._client(machine).call("POST", "/v1/instances", body)
+        except (AgentTimeout, AgentUnreachable) as exc:
+            # A machine that does not answer is as good as a sold-out zone: fail over now rather than retry it
+            # for minutes. Should it have launched after all, the reconciler finds and stops that instance.
+            raise CapacityUnavailable(exc.message, code=exc.code, provider=PROVIDER) from None
         return self._handle(machine, answer)
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
@@ -208,9 +250,14 @@ class CommunityAdapter(ProviderAdapter):
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         found: list[InstanceHandle] = []
-        for machine in self.machines.values():
+        for machine in self._on_sale():
             answer = self._client(machine).call("GET", f"/v1/instances?order_ref={quote(order_ref)}")
-            found.extend(self._handle(machine, item) for item in answer.get("instances") or [])
+            items = answer.get("instances")
+            if items is None:
+                items = []
+            if not isinstance(items, list) or len(items) > MAX_INSTANCES:
+                raise _malformed("instances", f"expected a list of at most {MAX_INSTANCES}")
+            found.extend(self._handle(machine, item) for item in items)
         return sorted(found, key=lambda h: h.instance_id)
 
     def _split(self, instance_id: str) -> tuple[MachineListing, str]:
@@ -218,19 +265,92 @@ class CommunityAdapter(ProviderAdapter):
         return self._machine(machine_name), agent_id
 
     @staticmethod
-    def _handle(machine: MachineListing, item: dict[str, Any]) -> InstanceHandle:
-        try:
-            state = _STATES.get(str(item["state"]), InstanceState.UNKNOWN)
-            agent_id = str(item["id"])
-        except KeyError as exc:
-            raise ProviderRequestRejected(f"the agent's instance lacks {exc}", provider=PROVIDER) from None
+    def _handle(machine: MachineListing, item: Any) -> InstanceHandle:
+        """The agent's instance, validated field by field; ``MalformedProviderResponse`` names the first
+        field out of shape."""
+        if not isinstance(item, dict):
+            raise _malformed("instance", "expected an object")
+        agent_id = item.get("id")
+        if not isinstance(agent_id, str) or not _AGENT_ID.fullmatch(agent_id):
+            raise _malformed("instance.id", "expected 1 to 64 letters, digits, dots, dashes or underscores")
+        state = item.get("state")
+        if not isinstance(state, str) or state not in _STATES:
+            raise _malformed("instance.state", f"expected one of {', '.join(_STATES)}")
+        for name in ("client_token", "order_ref"):
+            value = item.get(name)
+            if value is not None and (not isinstance(value, str) or len(value) > MAX_TOKEN):
+                raise _malformed(f"instance.{name}", f"expected text of at most {MAX_TOKEN} characters")
+        gpus = item.get("gpus")
+        if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= 1024):
+            raise _malformed("instance.gpus", "expected a whole number from 0 to 1024")
+        ssh = item.get("ssh")
+        host = _ssh_host(ssh)
         return InstanceHandle(
             instance_id=f"{machine.name}/{agent_id}",
             region=machine.region,
             zone=machine.name,
             instance_type=machine.instance_type,
-            state=state,
-            public_ip=str(item.get("ssh") or "").rsplit(":", 1)[0] or None,
-            tags={str(k): str(v) for k, v in (item.get("tags") or {}).items()},
-            extra={"ssh": item.get("ssh"), "client_token": item.get("client_token")},
+            state=_STATES[state],
+            public_ip=host,
+            tags=_tags(item.get("tags")),
+            extra={"ssh": ssh or None, "client_token": item.get("client_token")},
         )
+
+
+def _malformed(field: str, why: str) -> MalformedProviderResponse:
+    return MalformedProviderResponse(
+        f"the machine's agent answered a malformed {field}: {why}", code="agent_malformed", provider=PROVIDER
+    )
+
+
+def _status(answer: dict[str, Any]) -> tuple[int, int]:
+    """(GPUs present, GPUs free) from a ``/v1/status`` answer, validated."""
+    hardware = answer.get("hardware")
+    hardware = {} if hardware is None else hardware
+    if not isinstance(hardware, dict):
+        raise _malformed("hardware", "expected an object")
+    gpus = hardware.get("gpus")
+    gpus = [] if gpus is None else gpus
+    if not isinstance(gpus, list) or len(gpus) > MAX_GPUS or not all(isinstance(g, dict) for g in gpus):
+        raise _malformed("hardware.gpus", f"expected a list of at most {MAX_GPUS} objects")
+    free = answer.get("gpus_free", 0)
+    if not isinstance(free, int) or isinstance(free, bool) or not 0 <= free <= MAX_GPUS:
+        raise _malformed("gpus_free", f"expected a whole number from 0 to {MAX_GPUS}")
+    return len(gpus), free
+
+
+def _tags(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_TAGS:
+        raise _malformed("instance.tags", f"expected an object of at most {MAX_TAGS} entries")
+    for key, value in raw.items():
+        if not isinstance(value, str) or len(key) > MAX_TAG_KEY or len(value) > MAX_TAG_VALUE:
+            raise _malformed(
+                "instance.tags", f"expected text keys of at most {MAX_TAG_KEY} and values of {MAX_TAG_VALUE}"
+            )
+    return dict(raw)
+
+
+def _ssh_host(raw: Any) -> str | None:
+    """The host of an ``ssh`` value ``host:port`` (an IP address or a DNS name of at most 64 characters)."""
+    if raw is None or raw == "":
+        return None
+    why = "expected host:port with an IP address or a DNS name of at most 64 characters"
+    if not isinstance(raw, str) or len(raw) > 80:
+        raise _malformed("instance.ssh", why)
+    host, _, port = raw.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _malformed("instance.ssh", why)
+    try:
+        address = str(ipaddress.ip_address(host))
+    except ValueError:
+        address = ""
+    if address:
+        if len(address) > 64:
+            raise _malformed("instance.ssh", why)
+        return address
+    if not _HOSTNAME.fullmatch(host):
+        raise _malformed("instance.ssh", why)
+    return host

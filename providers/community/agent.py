@@ -94,7 +94,8 @@ def read_nvidia_smi() -> tuple[list[Gpu], list[dict[str, Any]]]:
         [binary, f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
     )
     if out.returncode != 0:
-        raise RuntimeError(f"nvidia-smi failed: {out.stderr.strip()[:200]}")
+        # On one line: the broker refuses a self-test whose text holds control characters such as newlines.
+        raise RuntimeError(f"nvidia-smi failed: {' '.join(out.stderr.split())[:200]}")
     gpus, telemetry = [], []
     for index, line in enumerate(out.stdout.strip().splitlines()):
         name, total, util, temp, power, used = (part.strip() for part in line.split(","))
@@ -204,6 +205,10 @@ class Agent:
                     self.register()
                     registered = True
                 self.heartbeat()
+            except urllib.error.HTTPError as exc:
+                log.warning("the broker refused: HTTP %s", exc.code)
+                # Too many heartbeats (429) is no reason to register again; any other refusal may be.
+                registered = registered and exc.code == 429
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 log.warning("broker unreachable or refused: %s", exc)
                 registered = False

@@ -1,6 +1,8 @@
 """The broker's end of the host agent protocol: ``/agent/v1/register`` and ``/agent/v1/heartbeat``.
 
-Plain Django views (no session, no CSRF: every request is HMAC-signed by the machine's agent instead).
+Plain Django views (no session, no CSRF: every request is HMAC-signed by the machine's agent instead). A body
+over the endpoint's bound is refused (413 ``too_large``) before it is read or hashed; heartbeats beyond the
+per-machine rate are refused (429 ``too_many_heartbeats``); both in the protocol's ``{"code", "message"}``.
 """
 
 from __future__ import annotations
@@ -13,17 +15,33 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from providers.community import protocol
-from providers.community.services import authenticate, machine_heartbeat, machine_register
+from providers.community.services import (
+    HeartbeatRefused,
+    MachineInvalid,
+    authenticate,
+    machine_heartbeat,
+    machine_register,
+)
+
+# A heartbeat of 64 GPUs' samples is under 10 KiB; a registration carries the hardware and the self-test.
+MAX_HEARTBEAT_BODY = 16 * 1024
+MAX_REGISTER_BODY = 64 * 1024
+MAX_GPUS = 64
+SAMPLE_KEYS = ("index", "utilization_pct", "temperature_c", "power_w", "memory_used_gb")
 
 
-def _signed_json(request: HttpRequest) -> tuple[Any, dict[str, Any]] | JsonResponse:
+def _signed_json(request: HttpRequest, max_bytes: int) -> tuple[Any, dict[str, Any]] | JsonResponse:
+    declared = request.headers.get("Content-Length") or "0"
+    if not declared.isdigit() or len(declared) > 9 or int(declared) > max_bytes:
+        # Refused before anything reads or hashes it.
+        return JsonResponse({"code": "too_large", "message": f"the body is larger than {max_bytes} bytes"}, status=413)
     body = request.body
     try:
         machine = authenticate(request.headers, request.method or "POST", request.get_full_path(), body)
     except protocol.Rejected as exc:
         return JsonResponse({"code": exc.code, "message": exc.message}, status=401)
     try:
-        payload = protocol.bounded_json(body)
+        payload = protocol.bounded_json(body, max_bytes=max_bytes)
     except ValueError as exc:
         return JsonResponse({"code": "invalid", "message": f"the body is not acceptable JSON: {exc}"}, status=400)
     if not isinstance(payload, dict):
@@ -34,17 +52,20 @@ def _signed_json(request: HttpRequest) -> tuple[Any, dict[str, Any]] | JsonRespo
 @csrf_exempt
 @require_POST
 def register(request: HttpRequest) -> JsonResponse:
-    checked = _signed_json(request)
+    checked = _signed_json(request, MAX_REGISTER_BODY)
     if isinstance(checked, JsonResponse):
         return checked
     machine, payload = checked
-    url = str(payload.get("agent_url") or "")
-    if not url.startswith(("http://", "https://")):
+    url = payload.get("agent_url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         return JsonResponse({"code": "invalid", "message": "agent_url: an http(s) URL is required"}, status=400)
     hardware, self_test = payload.get("hardware"), payload.get("self_test")
     hardware = hardware if isinstance(hardware, dict) else {}
     self_test = self_test if isinstance(self_test, dict) else {}
-    machine = machine_register(machine=machine, agent_url=url, hardware=hardware, self_test=self_test)
+    try:
+        machine = machine_register(machine=machine, agent_url=url, hardware=hardware, self_test=self_test)
+    except MachineInvalid as exc:
+        return JsonResponse({"code": "invalid", "message": str(exc)}, status=400)
     return JsonResponse(
         {"machine": machine.name, "state": machine.state, "self_test_ok": machine.self_test_ok,
          "problem": machine.self_test.get("problem", ""), "heartbeat_s": protocol.HEARTBEAT_S}
@@ -54,15 +75,25 @@ def register(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 @require_POST
 def heartbeat(request: HttpRequest) -> JsonResponse:
-    checked = _signed_json(request)
+    checked = _signed_json(request, MAX_HEARTBEAT_BODY)
     if isinstance(checked, JsonResponse):
         return checked
     machine, payload = checked
     gpus = payload.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-        return JsonResponse({"code": "invalid", "message": "gpus: a list of per-GPU objects is required"}, status=400)
+    if not isinstance(gpus, list) or len(gpus) > MAX_GPUS or not all(isinstance(g, dict) for g in gpus):
+        return JsonResponse(
+            {"code": "invalid", "message": f"gpus: a list of at most {MAX_GPUS} per-GPU objects is required"},
+            status=400,
+        )
+    # Only the sample's own fields are kept: anything else an agent adds would only take room.
+    gpus = [{key: g[key] for key in SAMPLE_KEYS if key in g} for g in gpus]
     instances = payload.get("instances", 0)
-    beat = machine_heartbeat(machine=machine, gpus=gpus, instances=instances if isinstance(instances, int) else 0)
+    if not isinstance(instances, int) or isinstance(instances, bool) or not 0 <= instances <= 1024:
+        instances = 0
+    try:
+        beat = machine_heartbeat(machine=machine, gpus=gpus, instances=instances)
+    except HeartbeatRefused as exc:
+        return JsonResponse({"code": exc.code, "message": exc.message}, status=exc.status)
     return JsonResponse({"machine": machine.name, "at": beat.at.isoformat()})
 
 

@@ -1,18 +1,34 @@
 """Signed HTTP calls from the broker to one machine's host agent; the only place agent HTTP is spoken.
 
-Errors become the broker's classes: unreachable or 5xx -> ``TransientProviderError``; 401 ->
-``CredentialsRejected``; 409 ``no_capacity`` -> ``CapacityUnavailable``; 404 and other 4xx ->
-``ProviderRequestRejected``; a body that is not the protocol's JSON -> ``MalformedProviderResponse``.
+A seller chooses the agent's URL, so every call is held to the rules of ``providers.endpoints`` at the moment
+it connects: the host is resolved once, every address it resolves to must be allowed
+(``settings.PROVIDER_ENDPOINTS``), and the connection goes to one of those checked addresses, so a name
+that answers differently the second time (DNS rebinding) cannot lead the broker into its own network.
+Redirects are never followed. Each call has one total deadline (connect, send, every read of the answer):
+a watchdog cuts the socket when it passes, so an agent that never answers, or trickles, costs at most that.
+
+Errors become the broker's classes, worded by the broker (an agent's own text goes to the log, never to a
+buyer): unreachable -> ``AgentUnreachable``, past the deadline -> ``AgentTimeout`` (both transient); an
+address the rules refuse, a redirect, 404 and other 4xx -> ``ProviderRequestRejected``; 401 ->
+``CredentialsRejected``; 409 ``no_capacity`` -> ``CapacityUnavailable``; 5xx and 429 ->
+``TransientProviderError``; an answer that is not the protocol's bounded JSON object ->
+``MalformedProviderResponse``.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
-import urllib.request
+import logging
+import socket
+import ssl
+import threading
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from providers.community import protocol
+from providers.endpoints import address_allowed
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -23,52 +39,221 @@ from providers.errors import (
 )
 
 PROVIDER = "community"
+DEFAULT_DEADLINE_S = 15.0
+MAX_ANSWER_BYTES = protocol.MAX_JSON_BYTES
+# The error codes the protocol defines; any other code an agent names is reported as ``agent_error``.
+KNOWN_CODES = frozenset({"no_capacity", "not_found", "invalid", "bad_signature", "stale", "replayed", "unknown_key"})
+
+log = logging.getLogger("providers.community.client")
+
+
+class AgentUnreachable(TransientProviderError):
+    """The agent's address could not be connected to (refused, reset, no route, a name that does not resolve)."""
+
+
+class AgentTimeout(TransientProviderError):
+    """The agent did not finish answering within the call's deadline."""
+
+
+class _Refused(Exception):
+    """The agent's address is one the broker may not connect to."""
 
 
 class AgentClient:
-    def __init__(self, url: str, key_id: str, secret: str, *, timeout: float = 10.0):
+    """Calls to one agent. ``deadline`` bounds each call from the first connect to the last byte read."""
+
+    def __init__(self, url: str, key_id: str, secret: str, *, deadline: float = DEFAULT_DEADLINE_S):
         self.url = url.rstrip("/")
         self.key_id = key_id
         self.secret = secret
-        self.timeout = timeout
+        self.deadline = deadline
 
     def call(self, method: str, target: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One signed request; ``target`` is the path and query. Returns the JSON answer."""
+        """One signed request; ``target`` is the path and query. Returns the answer's JSON object."""
         if not self.url:
-            raise TransientProviderError("the machine's agent has not registered yet", provider=PROVIDER)
-        body = b"" if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json", **protocol.sign(self.key_id, self.secret, method, target, body)}
-        request = urllib.request.Request(  # noqa: S310 - the agent URL the machine registered
-            self.url + target, data=body if payload is not None else None, headers=headers, method=method
-        )
+            raise AgentUnreachable("the machine's agent has not registered yet", code="agent_unregistered",
+                                   provider=PROVIDER)  # fmt: skip
+        body = None if payload is None else json.dumps(payload).encode()
+        headers = {
+            "Content-Type": "application/json",
+            **protocol.sign(self.key_id, self.secret, method, target, body or b""),
+        }
+        deadline = time.monotonic() + self.deadline
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raise _error(exc.code, exc.read()) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise TransientProviderError(f"agent at {self.url} unreachable: {exc}", provider=PROVIDER) from None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise MalformedProviderResponse(
-                "the agent answered something that is not JSON", provider=PROVIDER
+            status, raw = self._exchange(method, target, body, headers, deadline)
+        except _Refused as exc:
+            log.warning("agent %s refused: %s", self.key_id, exc)
+            raise ProviderRequestRejected(
+                "the machine's agent address is not one the broker connects to",
+                code="agent_address_refused",
+                provider=PROVIDER,
             ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            log.info("agent %s: %s %s failed: %r", self.key_id, method, target, exc)
+            if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
+                raise AgentTimeout(
+                    f"the machine's agent did not answer within {self.deadline:g} s",
+                    code="agent_timeout",
+                    provider=PROVIDER,
+                ) from None
+            if isinstance(exc, OSError):
+                raise AgentUnreachable(
+                    "the machine's agent could not be reached", code="agent_unreachable", provider=PROVIDER
+                ) from None
+            raise MalformedProviderResponse(
+                "the machine's agent answered something that is not HTTP", code="agent_malformed", provider=PROVIDER
+            ) from None
+        if 300 <= status < 400:
+            raise ProviderRequestRejected(
+                f"the machine's agent answered a redirect (HTTP {status}), which the broker does not follow",
+                code="agent_redirect",
+                provider=PROVIDER,
+                http_status=status,
+            )
+        if status >= 400:
+            raise self._error(status, raw)
+        data = _parse(raw)
         if not isinstance(data, dict):
-            raise MalformedProviderResponse("the agent answered JSON that is not an object", provider=PROVIDER)
+            raise MalformedProviderResponse(
+                "the machine's agent answered JSON that is not an object", code="agent_malformed", provider=PROVIDER
+            )
         return data
 
+    def _exchange(
+        self, method: str, target: str, body: bytes | None, headers: dict[str, str], deadline: float
+    ) -> tuple[int, bytes]:
+        """Connect to a checked address, send, and read at most ``MAX_ANSWER_BYTES + 1`` of the answer, all
+        before ``deadline`` (``time.monotonic``). Raises ``_Refused``, ``OSError`` or ``HTTPException``."""
+        try:
+            parts = urlsplit(self.url)
+            https = parts.scheme == "https"
+            host, port = parts.hostname or "", parts.port or (443 if https else 80)
+        except ValueError as exc:
+            raise _Refused(f"the agent URL is malformed: {exc}") from None
+        sock = _connect(host, port, deadline)
+        live = [sock]  # the socket in use: TLS wraps it into a new one
+        # The watchdog ends a call that is still reading at the deadline, however slowly the bytes come.
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _cut, (live,))
+        watchdog.daemon = True
+        watchdog.start()
+        connection: http.client.HTTPConnection | None = None
+        try:
+            if https:
+                context = ssl.create_default_context()
+                connection = http.client.HTTPSConnection(host, port, context=context)
+                connection.sock = live[0] = context.wrap_socket(sock, server_hostname=host)
+            else:
+                connection = http.client.HTTPConnection(host, port)
+                connection.sock = sock
+            connection.request(method, target, body=body, headers=headers)
+            response = connection.getresponse()
+            raw = response.read(MAX_ANSWER_BYTES + 1)
+            if time.monotonic() >= deadline:
+                raise TimeoutError("the deadline passed while reading")
+            return response.status, raw
+        finally:
+            watchdog.cancel()
+            if connection is not None:
+                connection.close()
+            sock.close()
 
-def _error(status: int, raw: bytes) -> ProviderError:
+    def _error(self, status: int, raw: bytes) -> ProviderError:
+        try:
+            answer = _parse(raw)
+            code, message = str(answer.get("code", ""))[:64], str(answer.get("message", ""))[:200]
+        except (MalformedProviderResponse, AttributeError):
+            code, message = "", ""
+        log.info("agent %s answered HTTP %s: code=%r message=%r", self.key_id, status, code, message)
+        code = code if code in KNOWN_CODES else "agent_error"
+        if status == 401:
+            return CredentialsRejected(
+                "the machine's agent refused the broker's signature", code=code, provider=PROVIDER, http_status=status
+            )
+        if status == 409 and code == "no_capacity":
+            return CapacityUnavailable("the machine's GPUs are taken", code=code, provider=PROVIDER, http_status=status)
+        if status >= 500 or status == 429:
+            return TransientProviderError(
+                f"the machine's agent failed (HTTP {status})", code=code, provider=PROVIDER, http_status=status
+            )
+        return ProviderRequestRejected(
+            f"the machine's agent refused the request (HTTP {status})", code=code, provider=PROVIDER, http_status=status
+        )
+
+
+def _parse(raw: bytes) -> Any:
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise MalformedProviderResponse(
+            f"the machine's agent answered more than {MAX_ANSWER_BYTES} bytes",
+            code="agent_malformed",
+            provider=PROVIDER,
+        )
     try:
-        body = json.loads(raw)
-        code, message = str(body.get("code", "")), str(body.get("message", ""))
-    except (ValueError, AttributeError):
-        code, message = "", raw[:200].decode("utf-8", "replace")
-    if status == 401:
-        return CredentialsRejected(message or "the agent refused the signature", code=code, provider=PROVIDER)
-    if status == 409 and code == "no_capacity":
-        return CapacityUnavailable(message, code=code, provider=PROVIDER, http_status=status)
-    if status >= 500 or status == 429:
-        return TransientProviderError(message, code=code, provider=PROVIDER, http_status=status)
-    return ProviderRequestRejected(message or f"HTTP {status}", code=code, provider=PROVIDER, http_status=status)
+        return protocol.bounded_json(raw, max_bytes=MAX_ANSWER_BYTES)
+    except (ValueError, RecursionError):
+        raise MalformedProviderResponse(
+            "the machine's agent answered something that is not the protocol's JSON",
+            code="agent_malformed",
+            provider=PROVIDER,
+        ) from None
+
+
+def _connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A socket connected to one of ``host``'s addresses, every one of which the endpoint rules allow."""
+    if not host:
+        raise _Refused("the agent URL has no host")
+    infos = _resolve(host, port, deadline)
+    addresses = sorted({str(info[4][0]) for info in infos})
+    refused = [a for a in addresses if not address_allowed(a)]
+    if refused or not addresses:
+        raise _Refused(f"{host} resolves to {', '.join(refused) or 'nothing'}")
+    failure: OSError = OSError(f"no address of {host} answered")
+    for family, kind, proto, _, address in infos:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the deadline passed while connecting")
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(remaining)
+        try:
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        # Judged again by the peer the kernel connected to, not by the name.
+        if not address_allowed(str(sock.getpeername()[0])):
+            sock.close()
+            raise _Refused(f"{host} connected to a refused address")
+        return sock
+    raise failure
+
+
+def _resolve(host: str, port: int, deadline: float) -> list[Any]:
+    """``getaddrinfo`` within the deadline: the seller may run the name's DNS server, and the resolver's own
+    timeouts are the system's. A lookup still running at the deadline is left to finish in its thread."""
+    found: list[Any] = []
+    failure: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as exc:
+            failure.append(exc)
+
+    resolver = threading.Thread(target=lookup, name="agent-dns", daemon=True)
+    resolver.start()
+    resolver.join(max(0.0, deadline - time.monotonic()))
+    if resolver.is_alive():
+        raise TimeoutError(f"resolving {host[:64]} took past the deadline")
+    if failure and isinstance(failure[0], UnicodeError):
+        raise _Refused(f"the host name {host[:64]!r} cannot be encoded")
+    if failure:
+        raise failure[0]
+    return found
+
+
+def _cut(live: list[socket.socket]) -> None:
+    """Shut the socket down under a blocked read or write, which then returns at once."""
+    try:
+        socket.socket.shutdown(live[0], socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: the call ended by itself

@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
+import operator
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -130,30 +133,83 @@ def check(
 MAX_JSON_BYTES = 256 * 1024
 MAX_JSON_DEPTH = 16
 
+# A JSON string (RFC 8259 section 7): a quote, then runs of anything but quote and backslash, each escape a
+# backslash and one character. Unrolled, and the closing quote optional (an unclosed string runs to the end,
+# which the parser refuses anyway), so no match ever fails and backtracks: linear on any input.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEPS = str.maketrans({"[": "\x02", "{": "\x02", "]": "\x00", "}": "\x00"})
 
-def bounded_json(body: bytes, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """``json.loads`` for bodies from the other side, refusing (``ValueError``) more than ``max_bytes`` or
-    nesting deeper than ``max_depth`` before the parser sees them: a body nested a hundred thousand deep
-    would otherwise take the parser through the stack. The depth is counted on the raw bytes, skipping
-    brackets inside strings."""
+
+def json_depth(text: str) -> int:
+    """How deep ``text``'s brackets nest outside strings: 0 for a scalar, 1 for ``[]``. Linear and in C but
+    for one ``max`` over the brackets, so a megabyte of brackets takes milliseconds."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if not brackets:
+        return 0
+    # Each opening bracket is 2 and each closing one 0, so the running sum minus the position is the depth.
+    steps = brackets.translate(_STEPS).encode("latin-1")
+    return max(map(operator.sub, itertools.accumulate(steps), itertools.count(1)))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 section 6)")
+
+
+def bounded_json(body: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for bodies from the other side, refusing (``ValueError``, naming the limit) more than
+    ``max_bytes`` (characters, for text) or nesting deeper than ``max_depth`` before the parser sees them: a
+    body nested a hundred thousand deep would otherwise take the parser through the stack. ``NaN`` and
+    ``Infinity``, which Python's parser accepts but JSON does not have, are refused too. An empty body is
+    ``{}``."""
     if len(body) > max_bytes:
-        raise ValueError(f"the body is {len(body)} bytes; at most {max_bytes} are read")
-    depth = 0
-    in_string = escaped = False
-    for byte in body:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > max_depth:
-                raise ValueError(f"the body nests deeper than {max_depth} levels")
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return json.loads(body or b"{}")
+        unit = "characters" if isinstance(body, str) else "bytes"
+        raise ValueError(f"the body is {len(body)} {unit}; at most {max_bytes} are read")
+    if isinstance(body, bytes | bytearray):
+        # As json.loads reads bytes: UTF-8, -16 or -32 by the first bytes (RFC 8259 section 8.1 asks for UTF-8).
+        body = bytes(body).decode(json.detect_encoding(body), "surrogatepass")
+    depth = json_depth(body)
+    if depth > max_depth:
+        raise ValueError(f"the body nests deeper than {max_depth} levels: {depth}")
+    return json.loads(body or "{}", parse_constant=_no_constant)
+
+
+# What one GPU can report (per GPU, as nvidia-smi does): a busy share, a die temperature a GPU reaches before
+# it shuts itself down (NVIDIA's slowdown and shutdown points are around 90 and 100 degrees C), a board power
+# above any accelerator's (H100 SXM 700 W, B200 1,000 W) but within reach, and memory no larger than any GPU
+# carries. Anything else is a broken sensor or a lying agent, and would be shown to buyers and providers.
+TELEMETRY_BOUNDS: dict[str, tuple[float, float]] = {
+    "utilization_pct": (0.0, 100.0),
+    "temperature_c": (0.0, 130.0),
+    "power_w": (0.0, 2000.0),
+    "memory_used_gb": (0.0, 512.0),
+}
+MAX_GPU_INDEX = 1023
+# Memory is reported in GiB (MiB / 1024) and listed in GB: a GPU's own memory with this slack.
+GPU_MEMORY_SLACK = 1.1
+
+
+def telemetry_check(sample: Any, *, memory_gb: float | None = None, required: bool = True) -> dict[str, Any]:
+    """One GPU's telemetry sample as the broker keeps it: ``index`` and the figures of ``TELEMETRY_BOUNDS``,
+    each a finite number (not a bool, not text) within its bounds, memory also within ``memory_gb`` (the
+    GPU's, when known). With ``required`` every figure must be there; else missing ones stay missing (an
+    agent without a power sensor). ``ValueError`` naming the field and the range on anything else."""
+    if not isinstance(sample, dict):
+        raise ValueError("gpus: each sample must be a JSON object")
+    kept: dict[str, Any] = {}
+    index = sample.get("index")
+    if index is not None or required:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_GPU_INDEX:
+            raise ValueError(f"gpus.index: a whole number from 0 to {MAX_GPU_INDEX}")
+        kept["index"] = index
+    for name, (low, high) in TELEMETRY_BOUNDS.items():
+        if name == "memory_used_gb" and memory_gb is not None:
+            high = min(high, round(memory_gb * GPU_MEMORY_SLACK, 2))
+        value = sample.get(name)
+        if value is None and not required:
+            continue
+        # Comparisons are False for NaN, so a NaN fails the range check too.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise ValueError(f"gpus.{name}: a number from {low:g} to {high:g}, not {str(value)[:32]!r}")
+        kept[name] = round(float(value), 2)
+    return kept

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from providers.base import ProviderAdapter, quota_refuse_short
+from providers.community.protocol import bounded_json
+from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
 from providers.gcp import mapping
 from providers.gcp.client import (
@@ -31,10 +32,10 @@ def _service_account_info(credentials: Credentials) -> dict[str, Any]:
     if not raw:
         raise CredentialsRejected("service_account_json is required", code="invalid_key", provider=mapping.PROVIDER)
     try:
-        info = json.loads(raw)
-    except ValueError:
+        info = bounded_json(raw, max_bytes=KEY_MAX_BYTES, max_depth=KEY_MAX_DEPTH)
+    except ValueError as exc:
         raise CredentialsRejected(
-            "service_account_json is not JSON", code="invalid_key", provider=mapping.PROVIDER
+            f"service_account_json is not a key's JSON: {exc}", code="invalid_key", provider=mapping.PROVIDER
         ) from None
     if not isinstance(info, dict) or info.get("type", "service_account") != "service_account":
         raise CredentialsRejected(

@@ -26,6 +26,7 @@ from google.oauth2 import service_account
 from google.protobuf import json_format
 from google.protobuf import message as protobuf_message
 
+from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected, TransientProviderError
 from providers.gcp import mapping
 
@@ -54,6 +55,7 @@ class ClientSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     page_size: int = DEFAULT_PAGE_SIZE
     retry_backoff: float = BACKOFF_SECONDS
+    call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
 
 
 class _HttpTimeout:
@@ -174,7 +176,10 @@ class GcpClient:
             return client
 
     def _read(self, call: Callable[[], T]) -> T:
-        """``call`` with SDK errors translated, retried on transient errors with capped exponential backoff."""
+        """``call`` with SDK errors translated, retried on transient errors with capped exponential backoff while
+        a retry still ends within the call's deadline (``providers.deadline``)."""
+        s = self.settings
+        deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
         attempt = 0
         while True:
             attempt += 1
@@ -182,9 +187,10 @@ class GcpClient:
                 with _sdk_errors():
                     return call()
             except TransientProviderError:
-                if attempt >= self.settings.max_attempts:
+                delay = min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1))
+                if attempt >= self.settings.max_attempts or not deadline.allows_retry(delay):
                     raise
-                time.sleep(min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1)))
+                time.sleep(delay)
 
     def _call_options(self) -> dict[str, Any]:
         # retry=None: the SDK's default retry (up to 600 s for aggregated lists) would hide outages from the broker.

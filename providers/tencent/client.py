@@ -26,6 +26,7 @@ from tencentcloud.cvm.v20170312 import models as cvm_models
 from tencentcloud.vpc.v20170312 import models as vpc_models
 from tencentcloud.vpc.v20170312 import vpc_client
 
+from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected, TransientProviderError
 from providers.tencent import mapping
 
@@ -55,6 +56,7 @@ class ClientSettings:
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
 
 
 def split_endpoint(endpoint_url: str | None) -> tuple[str, str | None]:
@@ -136,15 +138,19 @@ class TencentClient:
     def call(
         self, region: str, action: str, params: dict[str, Any] | None = None, *, service: str = CVM
     ) -> dict[str, Any]:
-        """One read (or a safely repeatable write such as TerminateInstances), retried when transient."""
+        """One read (or a safely repeatable write such as TerminateInstances), retried when transient and while a
+        retry still ends within the call's deadline (``providers.deadline``)."""
+        s = self.settings
+        deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
         attempt = 1
         while True:
             try:
                 return self._once(region, action, dict(params or {}), service)
             except TransientProviderError:
-                if attempt >= self.settings.max_attempts:
+                delay = min(MAX_RETRY_SLEEP, self.settings.retry_backoff * 2 ** (attempt - 1))
+                if attempt >= self.settings.max_attempts or not deadline.allows_retry(delay):
                     raise
-            self._sleep(min(MAX_RETRY_SLEEP, self.settings.retry_backoff * 2 ** (attempt - 1)))
+            self._sleep(delay)
             attempt += 1
 
     def pages(

@@ -80,11 +80,11 @@ def _post(client: Client, path: str, payload: dict, key_id: str, secret: str, **
 def test_an_agent_registers_with_a_self_test_and_heartbeats(client, listed):
     machine, secret = listed.machine, listed.secret
     self_test = {"ok": True, "gpus": [{"model": "H100 80GB HBM3", "memory_gb": 80}] * 8, "driver": "550.54"}
-    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070",
+    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://127.0.0.1:7070",
                          "hardware": {}, "self_test": self_test}, machine.key_id, secret)  # fmt: skip
     assert answer.status_code == 200 and answer.json()["self_test_ok"] is True
     machine.refresh_from_db()
-    assert (machine.agent_url, machine.online, machine.state) == ("http://10.0.0.7:7070", True, MachineState.PENDING)
+    assert (machine.agent_url, machine.online, machine.state) == ("http://127.0.0.1:7070", True, MachineState.PENDING)
 
     gpus = [{"index": i, "utilization_pct": 90, "temperature_c": 60 + i, "power_w": 600} for i in range(8)]
     beat, _, _ = _post(client, "/agent/v1/heartbeat", {"gpus": gpus, "instances": 1}, machine.key_id, secret)
@@ -95,10 +95,27 @@ def test_an_agent_registers_with_a_self_test_and_heartbeats(client, listed):
 
 def test_a_self_test_that_does_not_match_the_listing_is_flagged(client, listed):
     found = {"ok": True, "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}] * 8}
-    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070", "self_test": found},
+    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://127.0.0.1:7070", "self_test": found},
                          listed.machine.key_id, listed.secret)  # fmt: skip
     assert answer.json()["self_test_ok"] is False
     assert "8x H100-SXM5, the agent found 0" in answer.json()["problem"]
+
+
+def test_the_reference_agents_failed_self_test_is_one_line_the_broker_keeps(client, listed, tmp_path, monkeypatch):
+    # A driver that fails as nvidia-smi does, its complaint over several lines: the broker refuses control
+    # characters (newlines among them) in what an agent reports, so the agent sends the complaint on one line.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf 'NVIDIA-SMI has failed\\n\\tMake sure the driver is loaded.\\n' >&2\nexit 9\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    from providers.community.agent import Agent
+
+    self_test = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret).self_test()
+    answer, _, _ = _post(client, "/agent/v1/register", {"agent_url": "http://127.0.0.1:7070", "self_test": self_test},
+                         listed.machine.key_id, listed.secret)  # fmt: skip
+
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["problem"] == "nvidia-smi failed: NVIDIA-SMI has failed Make sure the driver is loaded."
 
 
 def test_forged_and_replayed_agent_requests_are_refused_and_logged(client, listed, caplog):
@@ -131,6 +148,8 @@ def test_a_silent_machine_is_withdrawn(listed):
 def test_heartbeats_older_than_the_retention_are_deleted(listed):
     from providers.community.services import machine_heartbeat
 
+    Machine.objects.filter(pk=listed.machine.pk).update(state=MachineState.VERIFIED)
+    listed.machine.refresh_from_db()
     machine_heartbeat(machine=listed.machine, gpus=[{"utilization_pct": 50}], instances=0)
     machines_withdraw_silent(now=timezone.now() + dt.timedelta(days=1))
     assert MachineHeartbeat.objects.count() == 1  # still needed for a day's reliability
@@ -167,7 +186,7 @@ def test_the_adapter_lists_launches_idempotently_and_terminates(fleet, hosts):
     handle = adapter.launch(_spec("fra-h100-1", "ord-x-a1"))
     again = adapter.launch(_spec("fra-h100-1", "ord-x-a1"))
     assert handle.instance_id == again.instance_id and handle.instance_id.startswith("fra-h100-1/i-")
-    with pytest.raises(CapacityUnavailable, match="0 of 8 GPUs free"):
+    with pytest.raises(CapacityUnavailable, match="GPUs are taken"):
         adapter.launch(_spec("fra-h100-1", "ord-y-a1"))
     assert adapter.describe("eu-de", handle.instance_id).state is InstanceState.RUNNING
     assert [h.instance_id for h in adapter.find_by_order("ord-x")] == [handle.instance_id]
@@ -235,10 +254,12 @@ def test_a_machine_that_misses_heartbeats_ranks_below_a_steady_one(fleet, hosts,
     registered = now - dt.timedelta(minutes=10)  # 40 heartbeats due at one per 15 s
     Machine.objects.update(registered_at=registered)
     steady, flaky = Machine.objects.get(name="fra-h100-2"), Machine.objects.get(name="fra-h100-1")
-    for _ in range(40):
-        machine_heartbeat(machine=steady, gpus=[{"utilization_pct": 0}], instances=0)
-    for _ in range(10):
-        machine_heartbeat(machine=flaky, gpus=[{"utilization_pct": 0}], instances=0)
+    for beat in range(40):
+        at = registered + dt.timedelta(seconds=15 * beat)
+        machine_heartbeat(machine=steady, gpus=[{"utilization_pct": 0}], instances=0, now=at)
+    for beat in range(10):
+        at = registered + dt.timedelta(seconds=15 * beat)
+        machine_heartbeat(machine=flaky, gpus=[{"utilization_pct": 0}], instances=0, now=at)
 
     scores = machine_reliability(now=now + dt.timedelta(seconds=1))
     assert scores[(fleet.pk, "fra-h100-2")] == pytest.approx(0.95, abs=0.01)  # full uptime x the 19-in-20 prior
@@ -256,7 +277,7 @@ def test_staff_verify_a_machine_only_after_a_passing_self_test(admin_client, lis
     admin_client.post("/admin/providers/machine/", {"action": "verify", "_selected_action": [machine.pk]})
     assert Machine.objects.get(pk=machine.pk).state == MachineState.PENDING  # no self-test yet
     self_test = {"ok": True, "gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_gb": 80}] * 8}
-    _post(client, "/agent/v1/register", {"agent_url": "http://10.0.0.7:7070", "self_test": self_test},
+    _post(client, "/agent/v1/register", {"agent_url": "http://127.0.0.1:7070", "self_test": self_test},
           machine.key_id, listed.secret)  # fmt: skip
     admin_client.post("/admin/providers/machine/", {"action": "verify", "_selected_action": [machine.pk]})
     assert Machine.objects.get(pk=machine.pk).state == MachineState.VERIFIED
