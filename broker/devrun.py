@@ -1,7 +1,8 @@
 """The run command: the whole broker on embedded defaults, in the foreground, until Ctrl-C.
 
-Starts the sandbox clouds, migrates, seeds the demo accounts, syncs offers, then runs a real Celery worker
-and beat on the filesystem broker beside the web app. If any part dies, everything stops.
+Starts the sandbox clouds, migrates, seeds the demo accounts, syncs offers, then runs real Celery workers (one
+per queue: ``worker_commands``) and beat on the filesystem broker beside the web app. If any part dies,
+everything stops.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -44,6 +47,18 @@ def _wait_file(path: Path, what: str, proc: subprocess.Popen[bytes], timeout: fl
             return
         time.sleep(0.2)
     raise SystemExit(f"{what} did not write {path} within {timeout:.0f}s")
+
+
+def worker_commands(*options: str, concurrency: int = 2) -> dict[str, list[str]]:
+    """The Celery workers the broker needs, by name: one for provisioning and every other task, one for webhook
+    deliveries. Separate processes with separate pools, so deliveries to slow receivers can take every slot of
+    theirs and an order is still provisioned at once; the prefork pool (the default) enforces the tasks' time
+    limits. ``options`` are added to each command (tests pass ``--pool solo``)."""
+    base = [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", str(concurrency)]
+    return {
+        "worker": [*base, "--queues", DEFAULT_QUEUE, "--hostname", "provisioning@%h", *options],
+        "webhook-worker": [*base, "--queues", WEBHOOK_QUEUE, "--hostname", "webhooks@%h", *options],
+    }
 
 
 def _manage(*args: str) -> None:
@@ -96,7 +111,8 @@ def main() -> int:
         hosts = ROOT / "var" / "community-hosts.json"
         _manage("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts))
         _manage("offers", "sync")
-        start("worker", [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", "2"])
+        for name, command in worker_commands().items():
+            start(name, command)
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
         web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
 
-from celery import shared_task
+from celery import current_app, current_task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from marketplace.catalog.services import offers_sync
@@ -26,13 +32,49 @@ from providers.models import ProviderAccount
 log = logging.getLogger(__name__)
 
 TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True}
+# A whole cloud's catalogue (many regions, paged calls, each bounded by its client's deadline) may take longer
+# than the app-wide limit (CELERY_TASK_SOFT_TIME_LIMIT); the other tasks here keep that one.
+SYNC_LIMITS = {"soft_time_limit": 900, "time_limit": 960}
+
+
+_sweep_deadline: ContextVar[float | None] = ContextVar("sweep_deadline", default=None)
+
+
+def _stops_at_soft_limit(sweep: Callable[..., Any]) -> Callable[..., Any]:
+    """A sweep that reaches its soft time limit stops there and returns None: each item it finished was its own
+    transaction and stays done, and the next run (the beat's) carries on."""
+
+    @functools.wraps(sweep)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        # The limits a message carries (the sender's settings) are the ones the worker enforces.
+        hard_soft = getattr(getattr(current_task, "request", None), "timelimit", None) or (None, None)
+        limit = hard_soft[1] or current_app.conf.task_soft_time_limit
+        token = _sweep_deadline.set(time.monotonic() + limit if limit else None)
+        try:
+            return sweep(*args, **kwargs)
+        except SoftTimeLimitExceeded:
+            log.warning("%s stopped at its soft time limit; the next run carries on", sweep.__name__)
+            return None
+        finally:
+            _sweep_deadline.reset(token)
+
+    return run
+
+
+def _sweep_time_check() -> None:
+    """Before each item of a sweep: past the soft limit, stop. The limit's own exception may never reach the
+    sweep: an SDK that catches every exception during a request (botocore turns it into a retryable
+    HTTPClientError) returns a ProviderError instead, once its call gives up."""
+    deadline = _sweep_deadline.get()
+    if deadline is not None and time.monotonic() >= deadline:
+        raise SoftTimeLimitExceeded()
 
 
 def _backoff(retries: int) -> float:
     return float(min(60, 2 ** (retries + 1)))
 
 
-@shared_task(name="marketplace.offers_sync_account", **TASK_OPTIONS)
+@shared_task(name="marketplace.offers_sync_account", **TASK_OPTIONS, **SYNC_LIMITS)
 def offers_sync_account_task(account_id: int) -> bool:
     """Sync one provider account's offers; a failure is recorded on the account, never raised."""
     return offers_sync(account_id=account_id).ok
@@ -124,6 +166,7 @@ def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped
 
 
 @shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
+@_stops_at_soft_limit
 def orders_sweep_task() -> int:
     """Stop orders whose requested duration is over, and re-enqueue orders whose task was lost (placed or
     provisioning, or terminating, untouched for a while). Runs every minute (``CELERY_BEAT_SCHEDULE``)."""
@@ -135,15 +178,23 @@ def orders_sweep_task() -> int:
 
     count = orders_end_scheduled()
     # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed.
+    failed: list[int] = []
     for order_id in Order.objects.filter(state=OrderState.RUNNING).values_list("pk", flat=True):
+        _sweep_time_check()
         try:
             if order_check_running(order_id=order_id) == Step.PROVISION:
                 order_provision_task.delay(order_id)
                 count += 1
         except ProviderError as exc:
             log.warning("could not check order %s: %s", order_id, exc)
+            failed.append(order_id)
+        except SoftTimeLimitExceeded:
+            raise  # the sweep's time is up: not one order's failure
         except Exception:  # one order's surprise must not stop the sweep for everyone else's
             log.exception("checking running order %s failed", order_id)
+            failed.append(order_id)
+    if failed:
+        log.warning("orders sweep: %d running order(s) could not be checked: %s", len(failed), failed)
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):
@@ -156,6 +207,7 @@ def orders_sweep_task() -> int:
 
 
 @shared_task(name="marketplace.orders_reconcile", **TASK_OPTIONS)
+@_stops_at_soft_limit
 def orders_reconcile_task() -> dict[str, int]:
     """Compare stuck and recently ended orders with the providers and fix drift (marketplace.orders.reconcile)."""
     from django.utils import timezone
@@ -165,8 +217,11 @@ def orders_reconcile_task() -> dict[str, int]:
     totals = {"orders": 0, "adopted": 0, "terminated": 0, "errors": 0, "released": 0}
     now = timezone.now()
     for order_id in orders_to_reconcile(now=now):
+        _sweep_time_check()
         try:
             report = order_reconcile(order_id=order_id)
+        except SoftTimeLimitExceeded:
+            raise  # the sweep's time is up: not one order's failure
         except Exception:  # one order's surprise must not stop the sweep for everyone else's
             log.exception("reconciling order %s failed", order_id)
             totals["errors"] += 1
@@ -176,8 +231,11 @@ def orders_reconcile_task() -> dict[str, int]:
         totals["terminated"] += len(report.terminated)
         totals["errors"] += len(report.errors)
     for account_id in ProviderAccount.objects.filter(enabled=True).values_list("pk", flat=True):
+        _sweep_time_check()
         try:
             report = account_resources_reconcile(account_id=account_id, now=now)
+        except SoftTimeLimitExceeded:
+            raise
         except Exception:
             log.exception("reconciling the resources of account %s failed", account_id)
             totals["errors"] += 1

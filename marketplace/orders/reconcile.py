@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections import defaultdict
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,6 +32,7 @@ from ledger.services import ledger_append
 from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState, WebhookEventType
 from marketplace.orders.provisioning import record_launch
 from marketplace.webhooks.services import instance_event_emit
+from providers.base import ProviderAdapter
 from providers.errors import ProviderError
 from providers.launch import OrderResource
 from providers.models import ProviderAccount
@@ -66,58 +68,67 @@ def _pending_attempt_for(order: Order, account: ProviderAccount, handle: Instanc
 
 
 def order_reconcile(*, order_id: int) -> ReconcileReport:
-    """Bring the provider side of one order in line with the broker's record (see the module docstring)."""
+    """Bring the provider side of one order in line with the broker's record (see the module docstring).
+    Each account the order tried is reconciled on its own: one that cannot be built, asked or acted on
+    (whatever it raises) is reported in ``errors`` and the others are still reconciled."""
     report = ReconcileReport()
     order = Order.objects.get(pk=order_id)
     accounts = {a.offer.account_id: a.offer.account for a in order.attempts.select_related("offer__account")}
     for account in accounts.values():
-        adapter = adapter_for_account(account)
         try:
-            found = adapter.find_by_order(order.ref)
+            _order_reconcile_account(order, account, report)
         except ProviderError as exc:
             report.errors.append(f"{account.kind}/{account.name}: {exc}")
-            continue
-        for handle in found:
-            if handle.state in _GONE:
-                continue
-            order.refresh_from_db()
-            known = Instance.objects.filter(
-                order=order, account=account, region=handle.region, provider_instance_id=handle.instance_id
-            ).first()
-            live = order.state not in Order.FINAL_STATES
-            if known is not None and known.active and live:
-                continue  # the order's own machine
-            if known is None and order.state == OrderState.PROVISIONING:
-                attempt = _pending_attempt_for(order, account, handle)
-                if attempt is not None and not Instance.objects.filter(order=order, active=True).exists():
-                    record_launch(order, attempt, handle, adopted=True)
-                    report.adopted.append(handle.instance_id)
-                    continue
-            why = f"order is {order.state}" if not live else "not the order's instance"
-            try:
-                stopped = adapter.terminate(handle.region, handle.instance_id)
-            except ProviderError as exc:
-                report.errors.append(f"{handle.instance_id}: {exc}")
-                continue
-            with transaction.atomic():
-                if known is not None:
-                    Instance.objects.filter(pk=known.pk).update(
-                        active=False, state=stopped.state.value, terminated_at=known.terminated_at or timezone.now()
-                    )
-                    if known.active:  # the buyer's webhooks have not yet heard that it stopped
-                        instance_event_emit(
-                            instance_id=known.pk, event_type=WebhookEventType.INSTANCE_TERMINATED, reason=why
-                        )
-                _ledger(
-                    order,
-                    "order.orphan_terminated",
-                    instance=handle.instance_id,
-                    account=account.pk,
-                    region=handle.region,
-                    reason=why,
-                )
-            report.terminated.append(handle.instance_id)
+        except SoftTimeLimitExceeded:
+            raise  # the sweep's time is up: not this account's failure
+        except Exception:  # one account's surprise must not leave the order's other accounts unreconciled
+            log.exception("reconciling order %s on account %s failed", order.public_id, account.pk)
+            report.errors.append(f"{account.kind}/{account.name}: unexpected error (logged)")
     return report
+
+
+def _order_reconcile_account(order: Order, account: ProviderAccount, report: ReconcileReport) -> None:
+    adapter = adapter_for_account(account)
+    for handle in adapter.find_by_order(order.ref):
+        if handle.state in _GONE:
+            continue
+        order.refresh_from_db()
+        known = Instance.objects.filter(
+            order=order, account=account, region=handle.region, provider_instance_id=handle.instance_id
+        ).first()
+        live = order.state not in Order.FINAL_STATES
+        if known is not None and known.active and live:
+            continue  # the order's own machine
+        if known is None and order.state == OrderState.PROVISIONING:
+            attempt = _pending_attempt_for(order, account, handle)
+            if attempt is not None and not Instance.objects.filter(order=order, active=True).exists():
+                record_launch(order, attempt, handle, adopted=True)
+                report.adopted.append(handle.instance_id)
+                continue
+        why = f"order is {order.state}" if not live else "not the order's instance"
+        try:
+            stopped = adapter.terminate(handle.region, handle.instance_id)
+        except ProviderError as exc:
+            report.errors.append(f"{handle.instance_id}: {exc}")
+            continue
+        with transaction.atomic():
+            if known is not None:
+                Instance.objects.filter(pk=known.pk).update(
+                    active=False, state=stopped.state.value, terminated_at=known.terminated_at or timezone.now()
+                )
+                if known.active:  # the buyer's webhooks have not yet heard that it stopped
+                    instance_event_emit(
+                        instance_id=known.pk, event_type=WebhookEventType.INSTANCE_TERMINATED, reason=why
+                    )
+            _ledger(
+                order,
+                "order.orphan_terminated",
+                instance=handle.instance_id,
+                account=account.pk,
+                region=handle.region,
+                reason=why,
+            )
+        report.terminated.append(handle.instance_id)
 
 
 def orders_to_reconcile(*, now: dt.datetime, quiet_s: int = 300, lookback_s: int = 86400) -> list[int]:
@@ -140,7 +151,9 @@ def _order_for_ref(ref: str) -> Order | None:
 def account_resources_reconcile(*, account_id: int, now: dt.datetime, grace_s: int = 120) -> ReconcileReport:
     """Release the resources (besides instances) the account holds for orders that ended at least ``grace_s``
     ago or that the broker does not know (see the module docstring). A resource the provider will not delete
-    yet (still attached to a machine shutting down) is reported as an error and tried again next time."""
+    yet (still attached to a machine shutting down) is reported as an error and tried again next time, and so
+    is an order whose release fails in any other way (logged with its reference): the account's other
+    orders are still released."""
     report = ReconcileReport()
     account = ProviderAccount.objects.get(pk=account_id)
     try:
@@ -153,26 +166,45 @@ def account_resources_reconcile(*, account_id: int, now: dt.datetime, grace_s: i
     for resource in resources:
         by_order[resource.order_ref].append(resource)
     for ref, held in sorted(by_order.items()):
-        order = _order_for_ref(ref)
-        if order is not None and (
-            order.state not in Order.FINAL_STATES or order.state_changed_at > now - dt.timedelta(seconds=grace_s)
-        ):
-            continue
         try:
-            remaining = adapter.release_order_resources(ref)
+            _order_resources_release(account, adapter, ref, held, now=now, grace_s=grace_s, report=report)
         except ProviderError as exc:
             report.errors.append(f"{ref}: {exc}")
-            continue
-        left = {(r.kind, r.resource_id) for r in remaining}
-        released = [r for r in held if (r.kind, r.resource_id) not in left]
-        report.errors.extend(f"{ref}: {r.kind} {r.resource_id} still in use" for r in remaining)
-        report.terminated.extend(f"{r.kind}:{r.resource_id}" for r in released)
-        if not released:
-            continue
-        items = [f"{r.kind}:{r.region}:{r.resource_id}" for r in released]
-        if order is None:
-            log.warning("released %s of unknown order %s on account %s", items, ref, account.pk)
-            continue
-        why = f"order is {order.state}"
-        _ledger(order, "order.resources_released", account=account.pk, resources=items, reason=why)
+        except SoftTimeLimitExceeded:
+            raise  # the sweep's time is up: not this order's failure
+        except Exception:  # one order's surprise must not keep the account's other orders' resources held
+            log.exception("releasing the resources of order %s on account %s failed", ref, account.pk)
+            report.errors.append(f"{ref}: unexpected error (logged)")
     return report
+
+
+def _order_resources_release(
+    account: ProviderAccount,
+    adapter: ProviderAdapter,
+    ref: str,
+    held: list[OrderResource],
+    *,
+    now: dt.datetime,
+    grace_s: int,
+    report: ReconcileReport,
+) -> None:
+    order = _order_for_ref(ref)
+    if order is not None and (
+        order.state not in Order.FINAL_STATES or order.state_changed_at > now - dt.timedelta(seconds=grace_s)
+    ):
+        return
+    remaining = adapter.release_order_resources(ref)
+    left = {(r.kind, r.resource_id) for r in remaining}
+    released = [r for r in held if (r.kind, r.resource_id) not in left]
+    report.errors.extend(f"{ref}: {r.kind} {r.resource_id} still in use" for r in remaining)
+    report.terminated.extend(f"{r.kind}:{r.resource_id}" for r in released)
+    if not released:
+        return
+    items = [f"{r.kind}:{r.region}:{r.resource_id}" for r in released]
+    if order is None:
+        log.warning("released %s of unknown order %s on account %s", items, ref, account.pk)
+        return
+    why = f"order is {order.state}"
+    # ``ledger_append`` runs only inside a transaction; the sweep itself runs in autocommit.
+    with transaction.atomic():
+        _ledger(order, "order.resources_released", account=account.pk, resources=items, reason=why)

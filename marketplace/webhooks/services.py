@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from broker.text import name_problem
 from marketplace.launch.selectors import order_connection
 from marketplace.models import (
     DeliveryState,
@@ -197,6 +198,8 @@ def _checked_events(events: Iterable[str]) -> list[str]:
 def _checked_description(description: str) -> str:
     if len(description) > MAX_DESCRIPTION:
         raise WebhookInvalid("description", f"at most {MAX_DESCRIPTION} characters")
+    if problem := name_problem(description):
+        raise WebhookInvalid("description", problem)
     return description.strip()
 
 
