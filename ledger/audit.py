@@ -12,7 +12,11 @@ What an auditor needs
 3. The broker's verifier key, obtained out of band: not from the bundle, which the broker writes. The operator
    prints it with ``python manage.py ledger verify`` (the line ``verifier key: gpu-broker/ledger+1a2b3c4d+AX...``)
    and publishes it somewhere the broker cannot quietly rewrite. Without a key the tool uses the bundle's own
-   and says so (trust on first use), then remembers it in the state file.
+   and says so (trust on first use), then remembers it in the state file. One key is enough across rotations:
+   the bundle's ``key_history`` lists every key with the checkpoints it signed, and each key after the first
+   is linked to the one before by its *handover*, its first checkpoint, signed by both and naming both
+   (``ledger.note``). The tool follows verified handovers from the trusted key in both directions. A rotation
+   the old key could not cosign (a lost key) needs the new key out of band as well: ``--key OLD --key NEW``.
 4. For the anchors: the JSON-RPC URL of a node of the chain the broker anchors to, and optionally the broker's
    anchor address (the sender of its anchor transactions); without it, the first audit's sender is remembered.
 
@@ -30,12 +34,13 @@ It prints one line per check (``ok``, ``FAILED`` or ``--`` for not checked) and 
 everything that was checked passed, 1 when a check failed, 2 when an input could not be read (a missing file,
 JSON that does not parse, a malformed key or state file).
 
-What it checks: every checkpoint's signed note against the verifier key, and that it states the row's size and
-root; that each checkpoint extends the one before (consistency proofs); with leaf hashes, the Merkle root at
-every checkpoint; with entries, that they are gapless, chained, and that every hash recomputes from the
-published fields; each receipt's entries and their inclusion proofs; with ``--rpc-url``, that each anchor
-transaction on the chain states its checkpoint's size and root; and, with ``--state``, that the log still
-contains what an earlier audit saw.
+What it checks: that the key history chains (consecutive, disjoint ranges, no key twice, every handover signed by
+both keys and naming both); every checkpoint's signed note against the key whose range holds it, and that it
+states the row's size and root; that each checkpoint extends the one before (consistency proofs); with leaf
+hashes, the Merkle root at every checkpoint; with entries, that they are gapless, chained, and that every hash
+recomputes from the published fields; each receipt's entries and their inclusion proofs; with ``--rpc-url``, that
+each anchor transaction on the chain states its checkpoint's size and root; and, with ``--state``, that the log
+still contains what an earlier audit saw.
 
 The state file
 --------------
@@ -55,6 +60,7 @@ This module imports only the standard library, ``ledger.merkle``, ``ledger.note`
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import os
@@ -67,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger import merkle, note
 from ledger.canonical import entry_envelope, sha256_hex
+from providers.community.protocol import bounded_json  # standard library only, as this tool is
 
 if TYPE_CHECKING:
     from web3 import Web3
@@ -309,6 +316,55 @@ _ENTRY_TEXT_FIELDS = (
 
 
 @dataclass(frozen=True)
+class _KeyPeriod:
+    """One entry of the bundle's key history: a key and the sizes of the first and last checkpoint it signed
+    (None for a current key that has signed none yet), and the handover note linking it to the key before."""
+
+    verifier_key: str | None
+    key_id: str
+    first_size: int | None
+    last_size: int | None
+    handover: str | None
+
+    def range(self) -> str:
+        return "none yet" if self.first_size is None else f"{self.first_size}..{self.last_size}"
+
+    def covers(self, size: int) -> bool:
+        return self.first_size is not None and self.last_size is not None and self.first_size <= size <= self.last_size
+
+
+def _parse_key_period(value: Any, path: str) -> _KeyPeriod:
+    obj = _dict(value, path)
+
+    def optional_str(name: str) -> str | None:
+        return None if obj.get(name) is None else _str(obj[name], f"{path}.{name}")
+
+    def optional_int(name: str) -> int | None:
+        return None if obj.get(name) is None else _int(obj[name], f"{path}.{name}", minimum=1)
+
+    key_id = _str(_get(obj, "key_id", path), f"{path}.key_id")
+    if len(key_id) != 8 or not set(key_id) <= _HEX_DIGITS:
+        raise _Malformed(f"{path}.key_id", f"is not 8 hex digits: {_short(key_id)!r}")
+    first, last = optional_int("first_size"), optional_int("last_size")
+    if (first is None) != (last is None):
+        raise _Malformed(path, "has only one of first_size and last_size")
+    return _KeyPeriod(optional_str("verifier_key"), key_id.lower(), first, last, optional_str("handover"))
+
+
+def _note_key_ids(text: str) -> list[str]:
+    """The key ids a note's signature lines name (hex), for saying who did sign a note that does not verify."""
+    ids = []
+    for line in text.partition("\n\n")[2].split("\n"):
+        parts = line.split(" ")
+        if len(parts) == 3:
+            try:
+                ids.append(base64.b64decode(parts[2], validate=True)[:4].hex())
+            except ValueError:
+                continue
+    return ids
+
+
+@dataclass(frozen=True)
 class _State:
     size: int
     root: bytes
@@ -372,16 +428,18 @@ def audit(
     *,
     receipts: Sequence[Any] = (),
     w3: Web3 | None = None,
-    trusted_key: str | None = None,
+    trusted_key: str | Sequence[str] | None = None,
     state: Any = None,
     anchor_sender: str | None = None,
 ) -> AuditReport:
     """Check an audit bundle (``ledger.receipts.audit_bundle`` as JSON) and any receipts, and return the report.
 
-    ``trusted_key``: the verifier key the auditor got out of band; without it the key saved in ``state``, else
-    the bundle's own (reported as trust on first use). ``w3``: a ``Web3`` to check anchors with; without it
-    anchors are reported as not checked. ``state``: the ``state`` of an earlier successful report, which the new
-    bundle must contain or extend. ``anchor_sender``: the broker's anchor address, if known out of band.
+    ``trusted_key``: the verifier key the auditor got out of band (or several: keys of a rotation the old key
+    did not cosign); without it the key saved in ``state``, else the first of the bundle's key history
+    (reported as trust on first use). Every other key must be linked to a trusted one by handover checkpoints.
+    ``w3``: a ``Web3`` to check anchors with; without it anchors are reported as not checked. ``state``: the
+    ``state`` of an earlier successful report, which the new bundle must contain or extend. ``anchor_sender``:
+    the broker's anchor address, if known out of band.
 
     Never raises on malformed input: a missing field or a wrong type is a failed check that names the field.
     """
@@ -401,21 +459,24 @@ class _Audit:
         bundle: Any,
         receipts: list[Any],
         w3: Web3 | None,
-        trusted_key: str | None,
+        trusted_key: str | Sequence[str] | None,
         state: Any,
         anchor_sender: str | None,
     ) -> None:
         self.bundle = bundle
         self.receipts = receipts
         self.w3 = w3
-        self.trusted_key = trusted_key
+        self.trusted_keys = [trusted_key] if isinstance(trusted_key, str) else list(trusted_key or [])
         self.state_value = state
         self.given_sender = anchor_sender
         self.report = AuditReport()
         self.origin: str | None = None
         self.bundle_key = ""
-        self.key: str | None = None  # the key signatures are checked with, once it parsed
+        self.key: str | None = None  # the newest established key: the one the state remembers
         self.key_id_hex = ""
+        self.history: list[_KeyPeriod] = []  # the bundle's key history, or its one key for an older bundle
+        self.established: dict[str, str] = {}  # key id (hex) -> verifier key, for keys trusted or handed over to
+        self.fallback = False  # no key of the history is trusted: every note is checked with the trusted key
         self.checkpoints: list[_Checkpoint] = []
         self.proofs: dict[tuple[int, int], list[bytes]] = {}
         self.leaves: list[bytes] | None = None  # the bundle's leaf_hashes, when given and well formed
@@ -476,6 +537,11 @@ class _Audit:
             self.bundle_key = _str(_get(bundle, "verifier_key", "bundle"), "bundle.verifier_key")
             rows = _list(_get(bundle, "checkpoints", "bundle"), "bundle.checkpoints")
             self.checkpoints = [_parse_checkpoint(row, f"bundle.checkpoints[{i}]") for i, row in enumerate(rows)]
+            if bundle.get("key_history") is not None:
+                periods = _list(bundle["key_history"], "bundle.key_history")
+                self.history = [_parse_key_period(v, f"bundle.key_history[{i}]") for i, v in enumerate(periods)]
+            else:  # a bundle from before key histories: its one key signed every checkpoint
+                self.history = [self._single_key_history()]
             proofs = _list(_get(bundle, "consistency", "bundle"), "bundle.consistency")
             for i, value in enumerate(proofs):
                 path = f"bundle.consistency[{i}]"
@@ -491,34 +557,158 @@ class _Audit:
         self.ok("input", f"bundle of log {self.origin!r}: {count} checkpoint(s){newest}")
         return True
 
+    def _single_key_history(self) -> _KeyPeriod:
+        try:
+            key_id = note.parse_verifier_key(self.bundle_key)[1].hex()
+        except ValueError:
+            key_id = ""
+        sizes = [cp.size for cp in self.checkpoints]
+        return _KeyPeriod(self.bundle_key, key_id, min(sizes, default=None), max(sizes, default=None), None)
+
     def _choose_key(self) -> None:
+        """Which keys are trusted (given, remembered or first seen), and which keys of the bundle's history the
+        handovers link to them: ``self.established``. Anything that does not chain is a failed ``key`` check."""
         state_key = self.state.verifier_key if self.state else None
-        if self.trusted_key is not None:
-            key, source = self.trusted_key.strip(), "given out of band"
-            if state_key and state_key != key:
+        if self.trusted_keys:
+            trusted, source = [k.strip() for k in self.trusted_keys], "given out of band"
+            if state_key and state_key not in trusted:
                 source += f" (the saved state had another key, {_short(state_key, 40)}; the given one is used)"
         elif state_key:
-            key, source = state_key, "remembered in the state from an earlier audit"
+            trusted, source = [state_key], "remembered in the state from an earlier audit"
         else:
-            key = self.bundle_key
+            first = self.history[0].verifier_key if self.history else None
+            trusted = [first or self.bundle_key]
             source = (
                 "TAKEN FROM THE BUNDLE (trust on first use: get the broker's key out of band and pass --key, or "
                 "keep --state so later audits hold the broker to this one)"
             )
-        try:
-            name, key_id, _ = note.parse_verifier_key(key)
-        except ValueError as exc:
-            self.fail("key", f"the verifier key ({source}) is unusable: {exc}")
-            return
-        self.key, self.key_id_hex = key.strip(), key_id.hex()
-        if self.bundle_key.strip() != self.key:
+        by_id: dict[str, str] = {}
+        for key in trusted:
+            try:
+                by_id[note.parse_verifier_key(key)[1].hex()] = key
+            except ValueError as exc:
+                self.fail("key", f"the verifier key ({source}) is unusable: {exc}")
+                return
+        history = self.history
+        start = {i for i, period in enumerate(history) if period.key_id in by_id}
+        if not start:
+            # No key of the history is trusted: check every note with the trusted key, which names what is wrong.
+            self.fallback, self.key = True, trusted[0]
+            self.key_id_hex = note.parse_verifier_key(trusted[0])[1].hex()
             self.fail(
                 "key",
                 f"the bundle's verifier key {_short(self.bundle_key, 40)} is not the trusted key "
-                f"{_short(self.key, 40)} ({source})",
+                f"{_short(trusted[0], 40)} ({source}), and no key of its key history is",
             )
             return
-        self.ok("key", f"verifier key {name}+{self.key_id_hex}, {source}")
+        keys = [by_id.get(p.key_id) or p.verifier_key for p in history]
+        problems = self._history_problems(keys)
+        links = [""] + [self._handover_problem(i, keys) for i in range(1, len(history))]
+        established = set(start)
+        grown = True
+        while grown:  # a handover links both ways: the old key named its successor, the new key its predecessor
+            before = len(established)
+            established |= {i for i in range(1, len(history)) if not links[i] and i - 1 in established}
+            established |= {i - 1 for i in range(1, len(history)) if not links[i] and i in established}
+            grown = len(established) > before
+        for problem in problems:
+            self.fail("key", f"the key history does not chain: {problem}")
+        for i, period in enumerate(history):
+            if i in established:
+                continue
+            if period.first_size is None:
+                self.skip(
+                    "key", f"key {period.key_id} has signed no checkpoint yet: its first one will hand over to it"
+                )
+            else:
+                why = links[i] or "the key before it is not established either"
+                self.fail("key", f"key {period.key_id} (checkpoints {period.range()}) is not established: {why}")
+        self.established = {history[i].key_id: str(keys[i]).strip() for i in sorted(established) if keys[i]}
+        newest = max(established)
+        self.key, self.key_id_hex = str(keys[newest]).strip(), history[newest].key_id
+        if self.bundle_key.strip() not in {str(k).strip() for k in keys[-1:]}:
+            self.fail(
+                "key",
+                f"the bundle's verifier key {_short(self.bundle_key, 40)} is not the newest key of its key history"
+                f" ({history[-1].key_id})",
+            )
+        if problems:
+            return
+        names = [
+            note.parse_verifier_key(self.established[p.key_id])[0] for p in history if p.key_id in self.established
+        ]
+        trusted_ids = ", ".join(history[i].key_id for i in sorted(start))
+        if len(history) == 1:
+            self.ok("key", f"verifier key {names[0]}+{self.key_id_hex}, {source}")
+        else:
+            chain = " -> ".join(f"{p.key_id} ({p.range()})" for p in history)
+            self.ok(
+                "key",
+                f"key history {chain}: trusted {trusted_ids}, {source}; the others follow by handover checkpoints "
+                "cosigned by the key before",
+            )
+
+    def _history_problems(self, keys: list[str | None]) -> list[str]:
+        """What makes the history not one sequence of keys over consecutive, disjoint ranges of checkpoints. (A
+        range's ends need not be in the bundle: a bundle may leave out old checkpoints.)"""
+        problems: list[str] = []
+        seen: set[str] = set()
+        for i, period in enumerate(self.history):
+            label = f"key {period.key_id}"
+            if period.key_id in seen:
+                problems.append(f"{label} appears twice: a retired key signs again")
+            seen.add(period.key_id)
+            vkey = keys[i]
+            if vkey is None:
+                problems.append(f"{label} is listed without its verifier key")
+            else:
+                try:
+                    if note.parse_verifier_key(vkey)[1].hex() != period.key_id:
+                        problems.append(f"{label} is listed with the verifier key of another key id")
+                except ValueError as exc:
+                    problems.append(f"{label}'s verifier key is unusable: {exc}")
+            if period.first_size is None or period.last_size is None:
+                if i != len(self.history) - 1:
+                    problems.append(f"{label} signed no checkpoint, yet a later key follows it")
+                continue
+            if period.first_size > period.last_size:
+                problems.append(f"{label}'s range {period.range()} runs backwards")
+            previous = self.history[i - 1] if i else None
+            if previous is not None and previous.last_size is not None and period.first_size <= previous.last_size:
+                problems.append(
+                    f"{label}'s range {period.range()} does not follow key {previous.key_id}'s {previous.range()}"
+                )
+        return problems
+
+    def _handover_problem(self, index: int, keys: list[str | None]) -> str:
+        """Why the key at ``index`` is not linked to the key before it, or "" when its handover verifies: its first
+        checkpoint, signed by both keys, names the old key handing over to it."""
+        period, previous = self.history[index], self.history[index - 1]
+        old_key, new_key = keys[index - 1], keys[index]
+        where = f"the rotation from key {previous.key_id} to key {period.key_id}"
+        if period.handover is None:
+            return f"{where} has no handover: the old key did not cosign the new key's first checkpoint"
+        if old_key is None or new_key is None:
+            return f"{where}: a key is listed without its verifier key"
+        try:
+            body = note.open_note(period.handover, new_key)
+        except ValueError as exc:
+            return f"{where}: its handover note is not signed by the new key: {exc}"
+        try:
+            note.open_note(period.handover, old_key)
+        except ValueError as exc:
+            return f"{where}: its handover note is not cosigned by the old key: {exc}"
+        if body.rotation() != (old_key.strip(), new_key.strip()):
+            return f"{where}: its handover note does not name the old key handing over to the new one"
+        if (body.origin, body.size) != (self.origin, period.first_size):
+            return (
+                f"{where}: its handover note is checkpoint {body.size} of {body.origin!r}, not the new key's first,"
+                f" {period.first_size}"
+            )
+        first = next((cp for cp in self.checkpoints if cp.size == period.first_size), None)
+        if first is not None and first.note != period.handover:
+            return f"{where}: its handover note is not the note of checkpoint {first.size} in the bundle"
+        return ""
 
     def _check_signatures(self) -> None:
         if not self.checkpoints:
@@ -527,26 +717,68 @@ class _Audit:
         if self.key is None:
             self.skip("signature", "checkpoint notes not checked: no usable verifier key")
             return
+        owners = {p.key_id: p for p in self.history}
         for cp in self.checkpoints:
             where = f"checkpoint {cp.size}"
+            key_id = cp.key_id.lower()
+            problems: list[str] = []
+            if self.fallback:
+                key, key_hex = self.key, self.key_id_hex
+            else:
+                period = next((p for p in self.history if p.covers(cp.size)), None)
+                owner = owners.get(key_id)
+                if period is None:
+                    if owner is None:
+                        self.fail("signature", f"{where}: signed by key {key_id}, which is not in the key history")
+                    else:
+                        self.fail(
+                            "signature",
+                            f"{where}: signed by key {key_id} outside its published range {owner.range()}",
+                        )
+                    continue
+                if period.key_id not in self.established:
+                    self.fail(
+                        "signature",
+                        f"{where}: the key history gives it to key {period.key_id}, which is not established (see key)",
+                    )
+                    continue
+                key, key_hex = self.established[period.key_id], period.key_id
+                if key_id != period.key_id:
+                    problems.append(
+                        f"its key_id {cp.key_id!r} is not in the key history"
+                        if owner is None
+                        else f"its key_id {cp.key_id!r} is a key used outside its published range {owner.range()}"
+                    )
             try:
-                body = note.open_note(cp.note, self.key)
+                body = note.open_note(cp.note, key)
             except ValueError as exc:  # NoteError, or a number its parser cannot read
-                self.fail("signature", f"{where}: its note does not verify: {exc}")
+                self.fail("signature", f"{where}: its note does not verify: {exc}{self._signed_by(cp, key_hex)}")
                 continue
-            problems = []
             if body.origin != self.origin:
                 problems.append(f"its note's origin is {body.origin!r}, the bundle's {self.origin!r}")
             if body.size != cp.size:
                 problems.append(f"its note states size {body.size}, not {cp.size}")
             if body.root != cp.root:
                 problems.append(f"its note states root {_hex(body.root)}, the checkpoint root {_hex(cp.root)}")
-            if cp.key_id.lower() != self.key_id_hex:
+            if self.fallback and key_id != self.key_id_hex:
                 problems.append(f"its key_id {cp.key_id!r} is not the verifier key's id {self.key_id_hex}")
             if problems:
                 self.fail("signature", f"{where}: signature verifies but " + "; ".join(problems))
             else:
-                self.ok("signature", f"{where}: note signed by the verifier key, stating size {cp.size} and its root")
+                self.ok("signature", f"{where}: note signed by key {key_hex}, stating size {cp.size} and its root")
+
+    def _signed_by(self, cp: _Checkpoint, expected: str) -> str:
+        """Who did sign a note that the key the history gives it to did not: a key outside its range, or one
+        the history does not hold."""
+        owners = {p.key_id: p for p in self.history}
+        named = []
+        for key_id in dict.fromkeys(i for i in _note_key_ids(cp.note) if i != expected):
+            owner = owners.get(key_id)
+            if owner is None:
+                named.append(f"key {key_id}, which is not in the key history")
+            else:
+                named.append(f"key {key_id} outside its published range {owner.range()}")
+        return f" (it is signed by {' and '.join(named)}; the history gives it to key {expected})" if named else ""
 
     def _check_consistency(self) -> None:
         if len(self.checkpoints) < 2:
@@ -689,8 +921,8 @@ class _Audit:
         problems = []
         if origin != self.origin:
             problems.append(f"its origin {origin!r} is not the bundle's {self.origin!r}")
-        if self.key is not None and vkey.strip() != self.key:
-            problems.append(f"its verifier key {_short(vkey, 40)} is not the trusted key")
+        if self.key is not None and vkey.strip() not in {self.key, *self.established.values()}:
+            problems.append(f"its verifier key {_short(vkey, 40)} is not the trusted key nor one handed over to")
         if cp is None:
             if entries:
                 problems.append("it lists entries with inclusion proofs but no checkpoint")
@@ -730,10 +962,11 @@ class _Audit:
                     f"its checkpoint {cp.size} has root {_hex(cp.root)}, the bundle's checkpoint {cp.size} has "
                     f"{_hex(known.root)}: two different logs"
                 )
-        if self.key is None:
-            return "", f"its checkpoint {cp.size} is not in the bundle, and there is no usable key to check its note"
+        key = self.key if self.fallback else self.established.get(cp.key_id.lower())
+        if key is None:
+            return "", f"its checkpoint {cp.size} is not in the bundle, and its key {cp.key_id} is not established"
         try:
-            body = note.open_note(cp.note, self.key)
+            body = note.open_note(cp.note, key)
         except ValueError as exc:
             return "", f"its checkpoint {cp.size} is not in the bundle and its note does not verify: {exc}"
         if (body.origin, body.size, body.root) != (self.origin, cp.size, cp.root):
@@ -895,14 +1128,20 @@ class _Unreadable(Exception):
     """An input the tool cannot start from: exit status 2."""
 
 
+# What the tool reads: bundles, receipts and its state file, nesting a handful of levels. A file beyond these
+# bounds is refused before the decoder recurses through it.
+MAX_INPUT_BYTES = 512 * 1024 * 1024
+MAX_INPUT_DEPTH = 64
+
+
 def _load_json(path: str, what: str) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise _Unreadable(f"cannot read {what} {path}: {exc}") from None
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        value = bounded_json(text, max_bytes=MAX_INPUT_BYTES, max_depth=MAX_INPUT_DEPTH)
+    except ValueError as exc:
         raise _Unreadable(f"{what} {path} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise _Unreadable(f"{what} {path} is {_kind(value)}, not a JSON object")
@@ -935,8 +1174,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("bundle", help="the audit bundle (manage.py ledger export --out bundle.json)")
     parser.add_argument("--receipt", action="append", default=[], metavar="R.json", help="an order's receipt")
     keys = parser.add_mutually_exclusive_group()
-    keys.add_argument("--key", metavar="VKEY", help="the broker's verifier key, obtained out of band")
-    keys.add_argument("--key-file", metavar="F", help="a file holding the verifier key")
+    keys.add_argument(
+        "--key",
+        action="append",
+        metavar="VKEY",
+        help="the broker's verifier key, obtained out of band (repeat for a rotation its old key did not cosign)",
+    )
+    keys.add_argument("--key-file", metavar="F", help="a file holding the verifier key(s), one a line")
     parser.add_argument("--rpc-url", metavar="URL", help="a JSON-RPC node of the anchor chain: check anchors")
     parser.add_argument("--anchor-sender", metavar="ADDR", help="the broker's anchor address, if known")
     parser.add_argument(
@@ -958,15 +1202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             receipt = _load_json(path, "receipt")
             _expect_format(receipt, RECEIPT_FORMAT, "receipt", path)
             receipts.append(receipt)
-        key: str | None = args.key
+        key: list[str] | None = args.key
         if args.key_file:
             try:
-                key = Path(args.key_file).read_text(encoding="utf-8").strip()
+                key = Path(args.key_file).read_text(encoding="utf-8").split()
             except (OSError, UnicodeDecodeError) as exc:
                 raise _Unreadable(f"cannot read key file {args.key_file}: {exc}") from None
-        if key is not None:
+            if not key:
+                raise _Unreadable(f"the key file {args.key_file} holds no verifier key")
+        for one in key or []:
             try:
-                note.parse_verifier_key(key)
+                note.parse_verifier_key(one)
             except ValueError as exc:
                 raise _Unreadable(f"the verifier key is unusable: {exc}") from None
         state = None
@@ -981,7 +1227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     w3 = None
     if args.rpc_url:
-        from web3 import Web3
+        from ledger.chain import Web3  # imported there with the process's recursion limit kept
 
         w3 = Web3(Web3.HTTPProvider(args.rpc_url, request_kwargs={"timeout": 30}))
     report = audit(bundle, receipts=receipts, w3=w3, trusted_key=key, state=state, anchor_sender=args.anchor_sender)

@@ -14,6 +14,11 @@ A signature line is an em dash, the key's name, and base64 of the 4-byte key id 
 signature of the body. The key id is the first four bytes of SHA-256(name || 0x0A || 0x01 || public key),
 so a verifier picks the right key without trying them all. A verifier key is written
 ``<name>+<key id hex>+<base64(0x01 || public key)>``.
+
+A key rotation is a *handover checkpoint*: the new key's first checkpoint carries one extension line after the
+root, ``key-rotation <old verifier key> <new verifier key>``, and is signed by the new key (first line) and the
+old one. The old key's signature over a text naming its successor is what lets an auditor who trusts the old
+key trust the new one (``ledger.audit``); signing only the same size and root would not bind the new key.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 _ED25519 = b"\x01"  # the signed-note algorithm byte for Ed25519
 _DASH = "\u2014"
+ROTATION = "key-rotation"  # the extension line of a handover checkpoint
 
 
 class NoteError(ValueError):
@@ -38,12 +44,29 @@ class NoteError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointBody:
+    """A checkpoint's text; ``extensions`` are the lines after the root (C2SP tlog-checkpoint allows them)."""
+
     origin: str
     size: int
     root: bytes
+    extensions: tuple[str, ...] = ()
 
     def text(self) -> str:
-        return f"{self.origin}\n{self.size}\n{base64.b64encode(self.root).decode()}\n"
+        lines = [self.origin, str(self.size), base64.b64encode(self.root).decode(), *self.extensions]
+        return "".join(line + "\n" for line in lines)
+
+    def rotation(self) -> tuple[str, str] | None:
+        """(old verifier key, new verifier key) when this is a handover checkpoint, else None."""
+        for line in self.extensions:
+            parts = line.split(" ")
+            if parts[0] == ROTATION and len(parts) == 3:
+                return parts[1], parts[2]
+        return None
+
+
+def rotation_line(old_vkey: str, new_vkey: str) -> str:
+    """The extension line a handover checkpoint carries."""
+    return f"{ROTATION} {old_vkey.strip()} {new_vkey.strip()}"
 
 
 def _raw_public(public_key: Ed25519PublicKey) -> bytes:
@@ -77,12 +100,17 @@ def parse_verifier_key(vkey: str) -> tuple[str, bytes, Ed25519PublicKey]:
     return name, expected_id, public_key
 
 
-def sign(body: CheckpointBody, name: str, private_key: Ed25519PrivateKey) -> str:
-    """The signed note for ``body``."""
+def sign(body: CheckpointBody, name: str, private_key: Ed25519PrivateKey, *cosigners: Ed25519PrivateKey) -> str:
+    """The signed note for ``body``: a signature line by ``private_key``, then one per cosigner (same name).
+
+    The first line is the signer's: a verifier that takes the first line with the key's name (the storefront's
+    receipt page does) then checks the current key."""
     text = body.text()
-    signature = private_key.sign(text.encode())
-    stamp = base64.b64encode(key_id(name, private_key.public_key()) + signature).decode()
-    return f"{text}\n{_DASH} {name} {stamp}\n"
+    lines = []
+    for key in (private_key, *cosigners):
+        stamp = base64.b64encode(key_id(name, key.public_key()) + key.sign(text.encode())).decode()
+        lines.append(f"{_DASH} {name} {stamp}\n")
+    return f"{text}\n{''.join(lines)}"
 
 
 def parse_body(text: str) -> CheckpointBody:
@@ -100,7 +128,7 @@ def parse_body(text: str) -> CheckpointBody:
         raise NoteError("checkpoint root is not base64") from None
     if len(root) != 32:
         raise NoteError("checkpoint root is not 32 bytes")
-    return CheckpointBody(origin, int(size_text), root)
+    return CheckpointBody(origin, int(size_text), root, tuple(lines[3:-1]))
 
 
 def open_note(note: str, vkey: str) -> CheckpointBody:

@@ -6,8 +6,10 @@
 - ``receipt``: one subject's entries (an order's), each with its inclusion proof against the newest
   checkpoint that covers it, that checkpoint, and the verifier key. Entries newer than every checkpoint are
   listed as ``pending``: the next checkpoint (``LEDGER_CHECKPOINT_INTERVAL_S``) covers them.
-- ``audit_bundle``: checkpoints, the consistency proofs between consecutive ones, and optionally every leaf
-  hash and every entry: the input of ``python -m ledger.audit``.
+- ``audit_bundle``: checkpoints, the consistency proofs between consecutive ones, the key history, and
+  optionally every leaf hash and every entry: the input of ``python -m ledger.audit``.
+- ``key_history_json``: every signing key with the checkpoints it signed and the handover note that links it
+  to the key before (in the bundle, in receipts, and at ``GET /api/v1/ledger/key``).
 
 Formats are versioned by their ``format`` field; ``ledger/audit.py`` is their reader.
 """
@@ -21,7 +23,7 @@ from django.conf import settings
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import ProofUnavailable, inclusion_proofs, verifier_key, verifier_keys
+from ledger.checkpoints import ProofUnavailable, inclusion_proofs, key_history, verifier_key, verifier_keys
 from ledger.models import Checkpoint, LedgerEntry
 
 RECEIPT_FORMAT = "broker-ledger-receipt/1"
@@ -62,6 +64,29 @@ def checkpoint_json(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
+def _timestamp(value: Any) -> str | None:
+    return None if value is None else canonical_bytes(value).decode().strip('"')
+
+
+def key_history_json() -> list[dict[str, Any]]:
+    """Each signing key in turn: its verifier key (null when neither the configuration nor a handover names it),
+    the sizes and times of the first and last checkpoint it signed (null for the current key before its first),
+    and ``handover``, its first checkpoint's note cosigned by the key before and naming both (null for the first
+    key, or a rotation the old key did not sign). Readers check the handovers; they are not asked to trust this."""
+    return [
+        {
+            "verifier_key": p.verifier_key,
+            "key_id": p.key_id,
+            "first_size": p.first_size,
+            "last_size": p.last_size,
+            "first_signed_at": _timestamp(p.first_signed_at),
+            "last_signed_at": _timestamp(p.last_signed_at),
+            "handover": p.handover,
+        }
+        for p in key_history()
+    ]
+
+
 def signer_key(checkpoint: Checkpoint) -> str:
     """The verifier key that signed ``checkpoint``: after a rotation the newest checkpoint may still carry
     the previous key's signature (``LEDGER_PREVIOUS_VERIFIER_KEYS``) until the next one is signed."""
@@ -93,6 +118,7 @@ def receipt(subject: str) -> dict[str, Any]:
         "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
         "entries": [{**entry_json(e), "inclusion_proof": proofs.get(e.sequence)} for e in covered],
         "pending": [entry_json(e) for e in entries if e not in covered],
+        "key_history": key_history_json(),
         **({"problem": problem} if problem else {}),
     }
 
@@ -121,6 +147,7 @@ def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dic
         "format": BUNDLE_FORMAT,
         "origin": settings.LEDGER_ORIGIN,
         "verifier_key": verifier_key(),
+        "key_history": key_history_json(),
         "checkpoints": [checkpoint_json(c) for c in checkpoints],
         "consistency": consistency,
     }

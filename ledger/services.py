@@ -136,13 +136,17 @@ def _checkpoints_problem(leaves: list[bytes], chain: Any) -> str:
     from django.conf import settings
 
     from ledger.chain import AnchorError, read_anchor
-    from ledger.checkpoints import anchor_sender, verifier_keys
+    from ledger.checkpoints import anchor_sender, key_history, verifier_keys
     from ledger.models import Anchor, Checkpoint
 
     checkpoints = list(Checkpoint.objects.order_by("size"))
     if not checkpoints:
         return ""
     keys = verifier_keys()
+    signers = [p.key_id for p in key_history()]
+    again = next((key_id for n, key_id in enumerate(signers) if key_id in signers[:n]), None)
+    if again is not None:
+        return f"key {again} signed checkpoints again after it was retired"
     roots = merkle.roots_at(leaves, [c.size for c in checkpoints])
     sender = anchor_sender(chain) if chain is not None else ""
     for checkpoint in checkpoints:

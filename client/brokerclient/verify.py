@@ -17,6 +17,12 @@ the newest checkpoint, and that checkpoint as a C2SP signed note. Verifying it m
 Which key is trusted matters. A receipt carries the server's verifier key, and so does
 ``GET /api/v1/ledger/key``: checking against a key from the same server only shows that whoever answered
 signed it. Pin the key you obtained out of band (``trusted_key``) to show it was the broker's key you trust.
+
+Keys rotate. A receipt also carries the key history: each key in turn, and for each key after the first its
+*handover*, the note of its first checkpoint, whose text ends with the line ``key-rotation <old key> <new key>``
+and which both keys signed. A pinned key reaches the key that signed the receipt's checkpoint only through
+handovers that verify (forwards: the old key named its successor; backwards: the new key named its
+predecessor); the history's other claims are not needed.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ __all__ = [
     "consistency_verify",
     "envelope_bytes",
     "inclusion_verify",
+    "keys_reached",
     "leaf_hash",
     "remembered_check",
     "verifier_key_parse",
@@ -84,6 +91,7 @@ class VerificationResult:
 
     checks: list[Check] = field(default_factory=list)
     key_pinned: bool = False
+    key_handed_over: bool = False  # the checkpoint's key is not the pinned one but follows from it by handovers
     verified_entries: int = 0
     pending_entries: int = 0
     checkpoint: CheckpointStatement | None = None  # the signed checkpoint, once its signature verified
@@ -99,6 +107,7 @@ class VerificationResult:
     def summary(self) -> str:
         if self.ok:
             how = "the pinned key" if self.key_pinned else "the key the receipt carries (not pinned)"
+            how = "a key the pinned key handed over to" if self.key_handed_over else how
             text = f"receipt VERIFIED: {self.verified_entries} entries proven against a checkpoint signed by {how}"
             return text + (f"; {self.pending_entries} newer entries not yet covered" if self.pending_entries else "")
         first = self.failures[0] if self.failures else None
@@ -434,6 +443,67 @@ def checkpoint_open(note: str, key: VerifierKey) -> CheckpointStatement:
     return CheckpointStatement(origin, int(size_text), root)
 
 
+def _rotation_named(note: str) -> tuple[str, str] | None:
+    """The (old, new) verifier keys a handover note's ``key-rotation`` extension line names, if it has one."""
+    text = note.split("\n\n", 1)[0]
+    for line in text.split("\n")[3:]:
+        parts = line.split(" ")
+        if len(parts) == 3 and parts[0] == "key-rotation":
+            return parts[1], parts[2]
+    return None
+
+
+def _handover_problem(history: list[Any], index: int, keys: list[VerifierKey | None]) -> str:
+    """Why ``keys[index]`` is not linked to the key before it in ``history``, or "" when its handover verifies."""
+    old, new, period = keys[index - 1], keys[index], history[index]
+    if old is None or new is None:
+        return f"key_history[{index - 1}] or [{index}] has no usable verifier key"
+    where = f"the rotation from {old.key_id.hex()} to {new.key_id.hex()}"
+    handover = period.get("handover")
+    if not isinstance(handover, str):
+        return f"{where} has no handover: the old key did not cosign the new key's first checkpoint"
+    try:
+        statement = checkpoint_open(handover, new)
+        checkpoint_open(handover, old)
+    except ValueError as exc:
+        return f"{where}: its handover is not signed by both keys: {exc}"
+    if _rotation_named(handover) != (old.text, new.text):
+        return f"{where}: its handover does not name the old key handing over to the new one"
+    if statement.size != period.get("first_size"):
+        return f"{where}: its handover is checkpoint {statement.size}, not the new key's first"
+    return ""
+
+
+def keys_reached(history: Any, pinned: VerifierKey) -> tuple[dict[bytes, VerifierKey], str]:
+    """The keys of a key history (``receipt["key_history"]``) that verified handovers link to ``pinned``, by key
+    id (``pinned`` included), and why the chain stops where it does ("" when it reaches every key)."""
+    reached = {pinned.key_id: pinned}
+    if not isinstance(history, list) or not all(isinstance(p, dict) for p in history):
+        return reached, "the receipt has no usable key history"
+    keys: list[VerifierKey | None] = []
+    for period in history:
+        try:
+            keys.append(verifier_key_parse(str(period.get("verifier_key") or "")))
+        except ValueError:
+            keys.append(None)
+    start = next((i for i, k in enumerate(keys) if k is not None and k.text == pinned.text), None)
+    if start is None:
+        return reached, "the pinned key is not in the receipt's key history"
+    stops = []
+    for step in (1, -1):
+        i = start
+        while 0 <= i + step < len(keys):
+            problem = _handover_problem(history, max(i, i + step), keys)
+            if problem:
+                stops.append(problem)
+                break
+            i += step
+            found = keys[i]
+            assert found is not None  # a verified handover parsed both keys
+            reached[found.key_id] = found
+    return reached, "; ".join(stops)
+
+
 # --- The receipt -----------------------------------------------------------------------------------------------
 
 
@@ -483,8 +553,19 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
     except ValueError as exc:
         return fail("key", f"{'the pinned key' if trusted_key is not None else 'the receipt key'} is unusable: {exc}")
     stated_key = str(receipt.get("verifier_key", "")).strip()
+    pinned, broken = key, ""
+    checkpoint = receipt.get("checkpoint")
+    signer_id = checkpoint.get("key_id") if isinstance(checkpoint, dict) else None
+    if trusted_key is not None and isinstance(signer_id, str) and signer_id != key.key_id.hex():
+        # The checkpoint is another key's: follow the key history's handovers from the pinned key to it.
+        reached, broken = keys_reached(receipt.get("key_history"), key)
+        key = next((k for k in reached.values() if k.key_id.hex() == signer_id), key)
     if trusted_key is None:
         checks.append(Check("key", True, f"using the receipt's own key {key.name}+{key.key_id.hex()} (not pinned)"))
+    elif key is not pinned:
+        result.key_handed_over = True
+        message = f"pinned {pinned.name}+{pinned.key_id.hex()}; the checkpoint's key {key.key_id.hex()} follows "
+        checks.append(Check("key", True, message + "from it by handovers both keys signed"))
     elif stated_key != key.text:
         checks.append(Check("key", True, f"pinned {key.name}+{key.key_id.hex()}; the receipt names another key"))
     else:
@@ -492,7 +573,6 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
 
     pending = receipt.get("pending") or []
     result.pending_entries = len(pending) if isinstance(pending, list) else 0
-    checkpoint = receipt.get("checkpoint")
     entries = receipt.get("entries")
     if not isinstance(entries, list):
         return fail("format", "entries is not a list")
@@ -506,7 +586,7 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
     try:
         signed = checkpoint_open(checkpoint["note"], key)
     except ValueError as exc:
-        return fail("signature", str(exc))
+        return fail("signature", f"{exc}; the key history does not lead there: {broken}" if broken else str(exc))
     checks.append(Check("signature", True, f"checkpoint of size {signed.size} signed by {key.name}"))
     result.checkpoint = signed
     differences = []

@@ -330,6 +330,12 @@ def _rewritten(bundle: dict[str, Any], *, from_sequence: int, key: Ed25519Privat
         path = merkle.consistency_proof_from_hashes(proof["old_size"], leaves[: proof["new_size"]])
         proof["proof"] = [p.hex() for p in path]
     forged["verifier_key"] = note.verifier_key(origin, key.public_key())
+    # The forger publishes a key history of their own key alone.
+    (period,) = forged["key_history"][:1]
+    sizes = [cp["size"] for cp in forged["checkpoints"]]
+    period.update(verifier_key=forged["verifier_key"], key_id=note.key_id(origin, key.public_key()).hex())
+    period.update(first_size=min(sizes), last_size=max(sizes), handover=None)
+    forged["key_history"] = [period]
     return forged
 
 
