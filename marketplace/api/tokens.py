@@ -26,6 +26,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from broker.text import name_problem
 from marketplace.models import ApiToken, Membership, Organization, Role, TokenScope
 from marketplace.orders.selectors import BuyerPermission, buyer_membership, buyer_refusal, buyer_role_allows
 
@@ -57,7 +58,9 @@ def api_token_create(
 ) -> IssuedToken:
     """A new token of ``user`` for ``organization``; the raw token is in the answer only. Raises
     ``PermissionError`` when the user is not in the organisation or their role may not create tokens, and
-    ``ValueError`` for unknown scopes or scopes beyond the role's (``ROLE_SCOPES``)."""
+    ``ValueError`` (``"field: why"``) for unknown scopes, scopes beyond the role's (``ROLE_SCOPES``) or a name
+    people could not read as written (``broker.text.name_problem``: control or invisible formatting
+    characters)."""
     role = Membership.objects.filter(user=user, organization=organization).values_list("role", flat=True).first()
     if role is None:
         raise PermissionError("you are not in this organisation")
@@ -71,6 +74,8 @@ def api_token_create(
     beyond = sorted(set(scopes) - ROLE_SCOPES.get(role, frozenset()))
     if beyond:
         raise ValueError(f"scopes: a {role} may not hold {', '.join(beyond)}")
+    if problem := name_problem(name):
+        raise ValueError(f"name: {problem}")
     raw = PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         organization=organization, created_by=user, name=name.strip()[:80] or "token", prefix=raw[:12],

@@ -266,18 +266,11 @@ def telemetry_parse(body: Any) -> tuple[list[dict[str, Any]], str]:
     """(per-GPU samples with every figure bounded to what a GPU can show, the workload's state)."""
     if not isinstance(body, dict) or not isinstance(body.get("gpus"), list) or len(body["gpus"]) > MAX_GPUS:
         raise LeaseRefused("invalid", f"gpus: a list of at most {MAX_GPUS} per-GPU samples")
-    bounds = {"utilization_pct": (0, 100), "temperature_c": (0, 130), "power_w": (0, 2000), "memory_used_gb": (0, 512)}
-    samples = []
-    for item in body["gpus"]:
-        if not isinstance(item, dict):
-            raise LeaseRefused("invalid", "gpus: per-GPU objects")
-        sample: dict[str, Any] = {"index": _bounded_int(item.get("index"), "gpus.index", 0, 1023)}
-        for name, (low, high) in bounds.items():
-            value = item.get(name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-                raise LeaseRefused("invalid", f"gpus.{name}: a number from {low} to {high}")
-            sample[name] = round(float(value), 2)
-        samples.append(sample)
+    try:
+        # The same bounds as an independent host's heartbeat (one validator, in the agent protocol).
+        samples = [protocol.telemetry_check(item) for item in body["gpus"]]
+    except ValueError as exc:
+        raise LeaseRefused("invalid", str(exc)) from None
     workload = body.get("workload") if isinstance(body.get("workload"), dict) else {}
     state = str(workload.get("state") or "")[:16]
     return samples, state
@@ -427,7 +420,7 @@ def lease_heartbeat(
     *, lease: Lease, gpus: list[dict[str, Any]], workload_state: str, now: dt.datetime | None = None
 ) -> str:
     """Record one telemetry report; answers ``running`` while the order runs on this lease, else ``ended``
-    (the agent then stops the workload)."""
+    (the agent then stops the workload). ``LeaseRefused`` (400) for a GPU using more memory than it has."""
     now = now or timezone.now()
     live = (
         lease.state == LeaseState.READY
@@ -436,6 +429,14 @@ def lease_heartbeat(
     )
     if not live:
         return "ended"
+    # Memory within the GPU this lease's machine was launched with (the parser knew only that no GPU has more
+    # than 512 GB).
+    memory_gb = Attempt.objects.filter(pk=lease.attempt_id).values_list("offer__gpu_memory_gb", flat=True).first()
+    if memory_gb:
+        try:
+            gpus = [protocol.telemetry_check(g, memory_gb=memory_gb) for g in gpus]
+        except ValueError as exc:
+            raise LeaseRefused("invalid", str(exc)) from None
 
     def mean(key: str) -> Decimal:
         values = [Decimal(str(g[key])) for g in gpus]

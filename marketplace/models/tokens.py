@@ -9,8 +9,8 @@ from marketplace.models.organizations import Organization
 
 
 class TokenScope(models.TextChoices):
-    OFFERS_READ = "offers:read", "read offers, quotes and prices"
-    ORDERS_PLACE = "orders:place", "place and list orders"
+    OFFERS_READ = "offers:read", "read offers and prices"
+    ORDERS_PLACE = "orders:place", "quote, place and list orders"
     INSTANCES_MANAGE = "instances:manage", "list and terminate orders' instances"
     LEDGER_READ = "ledger:read", "read ledger receipts"
     WEBHOOKS_MANAGE = "webhooks:manage", "create, list and delete webhooks and read their deliveries"

@@ -110,12 +110,20 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     return None if best is None else Offer.objects.select_related("account").get(pk=best.offer.offer_id)
 
 
-def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
+def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt | None:
     """Record the attempt before the provider hears of it and, on a finite listing, hold its units in the same
     transaction. A listing with too few units left fails the attempt at once (a capacity error, so the
-    failover and the shared blocks treat it like a cloud's sold-out zone) and nobody is called."""
-    number = (order.attempts.count() or 0) + 1
+    failover and the shared blocks treat it like a cloud's sold-out zone) and nobody is called.
+
+    None, with nothing written, when the order is no longer provisioning (the buyer ended it while an earlier
+    attempt was in flight): an ended order never gets another machine."""
     with transaction.atomic():
+        # The claim: a write on the order's row, held until the attempt commits (PostgreSQL's row lock,
+        # SQLite's write lock). A terminate that committed first is seen here; one that comes later waits,
+        # and its task then finds this attempt pending and looks for its machine at the provider.
+        if not Order.objects.filter(pk=order.pk, state=OrderState.PROVISIONING).update(state=OrderState.PROVISIONING):
+            return None
+        number = order.attempts.count() + 1
         attempt = Attempt.objects.create(
             order=order,
             number=number,
@@ -135,7 +143,8 @@ def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt:
 
 
 def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
-    """Record a failed attempt (once: the conditional update ignores an attempt already settled)."""
+    """Record a failed attempt (once: the conditional update ignores an attempt already settled). Its units
+    and its lease end with it: no machine of this attempt will serve the order, so no agent may claim it."""
     with transaction.atomic():
         updated = Attempt.objects.filter(pk=attempt.pk, outcome=AttemptOutcome.PENDING).update(
             outcome=AttemptOutcome.FAILED,
@@ -147,6 +156,7 @@ def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
         if updated:
             _attempt_ledger(attempt, "attempt.failed", error_class=error.error_class, provider_code=error.code)
         reservation_release(attempt_id=attempt.pk)
+        lease_end(attempt_id=attempt.pk)
 
 
 def attempt_settle_after_transient(*, order_id: int, error: ProviderError) -> Step:
@@ -189,7 +199,9 @@ def order_provision(*, order_id: int) -> Step:
     Idempotent: an attempt is recorded before the provider is called, and a pending attempt found on entry
     (a crash or a redelivered task) is resumed with the same client token, so the provider returns the same
     instance rather than a second one. ``TransientProviderError`` is raised to the caller for a retry with
-    the same attempt; other provider errors fail the attempt and move on to the next offer.
+    the same attempt; other provider errors fail the attempt and move on to the next offer, but only while
+    the order is still provisioning: each new attempt first claims the order's row, so an order ended while
+    a launch was in flight gets no further attempt and no second machine.
     """
     order = Order.objects.select_related("gpu_model", "offer", "launch_config").get(pk=order_id)
     if order.state == OrderState.PLACED:
@@ -213,7 +225,11 @@ def order_provision(*, order_id: int) -> Step:
                 except TransitionRefused:
                     pass
                 return Step.DONE
-            attempt = _open_attempt(order, offer, now)
+            opened = _open_attempt(order, offer, now)
+            if opened is None:
+                log.info("order %s ended while provisioning: no further attempt", order.public_id)
+                return Step.DONE
+            attempt = opened
             if attempt.outcome == AttemptOutcome.FAILED:
                 continue
         offer = attempt.offer
@@ -237,11 +253,17 @@ def order_provision(*, order_id: int) -> Step:
         if order.state != OrderState.PROVISIONING:
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
             stopped = adapter.terminate(handle.region, handle.instance_id)
+            # An order already ended had its terminate task before this machine was recorded: nothing else
+            # will settle it. One still terminating leaves that to its task (which records the machine).
+            settled = order.state in Order.FINAL_STATES
             with transaction.atomic():
-                Instance.objects.filter(order=order, active=True).update(
-                    state=stopped.state.value, terminated_at=timezone.now()
+                ended = list(Instance.objects.filter(order=order, active=True).values_list("pk", "attempt_id"))
+                Instance.objects.filter(pk__in=[pk for pk, _ in ended]).update(
+                    state=stopped.state.value, terminated_at=timezone.now(), **({"active": False} if settled else {})
                 )
-                for stopped_id in Instance.objects.filter(order=order, active=True).values_list("pk", flat=True):
+                for stopped_id, attempt_id in ended:
+                    if settled:
+                        lease_end(attempt_id=attempt_id)
                     instance_event_emit(instance_id=stopped_id, event_type=WebhookEventType.INSTANCE_TERMINATED)
             return Step.DONE
         return Step.POLL
@@ -547,7 +569,10 @@ def order_terminate_instance(*, order_id: int) -> Step:
     if instance is not None:
         handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
         with transaction.atomic():
-            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, terminated_at=timezone.now())
+            # Inactive once ended, like every other ending: nothing may take a terminated machine for live.
+            Instance.objects.filter(pk=instance.pk).update(
+                state=handle.state.value, active=False, terminated_at=timezone.now()
+            )
             lease_end(attempt_id=instance.attempt_id)
             if instance.terminated_at is None:  # else the launch race in order_provision reported it
                 instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_TERMINATED)
@@ -564,6 +589,10 @@ def order_terminate_instance(*, order_id: int) -> Step:
         order_transition(order=order, to=OrderState.TERMINATED, reason=order.state_reason, instance=detail)
     except TransitionRefused:
         pass
+    # Every lease of an ended order ends, an in-flight attempt's too: a machine its launch still starts is
+    # stopped by order_provision, and its agent must find nothing to claim.
+    for attempt_id in order.attempts.values_list("pk", flat=True):
+        lease_end(attempt_id=attempt_id)
     order_release_resources(order=order)
     return Step.DONE
 

@@ -8,10 +8,12 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import logging
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -330,5 +332,10 @@ def orders_end_scheduled(*, now: dt.datetime | None = None) -> int:
             order_terminate(order=order, reason=reason)
         except TransitionRefused:
             continue  # the buyer or another sweep got there first
+        except SoftTimeLimitExceeded:
+            raise  # the sweep's time is up: not this order's failure
+        except Exception:  # one order's surprise must not keep every other order running past its end
+            logging.getLogger(__name__).exception("ending order %s at its scheduled end failed", order.public_id)
+            continue
         started += 1
     return started

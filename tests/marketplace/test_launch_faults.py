@@ -96,6 +96,8 @@ def test_an_image_missing_in_a_region_fails_that_attempt_with_the_reason_and_fai
     refused = order.attempts.order_by("number").first()
     assert refused.offer.region == "us-east-1" and refused.error_class == "image"
     assert "us-east-1" in refused.provider_message
+    # Its lease ended with it: no machine of the refused attempt may ever claim the order.
+    assert Lease.objects.get(attempt=refused).state == LeaseState.ENDED
     assert boot(order, aws_sandbox) == "running"
     assert order.instance.region == "eu-west-1"
     # No machine ever started where the image was missing.

@@ -393,6 +393,25 @@ def test_a_malformed_procurement_gets_400_and_stores_nothing(api, book, body, ch
     assert Quote.objects.count() == 0
 
 
+@pytest.mark.parametrize(("limit", "cap"), [(30, 5.0), (5.01, 5.0), (3, 2.0)])
+def test_a_solver_time_limit_above_the_brokers_cap_is_a_400_naming_the_range(api, book, limit, cap, settings):
+    settings.PROCUREMENT_TIME_LIMIT_S = cap
+
+    response = _post(api, "/api/v1/procurements", {"demands": [{"profile": "training"}], "time_limit": limit})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"time_limit": [f"must be from 0.5 to {cap:g} seconds"]}
+    assert Quote.objects.count() == 0
+
+
+def test_a_solver_time_limit_at_the_cap_is_taken(api, book, settings):
+    settings.PROCUREMENT_TIME_LIMIT_S = 2.0
+
+    response = _post(api, "/api/v1/procurements", {"demands": [{"profile": "training"}], "time_limit": 2})
+
+    assert response.status_code == 201, response.json()
+
+
 # --- Access ----------------------------------------------------------------------------------------------
 
 
