@@ -35,9 +35,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from broker.text import name_problem, storable_problem
 from ledger.canonical import canonical_bytes, sha256_hex
 from marketplace.launch.keys import ssh_key_list
 from marketplace.models import LaunchConfiguration, LaunchTemplate, Organization, SshKey
+from providers.community.protocol import bounded_json
 from providers.launch import IngressRule, WorkloadKind
 from providers.secrets import decrypt_secret, encrypt_secret
 from providers.sshkeys import SshKeyInvalid, SshPublicKey, ssh_key_parse
@@ -47,6 +49,8 @@ MAX_PORTS = 16
 MAX_CIDRS = 16
 MAX_ENV = 64
 MAX_ENV_VALUE = 8192
+# The stored secret env as JSON: json.dumps writes a non-ASCII character as a 6-character \uXXXX escape.
+MAX_ENV_JSON = MAX_ENV * 6 * (MAX_ENV_VALUE + 256)
 MAX_ARGS = 64
 MAX_ARG = 4096
 MAX_SCRIPT = 256 * 1024  # above every cloud's user data limit: each adapter then applies its own
@@ -111,8 +115,11 @@ def _str(value: Any, field: str, limit: int, errors: _Errors, *, allow_newline: 
     if len(value) > limit:
         errors.add(field, f"at most {limit} characters ({len(value)} given)")
         return None
-    if "\x00" in value or (not allow_newline and ("\n" in value or "\r" in value)):
-        errors.add(field, "no NUL characters" + ("" if allow_newline else " or line breaks"))
+    if problem := storable_problem(value):
+        errors.add(field, problem)
+        return None
+    if not allow_newline and ("\n" in value or "\r" in value):
+        errors.add(field, "no line breaks")
         return None
     return value
 
@@ -297,7 +304,8 @@ def _keys(value: Any, keys: Sequence[SshKey], workload: str, errors: _Errors) ->
 def _spend_cap(value: Any, errors: _Errors) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, str | int) or len(str(value)) > 16:
+    # ASCII only: Decimal() reads any Unicode digit ("\u0661\u0662" is 12) and a text nobody typed is refused.
+    if isinstance(value, bool) or not isinstance(value, str | int) or len(str(value)) > 16 or not str(value).isascii():
         errors.add("launch.spend_cap_usd", 'an amount in USD, e.g. "50" or "12.50"')
         return None
     try:
@@ -389,7 +397,7 @@ def launch_secrets(config: LaunchConfiguration) -> dict[str, Any]:
     flat = decrypt_secret(config.secrets_encrypted)
     out: dict[str, Any] = {}
     if "env" in flat:
-        out["env"] = json.loads(flat["env"])
+        out["env"] = bounded_json(flat["env"], max_bytes=MAX_ENV_JSON, max_depth=2)  # {name: value}
     if "registry_password" in flat:
         out["registry_password"] = flat["registry_password"]
     return out
@@ -449,6 +457,10 @@ def launch_template_save(
     name = (name or "").strip()
     if not name or len(name) > 80 or "\n" in name:
         raise TemplateInvalid("name: 1 to 80 characters on one line")
+    if problem := name_problem(name):
+        raise TemplateInvalid(f"name: {problem}")
+    if problem := storable_problem(description):
+        raise TemplateInvalid(f"description: {problem}")
     if len(description) > 255:
         raise TemplateInvalid("description: at most 255 characters")
     clash = LaunchTemplate.objects.filter(organization=organization, name=name)

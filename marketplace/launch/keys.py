@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
+from broker.text import name_problem
 from marketplace.models import Organization, SshKey
 from providers.sshkeys import MAX_NAME, SshKeyInvalid, ssh_key_parse
 
@@ -35,6 +36,8 @@ def ssh_key_add(*, organization: Organization, user: AbstractBaseUser, public_ke
     name = (name or "").strip() or parsed.comment or f"{parsed.key_type} {parsed.fingerprint[7:15]}"
     if len(name) > MAX_NAME or "\n" in name:
         raise SshKeyRefused("name", f"at most {MAX_NAME} characters on one line")
+    if problem := name_problem(name):
+        raise SshKeyRefused("name", problem)
     existing = SshKey.objects.filter(organization=organization, fingerprint=parsed.fingerprint).first()
     if existing is not None:
         raise SshKeyRefused("public_key", f"this key is already added, as {existing.name!r}", code="duplicate")

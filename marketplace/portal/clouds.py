@@ -3,20 +3,22 @@ what a region name of that cloud looks like. Mirrors the README's "Clouds" table
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 
+from providers.community.protocol import bounded_json
+from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
+
 
 def validate_service_account_json(value: str) -> None:
     """A Google service-account key file: a JSON object of type ``service_account`` with its key and email."""
     try:
-        info = json.loads(value)
-    except ValueError:
-        raise ValidationError("paste the key file's JSON: this is not JSON") from None
+        info = bounded_json(value, max_bytes=KEY_MAX_BYTES, max_depth=KEY_MAX_DEPTH)
+    except ValueError as exc:
+        raise ValidationError(f"paste the key file's JSON: this is not a key file ({exc})") from None
     if not isinstance(info, dict) or info.get("type") != "service_account":
         raise ValidationError('this is not a service-account key (its "type" must be "service_account")')
     missing = [key for key in ("client_email", "private_key") if not info.get(key)]

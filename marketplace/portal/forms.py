@@ -10,7 +10,9 @@ from django import forms
 from django.contrib.auth import get_user_model, password_validation
 from django.core.validators import RegexValidator, URLValidator
 
+from broker.text import name_problem
 from marketplace.models import PROVIDER_ROLES, ProviderProfile
+from marketplace.numbers import DecimalFormField, IntegerFormField, number_problem
 from marketplace.portal.clouds import Cloud, CloudField
 from marketplace.portal.countries import COUNTRIES
 from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
@@ -18,6 +20,13 @@ from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDet
 
 def _label(choice: tuple[str, str]) -> str:
     return choice[1]
+
+
+def readable_name(value: str) -> None:
+    """Refuse a name other people read that holds control or invisible formatting characters
+    (``broker.text.name_problem``)."""
+    if problem := name_problem(value):
+        raise forms.ValidationError(problem)
 
 
 ROLE_CHOICES = [(role.value, role.label) for role in PROVIDER_ROLES]
@@ -78,6 +87,7 @@ class SignupForm(_PasswordsForm):
 
     def clean_organization_name(self) -> str:
         name = " ".join(self.cleaned_data["organization_name"].split())
+        readable_name(name)  # after the whitespace is made plain spaces: a pasted tab is no harm
         if len(name) < 2:
             raise forms.ValidationError("give at least 2 characters")
         return name
@@ -116,7 +126,9 @@ class DetailsForm(forms.Form):
         return cls(data, initial=initial)
 
     def clean_legal_name(self) -> str:
-        return " ".join(self.cleaned_data["legal_name"].split())
+        name = " ".join(self.cleaned_data["legal_name"].split())
+        readable_name(name)
+        return name
 
     def clean_tax_id(self) -> str:
         value = re.sub(r"\s+", "", self.cleaned_data["tax_id"]).upper()
@@ -126,6 +138,8 @@ class DetailsForm(forms.Form):
 
     def clean_registered_address(self) -> str:
         lines = [" ".join(line.split()) for line in self.cleaned_data["registered_address"].splitlines()]
+        for line in lines:
+            readable_name(line)
         value = "\n".join(line for line in lines if line)
         if len(value) < 5:
             raise forms.ValidationError("give the full registered address")
@@ -194,7 +208,16 @@ def _cloud_field(spec: CloudField, *, required: bool, credential: bool) -> forms
     return field
 
 
+# An option with no stated bound still gets one: its text is checked before Decimal() reads it (issue 17).
+_OPTION_BOUND = Decimal(10**12)
+
+
 def _number(spec: CloudField, raw: str) -> str:
+    low = Decimal(str(spec.min_value)) if spec.min_value is not None else -_OPTION_BOUND
+    high = Decimal(str(spec.max_value)) if spec.max_value is not None else _OPTION_BOUND
+    if number_problem(raw, low=low, high=high, whole=spec.kind == "integer", in_range=False):
+        whole = "a whole " if spec.kind == "integer" else "a "
+        raise forms.ValidationError(f"enter {whole}number, written with the digits 0-9")
     try:
         value = Decimal(raw)
     except InvalidOperation:
@@ -349,21 +372,24 @@ class MachineForm(forms.Form):
 
     name = forms.SlugField(max_length=60, help_text="letters, digits and dashes, e.g. fra-h100-1")
     gpu_model = forms.ChoiceField(label="GPU model")
-    gpu_count = forms.IntegerField(label="GPUs", min_value=1, max_value=16)
-    gpu_memory_gb = forms.IntegerField(label="Memory per GPU (GB)", min_value=1, max_value=1024)
-    vcpus = forms.IntegerField(label="vCPUs", min_value=1, max_value=1024)
-    memory_gib = forms.IntegerField(label="RAM (GiB)", min_value=1, max_value=32768)
-    disk_gb = forms.IntegerField(label="Disk (GB)", min_value=10, max_value=1_000_000)
-    network_gbps = forms.DecimalField(
+    gpu_count = IntegerFormField(label="GPUs", min_value=1, max_value=16)
+    gpu_memory_gb = IntegerFormField(label="Memory per GPU (GB)", min_value=1, max_value=1024)
+    vcpus = IntegerFormField(label="vCPUs", min_value=1, max_value=1024)
+    memory_gib = IntegerFormField(label="RAM (GiB)", min_value=1, max_value=32768)
+    disk_gb = IntegerFormField(label="Disk (GB)", min_value=10, max_value=1_000_000)
+    network_gbps = DecimalFormField(
         label="Network (Gbit/s)", min_value=Decimal("0.1"), max_value=Decimal(3200), decimal_places=2
     )
     country = forms.ChoiceField(choices=COUNTRY_CHOICES)
     region = forms.CharField(max_length=32, help_text="your region label, e.g. eu-de or us-tx")
-    price_per_gpu_hour = forms.DecimalField(label="Price per GPU-hour, on demand (USD)", min_value=Decimal("0.01"),
-                                            max_value=Decimal(100), decimal_places=4)  # fmt: skip
-    min_bid_per_gpu_hour = forms.DecimalField(label="Minimum bid per GPU-hour, interruptible (USD)", required=False,
-                                              min_value=Decimal("0.01"), max_value=Decimal(100), decimal_places=4,
-                                              help_text="leave empty to sell on demand only")  # fmt: skip
+    price_per_gpu_hour = DecimalFormField(
+        label="Price per GPU-hour, on demand (USD)", min_value=Decimal("0.01"), max_value=Decimal(100),
+        decimal_places=4,
+    )  # fmt: skip
+    min_bid_per_gpu_hour = DecimalFormField(
+        label="Minimum bid per GPU-hour, interruptible (USD)", required=False, min_value=Decimal("0.01"),
+        max_value=Decimal(100), decimal_places=4, help_text="leave empty to sell on demand only",
+    )  # fmt: skip
     availability = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),

@@ -19,6 +19,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from broker.text import name_problem
 from ledger.services import ledger_append, user_commitment
 from marketplace.models import (
     Invitation,
@@ -64,6 +65,15 @@ class PortalError(Exception):
         self.field = field
 
 
+def _readable(field: str, value: str, *, lines: bool = False) -> None:
+    """Refuse (``PortalError`` on ``field``) a name other people read that holds control or invisible
+    formatting characters, NUL or lone surrogates (``broker.text.name_problem``); with ``lines``, each line
+    on its own (an address). The forms check the same; this keeps every other caller to it."""
+    for line in value.split("\n") if lines else [value]:
+        if problem := name_problem(line):
+            raise PortalError(problem, field=field)
+
+
 # --- Signing up -----------------------------------------------------------------------------------------------
 
 
@@ -100,6 +110,8 @@ def _signup(
     kind: str, username: str, email: str, password: str, organization_name: str
 ) -> tuple[AbstractBaseUser, Organization]:
     email = email.lower()
+    _readable("username", username)
+    _readable("organization_name", organization_name)
     try:
         with transaction.atomic():
             _signup_conflicts(username=username, organization_name=organization_name)
@@ -152,7 +164,11 @@ class BusinessDetails:
 
 
 def provider_details_update(*, organization: Organization, details: BusinessDetails) -> None:
-    """Replace the organisation's business details. Idempotent."""
+    """Replace the organisation's business details. Idempotent. Raises ``PortalError`` for a legal name or
+    address line that is not readable text (``_readable``)."""
+    _readable("legal_name", details.legal_name)
+    _readable("registered_address", details.registered_address, lines=True)
+    _readable("tax_id", details.tax_id)
     ProviderProfile.objects.filter(organization=organization).update(
         legal_name=details.legal_name,
         country=details.country,
@@ -269,6 +285,7 @@ def invitation_accept(*, invitation: Invitation, user: AbstractBaseUser) -> Memb
 
 def invitation_signup(*, invitation: Invitation, username: str, password: str) -> AbstractBaseUser:
     """Create a user with the invited address and accept the invitation for them, in one transaction."""
+    _readable("username", username)
     try:
         with transaction.atomic():
             _signup_conflicts(username=username)
@@ -369,6 +386,7 @@ def provider_account_save(
     """
     if account is not None and (account.kind != data.kind or account.provider_id != organization.provider_id):
         raise PortalError("this account belongs to another cloud or provider")
+    _readable("name", data.name)
     values = {k: v for k, v in _stored_credentials(account).items() if k not in data.clear}
     values.update({k: v for k, v in data.credentials.items() if v})
     for key in sorted(data.required_credentials):
