@@ -9,6 +9,12 @@ from marketplace.models import Organization, OrganizationKind, Role
 from tests.factories import MembershipFactory, OrganizationFactory, SshKeyFactory
 
 
+def pytest_configure(config):
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher"]
+
+
 @pytest.fixture(autouse=True)
 def _eager_celery():
     """Tasks run in-process unless a test starts a real worker (tests/test_worker.py)."""
