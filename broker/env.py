@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,11 +69,15 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return _parse(name, default, parse, "an integer")
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
     def parse(raw: str) -> float:
         value = float(raw)
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
         if minimum is not None and value < minimum:
             raise ValueError(f"must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be <= {maximum}")
         return value
 
     return _parse(name, default, parse, "a number")

@@ -21,6 +21,7 @@ from broker.env import (
     env_rate,
     env_str,
 )
+from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE, WEBHOOK_TASKS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BROKER_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -92,8 +93,15 @@ if not DEBUG:
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Bearer token for Prometheus scraping /metrics from another host (loopback needs none).
 METRICS_TOKEN = env_str("BROKER_METRICS_TOKEN")
-# Sign-in throttling: this many failures per username or address within the window refuse further tries.
+# Proxies in front of the broker that append to X-Forwarded-For (a TLS proxy: 1). The client's address is the
+# one the outermost trusted proxy saw; with 0, REMOTE_ADDR. Sign-in and API throttles key on it.
+TRUSTED_PROXY_HOPS = env_int("BROKER_TRUSTED_PROXY_HOPS", 0, minimum=0)
+# Sign-in throttling (broker/security.py): failed tries within the window per username and address, per
+# address (many names from one place) and per username (many places, looser so one attacker cannot lock a
+# user out). Counted in the cache: every web process shares the counts only through REDIS_URL.
 LOGIN_FAILURE_LIMIT = env_int("BROKER_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_FAILURE_LIMIT_ADDRESS = env_int("BROKER_LOGIN_FAILURE_LIMIT_ADDRESS", 20, minimum=1)
+LOGIN_FAILURE_LIMIT_ACCOUNT = env_int("BROKER_LOGIN_FAILURE_LIMIT_ACCOUNT", 50, minimum=1)
 LOGIN_FAILURE_WINDOW_S = env_int("BROKER_LOGIN_FAILURE_WINDOW_S", 900, minimum=1)
 
 ROOT_URLCONF = "broker.urls"
@@ -143,6 +151,9 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 AUTH_PASSWORD_VALIDATORS = [
+    # Every form that sets a password (sign-up, invitation, admin, createsuperuser) passes the user, so a
+    # password like the username or email is refused.
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
@@ -159,6 +170,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "broker" / "static"]
 
+# The most of a request body read into memory (Django's default, 2.5 MiB, stated so the API's JSON parser, which
+# reads the stream itself, applies the same bound).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.tokens.ScopedTokenAuthentication",
@@ -171,6 +185,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_CLASSES": ["marketplace.api.throttling.TokenRateThrottle"],
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    # JSON bounded in size (DATA_UPLOAD_MAX_MEMORY_SIZE) and nesting before the decoder runs (issue 17).
+    "DEFAULT_PARSER_CLASSES": [
+        "marketplace.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "COERCE_DECIMAL_TO_STRING": True,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -229,6 +249,21 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Every task has a time limit. At the soft one the task gets SoftTimeLimitExceeded (a sweep stops there, what it
+# did stays done); at the hard one the worker kills the child. Tasks that need more or less set their own in
+# their decorator. Only the prefork pool (the default) enforces limits; solo and threads ignore them. The limits
+# travel in each task message from the process that queued it: web, beat and workers need the same values. At
+# most 3000 s: a task must end before Redis would hand it to another worker (CELERY_VISIBILITY_TIMEOUT).
+CELERY_TASK_SOFT_TIME_LIMIT = env_float("BROKER_TASK_SOFT_TIME_LIMIT_S", 300.0, minimum=1.0, maximum=3000.0)
+CELERY_TASK_TIME_LIMIT = env_float("BROKER_TASK_TIME_LIMIT_S", CELERY_TASK_SOFT_TIME_LIMIT + 60, minimum=2.0)
+if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        f"BROKER_TASK_TIME_LIMIT_S={CELERY_TASK_TIME_LIMIT:g} is not valid: it must be above "
+        f"BROKER_TASK_SOFT_TIME_LIMIT_S={CELERY_TASK_SOFT_TIME_LIMIT:g}, so a task can stop cleanly before it is killed"
+    )
+# Webhook deliveries on a queue of their own, consumed by a worker of their own (broker/queues.py).
+CELERY_TASK_DEFAULT_QUEUE = DEFAULT_QUEUE
+CELERY_TASK_ROUTES = {name: {"queue": WEBHOOK_QUEUE} for name in WEBHOOK_TASKS}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
 # The marketplace's commission on what buyers pay, deducted in providers' payout statements.
@@ -237,6 +272,10 @@ COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
 # Heartbeats kept for reliability (a day) and the utilization chart; older ones are deleted.
 HEARTBEAT_RETENTION_S = env_float("BROKER_HEARTBEAT_RETENTION_S", 2 * 86400.0, minimum=86400.0)
+# A machine not (or no longer) verified needs no reliability history: its few heartbeats go after this long.
+UNVERIFIED_HEARTBEAT_RETENTION_S = env_float("BROKER_UNVERIFIED_HEARTBEAT_RETENTION_S", 3600.0, minimum=60.0)
+# Heartbeats one machine may send per minute (its agent sends one every 15 s); more are refused with a 429.
+AGENT_HEARTBEATS_PER_MINUTE = env_int("BROKER_AGENT_HEARTBEATS_PER_MINUTE", 12, minimum=1)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
 CELERY_BEAT_SCHEDULE = {
@@ -279,10 +318,12 @@ BOOT_TIMEOUT_S = env_int("BROKER_BOOT_TIMEOUT_S", 1200, minimum=10)
 # How often lease agents report telemetry.
 LEASE_HEARTBEAT_S = env_float("BROKER_LEASE_HEARTBEAT_S", 15.0, minimum=1.0)
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
-# Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart.
+# Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart; quotes and
+# procurements (seconds of ranking and solving each) also against the tighter "expensive" rate.
 API_RATES = {
     "read": env_rate("BROKER_API_RATE_READ", "1200/min"),
     "write": env_rate("BROKER_API_RATE_WRITE", "120/min"),
+    "expensive": env_rate("BROKER_API_RATE_EXPENSIVE", "20/min"),
 }
 # How long the API remembers the answer to a creating POST under its Idempotency-Key.
 IDEMPOTENCY_KEEP_HOURS = env_int("BROKER_IDEMPOTENCY_KEEP_HOURS", 24, minimum=1)
@@ -316,6 +357,10 @@ if WEBHOOK_DESTINATIONS not in {"loopback", "public"}:
     raise ImproperlyConfigured(
         f"BROKER_WEBHOOK_DESTINATIONS={WEBHOOK_DESTINATIONS!r} is not valid: expected loopback or public"
     )
+# The most one webhook send may take in all (connect, send, status, headers and the answer's excerpt), so a
+# receiver that trickles its answer holds a webhook worker no longer than this (marketplace/webhooks/sending.py).
+# At most 240 s: a delivery being sent is due again after 5 minutes (services.LEASE).
+WEBHOOK_SEND_DEADLINE_S = env_float("BROKER_WEBHOOK_DEADLINE_S", 15.0, minimum=0.1, maximum=240.0)
 
 # Where a seller's cloud account may point the broker (providers/endpoints.py): public addresses, and in
 # development loopback too, where the sandboxes listen.
@@ -332,6 +377,10 @@ LEDGER_SIGNING_KEY = env_str("LEDGER_SIGNING_KEY")
 LEDGER_SIGNING_KEY_FILE = env_str("LEDGER_SIGNING_KEY_FILE", str(VAR_DIR / "ledger-signing.key"))
 # Verifier keys of earlier signing keys (comma-separated), so checkpoints signed before a rotation still verify.
 LEDGER_PREVIOUS_VERIFIER_KEYS = env_list("LEDGER_PREVIOUS_VERIFIER_KEYS", [])
+# During a rotation: the retiring key's seed (base64, or a file holding it), to cosign the new key's first
+# checkpoint so auditors can follow the rotation (README, "Rotating the checkpoint key").
+LEDGER_PREVIOUS_SIGNING_KEY = env_str("LEDGER_PREVIOUS_SIGNING_KEY")
+LEDGER_PREVIOUS_SIGNING_KEY_FILE = env_str("LEDGER_PREVIOUS_SIGNING_KEY_FILE")
 # Empty: an in-process test chain (eth-tester). Otherwise any Ethereum JSON-RPC endpoint, with the sender's
 # key in LEDGER_CHAIN_PRIVATE_KEY (hex) or LEDGER_CHAIN_PRIVATE_KEY_FILE.
 LEDGER_CHAIN_RPC_URL = env_str("LEDGER_CHAIN_RPC_URL")

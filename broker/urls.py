@@ -3,12 +3,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from broker.metrics import metrics_view
-from broker.security import ThrottledLoginView
+from broker.security import login_throttled, sign_in
 
 urlpatterns = [
+    # Ahead of the admin's own routes, so its sign-in form is throttled like the site's.
+    path("admin/login/", login_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
-    path("login/", ThrottledLoginView.as_view(), name="login"),
+    path("login/", sign_in, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include("marketplace.api.urls")),
     path("provider/", include("marketplace.portal.urls")),

@@ -23,7 +23,7 @@ from typing import Any
 
 import requests
 
-from brokerclient import errors
+from brokerclient import bounds, errors
 from brokerclient.verify import VerificationResult, verify_receipt
 
 __all__ = ["ORDER_STATES", "TERMINAL_STATES", "ApiResponse", "BrokerClient"]
@@ -163,12 +163,12 @@ class BrokerClient:
 
     def _answer(self, response: requests.Response, attempts: int, idempotency_key: str | None) -> ApiResponse:
         try:
-            body = response.json() if response.content else None
-        except ValueError:
+            body = bounds.loads(response.content, what="the answer") if response.content else None
+        except ValueError as exc:
             body = None
             if response.ok:
                 raise errors.BrokerError(
-                    response.status_code, "bad_response", f"the answer is not JSON: {response.text[:200]!r}"
+                    response.status_code, "bad_response", f"the answer is not JSON ({exc}): {response.text[:200]!r}"
                 ) from None
         if not response.ok:
             raise errors.error_for(response.status_code, body, response.text)

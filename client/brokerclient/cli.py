@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from brokerclient import bounds
 from brokerclient.api import ORDER_STATES, BrokerClient
 from brokerclient.errors import BrokerError
 from brokerclient.verify import Check, RememberedCheckpoint, VerificationResult, remembered_check, verify_receipt
@@ -281,7 +282,7 @@ def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> 
     trusted = _trusted_key(args)
     if args.file:
         try:
-            receipt = json.loads(Path(args.file).read_text())
+            receipt = bounds.loads(Path(args.file).read_text(), what=f"the receipt file {args.file}")
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read the receipt file: {exc}") from None
     else:
@@ -312,7 +313,11 @@ def _check_remembered(client: BrokerClient, state: Path, result: VerificationRes
     signed = result.checkpoint
     assert signed is not None
     try:
-        remembered = RememberedCheckpoint.from_json(json.loads(state.read_text())) if state.exists() else None
+        remembered = (
+            RememberedCheckpoint.from_json(bounds.loads(state.read_text(), what="the state file"))
+            if state.exists()
+            else None
+        )
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the state file {state}: {exc}") from None
     if remembered is None:
@@ -423,7 +428,7 @@ def launch_config_from(args: argparse.Namespace) -> dict[str, Any]:
         if not sep or not name:
             raise UsageError(f"--env/--secret-env want NAME=VALUE, not {item!r}")
         env.append({"name": name, "value": value, **({"secret": True} if secret else {})})
-    ports = [int(p) for p in _split(args.port)] if args.port else []
+    ports = [_port(p) for p in _split(args.port)] if args.port else []
     launch: dict[str, Any] = {}
     if args.image:
         command = ["/bin/sh", "-c", args.run_command] if args.run_command else []
@@ -457,10 +462,17 @@ def launch_config_from(args: argparse.Namespace) -> dict[str, Any]:
     return launch
 
 
+def _port(text: str) -> int:
+    try:
+        return int(bounds.number(1, 65535, whole=True)(text))
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"--port: {exc}") from None
+
+
 def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
     """Quote, order the best quote with the launch configuration, wait for ready, print how to connect."""
     model, _, count = args.gpu.partition(":")
-    if count and not count.isdigit():
+    if count and not (count.isascii() and count.isdigit() and len(count) <= 3):
         raise UsageError(f"--gpu wants MODEL[:COUNT], e.g. H100:8, not {args.gpu!r}")
     workload = {"profile": args.profile, "limit": 5, "gpu_count": int(count or 1),
                 "gpu_models": _expand_gpus(client, [model])}  # fmt: skip
@@ -519,8 +531,12 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("--url", default=os.environ.get("BROKER_URL"), help="the broker (env BROKER_URL)")
     common.add_argument("--token", default=os.environ.get("BROKER_TOKEN"), help="a brk_ token (env BROKER_TOKEN)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    common.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
-    common.add_argument("--retries", type=int, default=3, help="retries of a failed request (default 3)")
+    common.add_argument(
+        "--timeout", type=bounds.number(0.1, 3600), default=30.0, help="seconds per request (default 30)"
+    )
+    common.add_argument(
+        "--retries", type=bounds.number(0, 100, whole=True), default=3, help="retries of a failed request (default 3)"
+    )
     common.add_argument("-v", "--verbose", action="store_true", help="log each retry on stderr")
     return common
 
@@ -533,35 +549,39 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("offers", parents=[common], help="search offers for sale")
     p.add_argument("query", nargs="?", default="", help='search terms, e.g. "gpu=H100 count>=8 price<40"')
     p.add_argument("--sort", choices=["price", "gpuprice", "tflops"], default="price")
-    p.add_argument("--limit", type=int, default=20, help="at most this many offers (default 20)")
+    p.add_argument(
+        "--limit", type=bounds.number(1, 10000, whole=True), default=20, help="at most this many offers (default 20)"
+    )
     p.set_defaults(run=cmd_offers)
 
     p = sub.add_parser("quote", parents=[common], help="ranked quotes for a workload")
     p.add_argument("--profile", choices=PROFILES, default="training", help="the workload (default training)")
     p.add_argument("--gpu", action="append", help="GPU model key or family (A100 = every A100); repeatable")
-    p.add_argument("--count", type=int, help="GPUs")
-    p.add_argument("--total-memory", type=int, help="total GPU memory in GB (instead of --count)")
-    p.add_argument("--min-gpu-memory", type=int, help="GB per GPU at least")
+    p.add_argument("--count", type=bounds.number(1, 64, whole=True), help="GPUs")
+    p.add_argument(
+        "--total-memory", type=bounds.number(1, 16384, whole=True), help="total GPU memory in GB (instead of --count)"
+    )
+    p.add_argument("--min-gpu-memory", type=bounds.number(0, 1024, whole=True), help="GB per GPU at least")
     p.add_argument("--region", action="append", help="region; repeatable or comma-separated")
     p.add_argument("--jurisdiction", action="append", help="eu, us, ...; repeatable")
     p.add_argument("--pricing", action="append", help="on_demand, spot, reserved; repeatable")
     p.add_argument("--max-price", help="USD per hour at most")
     p.add_argument("--max-job-price", help="USD for the whole job at most")
-    p.add_argument("--hours", type=float, help="expected duration (default 1)")
+    p.add_argument("--hours", type=bounds.number(0.01, 8760), help="expected duration (default 1)")
     p.add_argument("--tolerance", choices=["none", "checkpointed", "stateless"], help="how it bears interruptions")
-    p.add_argument("--checkpoint-hours", type=float, help="hours between checkpoints")
-    p.add_argument("--min-interconnect", type=int, help="GB/s between GPUs at least")
+    p.add_argument("--checkpoint-hours", type=bounds.number(0, 8760), help="hours between checkpoints")
+    p.add_argument("--min-interconnect", type=bounds.number(0, 100000, whole=True), help="GB/s between GPUs at least")
     p.add_argument("--rdma", action=argparse.BooleanOptionalAction, default=None, help="needs RDMA")
     p.add_argument("--ecc", action=argparse.BooleanOptionalAction, default=None, help="needs ECC memory")
-    p.add_argument("--min-fp64", type=float, help="FP64 TFLOPS per GPU at least")
-    p.add_argument("--min-encoders", type=int, help="video encoders per GPU at least")
+    p.add_argument("--min-fp64", type=bounds.number(0, 1000), help="FP64 TFLOPS per GPU at least")
+    p.add_argument("--min-encoders", type=bounds.number(0, 64, whole=True), help="video encoders per GPU at least")
     p.add_argument("--id", help="a name for the workload")
-    p.add_argument("--limit", type=int, default=10, help="quotes to return (default 10)")
+    p.add_argument("--limit", type=bounds.number(1, 50, whole=True), default=10, help="quotes to return (default 10)")
     p.set_defaults(run=cmd_quote)
 
     p = sub.add_parser("order", parents=[common], help="order an offer or a quote")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--offer", type=int, help="an offer id, at its price now")
+    what.add_argument("--offer", type=bounds.number(1, 2**63 - 1, whole=True), help="an offer id, at its price now")
     what.add_argument("--quote", help="a quote id, at the price it locked")
     p.add_argument("--max-price", help="USD per hour at most (failover stays under it)")
     p.add_argument("--no-failover", action="store_true", help="do not move to another offer when this one fails")
@@ -575,14 +595,16 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_show)
 
     p = sub.add_parser("orders", parents=[common], help="your organisation's orders, newest first")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=bounds.number(1, 10000, whole=True), default=20)
     p.set_defaults(run=cmd_orders)
 
     p = sub.add_parser("watch", parents=[common], help="follow an order's state until it reaches one")
     p.add_argument("order")
     p.add_argument("--until", action="append", help="state(s) to wait for (default running); final states stop too")
-    p.add_argument("--wait", type=float, default=600.0, help="give up after this many seconds (default 600)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between looks (default 2)")
+    p.add_argument(
+        "--wait", type=bounds.number(0, 86400), default=600.0, help="give up after this many seconds (default 600)"
+    )
+    p.add_argument("--interval", type=bounds.number(0.1, 3600), default=2.0, help="seconds between looks (default 2)")
     p.set_defaults(run=cmd_watch)
 
     p = sub.add_parser("terminate", parents=[common], help="stop an order's instance")
@@ -625,8 +647,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", action="append", help="ports to open (and expose from the container); repeatable")
     p.add_argument("--allow", action="append", help="address ranges that may connect (default: this machine's)")
     p.add_argument("--key", action="append", help="SSH key ids to install (default: all of the organisation's)")
-    p.add_argument("--shm", type=int, help="shared memory for the container, GB")
-    p.add_argument("--disk", type=int, help="disk size, GB")
+    p.add_argument("--shm", type=bounds.number(1, 1024, whole=True), help="shared memory for the container, GB")
+    p.add_argument("--disk", type=bounds.number(10, 16384, whole=True), help="disk size, GB")
     p.add_argument("--vm-image", help="the machine image id (default: the cloud's GPU-ready image)")
     p.add_argument("--hours", help="stop after this many hours")
     p.add_argument("--spend-cap", help="stop once the order has cost this many USD")
@@ -634,8 +656,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=PROFILES, default="training", help="the workload profile (default training)")
     p.add_argument("--region", action="append", help="regions allowed; repeatable")
     p.add_argument("--pricing", action="append", help="on_demand, spot; repeatable")
-    p.add_argument("--wait", type=float, default=1800.0, help="give up waiting after this many seconds")
-    p.add_argument("--interval", type=float, default=3.0, help="seconds between looks")
+    p.add_argument(
+        "--wait", type=bounds.number(0, 86400), default=1800.0, help="give up waiting after this many seconds"
+    )
+    p.add_argument("--interval", type=bounds.number(0.1, 3600), default=3.0, help="seconds between looks")
     p.set_defaults(run=cmd_launch)
     return main
 

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker.security import client_address as request_address
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
 from marketplace.api.tokens import request_organization
@@ -35,8 +36,9 @@ ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "me
 
 
 def client_address(request: Request) -> str | None:
-    """Where the request came from: the default for who may reach a machine the request launches."""
-    return request.META.get("REMOTE_ADDR") or None
+    """Where the request came from, behind the trusted proxies only (``broker.security.client_address``): the
+    default for who may reach a machine the request launches."""
+    return request_address(request) or None
 
 
 # --------------------------------------------------------------------------------------------- SSH keys

@@ -6,6 +6,7 @@ import datetime as dt
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -14,6 +15,15 @@ from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import Demand, Profile, Tolerance
 from marketplace.models import Offer, Order, Quote
+from marketplace.numbers import (
+    MAX_BUDGET,
+    MAX_ID,
+    MAX_PRICE_PER_HOUR,
+    MAX_PRICE_PER_JOB,
+    DecimalSerializerField,
+    FloatSerializerField,
+    IntegerSerializerField,
+)
 from marketplace.orders.selectors import order_usage
 from providers import gpu_names
 
@@ -90,25 +100,27 @@ def _iso(value: dt.datetime) -> str:
 
 class OfferListInput(serializers.Serializer):
     gpu = serializers.CharField(required=False, allow_blank=True, max_length=32)
-    count = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    count = IntegerSerializerField(required=False, min_value=1, max_value=64)
     region = serializers.CharField(required=False, allow_blank=True, max_length=64)
     pricing = serializers.ChoiceField(required=False, allow_blank=True, choices=["on_demand", "spot", "reserved"])
-    max_price = serializers.DecimalField(required=False, max_digits=14, decimal_places=6, min_value=Decimal("0"))
+    max_price = DecimalSerializerField(
+        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0"), max_value=MAX_PRICE_PER_HOUR
+    )
 
 
 class OrderPlaceInput(serializers.Serializer):
     """Exactly one of ``offer`` (at its current price) or ``quote`` (at the price the quote locked)."""
 
-    offer = serializers.IntegerField(min_value=1, required=False)
+    offer = IntegerSerializerField(min_value=1, max_value=MAX_ID, required=False)
     quote = serializers.UUIDField(required=False)
-    max_price_per_hour = serializers.DecimalField(
-        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001")
+    max_price_per_hour = DecimalSerializerField(
+        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR
     )
     allow_failover = serializers.BooleanField(required=False, default=True)
     regions = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
     )
-    duration_hours = serializers.DecimalField(
+    duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
     launch = serializers.JSONField(
@@ -135,9 +147,9 @@ class DemandInput(serializers.Serializer):
 
     id = serializers.CharField(required=False, allow_blank=True, max_length=64)
     profile = serializers.ChoiceField(choices=_PROFILES)
-    gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=64)
-    total_gpu_memory_gb = serializers.IntegerField(required=False, min_value=1, max_value=16384)
-    min_gpu_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=1024)
+    gpu_count = IntegerSerializerField(required=False, min_value=1, max_value=64)
+    total_gpu_memory_gb = IntegerSerializerField(required=False, min_value=1, max_value=16384)
+    min_gpu_memory_gb = IntegerSerializerField(required=False, min_value=0, max_value=1024)
     gpu_models = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(gpu_names.ALL)), required=False, default=list, max_length=30
     )
@@ -150,22 +162,22 @@ class DemandInput(serializers.Serializer):
     pricing_models = serializers.ListField(
         child=serializers.ChoiceField(choices=_PRICING), required=False, default=list, max_length=3
     )
-    max_price_per_hour = serializers.DecimalField(
-        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001")
+    max_price_per_hour = DecimalSerializerField(
+        required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR
     )
-    max_price_per_job = serializers.DecimalField(
-        required=False, max_digits=16, decimal_places=6, min_value=Decimal("0.000001")
+    max_price_per_job = DecimalSerializerField(
+        required=False, max_digits=16, decimal_places=6, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_JOB
     )
-    duration_hours = serializers.FloatField(required=False, default=1.0, min_value=0.01, max_value=8760)
+    duration_hours = FloatSerializerField(required=False, default=1.0, min_value=0.01, max_value=8760)
     interruption_tolerance = serializers.ChoiceField(
         choices=[t.value for t in Tolerance], required=False, default=Tolerance.CHECKPOINTED.value
     )
-    checkpoint_interval_hours = serializers.FloatField(required=False, default=1.0, min_value=0.0, max_value=8760)
-    min_interconnect_gbs = serializers.IntegerField(required=False, min_value=0, max_value=100000)
+    checkpoint_interval_hours = FloatSerializerField(required=False, default=1.0, min_value=0.0, max_value=8760)
+    min_interconnect_gbs = IntegerSerializerField(required=False, min_value=0, max_value=100000)
     needs_rdma = serializers.BooleanField(required=False, allow_null=True, default=None)
-    min_fp64_tflops = serializers.FloatField(required=False, min_value=0, max_value=1000)
+    min_fp64_tflops = FloatSerializerField(required=False, min_value=0, max_value=1000)
     needs_ecc = serializers.BooleanField(required=False, allow_null=True, default=None)
-    min_video_encoders = serializers.IntegerField(required=False, min_value=0, max_value=64)
+    min_video_encoders = IntegerSerializerField(required=False, min_value=0, max_value=64)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "gpu_count" in attrs and "total_gpu_memory_gb" in attrs:
@@ -209,16 +221,42 @@ class LaunchFields(serializers.Serializer):
 
 
 class QuoteCreateInput(DemandInput, LaunchFields):
-    limit = serializers.IntegerField(required=False, default=10, min_value=1, max_value=50)
+    limit = IntegerSerializerField(required=False, default=10, min_value=1, max_value=50)
 
 
 class ProcurementDemandInput(DemandInput, LaunchFields):
     pass
 
 
+# Each demand is ranked against the whole book before the joint assignment: 2,000 took 10 s of a web worker
+# (issue 17); 100 keep a batch well under a second on the demo book (about 0.1 s on 150 offers).
+MAX_PROCUREMENT_DEMANDS = 100
+
+
+MIN_PROCUREMENT_TIME_LIMIT_S = 0.5
+
+
+def _time_limit_field() -> FloatSerializerField:
+    # The solver holds a web worker for its whole time limit: a caller may ask for less than the broker's
+    # setting, never more (issue 17). Read per request, so the setting is the one in force.
+    cap = settings.PROCUREMENT_TIME_LIMIT_S
+    span = f"must be from {MIN_PROCUREMENT_TIME_LIMIT_S:g} to {cap:g} seconds"
+    return FloatSerializerField(
+        required=False,
+        min_value=MIN_PROCUREMENT_TIME_LIMIT_S,
+        max_value=cap,
+        error_messages={"min_value": span, "max_value": span},
+        help_text="seconds the solver may take, at most BROKER_PROCUREMENT_TIME_LIMIT_S (the default)",
+    )
+
+
 class ProcurementInput(serializers.Serializer):
-    demands = ProcurementDemandInput(many=True, allow_empty=False, max_length=2000)
-    time_limit = serializers.FloatField(required=False, min_value=0.5, max_value=30)
+    demands = ProcurementDemandInput(many=True, allow_empty=False, max_length=MAX_PROCUREMENT_DEMANDS)
+    time_limit = _time_limit_field()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["time_limit"] = _time_limit_field()
 
 
 class QuoteOutput(serializers.Serializer):
@@ -325,9 +363,9 @@ class OrderOutput(serializers.ModelSerializer):
 class BudgetInput(serializers.Serializer):
     """USD; null clears a limit."""
 
-    budget_per_hour = serializers.DecimalField(
-        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), allow_null=True
+    budget_per_hour = DecimalSerializerField(
+        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_BUDGET, allow_null=True
     )
-    budget_monthly = serializers.DecimalField(
-        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), allow_null=True
+    budget_monthly = DecimalSerializerField(
+        max_digits=14, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_BUDGET, allow_null=True
     )

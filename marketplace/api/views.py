@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from ledger.checkpoints import consistency_proof, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
-from ledger.receipts import checkpoint_json, latest_checkpoint, receipt
+from ledger.receipts import checkpoint_json, key_history_json, latest_checkpoint, receipt
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
 from marketplace.api.serializers import (
@@ -34,6 +34,7 @@ from marketplace.api.serializers import (
     QuoteOutput,
     demand_from,
 )
+from marketplace.api.throttling import ExpensiveRateThrottle, TokenRateThrottle
 from marketplace.api.tokens import request_organization
 from marketplace.catalog.history import offer_prices
 from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
@@ -279,7 +280,9 @@ def _ranking_extras(ranking: Ranking) -> dict[str, object]:
 class QuoteCreateApi(APIView):
     """POST /api/v1/quotes: one workload -> ranked quotes, prices locked until ``expires_at``."""
 
-    required_scopes = {"POST": ("offers:read",)}
+    # Quoting locks prices and ranks the whole book: a buyer's act, not a reader's, and throttled tighter.
+    required_scopes = {"POST": ("orders:place",)}
+    throttle_classes = [TokenRateThrottle, ExpensiveRateThrottle]
 
     @extend_schema(
         request=QuoteCreateInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
@@ -310,7 +313,9 @@ class QuoteCreateApi(APIView):
 class ProcurementCreateApi(APIView):
     """POST /api/v1/procurements: many workloads assigned jointly against finite capacity."""
 
-    required_scopes = {"POST": ("offers:read",)}
+    # Quoting locks prices and ranks the whole book: a buyer's act, not a reader's, and throttled tighter.
+    required_scopes = {"POST": ("orders:place",)}
+    throttle_classes = [TokenRateThrottle, ExpensiveRateThrottle]
 
     @extend_schema(
         request=ProcurementInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
@@ -443,19 +448,23 @@ def _count(request: Request, name: str, default: int, *, minimum: int, maximum: 
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
+    # Length first: int() of a 5,000-digit text raises (a 500), and a long one costs time for nothing.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not minimum <= int(raw) <= maximum:
         raise ValidationError({name: [f"a whole number from {minimum} to {maximum}"]})
     return int(raw)
 
 
 class LedgerKeyApi(APIView):
-    """GET /api/v1/ledger/key: the key checkpoints are signed with. Public, like everything an auditor needs."""
+    """GET /api/v1/ledger/key: the key checkpoints are signed with, and every earlier one with the checkpoints it
+    signed and its handover (ledger/receipts.py). Public, like everything an auditor needs."""
 
     permission_classes = [AllowAny]
 
     @extend_schema(responses={200: OBJECT})
     def get(self, request: Request) -> Response:
-        return Response({"origin": settings.LEDGER_ORIGIN, "verifier_key": verifier_key()})
+        return Response(
+            {"origin": settings.LEDGER_ORIGIN, "verifier_key": verifier_key(), "key_history": key_history_json()}
+        )
 
 
 class CheckpointListApi(APIView):

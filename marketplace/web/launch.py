@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from broker.security import client_address
 from marketplace.catalog.selectors import offer_list
 from marketplace.launch.config import (
     LaunchChoice,
@@ -52,16 +53,17 @@ BLANK_ENV_ROWS = 2  # empty rows offered below the filled ones (more appear afte
 
 
 def _caller_cidr(request: HttpRequest) -> str:
-    """The request's own address as a single-address range: who may reach the machine by default."""
+    """The buyer's own address as a single-address range: who may reach the machine by default."""
     try:
-        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")
+        address = ipaddress.ip_address(client_address(request))
     except ValueError:
         return ""
     return f"{address}/{address.max_prefixlen}"
 
 
 def _caller(request: HttpRequest) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
+    # The client behind the trusted proxies: behind the TLS proxy, the connection's own address is the proxy's.
+    return client_address(request) or None
 
 
 # --------------------------------------------------------------------------------------------- SSH keys

@@ -217,8 +217,9 @@ def tokens(request: HttpRequest) -> HttpResponse:
                     organization=org, user=request.user, name=form.cleaned_data["name"],
                     scopes=form.cleaned_data["scopes"],
                 )  # fmt: skip
-        except ValueError as exc:  # scopes beyond the role's
-            form.add_error("scopes", str(exc).removeprefix("scopes: "))
+        except ValueError as exc:  # scopes beyond the role's, or a name that is not readable text
+            field, _, message = str(exc).partition(": ")
+            form.add_error(field if field in form.fields else None, message)
         else:
             form = ApiTokenForm()
     response = render(
