@@ -56,14 +56,16 @@ def order_on_machine(account, organization, user, capture, zone: str = "fra-h100
 
 
 def beats_over_the_last_hour(machine: Machine, *, since: dt.datetime, values: list[int]) -> None:
-    """Heartbeats from the agent, one per value, spread evenly from ``since`` to now."""
+    """Heartbeats from the agent, one per value, spread evenly from ``since`` to now (each sent at its own time,
+    so the per-minute heartbeat limit counts them as the agent's real pace)."""
     now = timezone.now()
     step = (now - since) / len(values)
     for i, util in enumerate(values):
         gpus = [{"index": g, "utilization_pct": util, "temperature_c": 50 + util // 5 + g, "power_w": 300 + util * 4}
                 for g in range(8)]  # fmt: skip
-        beat = machine_heartbeat(machine=machine, gpus=gpus, instances=1)
-        MachineHeartbeat.objects.filter(pk=beat.pk).update(at=since + step * (i + 1))
+        sent = since + step * (i + 1)
+        beat = machine_heartbeat(machine=machine, gpus=gpus, instances=1, now=sent)
+        MachineHeartbeat.objects.filter(pk=beat.pk).update(at=sent)
 
 
 @pytest.fixture
