@@ -84,28 +84,26 @@ def _shutdown(sock: socket.socket) -> None:
         pass  # already closed or never connected
 
 
-class _WatchedHTTPConnection(HTTPConnection):
-    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._watchdog = watchdog
-
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        self._watchdog.watch(sock)
-        return sock
-
-
-class _WatchedHTTPSConnection(HTTPSConnection):
-    """The TCP socket is watched before the TLS handshake, so a handshake that trickles is cut off too."""
+class _Watched:
+    """Hands each new TCP socket to the send's watchdog. For HTTPS it is watched before the TLS handshake, so a
+    handshake that trickles is cut off too."""
 
     def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._watchdog = watchdog
 
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
+        sock = super()._new_conn()  # type: ignore[misc]  # a mixin: the connection class comes after it
         self._watchdog.watch(sock)
         return sock
+
+
+class _WatchedHTTPConnection(_Watched, HTTPConnection):
+    pass
+
+
+class _WatchedHTTPSConnection(_Watched, HTTPSConnection):
+    pass
 
 
 class _WatchedAdapter(HTTPAdapter):
