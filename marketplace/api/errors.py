@@ -46,7 +46,7 @@ def error_response(code: str, message: str, http_status: int, fields: dict[str, 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RequestDataTooBig):  # DRF reads request.body before a JSON parser, so Django checks first
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return error_response("too_large", f"the body is over {limit} bytes, the most the API reads", 400)
+        return error_response("too_large", f"the body is over {limit} bytes, the most the API reads", 413)
     if isinstance(exc, LaunchConfigInvalid):
         fields = {k: [v] for k, v in exc.fields.items()}
         return error_response(exc.code, "the launch configuration has invalid fields", 400, fields)

@@ -211,7 +211,7 @@ def test_the_api_refuses_a_body_over_the_upload_size_naming_it(api, settings):
 
     response = api.generic("POST", "/api/v1/orders", body, content_type="application/json")
 
-    assert response.status_code == 400
+    assert response.status_code == 413  # as the agent endpoints answer
     assert response.json()["error"] == {
         "code": "too_large",
         "message": f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes, the most the API reads",
