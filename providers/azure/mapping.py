@@ -108,7 +108,12 @@ TRANSPORT_ERRORS: frozenset[str] = frozenset(
 
 
 def error_class_for(code: str, message: str = "", http_status: int | None = None) -> type[ProviderError]:
-    """The broker error class for an Azure error code. Unknown codes are final unless the status says otherwise."""
+    """The broker error class for an Azure error code. Unknown codes are final unless the status says otherwise.
+
+    A 429 is throttling whatever its code: Compute throttles with ``OperationNotAllowed`` ("too many requests",
+    details ``TooManyRequests``), which must not be read as a final refusal by its message."""
+    if http_status == 429:
+        return TransientProviderError
     if code == OPERATION_NOT_ALLOWED:
         if _QUOTA_MESSAGE.search(message):
             return QuotaExceeded

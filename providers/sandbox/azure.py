@@ -805,11 +805,16 @@ class AzureSandbox(SandboxApp):
         return fault
 
     def _throttled(self) -> Response:
+        """Compute's throttling answer as Microsoft's "Troubleshooting API throttling errors" shows it: 429,
+        ``OperationNotAllowed`` with a too-many-requests message, the operation group in ``details``."""
+        group = "PutVM3Min"
+        counts = {"operationGroup": group, "allowedRequestCount": 240, "measuredRequestCount": 241}
         return arm_error(
-            "TooManyRequests",
-            "The request is being throttled as the limit has been reached for operation group. Retry later.",
+            "OperationNotAllowed",
+            "The server rejected the request because too many requests have been received for this subscription.",
             429,
             {"Retry-After": str(self.retry_after_s)},
+            details=[{"code": "TooManyRequests", "target": group, "message": json.dumps(counts)}],
         )
 
     # ------------------------------------------------------------------------------------------ token

@@ -21,12 +21,21 @@ from providers.sandbox.server import json_response
 
 
 def arm_error(
-    code: str, message: str, status: int, headers: dict[str, str] | None = None, *, target: str | None = None
+    code: str,
+    message: str,
+    status: int,
+    headers: dict[str, str] | None = None,
+    *,
+    target: str | None = None,
+    details: list[dict[str, Any]] | None = None,
 ) -> Response:
-    """ARM's error answer; ``target`` names the offending field where ARM names it (``osProfile.customData``)."""
+    """ARM's error answer; ``target`` names the offending field where ARM names it (``osProfile.customData``),
+    ``details`` the inner errors where ARM lists them."""
     error: dict[str, Any] = {"code": code, "message": message}
     if target is not None:
         error["target"] = target
+    if details is not None:
+        error["details"] = details
     response = json_response({"error": error}, status=status)
     for key, value in (headers or {}).items():
         response.headers[key] = value

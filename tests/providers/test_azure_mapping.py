@@ -233,6 +233,13 @@ def test_prices_filter_names_region_and_size_and_refuses_quotes():
             ProviderRequestRejected,
         ),
         ("QuotaExceeded", "", 409, QuotaExceeded),
+        # Compute's throttling, per Microsoft's "Troubleshooting API throttling errors": retryable, not final.
+        (
+            "OperationNotAllowed",
+            "The server rejected the request because too many requests have been received for this subscription.",
+            429,
+            TransientProviderError,
+        ),
         ("TooManyRequests", "", 429, TransientProviderError),
         ("SomethingNew", "", 429, TransientProviderError),
         ("SomethingNew", "", 503, TransientProviderError),

@@ -250,7 +250,11 @@ def test_a_throttle_answers_429_with_retry_after(arm, sandbox):
     throttled = arm.get(f"{sandbox.url}{VMS}", params=API, timeout=5)
 
     assert (throttled.status_code, throttled.headers["Retry-After"]) == (429, "1")
-    assert throttled.json()["error"]["code"] == "TooManyRequests"
+    # Microsoft, "Troubleshooting API throttling errors" (Azure Virtual Machines troubleshooting): Compute answers
+    # 429 with code OperationNotAllowed, a too-many-requests message and the operation group in details.
+    error = throttled.json()["error"]
+    assert error["code"] == "OperationNotAllowed" and "too many requests" in error["message"]
+    assert [d["code"] for d in error["details"]] == ["TooManyRequests"]
     assert arm.get(f"{sandbox.url}{VMS}", params=API, timeout=5).json() == {"value": []}
 
 
