@@ -9,7 +9,8 @@ from typing import Any
 from django.test import Client
 
 from marketplace.launch.config import LaunchChoice
-from marketplace.models import Order
+from marketplace.launch.leases import boot_token
+from marketplace.models import Lease, Order
 from providers.community.lease import LeaseAgent
 
 # What tests order with unless they say otherwise: just the machine, the organisation's keys, SSH from here.
@@ -59,3 +60,13 @@ def boot(order: Order, source: Any, transport: ClientTransport | None = None) ->
     state = agent.boot()
     order.refresh_from_db()
     return state
+
+
+def claimed_lease(order: Order, client: Client) -> tuple[Lease, str, str]:
+    """Claim the order's lease as its agent would, through the test client: (lease, key id, secret). The boot
+    token is spent; the lease's state is what the claim left."""
+    lease = Lease.objects.get(order=order)
+    answer = client.post(
+        "/agent/v1/lease/claim", {"boot_token": boot_token(lease.attempt.client_token)}, content_type="application/json"
+    ).json()
+    return Lease.objects.get(pk=lease.pk), answer["key_id"], answer["secret"]

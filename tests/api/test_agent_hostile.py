@@ -9,11 +9,10 @@ import json
 import pytest
 
 from ledger.models import LedgerEntry
-from marketplace.launch.leases import boot_token
 from marketplace.models import Lease, LeaseHeartbeat, LeaseState, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from providers.community import protocol
-from tests.leases import LAUNCH
+from tests.leases import LAUNCH, claimed_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -24,11 +23,7 @@ def claimed(acme, alice, aws_account, aws_sandbox, client, django_capture_on_com
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
-    lease = Lease.objects.get(order=order)
-    answer = client.post(
-        "/agent/v1/lease/claim", {"boot_token": boot_token(lease.attempt.client_token)}, content_type="application/json"
-    ).json()
-    return Lease.objects.get(pk=lease.pk), answer["key_id"], answer["secret"]
+    return claimed_lease(order, client)
 
 
 def _signed_post(client, path: str, body: bytes, key_id: str, secret: str, **override: str):

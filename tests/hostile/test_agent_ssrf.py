@@ -22,18 +22,15 @@ from providers.errors import ProviderRequestRejected
 from providers.models import Machine, MachineState
 from providers.services import adapter_for_account
 from providers.types import LaunchSpec, PricingModel
-from tests.hosts import HostilePeer, start_hosts, stop_hosts
+from tests.hosts import HostilePeer
 from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def hosts(fleet):
-    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
-    assert offers_sync(account_id=fleet.pk).ok
-    yield agents
-    stop_hosts(agents)
+def hosts(held_hosts):
+    return held_hosts
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from rest_framework.test import APIClient
 from broker.addresses import is_public
 from ledger.services import ledger_verify
 from marketplace.api.tokens import api_token_create
-from marketplace.launch.leases import boot_token
 from marketplace.models import AttemptOutcome, Instance, Lease, LeaseHeartbeat, LeaseState, Order, OrderState, Quote
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.portal.forms import InvitationSignupForm
@@ -33,7 +32,7 @@ from providers.endpoints import EndpointRefused, endpoint_check
 from providers.models import MachineHeartbeat
 from providers.services import adapter_for_account
 from tests.hosts import LISTING
-from tests.leases import LAUNCH, boot
+from tests.leases import LAUNCH, boot, claimed_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -99,12 +98,9 @@ def claimed(acme, alice, aws_account, aws_sandbox, client, django_capture_on_com
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
     with django_capture_on_commit_callbacks(execute=True):
         order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
-    lease = Lease.objects.get(order=order)
-    answer = client.post(
-        "/agent/v1/lease/claim", {"boot_token": boot_token(lease.attempt.client_token)}, content_type="application/json"
-    ).json()
+    lease, key_id, secret = claimed_lease(order, client)
     Lease.objects.filter(pk=lease.pk).update(state=LeaseState.READY)
-    return lease, answer["key_id"], answer["secret"]
+    return lease, key_id, secret
 
 
 def test_a_lease_heartbeat_reporting_more_memory_than_the_gpu_has_is_refused(client, claimed):

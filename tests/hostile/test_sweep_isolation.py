@@ -31,11 +31,8 @@ POISON = {"id": "i-1", "state": "running", "tags": ["broker:order", "x"], "ssh":
 
 
 @pytest.fixture
-def hosts(fleet):
-    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False)
-    assert offers_sync(account_id=fleet.pk).ok
-    yield agents
-    stop_hosts(agents)
+def hosts(held_hosts):
+    return held_hosts
 
 
 @pytest.fixture
