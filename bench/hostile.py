@@ -32,7 +32,6 @@ import json
 import os
 import secrets
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -142,13 +141,6 @@ def _explain(body: bytes) -> str:
         return f"{error['code']}: {fields or error['message']}"[:120]
     except (ValueError, KeyError, TypeError):
         return repr(body[:110])
-
-
-def _ms_of(values: list[float], q: int) -> float:
-    """A percentile in ms that stays within the samples (a few dozen per kind, where extrapolating misleads)."""
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000 if len(values) > 1 else values[0] * 1000
-    )
 
 
 def _hostile_token() -> str:
@@ -288,7 +280,8 @@ def main() -> int:
             counts[status] = counts.get(status, 0) + 1
         statuses = " ".join(f"{s}x{n}" for s, n in sorted(counts.items()))
         latencies = [latency for _, _, latency in group]
-        print(f"{name:22} {len(group):9} {statuses:>16} {_ms_of(latencies, 50):8.1f} {_ms_of(latencies, 95):8.1f} "
+        p50, p95 = _ms(latencies, 50, "inclusive"), _ms(latencies, 95, "inclusive")
+        print(f"{name:22} {len(group):9} {statuses:>16} {p50:8.1f} {p95:8.1f} "
               f"{max(latencies) * 1000:8.1f}")  # fmt: skip
 
     deaths = [line for line in log if any(mark in line for mark in DEATHS)]
@@ -312,7 +305,7 @@ def main() -> int:
         )
     if baseline.errors or attacked.errors:
         problems.append(f"{baseline.errors + attacked.errors} honest search(es) failed")
-    hostile_p95 = _ms_of([a[2] for a in answers], 95)
+    hostile_p95 = _ms([a[2] for a in answers], 95, "inclusive")
     print(
         f"goal honest p95 under attack within 2x of the baseline: {'met' if ratio_p95 <= 2 else 'NOT met'} "
         f"({ratio_p95:.2f}x); no worker lost: {'met' if not (lost or deaths) else 'NOT met'}; hostile requests "
