@@ -93,25 +93,17 @@ class ApiTokenForm(forms.Form):
     )
 
 
+def _budget_field(label: str) -> DecimalFormField:
+    return DecimalFormField(
+        required=False, min_value=Decimal("0.01"), max_value=MAX_BUDGET, max_digits=14, decimal_places=2, label=label
+    )
+
+
 class BudgetForm(forms.Form):
     """The organisation's spending limits in USD; a blank field removes that limit."""
 
-    budget_per_hour = DecimalFormField(
-        required=False,
-        min_value=Decimal("0.01"),
-        max_value=MAX_BUDGET,
-        max_digits=14,
-        decimal_places=2,
-        label="Hourly budget (USD/h)",
-    )
-    budget_monthly = DecimalFormField(
-        required=False,
-        min_value=Decimal("0.01"),
-        max_value=MAX_BUDGET,
-        max_digits=14,
-        decimal_places=2,
-        label="Monthly budget (USD)",
-    )
+    budget_per_hour = _budget_field("Hourly budget (USD/h)")
+    budget_monthly = _budget_field("Monthly budget (USD)")
 
 
 # --- Buyer organisations: signing up and the team -------------------------------------------------------------
