@@ -18,6 +18,8 @@ from marketplace.models import Order, OrderState
 from marketplace.orders.provisioning import (
     Step,
     attempt_settle_after_transient,
+    instance_end_settle,
+    instances_to_settle,
     order_boot_check,
     order_boot_settle,
     order_check_running,
@@ -195,6 +197,17 @@ def orders_sweep_task() -> int:
             failed.append(order_id)
     if failed:
         log.warning("orders sweep: %d running order(s) could not be checked: %s", len(failed), failed)
+    # Ended machines the provider was still stopping: their state follows the provider's until it is final.
+    for instance_id in instances_to_settle(now=timezone.now()):
+        _sweep_time_check()
+        try:
+            instance_end_settle(instance_id=instance_id)
+        except ProviderError as exc:
+            log.warning("could not check ended instance %s: %s", instance_id, exc)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception:  # one instance's surprise must not stop the sweep for every other order
+            log.exception("checking ended instance %s failed", instance_id)
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):

@@ -183,11 +183,22 @@ def attempt_settle_after_transient(*, order_id: int, error: ProviderError) -> St
     return Step.DONE
 
 
+# Said of every order without failover that fails: nothing else was tried, so nothing may suggest it was.
+_NO_FAILOVER = "failover was not allowed, so no other {} was tried"
+
+
 def _failure_summary(order: Order) -> str:
+    """Why the order failed, in the buyer's words: what each attempt ran into and, for an order without
+    failover, that no other offer was tried."""
     parts = [
         f"{a.offer.instance_type} in {a.offer.zone}: {a.error_class} ({a.provider_code or 'no code'})"
         for a in order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED)
     ]
+    if not order.allow_failover:
+        if not parts:
+            why = "a recent failure blocks its zone, region or account, or it is stale or above the price cap"
+            return f"the chosen offer cannot be launched now ({why}); {_NO_FAILOVER.format('offer')}"
+        return "failed on the chosen offer: " + "; ".join(parts) + f"; {_NO_FAILOVER.format('offer')}"
     if not parts:
         return "no offer satisfies the order within its price cap"
     return "no offer left within the price cap after " + "; ".join(parts)
@@ -650,8 +661,49 @@ def order_check_running(*, order_id: int) -> Step:
         if order.allow_failover:
             order_transition(order=order, to=OrderState.PROVISIONING, reason=reason + "; provisioning again")
         else:
-            order_transition(order=order, to=OrderState.FAILED, reason=reason)
+            order_transition(order=order, to=OrderState.FAILED, reason=f"{reason}; {_NO_FAILOVER.format('machine')}")
     return Step.PROVISION if order.allow_failover else Step.DONE
+
+
+# An ended instance's state is checked at its provider for this long after its end; one still stopping by then
+# is left to the reconciler, which looks back as far and stops whatever still runs for an ended order.
+ENDING_CHECK_WINDOW = dt.timedelta(hours=24)
+# What an ended instance settles in: nothing will change it any more.
+_ENDED_STATES = (InstanceState.TERMINATED.value, InstanceState.FAILED.value)
+
+
+def instances_to_settle(*, now: dt.datetime) -> list[int]:
+    """Ended instances (inactive) whose last known state is not final yet, ended within
+    ``ENDING_CHECK_WINDOW``, oldest first: a terminate the provider answered with "shutting down" (AWS),
+    a delete still running (GCP, Azure), a machine the provider stopped rather than terminated."""
+    return list(
+        Instance.objects.filter(active=False, terminated_at__gte=now - ENDING_CHECK_WINDOW)
+        .exclude(state__in=_ENDED_STATES)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def instance_end_settle(*, instance_id: int) -> str:
+    """Record what the provider now says of an ended instance, so the order page, the order list and the API
+    show the provider's state rather than the one its terminate answered. A provider that no longer knows the
+    instance has terminated it (clouds forget deleted machines, at once or after a while). Returns the state
+    recorded.
+
+    Idempotent, and a no-op for an active instance or one already terminated or failed. Raises the adapter's
+    ``ProviderError`` when the provider cannot be asked; the next sweep asks again."""
+    instance = Instance.objects.select_related("account").get(pk=instance_id)
+    if instance.active or instance.state in _ENDED_STATES:
+        return instance.state
+    try:
+        state = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id).state
+    except ProviderRequestRejected as exc:
+        if not instance_not_found(exc):
+            raise
+        state = InstanceState.TERMINATED
+    # Conditional on the state read: another path that settled the row meanwhile keeps its word.
+    Instance.objects.filter(pk=instance.pk, active=False, state=instance.state).update(state=state.value)
+    return state.value
 
 
 def instance_not_found(error: ProviderError) -> bool:

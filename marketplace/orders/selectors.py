@@ -16,6 +16,8 @@ from django.db.models.functions import TruncMinute
 
 from ledger.selectors import entries_for_subject, latest_hashes
 from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
     InvoiceLine,
     Lease,
     LeaseHeartbeat,
@@ -186,17 +188,49 @@ class HistoryEntry:
     entry_hash: str
 
 
+def order_failed_attempts(order: Order) -> list[Attempt]:
+    """The order's failed attempts, first first, each with its offer and the offer's provider account: where it
+    was tried and why it failed, as the order page lists them."""
+    return list(
+        Attempt.objects.filter(order=order, outcome=AttemptOutcome.FAILED)
+        .select_related("offer__account__provider")
+        .order_by("number")
+    )
+
+
+def _attempt_reason(kind: str, payload: dict[str, Any], attempts: dict[int, Attempt]) -> str:
+    """An attempt's ledger entry has no ``reason`` of its own: say what the entry records, with where the
+    attempt was made (the ledger's fields first: they are what was signed)."""
+    number = payload.get("attempt")
+    attempt = attempts.get(number) if isinstance(number, int) else None
+    zone = str(payload.get("zone") or (attempt.offer.zone if attempt else ""))
+    where = f"attempt {number}" + (f" in {zone}" if zone else "")
+    if kind == "attempt.failed":
+        code = payload.get("provider_code")
+        return f"{where} failed: {payload.get('error_class') or 'failed'}" + (f" ({code})" if code else "")
+    if kind == "attempt.launched":
+        return f"{where} launched {payload.get('instance', '')}".rstrip()
+    if kind == "attempt.started":
+        return f"{where}: {payload.get('instance_type', '')}".rstrip(": ")
+    return ""
+
+
 def order_history(order: Order) -> list[HistoryEntry]:
-    """The order's ledger entries, oldest first: every state change, with its reason, as the ledger recorded it."""
+    """The order's ledger entries, oldest first: every state change, with its reason, as the ledger recorded it;
+    an attempt's entries with where it was made and, for a failed one, why."""
+    attempts = {a.number: a for a in order.attempts.all()}
     history = []
     for entry in entries_for_subject(f"order:{order.public_id}"):
         payload = json.loads(entry.payload)
+        reason = str(payload.get("reason", ""))
+        if not reason and entry.kind.startswith("attempt."):
+            reason = _attempt_reason(entry.kind, payload, attempts)
         history.append(
             HistoryEntry(
                 at=entry.created_at,
                 kind=entry.kind,
                 state=str(payload.get("state", "")),
-                reason=str(payload.get("reason", "")),
+                reason=reason,
                 entry_hash=entry.entry_hash,
             )
         )

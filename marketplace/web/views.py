@@ -30,7 +30,7 @@ from marketplace.catalog.history import chart, price_history, spot_savings
 from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.launch.selectors import order_boot, order_connection
-from marketplace.models import ApiToken, AttemptOutcome, LeaseState, Offer, Order, OrderState, Organization
+from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
@@ -39,6 +39,7 @@ from marketplace.orders.selectors import (
     invoice_line_list,
     live_order_costs,
     month_bounds,
+    order_failed_attempts,
     order_get,
     order_history,
     order_ledger_heads,
@@ -433,7 +434,6 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
             share = [(m, min(p / telemetry.tdp_w * 100, Decimal(100))) for m, _, _, p in minutes]
             charts["power"] = sparkline(share, width=320, height=64)
     boot = order_boot(order)
-    attempts = list(order.attempts.all())
     instance = order.instance
     return render(
         request,
@@ -456,7 +456,7 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
             and boot["state"] in (LeaseState.WAITING, LeaseState.CLAIMED)
             and order.state == OrderState.PROVISIONING,
             "connection": order_connection(order),
-            "failed_attempts": [a for a in attempts if a.outcome == AttemptOutcome.FAILED],
+            "failed_attempts": order_failed_attempts(order),
             "launch": launch_shown(order.launch_config.spec if order.launch_config else None),
             "heartbeat_s": settings.LEASE_HEARTBEAT_S,
             "live": order.state not in Order.FINAL_STATES,

@@ -79,7 +79,9 @@ def test_a_lost_machine_fails_the_order_when_failover_was_not_allowed(
 
     order.refresh_from_db()
     assert order.state == OrderState.FAILED
-    assert order.state_reason == f"instance {lost} terminated by the provider"
+    assert order.state_reason == (
+        f"instance {lost} terminated by the provider; failover was not allowed, so no other machine was tried"
+    )
     assert order.attempts.count() == 1
     assert ledger_verify().ok
 
