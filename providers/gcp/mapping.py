@@ -401,8 +401,11 @@ def accelerator_limits(scoped: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[
 
 ON_DEMAND = "OnDemand"
 PREEMPTIBLE = "Preemptible"  # Spot VMs are billed on the Preemptible SKUs
-_GPU_SKU = re.compile(r"^(?:Spot Preemptible )?Nvidia (?P<name>.+?) GPU running in ")
-_HOST_SKU = re.compile(r"^(?:Spot Preemptible )?(?P<family>.+?) Instance (?P<resource>Core|Ram) running in ")
+# Cloud Billing words spot SKUs differently per resource: a GPU card is "Nvidia Tesla T4 GPU attached to Spot
+# Preemptible VMs running in Americas", while vCPU and RAM are "Spot Preemptible N1 Predefined Instance Core
+# running in ...". Each pattern says which of the two forms it saw, so the usage type can be checked against it.
+_GPU_SKU = re.compile(r"^Nvidia (?P<name>.+?) GPU (?P<spot>attached to Spot Preemptible VMs )?running in ")
+_HOST_SKU = re.compile(r"^(?P<spot>Spot Preemptible )?(?P<family>.+?) Instance (?P<resource>Core|Ram) running in ")
 UNITS = {"gpu": "h", "core": "h", "ram": "GiBy.h"}
 
 
@@ -448,11 +451,16 @@ def sku_index(skus: Iterable[Mapping[str, Any]]) -> SkuIndex:
                 continue
             description = str(sku.get("description", ""))
             key: tuple[str, str] | None = None
-            if gpu := _GPU_SKU.match(description):
-                accelerator = ACCELERATOR_BY_SKU_NAME.get(gpu["name"])
+            described = _GPU_SKU.match(description) or _HOST_SKU.match(description)
+            if described is None or (PREEMPTIBLE if described["spot"] else ON_DEMAND) != usage_type:
+                # A description and a usage type that disagree name no price we can trust: a spot rate
+                # filed as on-demand (or the reverse) would be quoted at the wrong provisioning model.
+                continue
+            if described.re is _GPU_SKU:
+                accelerator = ACCELERATOR_BY_SKU_NAME.get(described["name"])
                 key = ("gpu", accelerator) if accelerator else None
-            elif host := _HOST_SKU.match(description):
-                key = ("core" if host["resource"] == "Core" else "ram", host["family"])
+            else:
+                key = ("core" if described["resource"] == "Core" else "ram", described["family"])
             if key is None:
                 continue
             priced = _unit_price(sku)

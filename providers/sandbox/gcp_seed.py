@@ -366,12 +366,15 @@ def _sku_id(*parts: str) -> str:
 
 
 def _describe(resource: str, family: str, usage_type: str, region: str) -> str:
-    prefix = "Spot Preemptible " if usage_type == PREEMPTIBLE else ""
+    """The SKU description as Cloud Billing words it. Spot GPU cards are "attached to Spot Preemptible VMs";
+    only the vCPU and RAM SKUs of spot VMs begin with "Spot Preemptible"."""
+    spot = usage_type == PREEMPTIBLE
     location = REGION_LOCATIONS[region]
     if resource == "gpu":
-        return f"{prefix}Nvidia {ACCELERATORS[family].sku_name} GPU running in {location}"
+        attached = "attached to Spot Preemptible VMs " if spot else ""
+        return f"Nvidia {ACCELERATORS[family].sku_name} GPU {attached}running in {location}"
     word = "Core" if resource == "core" else "Ram"
-    return f"{prefix}{family} Instance {word} running in {location}"
+    return f"{'Spot Preemptible ' if spot else ''}{family} Instance {word} running in {location}"
 
 
 def _sources(machines: Sequence[SeedMachine]) -> tuple[str, str]:

@@ -208,7 +208,13 @@ A2_SKUS = [
     _sku("Nvidia Tesla A100 GPU running in Iowa", "OnDemand", "us-central1", "2", 933908000),
     _sku("A2 Instance Core running in Iowa", "OnDemand", "us-central1", "0", 31611000),
     _sku("A2 Instance Ram running in Iowa", "OnDemand", "us-central1", "0", 4237000, unit="GiBy.h"),
-    _sku("Spot Preemptible Nvidia Tesla A100 GPU running in Iowa", "Preemptible", "us-central1", "1", 434100000),
+    _sku(
+        "Nvidia Tesla A100 GPU attached to Spot Preemptible VMs running in Iowa",
+        "Preemptible",
+        "us-central1",
+        "1",
+        434100000,
+    ),
     _sku("Storage PD Capacity in Iowa", "OnDemand", "us-central1", "0", 40000000, "GiBy.mo", "Storage"),
     _sku("Commitment v1: Nvidia Tesla A100 GPU in Iowa", "Commit1Yr", "us-central1", "1", 0),
 ]
@@ -245,6 +251,67 @@ def test_machine_price_is_the_rounded_sum_of_its_skus():
         mapping.compose_price(index, "us-central1", "Preemptible", "A2", 12, Decimal(85), "nvidia-tesla-a100", 1)
         is None
     )
+
+
+# Cloud Billing words a spot GPU card "Nvidia Tesla K80 GPU attached to Spot Preemptible VMs running in Warsaw":
+# "REST Resource: billingAccounts.skus" (Cloud Billing pricing API v1beta), BillingAccountSku,
+# https://cloud.google.com/billing/docs/reference/pricing-api/rest/v1beta/billingAccounts.skus (the same sentence
+# in the generated client reference, https://googleapis.dev/ruby/google-apis-cloudbilling_v1beta/v0.10.0/Google/
+# Apis/CloudbillingV1beta/GoogleCloudBillingBillingaccountskusV1betaBillingAccountSku.html). Only vCPU and RAM SKUs
+# begin with "Spot Preemptible". category.usageType is "OnDemand" or "Preemptible" ("Class Category", Google Cloud
+# Billing v1 API, https://cloud.google.com/dotnet/docs/reference/Google.Cloud.Billing.V1/latest/
+# Google.Cloud.Billing.V1.Category).
+N1_T4_SPOT_SKUS = [
+    _sku("Nvidia Tesla T4 GPU running in Americas", "OnDemand", "us-central1", "0", 350000000),
+    _sku(
+        "Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Americas",
+        "Preemptible",
+        "us-central1",
+        "0",
+        131100000,
+    ),
+    _sku(
+        "Spot Preemptible N1 Predefined Instance Core running in Americas", "Preemptible", "us-central1", "0", 6655000
+    ),
+    _sku(
+        "Spot Preemptible N1 Predefined Instance Ram running in Americas",
+        "Preemptible",
+        "us-central1",
+        "0",
+        892000,
+        unit="GiBy.h",
+    ),
+]
+
+
+def test_a_spot_gpu_sku_in_cloud_billing_wording_prices_the_spot_machine():
+    index = mapping.sku_index(N1_T4_SPOT_SKUS)
+
+    spot = mapping.compose_price(
+        index, "us-central1", "Preemptible", "N1 Predefined", 8, Decimal(30), "nvidia-tesla-t4", 1
+    )
+
+    assert spot is not None
+    assert spot.exact == Decimal("0.131100") + Decimal("0.006655") * 8 + Decimal("0.000892") * 30
+    assert spot.sku_ids["gpu"] == N1_T4_SPOT_SKUS[1]["sku_id"]
+    assert index[("us-central1", "OnDemand", "gpu", "nvidia-tesla-t4")].price == Decimal("0.35")
+    assert index[("us-central1", "Preemptible", "gpu", "nvidia-tesla-t4")].price == Decimal("0.1311")
+
+
+@pytest.mark.parametrize(
+    ("description", "usage"),
+    [
+        # a spot card's wording filed as on demand must never become the on-demand price
+        ("Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Americas", "OnDemand"),
+        ("Nvidia Tesla T4 GPU running in Americas", "Preemptible"),
+        ("Spot Preemptible N1 Predefined Instance Core running in Americas", "OnDemand"),
+        ("N1 Predefined Instance Core running in Americas", "Preemptible"),
+        # not Cloud Billing's wording for a GPU (the form this adapter and its sandbox once invented)
+        ("Spot Preemptible Nvidia Tesla T4 GPU running in Americas", "Preemptible"),
+    ],
+)
+def test_a_sku_whose_description_contradicts_its_usage_type_is_skipped(description, usage):
+    assert mapping.sku_index([_sku(description, usage, "us-central1", "0", 131100000)]) == {}
 
 
 def test_unreadable_skus_are_malformed():

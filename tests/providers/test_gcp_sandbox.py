@@ -210,6 +210,14 @@ def test_skus_page_with_page_size_and_carry_money(sandbox, token):
         "resourceGroup": "GPU",
         "usageType": "OnDemand",
     }
+    # Spot GPU cards are "attached to Spot Preemptible VMs"; only vCPU/RAM SKUs begin with "Spot Preemptible"
+    # (Cloud Billing pricing API v1beta, "REST Resource: billingAccounts.skus",
+    # https://cloud.google.com/billing/docs/reference/pricing-api/rest/v1beta/billingAccounts.skus).
+    spot_t4 = next(
+        s for s in skus if s["description"] == "Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Iowa"
+    )
+    assert spot_t4["category"]["usageType"] == "Preemptible"
+    assert [s for s in skus if s["description"].startswith("Spot Preemptible Nvidia")] == []
     missing = _get(sandbox, "/v1/services/0000-0000-0000/skus", token)
     assert (missing.status_code, missing.json()["error"]["status"]) == (404, "NOT_FOUND")
     assert _get(sandbox, path, token, currencyCode="EUR").status_code == 400
