@@ -22,9 +22,6 @@ from providers.launch import BootSpec, LaunchLimits, OrderResource, UserDataMeas
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
-# The image of a bare launch (``boot=None``), kept as it was: booted launches resolve the newest build of an image
-# family instead (``mapping.DEFAULT_IMAGE_FAMILY``), so no dated build is pinned for them.
-DEFAULT_IMAGE_ID = "ubuntu_22_04_x64_20G_alibase_20230815.vhd"
 PRICE_UNIT = "Hour"
 CHARGE_TYPE = "PostPaid"  # pay-as-you-go: the only charge type the broker resells
 NETWORK_TYPE = "vpc"
@@ -47,9 +44,10 @@ class AlibabaAdapter(ProviderAdapter):
     ``security_token``); ``endpoint_url``, when set (``http://127.0.0.1:P`` for the sandbox), replaces the
     regional ECS endpoint. Options (all strings): ``connect_timeout``/``read_timeout`` seconds (defaults 5/20),
     ``max_attempts`` for reads (default 3), ``image_id`` (an image every launch uses instead of the default),
-    ``image_family`` (the public family a booted launch takes its newest image from, default
-    ``acs:ubuntu_22_04_x64``), ``vswitch_id`` (the vSwitch to launch in; a booted launch in a zone the vSwitch is
-    not in uses the zone's default vSwitch) and ``security_group_id`` (the group of a launch without boot: a booted
+    ``image_family`` (the public family every launch without an image takes its newest Available build from,
+    default ``acs:ubuntu_22_04_x64``: no dated build is pinned, so a retired one never breaks launches),
+    ``vswitch_id`` (the vSwitch to launch in; a booted launch in a zone the vSwitch is not in uses the zone's
+    default vSwitch) and ``security_group_id`` (the group of a launch without boot: a booted
     launch gets a group of its own).
 
     A launch with ``spec.boot`` delivers it in ECS's own mechanisms: the first RSA or ECDSA key as an imported key
@@ -59,7 +57,8 @@ class AlibabaAdapter(ProviderAdapter):
     key pair and the group are named and tagged after the order, one of each per region, and reused by every
     attempt there.
 
-    Prices stay in the currency ECS states (CNY in mainland regions).
+    Prices stay in the currency each ECS answer states (CNY on the China site, USD on the International site); an
+    answer that states none, or another, fails the read rather than being labelled by guess.
     """
 
     kind = "alibaba"
@@ -179,7 +178,8 @@ class AlibabaAdapter(ProviderAdapter):
             if not priced:
                 continue
             # Spot quotes only where the on-demand read shows the zone on sale: it is the only stock signal read.
-            for zone, point in sorted(self._spot_prices(region, name).items()):
+            spot_currency, points = self._spot_prices(region, name)
+            for zone, point in sorted(points.items()):
                 if zone not in priced:
                     continue
                 extra = {
@@ -187,9 +187,7 @@ class AlibabaAdapter(ProviderAdapter):
                     "spot_price_timestamp": point.timestamp.isoformat(),
                     "spot_origin_price": str(point.origin_price) if point.origin_price is not None else "",
                 }
-                offers.append(
-                    self._quote(region, zone, spec, PricingModel.SPOT, point.price, mapping.DEFAULT_CURRENCY, extra)
-                )
+                offers.append(self._quote(region, zone, spec, PricingModel.SPOT, point.price, spot_currency, extra))
         return offers
 
     def _quote(
@@ -238,8 +236,12 @@ class AlibabaAdapter(ProviderAdapter):
             return None
         return mapping.price_from_body(body)
 
-    def _spot_prices(self, region: str, instance_type: str) -> dict[str, mapping.SpotPoint]:
-        """Newest spot price per zone from ``DescribeSpotPriceHistory`` (Offset/NextOffset pagination)."""
+    def _spot_prices(self, region: str, instance_type: str) -> tuple[str, dict[str, mapping.SpotPoint]]:
+        """(currency, newest spot price per zone) from ``DescribeSpotPriceHistory`` (Offset/NextOffset pagination).
+
+        The currency is the answer's own ``Currency``, required on every page with rows and the same on all of them
+        (``MalformedProviderResponse`` otherwise); "" when the history is empty.
+        """
         now = self._now()
         params: dict[str, Any] = {
             "RegionId": region,
@@ -250,18 +252,24 @@ class AlibabaAdapter(ProviderAdapter):
             "EndTime": mapping.format_time(now),
         }
         rows: list[Any] = []
+        currency = ""
         offset = 0
         for _ in range(SPOT_HISTORY_PAGES):
             body = self._client.call(
                 region, "DescribeSpotPriceHistory", {**params, "Offset": offset} if offset else params
             )
             page = (body.get("SpotPrices") or {}).get("SpotPriceType") or []
+            if page:
+                stated = mapping.answer_currency(body.get("Currency"), "DescribeSpotPriceHistory Currency")
+                if currency and stated != currency:
+                    raise mapping.malformed(f"DescribeSpotPriceHistory pages in {currency} and {stated}")
+                currency = stated
             rows.extend(page)
             next_offset = int(body.get("NextOffset") or 0)
             if not page or next_offset <= offset:
                 break
             offset = next_offset
-        return mapping.newest_spot_prices(rows)
+        return currency, mapping.newest_spot_prices(rows)
 
     def _lookup(self, region: str, instance_id: str) -> InstanceHandle | None:
         # This API takes InstanceIds as a JSON array string, not as InstanceId.N.
@@ -336,8 +344,11 @@ class AlibabaAdapter(ProviderAdapter):
         }
         if limit is not None:
             params["SpotPriceLimit"] = float(limit)
+        looked_up = False
         if spec.boot is None:
-            params["ImageId"] = spec.image or self.options.get("image_id") or DEFAULT_IMAGE_ID
+            explicit = spec.image or self.options.get("image_id")
+            looked_up = not explicit
+            params["ImageId"] = explicit or str(self._family_image(spec.region, spec.instance_type)["ImageId"])
             for option, name in (("vswitch_id", "VSwitchId"), ("security_group_id", "SecurityGroupId")):
                 if self.options.get(option):
                     params[name] = self.options[option]
@@ -346,7 +357,8 @@ class AlibabaAdapter(ProviderAdapter):
         try:
             body = self._client.launch(spec.region, params)
         except ProviderRequestRejected as exc:
-            if spec.boot is not None and exc.code == "InvalidImageId.NotFound":  # withdrawn since it was looked up
+            # Withdrawn since it was looked up: the same failure a lookup finding nothing gives.
+            if (spec.boot is not None or looked_up) and exc.code == "InvalidImageId.NotFound":
                 raise ImageUnavailable(
                     f"image {params['ImageId']} is not available in {spec.region}",
                     code=exc.code,
@@ -420,24 +432,32 @@ class AlibabaAdapter(ProviderAdapter):
         """The buyer's image (``boot.image``), else the account's ``image_id``, else the newest Available build of
         the public family; ``ImageUnavailable`` naming the region when DescribeImages finds none."""
         explicit = boot.image or spec.image or self.options.get("image_id")
-        params: dict[str, Any] = {
-            "RegionId": spec.region,
-            "Status": "Available",
-            "InstanceType": spec.instance_type,
-            "PageSize": IMAGES_PAGE,
-        }
-        if explicit:
-            params["ImageId"] = explicit
-            missing = f"image {explicit} does not exist in {spec.region}"
-        else:
-            family = self.options.get("image_family") or mapping.DEFAULT_IMAGE_FAMILY
-            params.update({"ImageFamily": family, "ImageOwnerAlias": "system", "OSType": "linux"})
-            missing = f"no Available image of family {family} in {spec.region}"
-        body = self._client.call(spec.region, "DescribeImages", params)
-        image = mapping.newest_image((body.get("Images") or {}).get("Image") or [])
-        if image is None:
-            raise ImageUnavailable(missing, code="precheck", provider=mapping.PROVIDER)
-        return image
+        if not explicit:
+            return self._family_image(spec.region, spec.instance_type)
+        found = self._newest_image(spec.region, spec.instance_type, {"ImageId": explicit})
+        if found is None:
+            raise ImageUnavailable(
+                f"image {explicit} does not exist in {spec.region}", code="precheck", provider=mapping.PROVIDER
+            )
+        return found
+
+    def _family_image(self, region: str, instance_type: str) -> Mapping[str, Any]:
+        """The newest Available public build of the account's ``image_family`` that ``instance_type`` can run
+        (DescribeImages with ImageFamily); ``ImageUnavailable`` naming the family and region when there is none."""
+        family = self.options.get("image_family") or mapping.DEFAULT_IMAGE_FAMILY
+        found = self._newest_image(
+            region, instance_type, {"ImageFamily": family, "ImageOwnerAlias": "system", "OSType": "linux"}
+        )
+        if found is None:
+            raise ImageUnavailable(
+                f"no Available image of family {family} in {region}", code="precheck", provider=mapping.PROVIDER
+            )
+        return found
+
+    def _newest_image(self, region: str, instance_type: str, selector: dict[str, Any]) -> Mapping[str, Any] | None:
+        params = {"RegionId": region, "Status": "Available", "InstanceType": instance_type, "PageSize": IMAGES_PAGE}
+        body = self._client.call(region, "DescribeImages", {**params, **selector})
+        return mapping.newest_image((body.get("Images") or {}).get("Image") or [])
 
     def _vswitch(self, region: str, zone: str) -> Mapping[str, Any]:
         """The ``vswitch_id`` option's vSwitch when it is in the zone, else the zone's default vSwitch: a VPC

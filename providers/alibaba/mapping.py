@@ -32,7 +32,10 @@ from providers.types import InstanceHandle, InstanceState, PricingModel
 PROVIDER = "alibaba"
 ORDER_TAG = "broker:order"
 CLIENT_TOKEN_MAX_LENGTH = 64
-DEFAULT_CURRENCY = "CNY"  # mainland regions price in CNY; the broker converts, the adapter never does
+# The currency of an ECS price is the account's site, and the answer states it: DescribePrice's
+# PriceInfo.Price.Currency and DescribeSpotPriceHistory's top-level Currency are CNY on the China site and USD on the
+# International site. The broker converts; the adapter only passes on what the answer says, and never guesses.
+SITE_CURRENCIES = frozenset({"CNY", "USD"})
 
 # --------------------------------------------------------------------------------------------- errors
 
@@ -318,14 +321,30 @@ class Price:
     currency: str
 
 
+def answer_currency(value: Any, field: str) -> str:
+    """The currency an ECS price answer states in ``field``.
+
+    Raises ``MalformedProviderResponse`` when it is missing or not a site's currency: a price in an unknown
+    currency converted at the wrong rate is worse than no price (a USD price read as CNY is about 7x too low).
+    """
+    currency = value if isinstance(value, str) else ""
+    if not currency:
+        raise malformed(f"{field} is missing: the currency of the prices is not assumed")
+    if currency not in SITE_CURRENCIES:
+        known = ", ".join(sorted(SITE_CURRENCIES))
+        raise malformed(f"{field} is {currency!r}, not the currency of an Alibaba Cloud site ({known})")
+    return currency
+
+
 def price_from_body(body: Mapping[str, Any]) -> Price:
+    """``DescribePrice``'s answer; its currency must be stated (``answer_currency``)."""
     try:
         price = body["PriceInfo"]["Price"]
         return Price(
             trade=_decimal(price["TradePrice"]),
             original=_decimal(price.get("OriginalPrice", price["TradePrice"])),
             discount=_decimal(price.get("DiscountPrice") or 0),
-            currency=str(price.get("Currency") or DEFAULT_CURRENCY),
+            currency=answer_currency(price.get("Currency"), "DescribePrice PriceInfo.Price.Currency"),
         )
     except (KeyError, TypeError, ValueError, InvalidOperation) as exc:
         raise malformed(f"unreadable DescribePrice answer ({exc!r})") from None

@@ -10,7 +10,12 @@ What it serves:
   (a synthetic, documented stock table: ``DEFAULT_STOCK``);
 - ``DescribePrice`` (hourly, pay-as-you-go) from ``data/alibaba_prices.csv``: the real cn-shanghai list prices
   of the shared price table, in CNY, with their source;
-- ``DescribeSpotPriceHistory``: always an empty history, because no Alibaba spot price was sourced;
+- ``DescribeSpotPriceHistory``: empty, because no Alibaba spot price was sourced, unless a test adds points
+  (``add_spot_price``);
+- sites: both price answers state ``Currency``, the currency of the site the account signed up on (CNY on the
+  China site, USD on the International site; ``SITE_CURRENCIES``). Every key is on the China site until
+  ``set_account_site`` moves it; an International account is priced only where a test set a USD price
+  (``set_price``), since no USD list price was sourced;
 - ``RunInstances`` idempotent on ``ClientToken`` per region (same token and parameters -> the same
   ``InstanceIdSets``; other parameters -> ``IdempotenceParamNotMatch``), ``DescribeInstances``,
   ``DescribeInstanceStatus``, ``DeleteInstances`` (Force), ``DescribeRegions``;
@@ -122,6 +127,10 @@ INSTANCE_TYPES_DEFAULT_RESULTS = 250
 INSTANCES_MAX_RESULTS = 100
 STATUS_MAX_PAGE = 50
 SPOT_STRATEGIES = frozenset({"NoSpot", "SpotAsPriceGo", "SpotWithPriceLimit"})
+# The currency each Alibaba Cloud site bills in, as DescribePrice (PriceInfo.Price.Currency) and
+# DescribeSpotPriceHistory (Currency) state it: "China site: CNY. International site: USD." (ECS API reference).
+SITE_CURRENCIES: dict[str, str] = {"china": "CNY", "international": "USD"}
+DEFAULT_SITE = "china"
 
 # What each fault kind looks like on the ECS wire: (Code, HTTP status, Message).
 ECS_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
@@ -298,6 +307,17 @@ class _Instance:
 
 
 @dataclass(frozen=True, slots=True)
+class SpotPricePoint:
+    """One point of a (region, instance type)'s spot price history, in the currency of the site it is shown to."""
+
+    zone: str
+    price: Decimal
+    currency: str
+    timestamp: datetime
+    origin_price: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Stored:
     fingerprint: tuple[tuple[str, str], ...]
     body: dict[str, Any]
@@ -311,6 +331,21 @@ class _Request:
     access_key_id: str = ""
     instance_types: tuple[str, ...] = ()
     zone: str | None = None
+
+
+def _spot_row(point: SpotPricePoint, instance_type: str, network_type: str) -> dict[str, Any]:
+    """A ``SpotPrices.SpotPriceType`` entry of DescribeSpotPriceHistory."""
+    row: dict[str, Any] = {
+        "ZoneId": point.zone,
+        "InstanceType": instance_type,
+        "IoOptimized": "optimized",
+        "NetworkType": network_type,
+        "SpotPrice": float(point.price),
+        "Timestamp": point.timestamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if point.origin_price is not None:
+        row["OriginPrice"] = float(point.origin_price)
+    return row
 
 
 def _minutes(moment: datetime) -> str:
@@ -329,6 +364,9 @@ class AlibabaSandbox(SandboxApp):
         super().__init__(FaultRegistry(default_action="RunInstances"))
         self.seed = load_seed(seed_path)
         self._prices = {(r.region, r.instance_type): r for r in self.seed}
+        self._set_prices: dict[tuple[str, str, str], Decimal] = {}  # (currency, region, type) -> hourly price
+        self._spot_history: dict[tuple[str, str], list[SpotPricePoint]] = {}
+        self._sites: dict[str, str] = {}  # access key id -> site, when not DEFAULT_SITE
         self._catalogue: dict[str, dict[str, Any]] = {}
         for row in self.seed:
             self._catalogue.setdefault(row.instance_type, _catalogue_entry(row))
@@ -442,6 +480,55 @@ class AlibabaSandbox(SandboxApp):
         row = self._prices.get((region, instance_type))
         return row.on_demand if row else None
 
+    def set_account_site(self, access_key_id: str, site: str) -> None:
+        """Put the account of ``access_key_id`` on a site (``SITE_CURRENCIES``): its price answers then state that
+        site's currency and carry only prices in it. Restored to ``DEFAULT_SITE`` by ``reset()``."""
+        if site not in SITE_CURRENCIES:
+            raise ValueError(f"site must be one of {sorted(SITE_CURRENCIES)}")
+        with self._lock:
+            self._sites[access_key_id] = site
+
+    def currency_of(self, access_key_id: str) -> str:
+        with self._lock:
+            return SITE_CURRENCIES[self._sites.get(access_key_id, DEFAULT_SITE)]
+
+    def set_price(self, region: str, instance_type: str, amount: Decimal, currency: str) -> None:
+        """An hourly list price in ``currency`` (e.g. a USD price for International accounts) until ``reset()``."""
+        if currency not in SITE_CURRENCIES.values():
+            raise ValueError(f"currency must be one of {sorted(SITE_CURRENCIES.values())}")
+        if instance_type not in self._catalogue:
+            raise ValueError(f"unknown instance type {instance_type!r}")
+        with self._lock:
+            self._set_prices[(currency, region, instance_type)] = amount
+
+    def list_price(self, currency: str, region: str, instance_type: str) -> Decimal | None:
+        """The hourly price an account billed in ``currency`` is quoted, or None when none is known."""
+        row = self._prices.get((region, instance_type))
+        if row is not None and row.currency == currency:
+            return row.on_demand
+        with self._lock:
+            return self._set_prices.get((currency, region, instance_type))
+
+    def add_spot_price(
+        self,
+        region: str,
+        instance_type: str,
+        zone: str,
+        price: Decimal,
+        *,
+        currency: str,
+        timestamp: datetime,
+        origin_price: Decimal | None = None,
+    ) -> None:
+        """Add a point to the spot price history that accounts billed in ``currency`` see, until ``reset()``."""
+        if zone not in self.zones(region):
+            raise ValueError(f"unknown zone {zone!r} in {region!r}")
+        if currency not in SITE_CURRENCIES.values():
+            raise ValueError(f"currency must be one of {sorted(SITE_CURRENCIES.values())}")
+        point = SpotPricePoint(zone, price, currency, timestamp.astimezone(UTC), origin_price)
+        with self._lock:
+            self._spot_history.setdefault((region, instance_type), []).append(point)
+
     def accept_access_keys(self, access_key_ids: Iterable[str] | None) -> None:
         """Accept only these key ids (InvalidAccessKeyId.NotFound for others); None restores the default rule:
         any non-empty key that does not start with ``bad``."""
@@ -498,6 +585,9 @@ class AlibabaSandbox(SandboxApp):
             self._valid_keys = None
             self._secrets = dict(self._default_secrets)
             self._stock = self._default_stock()
+            self._set_prices.clear()
+            self._spot_history.clear()
+            self._sites.clear()
             self.boot_observations = 0
         self.resources.reset()
         self.booter.reset()
@@ -512,6 +602,14 @@ class AlibabaSandbox(SandboxApp):
             return json_response({"valid_access_key_ids": keys, "key_secrets": sorted(body.get("key_secrets") or {})})
         if route == "calls" and request.method == "GET":
             return json_response({"calls": [[c.action, c.region] for c in self.calls()]})
+        if route == "sites" and request.method in ("PUT", "POST"):
+            body = request.get_json(force=True, silent=True) or {}
+            key_id = str(body.get("access_key_id") or "")
+            try:
+                self.set_account_site(key_id, str(body.get("site") or ""))
+            except ValueError as exc:
+                return json_response({"error": str(exc)}, status=400)
+            return json_response({"access_key_id": key_id, "currency": self.currency_of(key_id)})
         if route == "instances" and request.method == "GET":
             return json_response(
                 {
@@ -770,10 +868,11 @@ class AlibabaSandbox(SandboxApp):
             )
         if (params.get("SpotStrategy") or "NoSpot") != "NoSpot":
             raise WireError("PriceNotFound", "No spot price was sourced for Alibaba Cloud; none is served.", 400)
-        row = self._prices.get((region, instance_type))
-        if row is None:
-            raise WireError("PriceNotFound", f"No sourced price for {instance_type} in {region}.", 400)
-        price = float(row.on_demand)
+        currency = self.currency_of(req.access_key_id)
+        amount = self.list_price(currency, region, instance_type)
+        if amount is None:
+            raise WireError("PriceNotFound", f"No sourced {currency} price for {instance_type} in {region}.", 400)
+        price = float(amount)
         detail = {"Resource": "instanceType", "OriginalPrice": price, "DiscountPrice": 0.0, "TradePrice": price}
         return {
             "PriceInfo": {
@@ -781,7 +880,7 @@ class AlibabaSandbox(SandboxApp):
                     "OriginalPrice": price,
                     "DiscountPrice": 0.0,
                     "TradePrice": price,
-                    "Currency": row.currency,
+                    "Currency": currency,
                     "DetailInfos": {"DetailInfo": [detail]},
                 },
                 "Rules": {"Rule": []},
@@ -790,18 +889,30 @@ class AlibabaSandbox(SandboxApp):
 
     def _describe_spot_price_history(self, req: _Request) -> dict[str, Any]:
         params = req.params
-        self._region(req)
-        wire.required(params, "InstanceType")
-        if wire.required(params, "NetworkType") not in ("classic", "vpc"):
+        region = self._region(req)
+        instance_type = wire.required(params, "InstanceType")
+        network_type = wire.required(params, "NetworkType")
+        if network_type not in ("classic", "vpc"):
             raise WireError("InvalidParameter", 'The specified parameter "NetworkType" is not valid.')
+        bounds: dict[str, datetime] = {}
         for name in ("StartTime", "EndTime"):
             if params.get(name):
                 try:
-                    datetime.strptime(params[name], "%Y-%m-%dT%H:%M:%SZ")
+                    bounds[name] = datetime.strptime(params[name], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
                 except ValueError:
                     raise WireError("InvalidParameter", f'The specified parameter "{name}" is not valid.') from None
-        # No Alibaba spot price was sourced: the history is empty rather than invented.
-        return {"Currency": "CNY", "NextOffset": 0, "SpotPrices": {"SpotPriceType": []}}
+        currency = self.currency_of(req.access_key_id)
+        with self._lock:
+            history = list(self._spot_history.get((region, instance_type), ()))
+        # No Alibaba spot price was sourced: only points a test added are served, in the account's currency.
+        rows = [
+            _spot_row(p, instance_type, network_type)
+            for p in sorted(history, key=lambda p: (p.timestamp, p.zone))
+            if p.currency == currency
+            and params.get("ZoneId") in (None, "", p.zone)
+            and bounds.get("StartTime", p.timestamp) <= p.timestamp <= bounds.get("EndTime", p.timestamp)
+        ]
+        return {"Currency": currency, "NextOffset": 0, "SpotPrices": {"SpotPriceType": rows}}
 
     # ------------------------------------------------------------------------------------ instances
 

@@ -218,6 +218,7 @@ class EcsResources:
         self._deleted_groups: set[str] = set()
         self._group_tokens: dict[tuple[str, str], tuple[str, str]] = {}
         self._custom_images: dict[tuple[str, str], SandboxImage] = {}
+        self._retired_images: set[str] = set()
 
     def reset(self) -> None:
         with self._lock:
@@ -226,6 +227,7 @@ class EcsResources:
             self._deleted_groups.clear()
             self._group_tokens.clear()
             self._custom_images.clear()
+            self._retired_images.clear()
 
     # ------------------------------------------------------------------------------ for RunInstances and tests
 
@@ -235,15 +237,22 @@ class EcsResources:
         with self._lock:
             self._custom_images[(region, image_id)] = image
 
-    def image(self, region: str, image_id: str) -> SandboxImage | None:
+    def retire_image(self, image_id: str) -> None:
+        """Withdraw a public build, as Alibaba retires dated builds: DescribeImages no longer lists it and
+        RunInstances answers ``InvalidImageId.NotFound``. Restored by ``reset()``."""
+        if not any(i.image_id == image_id for i in PUBLIC_IMAGES):
+            raise ValueError(f"unknown public image {image_id!r}")
         with self._lock:
-            custom = self._custom_images.get((region, image_id))
-        return custom or next((i for i in PUBLIC_IMAGES if i.image_id == image_id), None)
+            self._retired_images.add(image_id)
+
+    def image(self, region: str, image_id: str) -> SandboxImage | None:
+        return next((i for i in self.images(region) if i.image_id == image_id), None)
 
     def images(self, region: str) -> list[SandboxImage]:
         with self._lock:
             custom = [i for (r, _), i in self._custom_images.items() if r == region]
-        return [*PUBLIC_IMAGES, *custom]
+            retired = set(self._retired_images)
+        return [*(i for i in PUBLIC_IMAGES if i.image_id not in retired), *custom]
 
     def vswitch(self, region: str, vswitch_id: str) -> VSwitch | None:
         return next((v for v in self._vswitches.get(region, ()) if v.vswitch_id == vswitch_id), None)

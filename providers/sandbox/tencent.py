@@ -8,7 +8,9 @@ The real ``tencentcloud-sdk-python-cvm`` runs against it unchanged.
 What it emulates:
 
 - ``DescribeZones``, ``DescribeZoneInstanceConfigInfos`` (catalogue with CNY list prices from the seed CSV,
-  SELL/SOLD_OUT per zone), ``DescribeInstanceTypeConfigs`` (``GpuType``/``GpuMemory``), ``DescribeImages``;
+  SELL/SOLD_OUT per zone; a secret id put on the International site with ``set_account_site`` is answered only
+  the USD prices a test set with ``set_price``, since none was sourced and CVM's answers name no currency),
+  ``DescribeInstanceTypeConfigs`` (``GpuType``/``GpuMemory``), ``DescribeImages``;
 - ``RunInstances``, asynchronous as on CVM: it answers with ``InstanceIdSet`` and the instance is ``PENDING``
   until ``launch_seconds`` have passed, then ``RUNNING`` or ``LAUNCH_FAILED``. Idempotent on ``ClientToken`` per
   region (the same token answers the same ids and never creates a second instance);
@@ -64,10 +66,13 @@ from providers.sandbox.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KIND
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from providers.sandbox.tencent_access import ApiError
 from providers.sandbox.tencent_catalogue import (
+    DEFAULT_SITE,
     ON_DEMAND,
     PUBLIC_IMAGES,
     REGIONS,
+    SEED_CURRENCY,
     SEED_PATH,
+    SITE_CURRENCIES,
     SPOT,
     SeedPrice,
     load_seed,
@@ -310,6 +315,8 @@ class TencentSandbox(SandboxApp):
         self._secrets: dict[str, str] = dict(DEFAULT_SECRETS)
         self._strict = False
         self._sold_out: set[tuple[str, str, str]] = set(self._seed_sold_out)
+        self._sites: dict[str, str] = {}  # secret id -> site, when not DEFAULT_SITE
+        self._set_prices: dict[str, dict[tuple[str, str, str], Decimal]] = {}  # currency -> (region, type, charge)
         self._key_pairs: dict[str, access.KeyPairRecord] = {}
         self._security_groups: dict[str, access.SecurityGroupRecord] = {}
         self._vpc_actions: dict[str, Callable[[_Request], dict[str, Any]]] = {
@@ -361,6 +368,25 @@ class TencentSandbox(SandboxApp):
                 self._sold_out.add((region, zone, instance_type))
             else:
                 self._sold_out.discard((region, zone, instance_type))
+
+    def set_account_site(self, secret_id: str, site: str) -> None:
+        """Put the account of ``secret_id`` on a site (``SITE_CURRENCIES``): its catalogue then carries prices in
+        that site's currency only. Restored to the China site by ``reset()``."""
+        if site not in SITE_CURRENCIES:
+            raise ValueError(f"site must be one of {sorted(SITE_CURRENCIES)}")
+        with self._lock:
+            self._sites[secret_id] = site
+
+    def set_price(
+        self, region: str, instance_type: str, amount: Decimal, currency: str, charge_type: str = ON_DEMAND
+    ) -> None:
+        """An hourly price in ``currency`` for accounts billed in it (e.g. USD), until ``reset()``."""
+        if (region, instance_type) not in self._seed_by_key:
+            raise ValueError(f"{instance_type} is not seeded in {region}")
+        if currency not in SITE_CURRENCIES.values() or charge_type not in (ON_DEMAND, SPOT):
+            raise ValueError(f"unknown currency {currency!r} or charge type {charge_type!r}")
+        with self._lock:
+            self._set_prices.setdefault(currency, {})[(region, instance_type, charge_type)] = amount
 
     def register_secret(self, secret_id: str, secret_key: str) -> None:
         """Know ``secret_key`` for ``secret_id``: its requests must then carry a valid TC3 signature."""
@@ -451,6 +477,8 @@ class TencentSandbox(SandboxApp):
             self._secrets = dict(DEFAULT_SECRETS)
             self._strict = False
             self._sold_out = set(self._seed_sold_out)
+            self._sites.clear()
+            self._set_prices.clear()
 
     def control_extra(self, request: Request, route: str) -> Response | None:
         body = request.get_json(force=True, silent=True) or {}
@@ -619,9 +647,11 @@ class TencentSandbox(SandboxApp):
         filters = [(name, values) for name, values in filters if name != "sort-keys"]
         with self._lock:
             sold_out = set(self._sold_out)
+            currency = SITE_CURRENCIES[self._sites.get(request.secret_id, DEFAULT_SITE)]
+            prices = None if currency == SEED_CURRENCY else dict(self._set_prices.get(currency, {}))
         rows = [
             row
-            for region, row in quota_rows(self.seed, sold_out)
+            for region, row in quota_rows(self.seed, sold_out, prices)
             if region == request.region
             and _matches(
                 {

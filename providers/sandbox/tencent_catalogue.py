@@ -9,7 +9,7 @@ zones sell which type, and which are sold out, are sandbox choices recorded in t
 from __future__ import annotations
 
 import csv
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +20,11 @@ from providers import gpu_names
 SEED_PATH = Path(__file__).parent / "data" / "tencent_prices.csv"
 ON_DEMAND = "POSTPAID_BY_HOUR"
 SPOT = "SPOTPAID"
+# The currency an account is billed in is its site's: CNY on the China site (the seed's prices), USD on the
+# International site. CVM's answers never say which (ItemPrice has no currency field).
+SITE_CURRENCIES: dict[str, str] = {"china": "CNY", "international": "USD"}
+DEFAULT_SITE = "china"
+SEED_CURRENCY = SITE_CURRENCIES[DEFAULT_SITE]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +134,23 @@ def _price(amount: Decimal) -> dict[str, Any]:
 
 
 def quota_rows(
-    seed: Iterable[SeedPrice], sold_out: Collection[tuple[str, str, str]]
+    seed: Iterable[SeedPrice],
+    sold_out: Collection[tuple[str, str, str]],
+    prices: Mapping[tuple[str, str, str], Decimal] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(region, ``InstanceTypeQuotaSet`` row) of every region: one per (zone, type, charge type) with a price."""
+    """(region, ``InstanceTypeQuotaSet`` row) of every region: one per (zone, type, charge type) with a price.
+
+    ``prices`` ((region, type, charge type) -> hourly price) replaces the seed's CNY prices, for an account on
+    another site; a row without an entry there is left out rather than priced in the wrong currency."""
     rows: list[tuple[str, dict[str, Any]]] = []
     for row in seed:
         charges = [(ON_DEMAND, row.on_demand)] + ([(SPOT, row.spot)] if row.spot is not None else [])
+        if prices is not None:
+            charges = [
+                (c, prices[(row.region, row.instance_type, c)])
+                for c in (ON_DEMAND, SPOT)
+                if (row.region, row.instance_type, c) in prices
+            ]
         for zone in row.all_zones:
             out = (row.region, zone, row.instance_type) in sold_out
             for charge, amount in charges:

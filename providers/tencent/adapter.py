@@ -52,7 +52,9 @@ class TencentAdapter(ProviderAdapter):
     ``endpoint_url``, when set, replaces ``https://cvm.tencentcloudapi.com``. Options (all strings):
     ``connect_timeout``/``read_timeout`` seconds (defaults 5/20), ``max_attempts`` for reads (default 3),
     ``retry_backoff`` seconds before the first read retry (default 0.25), ``image_id`` to launch instead of the
-    newest public Ubuntu x86_64 image. Prices are CNY per hour for the whole instance.
+    newest public Ubuntu x86_64 image, ``site`` (``china``, the default, or ``international``): the site the account
+    signed up on, whose currency its prices are in (CNY or USD per hour for the whole instance), because CVM's price
+    answers state none.
 
     A launch with a boot (``spec.boot``) carries it in CVM's own fields: the buyer's RSA keys as imported key
     pairs (``LoginSettings.KeyIds``), a security group of the VPC API letting only the buyer's addresses in
@@ -99,6 +101,7 @@ class TencentAdapter(ProviderAdapter):
             )
         )
         self._images: dict[tuple[str, str], str] = {}
+        self.currency = mapping.site_currency(self.options.get("site") or mapping.DEFAULT_SITE)
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -112,7 +115,7 @@ class TencentAdapter(ProviderAdapter):
             raise mapping.malformed("DescribeZones answered without ZoneSet")
 
     def list_offers(self) -> list[OfferQuote]:
-        """One quote per (zone, GPU type, charge type) that CVM sells now, priced in CNY per hour.
+        """One quote per (zone, GPU type, charge type) that CVM sells now, per hour in the site's currency.
 
         On-demand quotes are the POSTPAID_BY_HOUR rows, spot quotes the SPOTPAID rows (none are invented when CVM
         lists none). Sold-out rows are left out. Read-only; raises ``TransientProviderError``,
@@ -139,7 +142,11 @@ class TencentAdapter(ProviderAdapter):
             )
             configs.extend(answer.get("InstanceTypeConfigSet") or [])
         identities = mapping.gpu_identities(configs)
-        offers = [offer for item in items if (offer := mapping.offer_from_quota_item(item, region, identities))]
+        offers = [
+            offer
+            for item in items
+            if (offer := mapping.offer_from_quota_item(item, region, identities, currency=self.currency))
+        ]
         return sorted(offers, key=lambda q: (q.zone, q.instance_type, q.pricing_model.value))
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:

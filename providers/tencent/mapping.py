@@ -31,7 +31,11 @@ from providers.types import InstanceHandle, InstanceState, OfferQuote, PricingMo
 
 PROVIDER = "tencent"
 ORDER_TAG = "broker:order"
-CURRENCY = "CNY"  # the CVM API quotes mainland-China regions in yuan
+# CVM's price answers (ItemPrice, in DescribeZoneInstanceConfigInfos and InquiryPriceRunInstances) state no currency:
+# an account is billed in the currency of the site it signed up on, CNY on the China site (cloud.tencent.com) and
+# USD on the International site (tencentcloud.com). Only the account can say which, so it is an account option.
+SITE_CURRENCIES: dict[str, str] = {"china": "CNY", "international": "USD"}
+DEFAULT_SITE = "china"
 CLIENT_TOKEN_MAX_LENGTH = 64
 INSTANCE_NAME_MAX_LENGTH = 128
 
@@ -337,10 +341,19 @@ def hourly_price(price: Mapping[str, Any] | None) -> tuple[Decimal, Decimal] | N
     return paid, listed if listed is not None else paid
 
 
+def site_currency(site: str) -> str:
+    """The currency an account on ``site`` is priced in. Raises ``ValueError`` naming the option for another site."""
+    try:
+        return SITE_CURRENCIES[site]
+    except KeyError:
+        raise ValueError(f"options.site: {site!r} is not one of {', '.join(sorted(SITE_CURRENCIES))}") from None
+
+
 def offer_from_quota_item(
-    item: Mapping[str, Any], region: str, identities: Mapping[str, GpuIdentity]
+    item: Mapping[str, Any], region: str, identities: Mapping[str, GpuIdentity], *, currency: str
 ) -> OfferQuote | None:
-    """One ``InstanceTypeQuotaSet`` row -> an offer, or None when it is not one the broker can buy.
+    """One ``InstanceTypeQuotaSet`` row -> an offer priced in ``currency`` (the account's site's, since the row
+    states none), or None when it is not one the broker can buy.
 
     Left out: types without GPUs, charge types other than POSTPAID_BY_HOUR/SPOTPAID, rows without an hourly
     price, and sold-out rows (``Status`` SOLD_OUT or ``StatusCategory`` WithoutStock): CVM has no stock count,
@@ -394,7 +407,7 @@ def offer_from_quota_item(
         vcpus=vcpus,
         memory_gib=memory_gib,
         price=paid,
-        currency=CURRENCY,
+        currency=currency,
         capacity=None,
         interconnect=gpu.interconnect,
         extra=extra,

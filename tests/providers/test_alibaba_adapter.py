@@ -6,11 +6,12 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 
-from providers.alibaba.adapter import DEFAULT_IMAGE_ID, AlibabaAdapter
+from providers.alibaba.adapter import AlibabaAdapter
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -170,6 +171,59 @@ def test_an_offer_carries_the_whole_mapped_catalogue_entry(sandbox: AlibabaSandb
     )
 
 
+# Both price answers state their currency, that of the account's site: DescribePrice in PriceInfo.Price.Currency and
+# DescribeSpotPriceHistory in a top-level Currency, "China site: CNY. International site: USD." (ECS API reference,
+# "DescribePrice", https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeprice, and
+# "DescribeSpotPriceHistory", https://www.alibabacloud.com/help/en/ecs/developer-reference/api-describespotpricehistory,
+# response parameter Currency; the same text on alibabacloud_ecs20140526's DescribeSpotPriceHistoryResponseBody).
+GN7I = "ecs.gn7i-c8g1.2xlarge"
+
+
+def test_an_international_account_is_quoted_in_the_usd_its_answers_state(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
+    recently = datetime.now(UTC) - timedelta(minutes=5)
+    sandbox.set_account_site("LTAIALICE", "international")
+    sandbox.set_price("cn-shanghai", GN7I, Decimal("1.52"), "USD")
+    sandbox.add_spot_price("cn-shanghai", GN7I, "cn-shanghai-e", Decimal("0.41"), currency="USD", timestamp=recently)
+    # A China-site point of the same type is not this account's: it must not appear, in either currency.
+    sandbox.add_spot_price("cn-shanghai", GN7I, "cn-shanghai-f", Decimal("2.90"), currency="CNY", timestamp=recently)
+
+    offers = adapter().list_offers()
+
+    assert sorted((o.zone, o.pricing_model.value, o.price, o.currency) for o in offers) == [
+        ("cn-shanghai-e", "on_demand", Decimal("1.52"), "USD"),
+        ("cn-shanghai-e", "spot", Decimal("0.41"), "USD"),
+        ("cn-shanghai-f", "on_demand", Decimal("1.52"), "USD"),
+        ("cn-shanghai-g", "on_demand", Decimal("1.52"), "USD"),
+    ]
+
+
+def test_a_china_account_is_quoted_in_the_cny_its_answers_state(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
+    recently = datetime.now(UTC) - timedelta(minutes=5)
+    sandbox.add_spot_price("cn-shanghai", GN7I, "cn-shanghai-g", Decimal("2.90"), currency="CNY", timestamp=recently)
+
+    offers = adapter().list_offers()
+
+    spot = [(o.instance_type, o.zone, o.price, o.currency) for o in offers if o.pricing_model is PricingModel.SPOT]
+    assert spot == [(GN7I, "cn-shanghai-g", Decimal("2.9"), "CNY")]
+    assert {o.currency for o in offers} == {"CNY"}
+
+
+def test_an_international_account_is_never_quoted_the_china_sites_prices(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
+    sandbox.set_account_site("LTAIALICE", "international")
+
+    offers = adapter().list_offers()
+
+    # No USD price was sourced: every stocked (zone, type) was asked and none was priced, in CNY or otherwise.
+    assert offers == []
+    assert len(sandbox.calls("DescribePrice")) == 49
+
+
 def test_a_region_without_sourced_prices_offers_nothing(sandbox: AlibabaSandbox, adapter: AdapterFactory) -> None:
     # Stock in cn-beijing but no sourced price there: the type is left out, not priced by invention.
     sandbox.set_stock("cn-beijing", "cn-beijing-h", "ecs.gn7i-c8g1.2xlarge", "WithStock")
@@ -210,7 +264,7 @@ def test_launch_describe_and_terminate(sandbox: AlibabaSandbox, adapter: Adapter
     assert handle.tags == {"broker:order": "ord-1", "buyer": "alice"}
     assert (handle.extra["client_token"], handle.extra["spot_strategy"]) == ("ord-1-attempt-1", "NoSpot")
     assert [(i.instance_id, i.client_token, i.image_id) for i in sandbox.instances()] == [
-        (handle.instance_id, "ord-1-attempt-1", DEFAULT_IMAGE_ID)
+        (handle.instance_id, "ord-1-attempt-1", "ubuntu_22_04_x64_20G_alibase_20240926.vhd")
     ]
 
     described = client.describe("cn-shanghai", handle.instance_id)

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from providers.alibaba import mapping
-from providers.alibaba.adapter import DEFAULT_IMAGE_ID, AlibabaAdapter
+from providers.alibaba.adapter import AlibabaAdapter
 from providers.alibaba.client import AlibabaClient, ClientSettings
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderError, ProviderRequestRejected
@@ -53,6 +53,7 @@ REGION = "cn-shanghai"
 ZONE = "cn-shanghai-e"
 TYPE = "ecs.gn7i-c8g1.2xlarge"  # 1x A10 24 GB in the seed
 NEWEST_UBUNTU = "ubuntu_22_04_x64_20G_alibase_20240926.vhd"
+DATED_UBUNTU = "ubuntu_22_04_x64_20G_alibase_20230815.vhd"  # the build the adapter once pinned for bare launches
 ORDER = "ord-0123456789abcdef0123456789abcdef"
 ALICE_NET = "203.0.113.0/24"
 ALICE_NET6 = "2001:db8:1234::/48"
@@ -518,21 +519,53 @@ def test_the_image_id_option_overrides_the_family(sandbox: AlibabaSandbox, adapt
 # ------------------------------------------------------------------------------------------- bare launches
 
 
-def test_a_launch_without_boot_is_unchanged(sandbox: AlibabaSandbox, adapter: AdapterFactory) -> None:
+def test_a_launch_without_boot_carries_only_the_family_image_and_the_account_options(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
     client = adapter(security_group_id="sg-alice", vswitch_id="vsw-alice")
 
     handle = client.launch(_spec(None))
 
-    assert _actions(sandbox) == ["RunInstances"]
+    assert _actions(sandbox) == ["DescribeImages", "RunInstances"]
     (held,) = sandbox.instances()
     assert (held.image_id, held.user_data, held.key_pair_name, held.security_group_id, held.vswitch_id) == (
-        DEFAULT_IMAGE_ID,
+        NEWEST_UBUNTU,
         "",
         "",
         "sg-alice",
         "vsw-alice",
     )
     assert "key_pair_name" not in handle.extra and client.launch_problems(_spec(None)) == []
+
+
+# DescribeImages with ImageFamily answers every build of a public family, and ECS launches the newest Available one
+# (ECS API reference, "DescribeImages", ImageFamily and ImageOwnerAlias request parameters,
+# https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeimages; "Image family
+# overview", https://www.alibabacloud.com/help/en/elastic-compute-service/latest/image-family-overview). Dated
+# public builds are withdrawn over time, so a bare launch resolves the family instead of pinning a build.
+def test_a_bare_launch_survives_the_retirement_of_a_dated_public_image(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
+    sandbox.resources.retire_image(DATED_UBUNTU)
+
+    handle = adapter().launch(_spec(None))
+
+    assert [(i.instance_id, i.image_id) for i in sandbox.instances()] == [(handle.instance_id, NEWEST_UBUNTU)]
+    assert handle.extra["image_id"] == NEWEST_UBUNTU
+    (lookup,) = [c for c in sandbox.calls() if c.action == "DescribeImages"]
+    assert lookup.region == REGION
+
+
+def test_a_bare_launch_takes_the_accounts_image_family_and_never_launches_without_one(
+    sandbox: AlibabaSandbox, adapter: AdapterFactory
+) -> None:
+    focal = adapter(image_family="acs:ubuntu_20_04_x64").launch(_spec(None))
+    with pytest.raises(ImageUnavailable) as missing:
+        adapter(image_family="acs:debian_99_x64").launch(_spec(None, token=f"{ORDER}-a2"))
+
+    assert focal.extra["image_id"] == "ubuntu_20_04_x64_20G_alibase_20230815.vhd"
+    assert "acs:debian_99_x64" in str(missing.value) and REGION in str(missing.value)
+    assert [i.instance_id for i in sandbox.instances()] == [focal.instance_id]
 
 
 # ----------------------------------------------------------------------------------------------- booting
@@ -628,7 +661,7 @@ def test_describe_user_data_and_disks_answer_a_bare_instance_as_ecs_does(
     # SystemDisk.Size defaults to max{40, image size}.
     assert [(d["Type"], d["Size"], d["InstanceId"]) for d in disks] == [("system", 40, handle.instance_id)]
     assert (attribute["ImageId"], attribute["SecurityGroupIds"]["SecurityGroupId"]) == (
-        DEFAULT_IMAGE_ID,
+        NEWEST_UBUNTU,
         ["sg-sandboxuf6"],
     )
 

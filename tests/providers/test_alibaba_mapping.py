@@ -331,6 +331,25 @@ def test_price_is_read_as_exact_decimals() -> None:
         mapping.price_from_body({"PriceInfo": {}})
 
 
+# DescribePrice's PriceInfo.Price.Currency: "China site: CNY. International site: USD." (ECS API reference,
+# "DescribePrice", https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeprice; the
+# same text on alibabacloud_ecs20140526's DescribePriceResponseBodyPriceInfoPrice.currency).
+def test_a_price_keeps_the_currency_its_answer_states() -> None:
+    body = {"PriceInfo": {"Price": {"OriginalPrice": 1.52, "TradePrice": 1.52, "Currency": "USD"}}}
+
+    assert mapping.price_from_body(body).currency == "USD"
+
+
+@pytest.mark.parametrize("currency", [None, "", "RMB", "usd", 7])
+def test_a_price_without_a_sites_currency_is_refused_not_assumed(currency: Any) -> None:
+    price: dict[str, Any] = {"OriginalPrice": 9.53, "TradePrice": 9.53}
+    if currency is not None:
+        price["Currency"] = currency
+
+    with pytest.raises(MalformedProviderResponse, match="Currency"):
+        mapping.price_from_body({"PriceInfo": {"Price": price}})
+
+
 def test_newest_spot_price_per_zone() -> None:
     rows = [
         {"ZoneId": "cn-shanghai-e", "SpotPrice": 1.2, "OriginPrice": 9.53, "Timestamp": "2024-05-01T10:00:00Z"},

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -277,6 +278,40 @@ def test_spot_price_history_is_empty_and_needs_a_network_type(sandbox: AlibabaSa
     assert (body["SpotPrices"], body["NextOffset"], body["Currency"]) == ({"SpotPriceType": []}, 0, "CNY")
     error = _error(sandbox, "DescribeSpotPriceHistory", {"RegionId": "cn-shanghai", "InstanceType": "x"})
     assert (error.code, error.status_code) == ("MissingParameter", 400)
+
+
+# Both answers carry Currency as ECS does, the account's site's: "China site: CNY. International site: USD."
+# (ECS API reference, "DescribeSpotPriceHistory", response parameter Currency,
+# https://www.alibabacloud.com/help/en/ecs/developer-reference/api-describespotpricehistory; "DescribePrice",
+# PriceInfo.Price.Currency, https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeprice).
+def test_an_international_account_is_answered_in_usd_on_both_price_calls(sandbox: AlibabaSandbox) -> None:
+    when = datetime(2026, 12, 4, 10, 0, tzinfo=UTC)
+    sandbox.add_spot_price(
+        "cn-shanghai", "ecs.gn7i-c8g1.2xlarge", "cn-shanghai-e", Decimal("0.41"), currency="USD", timestamp=when
+    )
+    sandbox.add_spot_price(
+        "cn-shanghai", "ecs.gn7i-c8g1.2xlarge", "cn-shanghai-e", Decimal("2.9"), currency="CNY", timestamp=when
+    )
+    sandbox.set_price("cn-shanghai", "ecs.gn7i-c8g1.2xlarge", Decimal("1.52"), "USD")
+    status, answer = _control(sandbox, "POST", "sites", {"access_key_id": "LTAICHARLIE", "site": "international"})
+    history = {"RegionId": "cn-shanghai", "InstanceType": "ecs.gn7i-c8g1.2xlarge", "NetworkType": "vpc"}
+    price = {**history, "ResourceType": "instance", "ZoneId": "cn-shanghai-e", "PriceUnit": "Hour"}
+
+    spot = _call(sandbox, "DescribeSpotPriceHistory", history)
+    listed = _call(sandbox, "DescribePrice", price)["PriceInfo"]["Price"]
+    china = _call(sandbox, "DescribeSpotPriceHistory", history, key="LTAIDORA", secret="dora-secret")
+
+    assert (status, answer) == (200, {"access_key_id": "LTAICHARLIE", "currency": "USD"})
+    assert spot["Currency"] == "USD"
+    assert [(p["ZoneId"], p["SpotPrice"], p["Timestamp"]) for p in spot["SpotPrices"]["SpotPriceType"]] == [
+        ("cn-shanghai-e", 0.41, "2026-12-04T10:00:00Z")
+    ]
+    assert (listed["TradePrice"], listed["Currency"]) == (1.52, "USD")
+    assert china["Currency"] == "CNY"
+    assert [p["SpotPrice"] for p in china["SpotPrices"]["SpotPriceType"]] == [2.9]
+    late = _call(sandbox, "DescribeSpotPriceHistory", {**history, "StartTime": "2026-12-04T11:00:00Z"})
+    assert late["SpotPrices"]["SpotPriceType"] == []
+    assert _control(sandbox, "POST", "sites", {"access_key_id": "LTAICHARLIE", "site": "mars"})[0] == 400
 
 
 # ------------------------------------------------------------------------------------------- instances

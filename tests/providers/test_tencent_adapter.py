@@ -113,6 +113,32 @@ def test_list_offers_is_every_selling_zone_of_every_seeded_type(adapter: Adapter
     assert {(q.currency, q.pricing_model, q.capacity) for q in offers} == {("CNY", PricingModel.ON_DEMAND, None)}
 
 
+# CVM's price answers state no currency: ItemPrice has UnitPrice, ChargeUnit, OriginalPrice, DiscountPrice, Discount
+# and UnitPriceDiscount, no currency field (CVM API reference, "InquiryPriceRunInstances" and its ItemPrice data type,
+# https://www.tencentcloud.com/document/api/213/33248, whose International-site answers are in USD). So the account
+# says which site it is on: option ``site``, default china (CNY).
+def test_an_international_account_labels_its_prices_usd(sandbox: TencentSandbox, adapter: AdapterFactory) -> None:
+    sandbox.set_account_site(SECRET_ID, "international")
+    sandbox.set_price("ap-guangzhou", "GN7.2XLARGE32", Decimal("1.23"), "USD")
+
+    offers = adapter(site="international").list_offers()
+
+    assert sorted((q.zone, q.instance_type, q.price, q.currency) for q in offers) == [
+        ("ap-guangzhou-3", "GN7.2XLARGE32", Decimal("1.23"), "USD"),
+        ("ap-guangzhou-4", "GN7.2XLARGE32", Decimal("1.23"), "USD"),
+    ]
+
+
+def test_the_site_option_defaults_to_china_and_refuses_an_unknown_site(adapter: AdapterFactory) -> None:
+    assert (adapter().currency, adapter(site="china").currency, adapter(site="international").currency) == (
+        "CNY",
+        "CNY",
+        "USD",
+    )
+    with pytest.raises(ValueError, match=r"options\.site"):
+        adapter(site="mainland")
+
+
 def test_offers_carry_canonical_gpu_keys_counts_and_interconnects(adapter: AdapterFactory) -> None:
     offers = {q.instance_type: q for q in adapter().list_offers()}
 

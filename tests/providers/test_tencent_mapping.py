@@ -198,7 +198,7 @@ IDENTITIES = {"GN7.2XLARGE32": mapping.GpuIdentity("NVIDIA T4", 16.0)}
 
 
 def test_a_selling_row_becomes_an_offer_at_the_account_price() -> None:
-    offer = mapping.offer_from_quota_item(_quota_row(), "ap-guangzhou", IDENTITIES)
+    offer = mapping.offer_from_quota_item(_quota_row(), "ap-guangzhou", IDENTITIES, currency="CNY")
 
     assert offer is not None
     assert (offer.region, offer.zone, offer.instance_type, offer.pricing_model) == (
@@ -222,13 +222,15 @@ def test_a_selling_row_becomes_an_offer_at_the_account_price() -> None:
 def test_the_list_price_is_used_when_no_discounted_price_is_stated() -> None:
     row = _quota_row(Price={"UnitPrice": 8.68, "ChargeUnit": "HOUR"})
 
-    offer = mapping.offer_from_quota_item(row, "ap-guangzhou", IDENTITIES)
+    offer = mapping.offer_from_quota_item(row, "ap-guangzhou", IDENTITIES, currency="CNY")
 
     assert offer is not None and offer.price == Decimal("8.68")
 
 
 def test_spot_rows_are_spot_offers() -> None:
-    offer = mapping.offer_from_quota_item(_quota_row(InstanceChargeType="SPOTPAID"), "ap-guangzhou", IDENTITIES)
+    offer = mapping.offer_from_quota_item(
+        _quota_row(InstanceChargeType="SPOTPAID"), "ap-guangzhou", IDENTITIES, currency="CNY"
+    )
 
     assert offer is not None and offer.pricing_model is PricingModel.SPOT
 
@@ -247,14 +249,14 @@ def test_spot_rows_are_spot_offers() -> None:
     ],
 )
 def test_rows_the_broker_cannot_buy_are_left_out(overrides: dict[str, Any]) -> None:
-    assert mapping.offer_from_quota_item(_quota_row(**overrides), "ap-guangzhou", IDENTITIES) is None
+    assert mapping.offer_from_quota_item(_quota_row(**overrides), "ap-guangzhou", IDENTITIES, currency="CNY") is None
 
 
 def test_an_unreadable_row_is_malformed() -> None:
     with pytest.raises(MalformedProviderResponse):
-        mapping.offer_from_quota_item(_quota_row(Cpu="eight"), "ap-guangzhou", IDENTITIES)
+        mapping.offer_from_quota_item(_quota_row(Cpu="eight"), "ap-guangzhou", IDENTITIES, currency="CNY")
     with pytest.raises(MalformedProviderResponse):
-        mapping.offer_from_quota_item({"Zone": "ap-guangzhou-3"}, "ap-guangzhou", IDENTITIES)
+        mapping.offer_from_quota_item({"Zone": "ap-guangzhou-3"}, "ap-guangzhou", IDENTITIES, currency="CNY")
 
 
 def test_gpu_families_and_identities_come_from_gpu_rows_only() -> None:

@@ -250,6 +250,27 @@ def test_catalogue_filters_and_with_each_other(sandbox: TencentSandbox) -> None:
     assert _call(_cvm(sandbox), "DescribeZoneInstanceConfigInfos", {"Filters": spot})["InstanceTypeQuotaSet"] == []
 
 
+# ItemPrice carries no currency field (CVM API reference, "InquiryPriceRunInstances" and its ItemPrice data type,
+# https://www.tencentcloud.com/document/api/213/33248), so an International-site account's answer has the same shape
+# as a China-site one's: only the amounts (USD) differ.
+def test_an_international_account_sees_only_the_usd_prices_set_for_it(sandbox: TencentSandbox) -> None:
+    sandbox.set_account_site(SECRET_ID, "international")
+    sandbox.set_price("ap-guangzhou", "GN7.2XLARGE32", Decimal("1.23"), "USD")
+
+    rows = _call(_cvm(sandbox), "DescribeZoneInstanceConfigInfos")["InstanceTypeQuotaSet"]
+
+    assert sorted((r["Zone"], r["InstanceType"], r["Status"], r["Price"]["UnitPrice"]) for r in rows) == [
+        ("ap-guangzhou-3", "GN7.2XLARGE32", "SELL", 1.23),
+        ("ap-guangzhou-4", "GN7.2XLARGE32", "SELL", 1.23),
+        ("ap-guangzhou-6", "GN7.2XLARGE32", "SOLD_OUT", 1.23),
+    ]
+    assert all("Currency" not in r["Price"] for r in rows)
+    sandbox.reset()
+    sandbox.register_secret(SECRET_ID, SECRET_KEY)
+    china = _call(_cvm(sandbox), "DescribeZoneInstanceConfigInfos")["InstanceTypeQuotaSet"]
+    assert {r["Price"]["UnitPrice"] for r in china if r["InstanceType"] == "GN7.2XLARGE32"} == {8.68}
+
+
 def test_type_configs_name_the_gpu_and_take_one_value_per_filter(sandbox: TencentSandbox) -> None:
     client = _cvm(sandbox)
     rows = _call(client, "DescribeInstanceTypeConfigs", {"Filters": [{"Name": "instance-family", "Values": ["GT4"]}]})
