@@ -26,6 +26,11 @@ def validate_service_account_json(value: str) -> None:
         raise ValidationError(f"the key has no {' or '.join(missing)}")
 
 
+def _tencent_site(value: str) -> None:
+    if value not in ("china", "international"):
+        raise ValidationError(f"the billing site is china or international, not {value[:40]!r}")
+
+
 @dataclass(frozen=True)
 class CloudField:
     """One input of the connect form. ``secret`` values are never written back into a page, not even into a
@@ -159,6 +164,13 @@ CLOUDS: dict[str, Cloud] = {
         ),
         options=(
             CloudField("image_id", "Image id"),
+            # Tencent's price answers carry no currency: the account's site says which one they are in.
+            CloudField(
+                "site",
+                "Billing site",
+                help="china (prices in CNY, the default) or international (prices in USD)",
+                validator=_tencent_site,
+            ),
             CloudField("retry_backoff", "Retry backoff (s)", kind="number", min_value=0, max_value=30),
         ),
         # ap-guangzhou, na-siliconvalley, ap-shanghai-fsi

@@ -14,7 +14,7 @@ from marketplace.models import Offer, OfferStatus, ProviderProfile, ProviderStat
 from marketplace.portal.clouds import CLOUDS
 from providers.models import ProviderAccount, SyncStatus
 from providers.sandbox import DEMO_REGIONS
-from tests.conftest import AWS_TEST_CREDENTIALS
+from tests.conftest import AWS_TEST_CREDENTIALS, TENCENT_TEST_CREDENTIALS
 from tests.factories import ProviderAccountFactory
 from tests.portal.conftest import client_for
 
@@ -352,3 +352,29 @@ def test_editing_a_verified_providers_account_keeps_whether_it_sells(olga, ready
 
     assert response.status_code == 302
     assert ProviderAccount.objects.get().enabled is before
+
+
+def _tencent_form(sandbox, **changes):
+    return {
+        "name": "intl",
+        "regions": "ap-guangzhou",
+        "endpoint_url": sandbox.url,
+        "secret_id": TENCENT_TEST_CREDENTIALS["secret_id"],
+        "secret_key": TENCENT_TEST_CREDENTIALS["secret_key"],
+        **changes,
+    }
+
+
+def test_a_tencent_account_says_its_billing_site_and_an_unknown_one_is_refused(petra, tencent_sandbox):
+    # Tencent's price answers carry no currency (CVM's Price structure), so the site the account bills on is
+    # what tells CNY from USD: it is the seller's to say, and nothing else is taken for it.
+    refused = client_for(petra).post("/provider/accounts/connect/tencent", _tencent_form(tencent_sandbox, site="usa"))
+    assert refused.status_code == 200
+    assert "the billing site is china or international, not 'usa'" in html.unescape(refused.content.decode())
+    assert not ProviderAccount.objects.exists()
+
+    saved = client_for(petra).post(
+        "/provider/accounts/connect/tencent", _tencent_form(tencent_sandbox, site="international")
+    )
+    assert saved.status_code == 302, saved.context["form"].errors
+    assert ProviderAccount.objects.get().options == {"site": "international"}
