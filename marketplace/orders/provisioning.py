@@ -684,19 +684,31 @@ def instances_to_settle(*, now: dt.datetime) -> list[int]:
     )
 
 
-def instance_end_settle(*, instance_id: int) -> str:
+# How long an ended instance may stay stopping before it is terminated again: longer than a terminate takes
+# to finish (AWS's shutting-down, a GCP or Azure delete), so a terminate in flight is not repeated.
+STOPPED_GRACE = dt.timedelta(minutes=5)
+
+
+def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> str:
     """Record what the provider now says of an ended instance, so the order page, the order list and the API
     show the provider's state rather than the one its terminate answered. A provider that no longer knows the
-    instance has terminated it (clouds forget deleted machines, at once or after a while). Returns the state
-    recorded.
+    instance has terminated it (clouds forget deleted machines, at once or after a while). One still stopping
+    ``STOPPED_GRACE`` after its end is terminated again: a machine the provider stopped rather than took
+    (AWS "stopped", Azure "stopped" or deallocated, GCP's TERMINATED) keeps its disks billed, and Azure's
+    "stopped" its compute, until someone deletes it. Returns the state recorded.
 
     Idempotent, and a no-op for an active instance or one already terminated or failed. Raises the adapter's
     ``ProviderError`` when the provider cannot be asked; the next sweep asks again."""
+    now = now or timezone.now()
     instance = Instance.objects.select_related("account").get(pk=instance_id)
     if instance.active or instance.state in _ENDED_STATES:
         return instance.state
+    adapter = adapter_for_account(instance.account)
     try:
-        state = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id).state
+        state = adapter.describe(instance.region, instance.provider_instance_id).state
+        ended_at = instance.terminated_at or now
+        if state == InstanceState.STOPPING and ended_at <= now - STOPPED_GRACE:
+            state = adapter.terminate(instance.region, instance.provider_instance_id).state
     except ProviderRequestRejected as exc:
         if not instance_not_found(exc):
             raise

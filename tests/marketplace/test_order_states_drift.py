@@ -18,17 +18,19 @@ import datetime as dt
 import json
 from decimal import Decimal
 
+import boto3
 import pytest
 from django.test import Client
 from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.models import Instance, Order, OrderState
-from marketplace.orders.provisioning import ENDING_CHECK_WINDOW
+from marketplace.orders.provisioning import ENDING_CHECK_WINDOW, STOPPED_GRACE
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState
+from tests.conftest import AWS_TEST_CREDENTIALS
 from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
@@ -156,6 +158,49 @@ def test_a_running_orders_machine_is_not_touched_by_the_ended_instances_check(
         True,
         None,
     )
+
+
+def _ec2(sandbox, region: str):
+    key_id, secret = AWS_TEST_CREDENTIALS["access_key_id"], AWS_TEST_CREDENTIALS["secret_access_key"]
+    return boto3.client(
+        "ec2", region_name=region, endpoint_url=sandbox.url, aws_access_key_id=key_id, aws_secret_access_key=secret
+    )
+
+
+def _sweep(capture) -> None:
+    with capture(execute=True):
+        orders_sweep_task.apply().get()
+
+
+def test_a_machine_the_provider_stopped_for_an_ended_order_is_terminated_not_left_billing_its_disks(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    """EC2 "StopInstances" (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html):
+    a stopped instance keeps its EBS volumes, billed, until it is terminated; nobody starts it again for an
+    order that failed over or failed, so the broker must terminate it."""
+    order = _running(acme, alice, _t4(aws_account), django_capture_on_commit_callbacks, aws_sandbox,
+                     allow_failover=False)  # fmt: skip
+    instance = order.instances.get()
+    ec2 = _ec2(aws_sandbox, instance.region)
+    ec2.stop_instances(InstanceIds=[instance.provider_instance_id])
+
+    _sweep(django_capture_on_commit_callbacks)  # the loss is seen; within the grace nothing is terminated yet
+    order.refresh_from_db()
+    instance.refresh_from_db()
+    assert (order.state, instance.active, instance.state) == (OrderState.FAILED, False, InstanceState.STOPPING)
+    described = ec2.describe_instances(InstanceIds=[instance.provider_instance_id])
+    assert described["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
+
+    Instance.objects.filter(pk=instance.pk).update(
+        terminated_at=timezone.now() - STOPPED_GRACE - dt.timedelta(minutes=1)
+    )
+    _sweep(django_capture_on_commit_callbacks)  # past the grace: terminated at the provider
+    _sweep(django_capture_on_commit_callbacks)  # and recorded as the provider then says
+
+    described = ec2.describe_instances(InstanceIds=[instance.provider_instance_id])
+    assert described["Reservations"][0]["Instances"][0]["State"]["Name"] == "terminated"
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.TERMINATED
 
 
 # ------------------------------------------------------------------ (b) the order page says why attempts failed
