@@ -40,13 +40,17 @@ class Credentials:
         return f"Credentials(kind={self.kind!r}, keys={sorted(self.values)}, endpoint_url={self.endpoint_url!r})"
 
 
+GPU_FRACTION = "gpu_fraction"  # OfferQuote.extra key: the share of a card each GPU of the offer is
+
+
 @dataclass(frozen=True, slots=True)
 class OfferQuote:
     """One purchasable thing as the provider describes it, before the broker validates it.
 
     ``gpu_model`` is the broker's GpuModel key (e.g. ``A100-80GB-SXM``) or the provider's raw name when the
     adapter could not map it; ingestion quarantines unknown models. ``price`` is per hour for the whole
-    instance, in ``currency``.
+    instance, in ``currency``. A partitioned GPU (a share of one card) sets ``extra[GPU_FRACTION]`` to that
+    share in (0, 1): ``gpu_count`` then counts slices and ``gpu_memory_gb`` is one slice's memory.
     """
 
     region: str

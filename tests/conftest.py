@@ -6,6 +6,7 @@ import pytest
 
 from broker.celery import app as celery_app
 from marketplace.models import Organization, OrganizationKind, Role
+from providers.sandbox import aws_keys
 from tests.factories import MembershipFactory, OrganizationFactory, SshKeyFactory
 
 
@@ -124,7 +125,8 @@ def _aws_quotes(aws_sandbox_server):
     return AwsAdapter(credentials, TEST_AWS_REGIONS).list_offers()
 
 
-AWS_TEST_CREDENTIALS = {"access_key_id": "AKIDPETRA0000001", "secret_access_key": "petra-secret"}
+# Petra's key is one the AWS sandbox knows: it refuses any other (providers/sandbox/aws_keys.py).
+AWS_TEST_CREDENTIALS = aws_keys.PETRA.credentials()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from marketplace.models import Attempt, AttemptOutcome, GpuModel, Offer, OfferSt
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
 from providers.models import Machine, MachineHeartbeat, ProviderKind
+from providers.types import GPU_FRACTION
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:
         price_usd_per_hour=offer.price_usd,
         observed_at=offer.last_seen_at,
         capacity=None if offer.capacity is None else offer.capacity - offer.reserved,
+        # A partitioned GPU's share of a card, as ingestion checked it (providers.types.GPU_FRACTION).
+        gpu_fraction=float((offer.extra or {}).get(GPU_FRACTION, 1.0)),
         **engine_fields,
     )
 

@@ -18,7 +18,7 @@ from marketplace.models.catalog import unit_prices
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, SyncStatus
 from providers.services import adapter_for_account
-from providers.types import OfferQuote, PricingModel
+from providers.types import GPU_FRACTION, OfferQuote, PricingModel
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,24 @@ class _SpecRow(NamedTuple):
     fp16_dense_tflops: float
 
 
-def _memory_problem(quote: OfferQuote, spec: _SpecRow) -> str:
-    if quote.gpu_memory_gb == spec.memory_gb:
+def _gpu_fraction(quote: OfferQuote) -> float:
+    """The share of a card each of the quote's GPUs is (1 for whole cards); ValueError when unreadable."""
+    fraction = float(quote.extra.get(GPU_FRACTION, 1))
+    if not 0 < fraction <= 1:
+        raise ValueError(f"impossible GPU fraction {fraction}")
+    return fraction
+
+
+def _memory_problem(quote: OfferQuote, spec: _SpecRow, fraction: float) -> str:
+    # A slice holds its share of the card's memory: that share is what the row must match.
+    expected = spec.memory_gb * fraction
+    if quote.gpu_memory_gb == round(expected):
         return ""
-    if abs(quote.gpu_memory_gb - spec.memory_gb * 1024) <= spec.memory_gb * 64:
-        return f"GPU memory {quote.gpu_memory_gb} looks like MiB, spec is {spec.memory_gb} GB"
+    if abs(quote.gpu_memory_gb - expected * 1024) <= expected * 64:
+        return f"GPU memory {quote.gpu_memory_gb} looks like MiB, spec is {expected:g} GB"
     # Providers round differently (22 GiB usable on a 24 GB card); only a gross mismatch is a wrong row.
-    if not spec.memory_gb * 0.8 <= quote.gpu_memory_gb <= spec.memory_gb * 1.1:
-        return f"GPU memory {quote.gpu_memory_gb} GB does not match {spec.key}'s {spec.memory_gb} GB"
+    if not expected * 0.8 <= quote.gpu_memory_gb <= expected * 1.1:
+        return f"GPU memory {quote.gpu_memory_gb} GB does not match {spec.key}'s {expected:g} GB"
     return ""
 
 
@@ -71,13 +81,18 @@ def _validate(
     spec = specs.get(quote.gpu_model)
     if spec is None:
         return f"unknown GPU model {quote.gpu_model!r} (no spec sheet)"
-    problem = _memory_problem(quote, spec)
+    try:
+        fraction = _gpu_fraction(quote)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    problem = _memory_problem(quote, spec, fraction)
     if problem:
         return problem
     rate = fx.get(quote.currency)
     if rate is None:
         return f"no FX rate for currency {quote.currency!r}"
-    if (quote.price * rate) / quote.gpu_count > MAX_USD_PER_GPU_HOUR:
+    # Per whole card: a slice's price measured against a card's would hide a unit mix-up.
+    if (quote.price * rate) / Decimal(quote.gpu_count * fraction) > MAX_USD_PER_GPU_HOUR:
         return f"implausible price {quote.price} {quote.currency} for {quote.gpu_count} GPU(s)"
     if quote.pricing_model == PricingModel.SPOT:
         reference = on_demand.get((quote.region, quote.zone, quote.instance_type))
@@ -158,7 +173,8 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             "currency": quote.currency,
             "fx_rate": rate,
             "price_usd": price_usd,
-            **unit_prices(price_usd, quote.gpu_count, spec.fp16_dense_tflops),
+            # Per card-equivalent, so a slice sorts by what a whole GPU's worth of it costs.
+            **unit_prices(price_usd, quote.gpu_count * _gpu_fraction(quote), spec.fp16_dense_tflops),
             "capacity": quote.capacity,
             "interconnect": quote.interconnect,
             "extra": quote.extra,

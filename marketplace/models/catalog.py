@@ -9,16 +9,17 @@ from django.db import models
 from django.utils import timezone
 
 from providers.models import ProviderAccount
-from providers.types import PricingModel
+from providers.types import GPU_FRACTION, PricingModel
 
 PRICING_CHOICES = [(p.value, p.value.replace("_", "-")) for p in PricingModel]
 FOR_SALE = models.Q(status="available")
 SEARCHED = ["gpu_memory_gb", "gpu_count", "gpu_model"]
 
 
-def unit_prices(price_usd: Decimal, gpu_count: int, fp16_dense_tflops: float) -> dict[str, float]:
+def unit_prices(price_usd: Decimal, gpu_count: float, fp16_dense_tflops: float) -> dict[str, float]:
     """An offer's sort keys: USD per GPU-hour and per dense-FP16 TFLOP-hour (a model without a figure counts
-    as 1 TFLOP per GPU, which sorts it last rather than first)."""
+    as 1 TFLOP per GPU, which sorts it last rather than first). ``gpu_count`` is in whole cards: slices of a
+    partitioned GPU count as their share."""
     per_gpu = float(price_usd) / gpu_count
     return {"price_per_gpu_usd": per_gpu, "usd_per_tflop_hour": per_gpu / (fp16_dense_tflops or 1.0)}
 
@@ -130,7 +131,8 @@ class Offer(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         # Ingestion computes these in bulk; a row saved one at a time (admin, tests) computes its own.
-        prices = unit_prices(self.price_usd, self.gpu_count, float(self.gpu_model.fp16_dense_tflops))
+        cards = self.gpu_count * float((self.extra or {}).get(GPU_FRACTION, 1))
+        prices = unit_prices(self.price_usd, cards, float(self.gpu_model.fp16_dense_tflops))
         self.price_per_gpu_usd, self.usd_per_tflop_hour = prices["price_per_gpu_usd"], prices["usd_per_tflop_hour"]
         super().save(*args, **kwargs)
 

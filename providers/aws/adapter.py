@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -22,6 +23,8 @@ from providers.options import option_number
 from providers.sshkeys import SshPublicKey
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
+log = logging.getLogger("providers.aws.adapter")
+
 # Every AWS GPU family starts with g or p. An unfiltered catalogue is ~1,400 types of which ~65 have GPUs;
 # the filter cuts the largest read of a sync by 20x. Entries are still kept only if they carry GpuInfo.
 GPU_INSTANCE_TYPE_PATTERNS = ["g*", "p*"]
@@ -31,6 +34,11 @@ SPOT_PRODUCT = "Linux/UNIX"
 SPOT_LOOKBACK = timedelta(hours=1)
 FILTER_VALUES_PER_CALL = 100  # EC2 caps the values of one filter; stay well below the cap
 PRICE_TYPES_PER_CALL = 50
+# A Price List Filter's Value is a string of 1 to 1024 characters (AWS Price List API reference, Filter,
+# https://docs.aws.amazon.com/aws-cost-management/latest/APIReference/API_pricing_Filter.html; botocore's
+# pricing model: Value max 1024). botocore checks only the minimum, so an ANY_OF list longer than that
+# reaches AWS and is refused there: the list is cut so each comma-joined Value stays within it.
+PRICE_FILTER_VALUE_MAX = 1024
 # "Inbound or outbound rules per security group: 60 ... enforced separately for IPv4 rules and IPv6 rules"
 # (Amazon VPC quotas, https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html).
 RULES_PER_GROUP_PER_FAMILY = 60
@@ -42,6 +50,23 @@ RULES_SOURCE = (
 
 def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def any_of_values(items: Sequence[str], max_items: int, max_length: int) -> list[str]:
+    """``items`` as comma-joined ANY_OF filter values of at most ``max_items`` names and ``max_length``
+    characters each. A single name longer than ``max_length`` cannot be filtered for: ValueError."""
+    values: list[str] = []
+    current: list[str] = []
+    for item in items:
+        if len(item) > max_length:
+            raise ValueError(f"{item[:40]!r}... is longer than a Price List filter value ({max_length})")
+        if current and (len(current) == max_items or len(",".join([*current, item])) > max_length):
+            values.append(",".join(current))
+            current = []
+        current.append(item)
+    if current:
+        values.append(",".join(current))
+    return values
 
 
 class AwsAdapter(ProviderAdapter):
@@ -101,6 +126,7 @@ class AwsAdapter(ProviderAdapter):
             )
         )
         self._images: dict[str, str] = {}
+        self.price_refusals: list[mapping.PriceRefusal] = []
 
     def _now(self) -> datetime:
         return datetime.now(UTC)
@@ -120,8 +146,11 @@ class AwsAdapter(ProviderAdapter):
         """One on-demand quote per (zone, GPU type) with an on-demand price, and one spot quote per (zone, type)
         where the zone has a spot price. Types without an on-demand price in a region are left out.
 
-        Read-only; raises ``TransientProviderError``, ``CredentialsRejected`` or ``MalformedProviderResponse``.
+        A Price List product priced in anything but USD per hour is not quoted: it is logged and kept, with
+        its reason, in ``self.price_refusals`` (the last call's). Read-only; raises ``TransientProviderError``,
+        ``CredentialsRejected`` or ``MalformedProviderResponse``.
         """
+        self.price_refusals = []
         offers: list[OfferQuote] = []
         for region in self.regions:
             offers.extend(self._region_offers(region))
@@ -201,16 +230,30 @@ class AwsAdapter(ProviderAdapter):
         # calls (the Price List API is slow and rate-limited per account).
         prices: dict[str, tuple[Decimal, str]] = {}
         terms = {"regionCode": region, **PRICE_FILTERS}
-        for names in _chunks(instance_types, PRICE_TYPES_PER_CALL):
+        try:
+            values = any_of_values(instance_types, PRICE_TYPES_PER_CALL, PRICE_FILTER_VALUE_MAX)
+        except ValueError as exc:
+            raise mapping.malformed(f"describe_instance_types named an unpriceable type: {exc}") from None
+        for value in values:
             items = self._client.price_list(
                 ServiceCode="AmazonEC2",
                 FormatVersion="aws_v1",
                 Filters=[
-                    {"Type": "ANY_OF", "Field": "instanceType", "Value": ",".join(names)},
+                    {"Type": "ANY_OF", "Field": "instanceType", "Value": value},
                     *({"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()),
                 ],
             )
-            prices.update(mapping.on_demand_usd_by_type(items))
+            read = mapping.on_demand_usd_by_type(items)
+            prices.update(read.prices)
+            for refusal in read.refused:
+                log.warning(
+                    "aws %s: no quote for %s: Price List product %s refused: %s",
+                    region,
+                    refusal.instance_type,
+                    refusal.sku,
+                    refusal.reason,
+                )
+            self.price_refusals.extend(read.refused)
         return prices
 
     def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], mapping.SpotPoint]:

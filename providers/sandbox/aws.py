@@ -3,12 +3,14 @@
 What the layer adds (everything else is moto):
 
 - the Price List API (``AWSPriceListService.GetProducts``, JSON protocol) answered from the seed CSV, with
-  TERM_MATCH filters, ``MaxResults``/``NextToken`` pagination and ``PriceList`` items as JSON strings;
+  TERM_MATCH filters (refused past AWS's documented lengths), ``MaxResults``/``NextToken`` pagination and
+  ``PriceList`` items as JSON strings; ``restate_on_demand`` states a price in another unit or currency;
 - ``DescribeSpotPriceHistory`` from seeded per-zone spot prices with a short deterministic history;
 - ``RunInstances`` idempotency on ``ClientToken`` per region (moto creates a new instance every time), and
   ``SpotMaxPriceTooLow`` when a spot ``MaxPrice`` is below the zone's price;
-- injectable faults (``sandbox.faults``) and credential rejection (access keys starting with ``bad`` by
-  default, or an explicit allow-list);
+- injectable faults (``sandbox.faults``) and credential rejection: a key id the sandbox does not know
+  (``aws_keys.KNOWN_KEYS``, or an explicit allow-list) is refused as AWS refuses it, ``AuthFailure`` on EC2 and
+  ``UnrecognizedClientException`` on the JSON services (Price List, Systems Manager);
 - per-zone offerings so every seeded (region, type) is offered in at least two zones, including the zone
   its seed spot price was observed in;
 - what a booted launch needs (``providers/sandbox/aws_launch.py``): the refusals EC2 answers that moto lets
@@ -25,6 +27,7 @@ serve``. Moto's state is process-global, so run one ``AwsSandbox`` per process.
 from __future__ import annotations
 
 import base64
+import copy
 import csv
 import hashlib
 import io
@@ -49,6 +52,7 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_ba
 from werkzeug.wrappers import Request, Response
 
 from providers.sandbox import aws_launch
+from providers.sandbox.aws_keys import KNOWN_KEYS
 from providers.sandbox.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
@@ -63,6 +67,11 @@ PRICE_LIST_VERSION = "20250601000000"  # a fixed sandbox publication, not a real
 PRICE_LIST_PUBLISHED = "2025-06-01T00:00:00Z"
 SPOT_HISTORY_AGES_H = (0, 5, 13, 29)
 PRICING_MAX_RESULTS = 100
+# Filter.Field and Filter.Value: strings of 1 to 1024 characters; at most 50 filters (Price List API
+# reference, Filter, https://docs.aws.amazon.com/aws-cost-management/latest/APIReference/API_pricing_Filter.html,
+# and botocore's pricing service model). botocore checks only the minimum; AWS refuses the rest.
+PRICING_FILTER_TEXT_MAX = 1024
+PRICING_FILTERS_MAX = 50
 SPOT_MAX_RESULTS = 1000
 _SCOPE = re.compile(r"Credential=([^/,\s]+)/\d{8}/([^/]+)/([^/]+)/aws4_request")
 _INDEXED = re.compile(r"^InstanceType\.\d+$")
@@ -108,10 +117,15 @@ EC2_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
         "bucket that the specified instance type belongs to.",
     ),
     FaultKind.THROTTLE: ("RequestLimitExceeded", 503, "Request limit exceeded."),
+    # An access key EC2 has no record of ("Error codes for the Amazon EC2 API", AuthFailure,
+    # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html).
     FaultKind.CREDENTIALS: ("AuthFailure", 401, "AWS was not able to validate the provided access credentials"),
 }
 PRICING_FAULTS: dict[FaultKind, tuple[str, int, str]] = {
     FaultKind.THROTTLE: ("ThrottlingException", 400, "Rate exceeded"),
+    # The JSON-protocol services' answer to an unknown key ("The most likely cause is an AWS access key ID or
+    # secret key that's not valid", botocore reference, UnrecognizedClientException,
+    # https://docs.aws.amazon.com/botocore/latest/reference/services/logs/client/exceptions/UnrecognizedClientException.html).
     FaultKind.CREDENTIALS: (
         "UnrecognizedClientException",
         400,
@@ -368,6 +382,28 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _filters_refusal(filters: Any) -> str | None:
+    """The refusal, worded as AWS words its request validation errors, of GetProducts ``Filters`` outside the
+    documented lengths; None when they are within them."""
+    if not isinstance(filters, list):
+        return "1 validation error detected: Value at 'filters' failed to satisfy constraint: Member must be a list"
+    if len(filters) > PRICING_FILTERS_MAX:
+        return (
+            f"1 validation error detected: Value at 'filters' failed to satisfy constraint: Member must have "
+            f"length less than or equal to {PRICING_FILTERS_MAX}"
+        )
+    for position, item in enumerate(filters, start=1):
+        for name in ("Field", "Value"):
+            text = str(item.get(name, "")) if isinstance(item, dict) else ""
+            if len(text) > PRICING_FILTER_TEXT_MAX:
+                return (
+                    f"1 validation error detected: Value '{text[:40]}...' at 'filters.{position}.member."
+                    f"{name.lower()}' failed to satisfy constraint: Member must have length less than or equal "
+                    f"to {PRICING_FILTER_TEXT_MAX}"
+                )
+    return None
+
+
 def _encode_token(offset: int, query: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"o": offset, "q": query}).encode()).decode()
 
@@ -415,6 +451,7 @@ class AwsSandbox(SandboxApp):
         self._token_locks: dict[tuple[str, str], threading.Lock] = {}
         self._dirty_regions: set[str] = set()
         self._valid_keys: frozenset[str] | None = None
+        self._restated: dict[tuple[str, str], tuple[str, str]] = {}
 
     def _seed_spot_prices(self) -> dict[tuple[str, str, str], Decimal]:
         prices: dict[tuple[str, str, str], Decimal] = {}
@@ -444,18 +481,23 @@ class AwsSandbox(SandboxApp):
         row = self._seed_by_key.get((region, instance_type))
         return row.on_demand if row else None
 
+    def restate_on_demand(self, region: str, instance_type: str, *, unit: str = "Hrs", currency: str = "USD") -> None:
+        """Until ``reset()``, the Price List states this type's on-demand price per ``unit`` in ``currency``
+        (same figure): how AWS states a price the broker must not read as USD per hour, e.g. CNY in its
+        China regions."""
+        with self._lock:
+            self._restated[(region, instance_type)] = (unit, currency)
+
     def accept_access_keys(self, access_key_ids: Iterable[str] | None) -> None:
-        """Accept only these access key ids (AuthFailure for others); None restores the default rule:
-        any non-empty key that does not start with ``bad``."""
+        """Accept only these access key ids (AuthFailure for others); None restores the default: the keys of
+        ``aws_keys.KNOWN_KEYS``."""
         with self._lock:
             self._valid_keys = frozenset(access_key_ids) if access_key_ids is not None else None
 
     def key_accepted(self, access_key_id: str) -> bool:
         with self._lock:
             valid = self._valid_keys
-        if valid is not None:
-            return access_key_id in valid
-        return bool(access_key_id) and not access_key_id.startswith("bad")
+        return access_key_id in (KNOWN_KEYS if valid is None else valid)
 
     def instances(self, region: str | None = None) -> list[SandboxInstance]:
         """Every instance moto holds (any state), optionally in one region."""
@@ -491,6 +533,7 @@ class AwsSandbox(SandboxApp):
             self._token_locks.clear()
             self.clear_calls()
             self._valid_keys = None
+            self._restated.clear()
             dirty, self._dirty_regions = self._dirty_regions, set()
         for account_id in list(ec2_backends.keys()):
             regional = ec2_backends[account_id]
@@ -875,7 +918,11 @@ class AwsSandbox(SandboxApp):
         if not isinstance(max_results, int) or not 1 <= max_results <= PRICING_MAX_RESULTS:
             return _json_error("InvalidParameterException", "MaxResults must be between 1 and 100", 400)
         matchers: list[tuple[str, str, str]] = []
-        for item in payload.get("Filters") or []:
+        filters = payload.get("Filters") or []
+        refusal = _filters_refusal(filters)
+        if refusal is not None:
+            return _json_error("ValidationException", refusal, 400)
+        for item in filters:
             kind = str(item.get("Type", ""))
             if kind not in ("TERM_MATCH", "EQUALS", "CONTAINS", "ANY_OF", "NONE_OF"):
                 return _json_error("InvalidParameterException", f"unsupported filter type {kind!r}", 400)
@@ -886,11 +933,25 @@ class AwsSandbox(SandboxApp):
             offset = _decode_token(payload["NextToken"], query) if payload.get("NextToken") else 0
         except ValueError as exc:
             return _json_error("InvalidNextTokenException", str(exc), 400)
-        page = matches[offset : offset + max_results]
+        page = [self._as_stated(p) for p in matches[offset : offset + max_results]]
         body: dict[str, Any] = {"FormatVersion": "aws_v1", "PriceList": [json.dumps(p) for p in page]}
         if offset + max_results < len(matches):
             body["NextToken"] = _encode_token(offset + max_results, query)
         return Response(json.dumps(body), content_type="application/x-amz-json-1.1")
+
+    def _as_stated(self, product: dict[str, Any]) -> dict[str, Any]:
+        attributes = product["product"]["attributes"]
+        with self._lock:
+            restated = self._restated.get((attributes["regionCode"], attributes["instanceType"]))
+        if restated is None or attributes["capacitystatus"] != "Used":
+            return product
+        unit, currency = restated
+        product = copy.deepcopy(product)
+        for term in product["terms"]["OnDemand"].values():
+            for dimension in term["priceDimensions"].values():
+                dimension["unit"] = unit
+                dimension["pricePerUnit"] = {currency: next(iter(dimension["pricePerUnit"].values()))}
+        return product
 
     @staticmethod
     def _product_matches(product: dict[str, Any], matchers: list[tuple[str, str, str]]) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from providers.sandbox import DEMO_REGIONS
+from providers.sandbox import DEMO_REGIONS, aws_keys
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def _aws(sandbox: Any) -> SandboxAccount:
     return SandboxAccount(
         kind="aws",
         endpoint_url=sandbox.url,
-        credentials={"access_key_id": "AKIDEMOSANDBOX000001", "secret_access_key": "sandbox-secret"},
+        credentials=aws_keys.DEMO.credentials(),
         demo_regions=DEMO_REGIONS["aws"],
         all_regions=regions,
     )

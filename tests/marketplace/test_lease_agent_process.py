@@ -18,12 +18,14 @@ import pytest
 
 from marketplace.models import LeaseHeartbeat, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from providers.sandbox import aws_keys
 from tests.leases import LAUNCH
 
 
 def _ec2(sandbox, region: str):
-    return boto3.client("ec2", region_name=region, endpoint_url=sandbox.url, aws_access_key_id="AKIDREADER",
-                        aws_secret_access_key="s")  # fmt: skip
+    return boto3.client("ec2", region_name=region, endpoint_url=sandbox.url,
+                        aws_access_key_id=aws_keys.PETRA.access_key_id,
+                        aws_secret_access_key=aws_keys.PETRA.secret_access_key)  # fmt: skip
 
 
 def _wait(predicate, what: str, timeout: float = 60.0) -> None:

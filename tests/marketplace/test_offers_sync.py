@@ -9,6 +9,7 @@ from django.core.management.base import CommandError
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, OfferStatus, PricePoint
 from providers.models import ProviderAccount, SyncStatus
+from providers.sandbox.aws_keys import BOB
 from providers.services import provider_account_connect
 from tests.conftest import AWS_TEST_CREDENTIALS
 
@@ -91,9 +92,9 @@ def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
         "--name",
         "main",
         "--credential",
-        "access_key_id=AKIDGOOD0001",
+        f"access_key_id={BOB.access_key_id}",
         "--credential",
-        "secret_access_key=s",
+        f"secret_access_key={BOB.secret_access_key}",
         "--endpoint-url",
         aws_sandbox.url,
         "--regions",
@@ -101,8 +102,8 @@ def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
     )
     assert '"regions": ["us-east-1", "eu-west-1"]' in capsys.readouterr().out
     account = ProviderAccount.objects.get(name="main")
-    assert "AKIDGOOD0001" not in account.credentials_encrypted
-    assert account.credentials().values["access_key_id"] == "AKIDGOOD0001"
+    assert BOB.access_key_id not in account.credentials_encrypted
+    assert account.credentials().values["access_key_id"] == BOB.access_key_id
 
     with pytest.raises(CommandError, match="refused it: aws: AuthFailure"):
         call_command(

@@ -10,13 +10,14 @@ import boto3
 from providers.aws.adapter import AwsAdapter
 from providers.aws.mapping import ORDER_TAG
 from providers.sandbox.aws import AwsSandbox, start_aws_sandbox
+from providers.sandbox.aws_keys import CONTRACT, UNKNOWN_ACCESS_KEY_ID
 from providers.types import Credentials, InstanceHandle
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "aws"
 # moto keeps its state per process, so the contract suite reuses the session sandbox instead of a second one.
 SESSION_FIXTURE = "aws_sandbox_server"
-ACCESS_KEY = "AKIDCONTRACT0001"
+ACCESS_KEY = CONTRACT.access_key_id
 
 
 def start_sandbox() -> AwsSandbox:
@@ -36,7 +37,7 @@ def launched_view(sandbox: AwsSandbox, handle: InstanceHandle) -> LaunchedView:
         region_name=handle.region,
         endpoint_url=sandbox.url,
         aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key="s",
+        aws_secret_access_key=CONTRACT.secret_access_key,
     )
     instance = ec2.describe_instances(InstanceIds=[handle.instance_id])["Reservations"][0]["Instances"][0]
     attribute = ec2.describe_instance_attribute(InstanceId=handle.instance_id, Attribute="userData")
@@ -75,9 +76,11 @@ def launched_view(sandbox: AwsSandbox, handle: InstanceHandle) -> LaunchedView:
 
 def target(sandbox: AwsSandbox) -> ContractTarget:
     def make_adapter(valid: bool, options: dict[str, str]) -> AwsAdapter:
-        key = ACCESS_KEY if valid else "bad-key-0001"
+        key = ACCESS_KEY if valid else UNKNOWN_ACCESS_KEY_ID
         credentials = Credentials(
-            kind=KIND, values={"access_key_id": key, "secret_access_key": "s"}, endpoint_url=sandbox.url
+            kind=KIND,
+            values={"access_key_id": key, "secret_access_key": CONTRACT.secret_access_key},
+            endpoint_url=sandbox.url,
         )
         return AwsAdapter(credentials, ["us-east-1"], options)
 

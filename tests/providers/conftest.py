@@ -9,6 +9,7 @@ import pytest
 
 from providers.aws.adapter import AwsAdapter
 from providers.sandbox.aws import AwsSandbox
+from providers.sandbox.aws_keys import ALICE
 from providers.types import Credentials
 from tests.providers.contract import ContractTarget, load, target_modules
 
@@ -19,10 +20,10 @@ AdapterFactory = Callable[..., AwsAdapter]
 def aws_adapter(aws_sandbox: AwsSandbox) -> AdapterFactory:
     """``aws_adapter(regions=[...], access_key_id=..., **options)`` -> an ``AwsAdapter`` on the sandbox."""
 
-    def build(regions: list[str] | None = None, access_key_id: str = "AKIDALICE", **options: str) -> AwsAdapter:
+    def build(regions: list[str] | None = None, access_key_id: str = ALICE.access_key_id, **options: str) -> AwsAdapter:
         credentials = Credentials(
             kind="aws",
-            values={"access_key_id": access_key_id, "secret_access_key": "alice-secret"},
+            values={"access_key_id": access_key_id, "secret_access_key": ALICE.secret_access_key},
             endpoint_url=aws_sandbox.url,
         )
         return AwsAdapter(credentials, regions or ["us-east-1"], options)

@@ -20,6 +20,7 @@ from providers.errors import (
 )
 from providers.registry import build_adapter
 from providers.sandbox.aws import AwsSandbox
+from providers.sandbox.aws_keys import ALICE, BOB, UNKNOWN_ACCESS_KEY_ID
 from providers.types import Credentials, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 AdapterFactory = Callable[..., AwsAdapter]
@@ -39,6 +40,13 @@ EU_CENTRAL_TYPES_AND_ZONES = {
     ("g6e.48xlarge", "eu-central-1c"),
     ("p4de.24xlarge", "eu-central-1a"),
     ("p4de.24xlarge", "eu-central-1c"),
+}
+# The fractional L4s seeded in eu-central-1: on demand only (no spot price seeded), in the two zones the
+# sandbox offers every seeded type in.
+EU_CENTRAL_SLICES_AND_ZONES = {
+    (name, zone)
+    for name in ("g6f.large", "g6f.xlarge", "g6f.2xlarge", "g6f.4xlarge")
+    for zone in ("eu-central-1a", "eu-central-1b")
 }
 US_EAST_SEEDED_TYPES = {
     "g4dn.xlarge",
@@ -90,16 +98,22 @@ def test_list_offers_in_eu_central_1_has_one_quote_per_zone_type_and_model(
 ) -> None:
     offers = aws_adapter(regions=["eu-central-1"]).list_offers()
 
-    assert Counter(o.pricing_model for o in offers) == {PricingModel.ON_DEMAND: 14, PricingModel.SPOT: 14}
-    for model in (PricingModel.ON_DEMAND, PricingModel.SPOT):
-        assert {(o.instance_type, o.zone) for o in offers if o.pricing_model is model} == EU_CENTRAL_TYPES_AND_ZONES
-    assert len({o.natural_key for o in offers}) == 28
+    assert Counter(o.pricing_model for o in offers) == {PricingModel.ON_DEMAND: 22, PricingModel.SPOT: 14}
+    on_demand = {(o.instance_type, o.zone) for o in offers if o.pricing_model is PricingModel.ON_DEMAND}
+    spot = {(o.instance_type, o.zone) for o in offers if o.pricing_model is PricingModel.SPOT}
+    assert on_demand == EU_CENTRAL_TYPES_AND_ZONES | EU_CENTRAL_SLICES_AND_ZONES
+    assert spot == EU_CENTRAL_TYPES_AND_ZONES
+    assert len({o.natural_key for o in offers}) == 36
     assert {o.instance_type: o.gpu_model for o in offers} == {
         "g4dn.xlarge": "T4",
         "g5.xlarge": "A10G",
         "g6.8xlarge": "L4",
         "g6e.48xlarge": "L40S",
         "p4de.24xlarge": "A100-80GB-SXM4",
+        "g6f.large": "L4",
+        "g6f.xlarge": "L4",
+        "g6f.2xlarge": "L4",
+        "g6f.4xlarge": "L4",
     }
 
 
@@ -432,7 +446,7 @@ def test_a_launch_that_timed_out_is_recovered_by_its_token(
 
 
 def test_rejected_credentials_raise_credentials_rejected(aws_sandbox: AwsSandbox, aws_adapter: AdapterFactory) -> None:
-    adapter = aws_adapter(access_key_id="bad-AKID")
+    adapter = aws_adapter(access_key_id=UNKNOWN_ACCESS_KEY_ID)
 
     with pytest.raises(CredentialsRejected) as caught:
         adapter.check_credentials()
@@ -448,11 +462,11 @@ def test_rejected_credentials_raise_credentials_rejected(aws_sandbox: AwsSandbox
 def test_only_listed_access_keys_are_accepted_when_a_list_is_set(
     aws_sandbox: AwsSandbox, aws_adapter: AdapterFactory
 ) -> None:
-    aws_sandbox.accept_access_keys({"AKIDBOB"})
+    aws_sandbox.accept_access_keys({BOB.access_key_id})
 
-    aws_adapter(access_key_id="AKIDBOB").check_credentials()
+    aws_adapter(access_key_id=BOB.access_key_id).check_credentials()
     with pytest.raises(CredentialsRejected):
-        aws_adapter(access_key_id="AKIDALICE").check_credentials()
+        aws_adapter(access_key_id=ALICE.access_key_id).check_credentials()
 
 
 def test_a_credentials_fault_on_launch(aws_sandbox: AwsSandbox, aws_adapter: AdapterFactory) -> None:
@@ -472,7 +486,7 @@ def test_a_throttled_price_list_is_retried(aws_sandbox: AwsSandbox, aws_adapter:
 
     offers = aws_adapter(regions=["eu-central-1"]).list_offers()
 
-    assert len(offers) == len(unthrottled) == 28
+    assert len(offers) == len(unthrottled) == 36
     # ANY_OF queries price the region in a few calls; the throttled answer costs exactly one more.
     assert calls <= 2
     assert len(aws_sandbox.calls("GetProducts")) == 2 * calls + 1

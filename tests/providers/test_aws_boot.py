@@ -26,6 +26,7 @@ from providers.aws.adapter import AwsAdapter
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule
 from providers.sandbox.aws import AwsSandbox
+from providers.sandbox.aws_keys import ALICE
 from providers.sandbox.aws_launch import dlami_id
 from providers.sandbox.boot import BootMode
 from providers.types import InstanceState, LaunchSpec, PricingModel
@@ -65,7 +66,11 @@ def _spec(
 
 def _ec2(sandbox: AwsSandbox, region: str = "us-east-1") -> Any:
     return boto3.client(
-        "ec2", region_name=region, endpoint_url=sandbox.url, aws_access_key_id="AKIDALICE", aws_secret_access_key="s"
+        "ec2",
+        region_name=region,
+        endpoint_url=sandbox.url,
+        aws_access_key_id=ALICE.access_key_id,
+        aws_secret_access_key=ALICE.secret_access_key,
     )
 
 

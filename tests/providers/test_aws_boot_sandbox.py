@@ -23,6 +23,7 @@ import pytest
 from providers.boot import render_boot_script
 from providers.launch import BootSpec, IngressRule
 from providers.sandbox.aws import AwsSandbox
+from providers.sandbox.aws_keys import CHARLIE
 from providers.sandbox.aws_launch import DLAMI_PARAMETER, dlami_id
 from providers.sandbox.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed
@@ -30,13 +31,13 @@ from tests.sshkeys import ecdsa_public, ed25519_public, parsed
 UBUNTU = "ami-785db401"  # one of moto's Canonical images, in every region
 
 
-def _client(sandbox: AwsSandbox, service: str, region: str = "us-east-1", key: str = "AKIDCHARLIE") -> Any:
+def _client(sandbox: AwsSandbox, service: str, region: str = "us-east-1", key: str = CHARLIE.access_key_id) -> Any:
     return boto3.client(
         service,
         region_name=region,
         endpoint_url=sandbox.url,
         aws_access_key_id=key,
-        aws_secret_access_key="charlie-secret",
+        aws_secret_access_key=CHARLIE.secret_access_key,
         config=botocore.config.Config(retries={"total_max_attempts": 1}),
     )
 

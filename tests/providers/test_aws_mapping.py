@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import botocore.exceptions
@@ -24,7 +25,7 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.launch import IngressRule, OrderResource
-from providers.types import InstanceState
+from providers.types import GPU_FRACTION, InstanceState
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 # Every AWS code in /work/shared/CLOUD-APIS.md ("Error codes worth classifying"), plus the extra credential
@@ -95,9 +96,76 @@ def test_other_sdk_errors_become_broker_errors() -> None:
     assert type(_translate(botocore.parsers.ResponseParserError("garbage"))) is MalformedProviderResponse
 
 
-def _gpu_info(name: str, mib: int, count: int = 8, partition: float = 1.0) -> dict[str, Any]:
-    gpu = {"Name": name, "Manufacturer": "NVIDIA", "Count": count, "GpuPartitionSize": partition}
-    return {"Gpus": [{**gpu, "MemoryInfo": {"SizeInMiB": mib}}]}
+def _gpu_info(name: str, mib: int, count: int = 8) -> dict[str, Any]:
+    gpu = {"Name": name, "Manufacturer": "NVIDIA", "Count": count, "LogicalGpuCount": count, "GpuPartitionSize": 1.0}
+    return {"Gpus": [{**gpu, "MemoryInfo": {"SizeInMiB": mib}}], "TotalGpuMemoryInMiB": mib * count}
+
+
+def _slice_info(name: str, mib: int, partition: float) -> dict[str, Any]:
+    """A partitioned GPU as DescribeInstanceTypes reports it: ``Count`` 0 whole GPUs, one logical device, its
+    share in ``GpuPartitionSize`` and the slice's own memory (EC2 API reference, GpuDeviceInfo: "gpuPartitionSize
+    - The size of each GPU as a fraction of a full GPU, between 0 (excluded) and 1 (included)"; "logicalGpuCount
+    - Total number of GPU devices of this type", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_GpuDeviceInfo.html)."""
+    gpu = {"Name": name, "Manufacturer": "NVIDIA", "Count": 0, "LogicalGpuCount": 1, "GpuPartitionSize": partition}
+    return {"Gpus": [{**gpu, "MemoryInfo": {"SizeInMiB": mib}}], "TotalGpuMemoryInMiB": mib}
+
+
+# g6f and gr6f: an eighth, a quarter or a half of one L4, with 3, 6 or 12 GB of its memory (Amazon ECS
+# Developer Guide, "Specifying GPUs in an Amazon ECS task definition", the G6f fraction table,
+# https://docs.aws.amazon.com/AmazonECS/latest/developerguide/ecs-gpu-specifying.html). The MiB figures are
+# moto's copy of DescribeInstanceTypes (22888 MiB usable on the whole card, divided by the share).
+@pytest.mark.parametrize(
+    ("instance_type", "mib", "partition", "share", "memory_gb"),
+    [
+        ("g6f.large", 2861, 0.125, Fraction(1, 8), 3),
+        ("g6f.xlarge", 2861, 0.125, Fraction(1, 8), 3),
+        ("g6f.2xlarge", 5722, 0.25, Fraction(1, 4), 6),
+        ("g6f.4xlarge", 11444, 0.5, Fraction(1, 2), 12),
+        ("gr6f.4xlarge", 11444, 0.5, Fraction(1, 2), 12),
+    ],
+)
+def test_a_gpu_partition_is_a_fraction_of_the_card_not_zero_gpus(
+    instance_type: str, mib: int, partition: float, share: Fraction, memory_gb: int
+) -> None:
+    spec = mapping.gpu_spec(instance_type, _slice_info("L4", mib, partition))
+
+    assert (spec.model, spec.count, spec.fraction, spec.memory_gb, spec.interconnect) == (
+        gpu_names.L4,
+        1,
+        share,
+        memory_gb,
+        "pcie",
+    )
+
+
+def test_a_slice_whose_memory_is_not_its_share_of_the_card_is_not_that_card() -> None:
+    # An "L4" half with an eighth's memory contradicts the catalogue: keep the provider's name for quarantine.
+    spec = mapping.gpu_spec("g6f.4xlarge", _slice_info("L4", 2861, 0.5))
+
+    assert (spec.model, spec.fraction) == ("L4 (1/2 partition)", Fraction(1))
+
+
+@pytest.mark.parametrize("partition", [0, -0.5, 1.5])
+def test_a_partition_size_outside_zero_to_one_is_malformed(partition: float) -> None:
+    with pytest.raises(MalformedProviderResponse):
+        mapping.gpu_spec("g6f.large", _slice_info("L4", 2861, partition))
+
+
+def test_a_fractional_type_carries_its_share_in_extra_and_a_whole_one_does_not() -> None:
+    def item(name: str, gpu_info: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "InstanceType": name,
+            "VCpuInfo": {"DefaultVCpus": 2},
+            "MemoryInfo": {"SizeInMiB": 8192},
+            "GpuInfo": gpu_info,
+        }
+
+    sliced = mapping.instance_type_spec(item("g6f.large", _slice_info("L4", 2861, 0.125)))
+    whole = mapping.instance_type_spec(item("g6.xlarge", _gpu_info("L4", 22888, count=1)))
+
+    assert sliced is not None and whole is not None
+    assert sliced.extra[GPU_FRACTION] == 0.125
+    assert GPU_FRACTION not in whole.extra
 
 
 @pytest.mark.parametrize(
@@ -122,7 +190,8 @@ def _gpu_info(name: str, mib: int, count: int = 8, partition: float = 1.0) -> di
         ("p6-b300.48xlarge", _gpu_info("B300", 275040), ("B300", 8, 268, "nvlink")),
         ("g5g.xlarge", _gpu_info("T4g", 16384, count=1), ("T4g", 1, 16, "pcie")),
         ("p4d.24xlarge", _gpu_info("H100", 81920), ("H100", 8, 80, "nvlink")),
-        ("g6f.large", _gpu_info("L4", 2861, count=0, partition=0.125), ("L4 (1/8 partition)", 0, 2, "pcie")),
+        # A slice of a GPU no key covers keeps the provider's name and says so (quarantined too).
+        ("g9f.large", _slice_info("X9", 4096, partition=0.25), ("X9 (1/4 partition)", 1, 4, "pcie")),
     ],
 )
 def test_gpu_info_and_family_map_to_canonical_keys(
@@ -181,7 +250,11 @@ def test_tag_specifications_put_the_order_tag_on_instance_and_volumes() -> None:
 def test_on_demand_price_is_read_from_json_string_items() -> None:
     item = {
         "product": {"sku": "SKU1"},
-        "terms": {"OnDemand": {"SKU1.T": {"priceDimensions": {"SKU1.T.R": {"pricePerUnit": {"USD": "1.0060000000"}}}}}},
+        "terms": {
+            "OnDemand": {
+                "SKU1.T": {"priceDimensions": {"SKU1.T.R": {"unit": "Hrs", "pricePerUnit": {"USD": "1.0060000000"}}}}
+            }
+        },
     }
 
     assert mapping.on_demand_usd([json.dumps(item)]) == (Decimal("1.006"), "SKU1")

@@ -20,16 +20,17 @@ import botocore.exceptions
 import pytest
 
 from providers.sandbox.aws import AwsSandbox, load_seed
+from providers.sandbox.aws_keys import CHARLIE
 
 
-def _client(sandbox: AwsSandbox, service: str, region: str = "us-east-1", key: str = "AKIDCHARLIE") -> Any:
+def _client(sandbox: AwsSandbox, service: str, region: str = "us-east-1", key: str = CHARLIE.access_key_id) -> Any:
     # One attempt: botocore would otherwise retry the sandbox's 500s and hide the faults under test.
     return boto3.client(
         service,
         region_name=region,
         endpoint_url=sandbox.url,
         aws_access_key_id=key,
-        aws_secret_access_key="charlie-secret",
+        aws_secret_access_key=CHARLIE.secret_access_key,
         config=botocore.config.Config(retries={"total_max_attempts": 1}),
     )
 
@@ -59,8 +60,8 @@ def _run_p4d(sandbox: AwsSandbox, idempotency_key: str = "charlie-1", zone: str 
 def test_the_seed_has_sourced_prices_for_at_least_ten_gpu_types() -> None:
     seed = load_seed()
 
-    assert len({r.instance_type for r in seed}) == 18
-    assert len({(r.region, r.instance_type) for r in seed}) == len(seed) == 44
+    assert len({r.instance_type for r in seed}) == 22
+    assert len({(r.region, r.instance_type) for r in seed}) == len(seed) == 48
     assert {r.region for r in seed} == {
         "us-east-1",
         "us-west-2",
@@ -73,7 +74,15 @@ def test_the_seed_has_sourced_prices_for_at_least_ten_gpu_types() -> None:
         "ap-northeast-2",
         "ap-east-1",
     }
-    assert all(r.source.startswith("github:skypilot-org/skypilot-catalog/") for r in seed)
+    # The fractional L4s (g6f) are newer than the SkyPilot catalogue snapshot: their rows cite a Vantage export.
+    sources = ("github:skypilot-org/skypilot-catalog/", "github:tsaol/aws-gpu/data/all_gpu_instances.js@")
+    assert all(r.source.startswith(sources) for r in seed)
+    assert {r.instance_type for r in seed if not r.source.startswith(sources[0])} == {
+        "g6f.large",
+        "g6f.xlarge",
+        "g6f.2xlarge",
+        "g6f.4xlarge",
+    }
     assert all(r.spot is None or r.spot < r.on_demand for r in seed)
     assert not any(r.instance_type.startswith(("p3.", "p5e.")) for r in seed)
 

@@ -1,0 +1,122 @@
+"""Issue 18: EC2's GPU partitions (g6f: an eighth, a quarter or a half of one NVIDIA L4) are sold as fractions
+of an L4, not quarantined as "0 GPUs".
+
+How AWS reports them: DescribeInstanceTypes' ``GpuDeviceInfo`` has ``count`` ("the number of GPUs"), which is 0
+for a partition, ``logicalGpuCount`` ("total number of GPU devices of this type") and ``gpuPartitionSize`` ("the
+size of each GPU as a fraction of a full GPU, between 0 (excluded) and 1 (included)"), with ``memoryInfo`` the
+slice's memory (EC2 API reference, GpuDeviceInfo,
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_GpuDeviceInfo.html). AWS sells g6f.large and
+g6f.xlarge as 1/8 of an L4 with 3 GB, g6f.2xlarge as 1/4 with 6 GB and g6f.4xlarge as 1/2 with 12 GB (Amazon
+ECS Developer Guide, "Specifying GPUs in an Amazon ECS task definition",
+https://docs.aws.amazon.com/AmazonECS/latest/developerguide/ecs-gpu-specifying.html).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+from django.utils import timezone
+
+from marketplace.catalog.selectors import offer_views
+from marketplace.catalog.services import offers_sync
+from marketplace.models import Offer, QuarantinedOffer
+from providers.aws.adapter import AwsAdapter
+from providers.sandbox.aws import AwsSandbox
+from providers.sandbox.aws_keys import PETRA
+from providers.services import provider_account_connect
+from providers.types import GPU_FRACTION, OfferQuote, PricingModel
+
+AdapterFactory = Callable[..., AwsAdapter]
+REGION = "eu-central-1"
+# (share of an L4, GB of its memory, seeded on-demand USD/h in eu-central-1)
+SLICES = {
+    "g6f.large": (0.125, 3, Decimal("0.25261")),
+    "g6f.xlarge": (0.125, 3, Decimal("0.297")),
+    "g6f.2xlarge": (0.25, 6, Decimal("0.594")),
+    "g6f.4xlarge": (0.5, 12, Decimal("1.188")),
+}
+
+
+def test_the_sandbox_reports_a_partition_as_ec2_does(aws_sandbox: AwsSandbox) -> None:
+    ec2 = boto3.client(
+        "ec2",
+        region_name=REGION,
+        endpoint_url=aws_sandbox.url,
+        aws_access_key_id=PETRA.access_key_id,
+        aws_secret_access_key=PETRA.secret_access_key,
+    )
+
+    (described,) = ec2.describe_instance_types(InstanceTypes=["g6f.large"])["InstanceTypes"]
+
+    (gpu,) = described["GpuInfo"]["Gpus"]
+    assert (gpu["Name"], gpu["Count"], gpu["LogicalGpuCount"], gpu["GpuPartitionSize"]) == ("L4", 0, 1, 0.125)
+    assert gpu["MemoryInfo"] == {"SizeInMiB": 2861}
+    assert sorted(aws_sandbox.zones(REGION, "g6f.large")) == ["eu-central-1a", "eu-central-1b"]
+
+
+def test_a_g6f_type_becomes_a_fractional_l4_quote(aws_sandbox: AwsSandbox, aws_adapter: AdapterFactory) -> None:
+    offers = aws_adapter(regions=[REGION]).list_offers()
+
+    quote = next(o for o in offers if o.natural_key == (REGION, "eu-central-1a", "g6f.large", "on_demand"))
+    assert quote == OfferQuote(
+        region=REGION,
+        zone="eu-central-1a",
+        instance_type="g6f.large",
+        pricing_model=PricingModel.ON_DEMAND,
+        gpu_model="L4",
+        gpu_count=1,
+        gpu_memory_gb=3,
+        vcpus=2,
+        memory_gib=Decimal(8),
+        price=Decimal("0.25261"),
+        currency="USD",
+        capacity=None,
+        interconnect="pcie",
+        extra={
+            "gpu_name": "L4",
+            "gpu_manufacturer": "NVIDIA",
+            "gpu_memory_mib": 2861,
+            "network_performance": quote.extra["network_performance"],
+            "efa_supported": False,
+            "architectures": ["x86_64"],
+            GPU_FRACTION: 0.125,
+            "price_sku": quote.extra["price_sku"],
+        },
+    )
+    sliced = {o.instance_type: (o.gpu_model, o.gpu_count, o.extra[GPU_FRACTION], o.gpu_memory_gb, o.price)
+              for o in offers if o.instance_type in SLICES}  # fmt: skip
+    assert sliced == {name: ("L4", 1, share, gb, price) for name, (share, gb, price) in SLICES.items()}
+
+
+@pytest.mark.django_db
+def test_a_synced_g6f_offer_is_on_sale_as_a_fraction_and_not_quarantined(aws_sandbox: AwsSandbox) -> None:
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="aws",
+        name="frankfurt",
+        credentials=PETRA.credentials(),
+        regions=[REGION],
+        endpoint_url=aws_sandbox.url,
+    )
+
+    outcome = offers_sync(account_id=account.pk)
+
+    assert outcome.ok, outcome.error
+    assert outcome.report is not None and outcome.report.quarantined == 0
+    assert not QuarantinedOffer.objects.filter(instance_type__startswith="g6f.").exists()
+    rows = Offer.objects.filter(account=account, instance_type__startswith="g6f.").select_related("gpu_model")
+    seen: dict[str, Any] = {
+        o.instance_type: (o.gpu_model.key, o.gpu_count, o.gpu_memory_gb, o.extra[GPU_FRACTION], o.price_per_gpu_usd)
+        for o in rows
+    }
+    # A slice's price per GPU is per whole card's worth of it: an eighth at 0.25261 is 2.02088 a card.
+    assert seen == {
+        name: ("L4", 1, gb, share, pytest.approx(float(price) / share)) for name, (share, gb, price) in SLICES.items()
+    }
+    views = {v.instance_type: v.gpu_fraction for v in offer_views(now=timezone.now()) if v.account_id == account.pk}
+    assert {name: views[name] for name in SLICES} == {name: share for name, (share, _, _) in SLICES.items()}
+    assert views["g6.8xlarge"] == 1.0
