@@ -51,10 +51,14 @@ def _azure(sandbox: Any) -> SandboxAccount:
 
 
 def _tencent(sandbox: Any) -> SandboxAccount:
+    from providers.sandbox.tencent import DEFAULT_SECRETS
+
+    # The sandbox's own key, so its signature is checked as Tencent checks it (any other id is taken unchecked).
+    secret_id, secret_key = next(iter(DEFAULT_SECRETS.items()))
     return SandboxAccount(
         kind="tencent",
         endpoint_url=sandbox.url,
-        credentials={"secret_id": "AKIDSANDBOXTENCENT0001", "secret_key": "sandbox-secret"},
+        credentials={"secret_id": secret_id, "secret_key": secret_key},
         demo_regions=DEMO_REGIONS["tencent"],
         all_regions=DEMO_REGIONS["tencent"],
     )

@@ -515,3 +515,18 @@ def test_terminate_writes_once_and_is_idempotent(sandbox: TencentSandbox, adapte
     assert again.state is InstanceState.TERMINATED
     assert len(sandbox.calls("TerminateInstances")) == 1
     assert [i.holds_resources for i in sandbox.instances()] == [False]
+
+
+def test_the_demo_account_signs_with_a_key_the_sandbox_checks(sandbox: TencentSandbox) -> None:
+    # The run command's account and the README's portal credentials must pass a sandbox that checks signatures,
+    # as Tencent does, not only one that takes any id it does not know.
+    from providers.sandbox.demo import SANDBOX_ACCOUNTS
+
+    demo = SANDBOX_ACCOUNTS["tencent"](sandbox)
+    sandbox.set_strict(True)
+    credentials = Credentials("tencent", demo.credentials, sandbox.url)
+
+    TencentAdapter(credentials, demo.demo_regions[:1], {"max_attempts": "1"}).check_credentials()
+    forged = Credentials("tencent", {**demo.credentials, "secret_key": "guess"}, sandbox.url)
+    with pytest.raises(CredentialsRejected):
+        TencentAdapter(forged, demo.demo_regions[:1], {"max_attempts": "1"}).check_credentials()
