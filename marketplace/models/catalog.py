@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from django.db import models
@@ -131,13 +132,28 @@ class Offer(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         # Ingestion computes these in bulk; a row saved one at a time (admin, tests) computes its own.
-        cards = self.gpu_count * float((self.extra or {}).get(GPU_FRACTION, 1))
-        prices = unit_prices(self.price_usd, cards, float(self.gpu_model.fp16_dense_tflops))
+        prices = unit_prices(self.price_usd, float(self.cards), float(self.gpu_model.fp16_dense_tflops))
         self.price_per_gpu_usd, self.usd_per_tflop_hour = prices["price_per_gpu_usd"], prices["usd_per_tflop_hour"]
         super().save(*args, **kwargs)
 
     @property
+    def gpu_fraction(self) -> Fraction:
+        """The share of a card each of the offer's GPUs is: 1 for whole cards, 1/8 for a g6f.large's L4 slice."""
+        return Fraction(str((self.extra or {}).get(GPU_FRACTION, 1))).limit_denominator(64)
+
+    @property
+    def cards(self) -> Fraction:
+        """The offer's GPUs in whole cards."""
+        return self.gpu_count * self.gpu_fraction
+
+    @property
+    def gpu_share(self) -> str:
+        """A partition's share of a card as a person reads it ("1/8"), or "" for whole cards."""
+        return "" if self.gpu_fraction >= 1 else str(self.gpu_fraction)
+
+    @property
     def price_per_gpu_hour_usd(self) -> Decimal:
+        """Per GPU as listed (a partition counts as one); ``price_per_gpu_usd`` is per whole card."""
         return self.price_usd / self.gpu_count
 
 

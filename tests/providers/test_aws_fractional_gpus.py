@@ -120,3 +120,23 @@ def test_a_synced_g6f_offer_is_on_sale_as_a_fraction_and_not_quarantined(aws_san
     views = {v.instance_type: v.gpu_fraction for v in offer_views(now=timezone.now()) if v.account_id == account.pk}
     assert {name: views[name] for name in SLICES} == {name: share for name, (share, _, _) in SLICES.items()}
     assert views["g6.8xlarge"] == 1.0
+
+
+@pytest.mark.django_db
+def test_the_storefront_shows_a_slice_as_its_share_of_a_card_priced_per_card(aws_sandbox: AwsSandbox, client) -> None:
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind="aws",
+        name="frankfurt",
+        credentials=PETRA.credentials(),
+        regions=[REGION],
+        endpoint_url=aws_sandbox.url,
+    )
+    assert offers_sync(account_id=account.pk).ok
+
+    page = client.get("/", {"q": "gpu=L4 region=eu-central-1"}).content.decode()
+    row = page[page.index("<code>g6f.large</code>") :]
+    row = row[: row.index("</tr>")]
+    # The GPUs column says what is sold (an eighth of an L4) and $/GPU-h is per whole card, as offers are sorted.
+    assert '<span title="a partition: 1/8 of one card">1/8</span>' in row
+    assert f">{Decimal('0.25261') * 8:.4f}<" in row
