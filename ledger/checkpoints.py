@@ -21,8 +21,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
+from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Value, Window
 from django.db.models.functions import Coalesce, Lag
 from django.utils import timezone
@@ -32,7 +33,16 @@ from ledger.chain import Web3, recursion_limit_kept, send_anchor
 from ledger.models import Anchor, Checkpoint, LedgerHead
 from ledger.tree import ProofUnavailable, StoredTree, leaf_hashes, subtree_hashes_extend
 
-__all__ = ["KeyPeriod", "ProofUnavailable", "checkpoint_create", "consistency_proof", "inclusion_proofs", "key_history"]
+__all__ = [
+    "KeyPeriod",
+    "ProofUnavailable",
+    "checkpoint_create",
+    "checkpoint_sign_claim",
+    "checkpoint_sign_release",
+    "consistency_proof",
+    "inclusion_proofs",
+    "key_history",
+]
 
 log = logging.getLogger(__name__)
 
@@ -204,11 +214,32 @@ def _key_history() -> list[KeyPeriod]:
     return periods
 
 
+# Any fixed number will do: it names the lock only among this database's advisory locks.
+_SIGNING_LOCK = 0x6C65646765722D63  # "ledger-c"
+SIGNING_REQUESTED_KEY = "ledger:checkpoint-signing-requested"
+
+
+def _signing_lock() -> None:
+    """Take the signers' lock for the rest of the transaction. On PostgreSQL an advisory lock, which appends do
+    not wait for; SQLite's IMMEDIATE transactions already hold the database's one write lock."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_SIGNING_LOCK])
+
+
 def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
     """Sign a checkpoint of the whole ledger as it is now; None when the newest checkpoint already covers it.
 
-    Safe to run concurrently: the size is unique, so a second writer of the same checkpoint gets the first's.
+    Single writer whoever calls it (the periodic task, a buyer's prompt signing, ``ledger checkpoint``):
+    signers take one lock in turn and read the ledger's size and the newest checkpoint under it, so checkpoints
+    are created in size order, never twice for one size, and a second signer of the same size signs nothing.
     """
+    with transaction.atomic():
+        _signing_lock()
+        return _checkpoint_sign(now)
+
+
+def _checkpoint_sign(now: dt.datetime | None) -> Checkpoint | None:
     head = LedgerHead.objects.filter(id=1).first()
     size = head.size if head else 0
     latest = Checkpoint.objects.order_by("-size").first()
@@ -248,10 +279,21 @@ def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
                 origin=body.origin,
                 note=note.sign(body, origin, key, *cosigners),
                 key_id=note.key_id(settings.LEDGER_ORIGIN, key.public_key()).hex(),
-                created_at=now or timezone.now(),
+                created_at=now or timezone.now(),  # after the lock: created_at rises with the size
             )
-    except IntegrityError:
+    except IntegrityError:  # a signer that skipped the lock (an older release during a deploy) got there first
         return Checkpoint.objects.filter(size=size).first()
+
+
+def checkpoint_sign_claim(*, hold_s: float) -> bool:
+    """Claim the one prompt signing allowed per ``hold_s`` seconds: True for the first caller, False until the
+    claim expires or ``checkpoint_sign_release`` drops it. Expiry, not the signing's end, frees it: a lost
+    task delays the next prompt signing, never stops it (and the periodic one never stops)."""
+    return bool(caches["default"].add(SIGNING_REQUESTED_KEY, "1", timeout=hold_s))
+
+
+def checkpoint_sign_release() -> None:
+    caches["default"].delete(SIGNING_REQUESTED_KEY)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@
 - ``checkpoint_json``: a signed checkpoint and its anchor.
 - ``receipt``: one subject's entries (an order's), each with its inclusion proof against the newest
   checkpoint that covers it, that checkpoint, and the verifier key. Entries newer than every checkpoint are
-  listed as ``pending``: the next checkpoint (``LEDGER_CHECKPOINT_INTERVAL_S``) covers them.
+  listed as ``pending``, and the receipt's ``status`` is ``pending`` (else ``complete``) with ``first_pending``,
+  the first such entry's sequence, and ``signed_size``, the newest checkpoint's size (0 before the first): the
+  next checkpoint covers them. ``receipt_for_buyer`` also has that checkpoint signed promptly, rather than at
+  the periodic one (``LEDGER_CHECKPOINT_INTERVAL_S``).
 - ``audit_bundle``: checkpoints, the consistency proofs between consecutive ones, the key history, and
   optionally every leaf hash and every entry: the input of ``python -m ledger.audit``.
 - ``key_history_json``: every signing key with the checkpoints it signed and the handover note that links it
@@ -17,17 +20,38 @@ Formats are versioned by their ``format`` field; ``ledger/audit.py`` is their re
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from kombu.exceptions import OperationalError
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import ProofUnavailable, inclusion_proofs, key_history, verifier_key, verifier_keys
+from ledger.checkpoints import (
+    ProofUnavailable,
+    checkpoint_sign_claim,
+    checkpoint_sign_release,
+    inclusion_proofs,
+    key_history,
+    verifier_key,
+    verifier_keys,
+)
 from ledger.models import Checkpoint, LedgerEntry
+from ledger.tasks import ledger_checkpoint_sign_task
+
+log = logging.getLogger(__name__)
 
 RECEIPT_FORMAT = "broker-ledger-receipt/1"
 BUNDLE_FORMAT = "broker-ledger-audit/1"
+COMPLETE, PENDING = "complete", "pending"
+# How soon a buyer may ask again for a pending receipt: a prompt signing is queued, and it takes a moment.
+PENDING_RETRY_AFTER_S = 2
+# At most one prompt signing per this many seconds, however many buyers ask: every checkpoint is anchored on a
+# chain (a transaction each, 10 a minute at most by the periodic task), so buyers polling a busy ledger must not
+# multiply them. Entries that just missed one wait this long at worst, not LEDGER_CHECKPOINT_INTERVAL_S.
+PROMPT_SIGNING_SPACING_S = 10.0
 
 
 def entry_json(entry: LedgerEntry) -> dict[str, Any]:
@@ -98,7 +122,7 @@ def latest_checkpoint() -> Checkpoint | None:
 
 
 def receipt(subject: str) -> dict[str, Any]:
-    """The receipt of ``subject``'s entries against the newest checkpoint."""
+    """The receipt of ``subject``'s entries against the newest checkpoint; reads only."""
     checkpoint = latest_checkpoint()
     entries = list(LedgerEntry.objects.filter(subject=subject).order_by("sequence"))
     covered = [e for e in entries if checkpoint is not None and e.sequence <= checkpoint.size]
@@ -110,17 +134,45 @@ def receipt(subject: str) -> dict[str, Any]:
         except ProofUnavailable as exc:
             # A gap below the checkpoint: publish what there is, so the reader sees the problem, not a 500.
             problem = f"no inclusion proofs: {exc}"
+    pending = [e for e in entries if e not in covered]
     return {
         "format": RECEIPT_FORMAT,
         "origin": settings.LEDGER_ORIGIN,
+        "status": PENDING if pending else COMPLETE,
+        "signed_size": 0 if checkpoint is None else checkpoint.size,
+        "first_pending": pending[0].sequence if pending else None,
         "verifier_key": verifier_key() if checkpoint is None else signer_key(checkpoint),
         "subject": subject,
         "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
         "entries": [{**entry_json(e), "inclusion_proof": proofs.get(e.sequence)} for e in covered],
-        "pending": [entry_json(e) for e in entries if e not in covered],
+        "pending": [entry_json(e) for e in pending],
         "key_history": key_history_json(),
         **({"problem": problem} if problem else {}),
     }
+
+
+def receipt_for_buyer(subject: str) -> dict[str, Any]:
+    """``receipt(subject)`` for a buyer waiting on it. When entries are pending, a prompt signing is queued once
+    the current transaction commits (``checkpoint_sign_soon``), so asking again after ``PENDING_RETRY_AFTER_S``
+    (or a few times, within ``PROMPT_SIGNING_SPACING_S``) finds them covered. The answer is what the ledger
+    holds now: the signing never delays it."""
+    body = receipt(subject)
+    if body["status"] == PENDING:
+        transaction.on_commit(checkpoint_sign_soon)
+    return body
+
+
+def checkpoint_sign_soon() -> None:
+    """Queue a prompt signing (``ledger.checkpoint_sign``) unless one was queued in the last
+    ``PROMPT_SIGNING_SPACING_S``: a burst of receipt requests makes one signing. With the task queue unreachable
+    the claim is dropped at once; the periodic signing still covers the entries."""
+    if not checkpoint_sign_claim(hold_s=PROMPT_SIGNING_SPACING_S):
+        return
+    try:
+        ledger_checkpoint_sign_task.delay()
+    except OperationalError as exc:
+        checkpoint_sign_release()
+        log.warning("could not queue a prompt checkpoint signing (%s); the periodic one will sign", exc)
 
 
 def audit_bundle(*, with_leaves: bool = True, with_entries: bool = False) -> dict[str, Any]:

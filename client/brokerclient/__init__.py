@@ -26,7 +26,7 @@ from brokerclient.errors import (
     Unreachable,
     WatchTimeout,
 )
-from brokerclient.verify import Check, ReceiptInvalid, VerificationResult, verify_receipt
+from brokerclient.verify import Check, ReceiptInvalid, ReceiptPending, VerificationResult, verify_receipt
 
 __version__ = "0.1.0"
 
@@ -46,6 +46,7 @@ __all__ = [
     "PermissionDenied",
     "RateLimited",
     "ReceiptInvalid",
+    "ReceiptPending",
     "ServerError",
     "Unreachable",
     "VerificationResult",

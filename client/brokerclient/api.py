@@ -374,6 +374,31 @@ class BrokerClient:
         body: dict[str, Any] = self.get(f"orders/{order_id}/receipt")
         return body
 
+    def receipt_verified(
+        self,
+        order_id: str,
+        *,
+        trusted_key: str | None = None,
+        wait: float = 0.0,
+        interval: float | None = None,
+    ) -> tuple[dict[str, Any], VerificationResult]:
+        """Fetch the order's receipt and verify it here; while its verdict is ``pending`` (no check failed, but
+        entries wait for a signed checkpoint) fetch it again, for at most ``wait`` seconds in all, every
+        ``interval`` seconds (default: the broker's ``Retry-After``, else 2). Asking is what makes the broker
+        sign promptly. Returns the last receipt and its verification: verified, failed (a failure is never
+        waited out), or still pending when the time is up."""
+        deadline = time.monotonic() + wait
+        while True:
+            answer = self.request("GET", f"orders/{order_id}/receipt")
+            receipt: dict[str, Any] = answer.body
+            result = verify_receipt(receipt, trusted_key=trusted_key, order_id=order_id)
+            remaining = deadline - time.monotonic()
+            if not result.pending or remaining <= 0:
+                return receipt, result
+            pause = interval if interval is not None else _retry_after(answer.headers.get("Retry-After")) or 2.0
+            log.info("receipt of %s pending: %s; asking again in %.1fs", order_id, result.pending_message(), pause)
+            self._sleep(min(pause, remaining))
+
     def verify_receipt(
         self, receipt: Mapping[str, Any], *, trusted_key: str | None = None, order_id: str | None = None
     ) -> VerificationResult:

@@ -3,7 +3,7 @@
 The broker's address and token come from ``--url``/``--token`` or ``BROKER_URL``/``BROKER_TOKEN``. Output is
 a table for people, or JSON with ``--json`` (``watch`` writes one JSON object per line, one per state change).
 Exit status: 0 ok, 1 an API error (its code and message on stderr), 2 a usage error, 3 a receipt that did not
-verify.
+verify, 4 a receipt still pending (no check failed, but entries are not yet in a signed checkpoint).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from brokerclient.api import ORDER_STATES, BrokerClient
 from brokerclient.errors import BrokerError
 from brokerclient.verify import Check, RememberedCheckpoint, VerificationResult, remembered_check, verify_receipt
 
-EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNVERIFIED = 0, 1, 2, 3
+EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_PENDING = 0, 1, 2, 3, 4
 PROFILES = ("training", "fine_tuning", "inference", "scientific", "rendering", "transcoding")
 
 
@@ -280,11 +280,20 @@ def _trusted_key(args: argparse.Namespace) -> str | None:
 
 def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
     trusted = _trusted_key(args)
+    if args.wait is not None and (args.file or not args.verify):
+        raise UsageError("--wait fetches the receipt until it verifies: it needs --verify and an ORDER, not --file")
+    if args.interval is not None and args.wait is None:
+        raise UsageError("--interval goes with --wait")
     if args.file:
         try:
             receipt = bounds.loads(Path(args.file).read_text(), what=f"the receipt file {args.file}")
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read the receipt file: {exc}") from None
+        result = verify_receipt(receipt, trusted_key=trusted, order_id=args.order or None)
+    elif args.verify:
+        receipt, result = client.receipt_verified(
+            args.order, trusted_key=trusted, wait=args.wait or 0.0, interval=args.interval
+        )
     else:
         receipt = client.receipt(args.order)
     if not args.verify:
@@ -293,8 +302,6 @@ def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> 
         else:
             _receipt_table(receipt, out)
         return EXIT_OK
-    order_id = None if args.file and not args.order else args.order
-    result = verify_receipt(receipt, trusted_key=trusted, order_id=order_id)
     if args.state and result.ok and result.checkpoint is not None:
         _check_remembered(client, Path(args.state), result)
     if args.json:
@@ -304,6 +311,10 @@ def cmd_receipt(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> 
         out.write(result.text() + "\n")
         if not result.key_pinned:
             out.write("note: no key pinned (--key): the receipt's own key shows only that whoever answered signed it\n")
+    if result.pending:
+        after = f" after waiting {args.wait:g}s" if args.wait else "; ask again, or wait for it with --wait"
+        sys.stderr.write(f"broker: pending: {result.pending_message()}{after}\n")
+        return EXIT_PENDING
     return EXIT_OK if result.ok else EXIT_UNVERIFIED
 
 
@@ -613,7 +624,23 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("receipt", parents=[common], help="an order's ledger receipt, optionally verified")
     p.add_argument("order", nargs="?", default="", help="the order (or give --file)")
-    p.add_argument("--verify", action="store_true", help="verify proofs and signature here; exit 3 if not")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="verify proofs and signature here; exit 3 if they do not verify, 4 if entries are still pending",
+    )
+    p.add_argument(
+        "--wait",
+        nargs="?",
+        const=120.0,
+        type=bounds.number(0, 3600),
+        metavar="SECONDS",
+        help="with --verify: while entries are pending, ask again until they verify, for at most SECONDS "
+        "(default 120); exit 4 if still pending then",
+    )
+    p.add_argument(
+        "--interval", type=bounds.number(0.1, 3600), help="with --wait: seconds between looks (default Retry-After)"
+    )
     p.add_argument("--key", help="the verifier key you trust, obtained out of band (env BROKER_VERIFIER_KEY)")
     p.add_argument("--key-file", help="a file holding that key")
     p.add_argument("--file", help="verify a saved receipt instead of fetching one")

@@ -14,6 +14,12 @@ the newest checkpoint, and that checkpoint as a C2SP signed note. Verifying it m
 4. **inclusion**: the inclusion proof leads from that recomputed leaf, at index ``sequence - 1``, to the
    signed root of a tree of the signed size.
 
+Entries newer than the newest checkpoint are *pending*: the receipt lists them without proofs until the
+broker signs a checkpoint that covers them. Pending is not a failure: the result's verdict is ``pending`` when
+no check failed and some entry is still pending (everything covered was verified in full), ``verified`` when
+every entry is proven, ``failed`` otherwise. An entry listed as pending that the signed checkpoint does cover is
+a failure: the broker owes its proof.
+
 Which key is trusted matters. A receipt carries the server's verifier key, and so does
 ``GET /api/v1/ledger/key``: checking against a key from the same server only shows that whoever answered
 signed it. Pin the key you obtained out of band (``trusted_key``) to show it was the broker's key you trust.
@@ -44,6 +50,7 @@ __all__ = [
     "Check",
     "CheckpointStatement",
     "ReceiptInvalid",
+    "ReceiptPending",
     "RememberedCheckpoint",
     "VerificationResult",
     "VerifierKey",
@@ -85,15 +92,22 @@ class Check:
         return f"{'ok' if self.ok else 'FAILED':<7}{self.name:<11}{where}{self.message}"
 
 
+VERIFIED, PENDING, FAILED = "verified", "pending", "failed"
+
+
 @dataclass
 class VerificationResult:
-    """Every check made, in order. ``ok`` only when none failed and at least one entry was proven."""
+    """Every check made, in order. ``ok`` when none failed and at least one entry was proven; ``verdict`` is
+    ``verified`` (every entry proven), ``pending`` (none failed, some entry not yet in a signed checkpoint) or
+    ``failed``."""
 
     checks: list[Check] = field(default_factory=list)
     key_pinned: bool = False
     key_handed_over: bool = False  # the checkpoint's key is not the pinned one but follows from it by handovers
     verified_entries: int = 0
     pending_entries: int = 0
+    first_pending: int | None = None  # the sequence of the first entry no signed checkpoint covers yet
+    signed_size: int = 0  # the size of the receipt's checkpoint once its signature verified (0 without one)
     checkpoint: CheckpointStatement | None = None  # the signed checkpoint, once its signature verified
 
     @property
@@ -104,15 +118,33 @@ class VerificationResult:
     def ok(self) -> bool:
         return not self.failures and self.verified_entries > 0
 
+    @property
+    def pending(self) -> bool:
+        """No check failed, and some entry waits for a checkpoint: ask again later (``broker receipt --wait``)."""
+        return not self.failures and self.pending_entries > 0 and self.first_pending is not None
+
+    @property
+    def verdict(self) -> str:
+        if self.pending:
+            return PENDING
+        return VERIFIED if self.ok else FAILED
+
+    def pending_message(self) -> str:
+        return f"entry {self.first_pending} is not yet in a signed checkpoint (newest signed size {self.signed_size})"
+
     def summary(self) -> str:
+        how = "the pinned key" if self.key_pinned else "the key the receipt carries (not pinned)"
+        how = "a key the pinned key handed over to" if self.key_handed_over else how
+        if self.pending:
+            text = f"receipt PENDING: {self.pending_message()}"
+            if self.verified_entries:
+                text += f"; the {self.verified_entries} entries before it proven against a checkpoint signed by {how}"
+            return text
         if self.ok:
-            how = "the pinned key" if self.key_pinned else "the key the receipt carries (not pinned)"
-            how = "a key the pinned key handed over to" if self.key_handed_over else how
-            text = f"receipt VERIFIED: {self.verified_entries} entries proven against a checkpoint signed by {how}"
-            return text + (f"; {self.pending_entries} newer entries not yet covered" if self.pending_entries else "")
+            return f"receipt VERIFIED: {self.verified_entries} entries proven against a checkpoint signed by {how}"
         first = self.failures[0] if self.failures else None
         if first is None:
-            return "receipt NOT VERIFIED: no entry is covered by a checkpoint yet"
+            return "receipt FAILED: checkpoint: the receipt proves no entry"
         where = f" (entry #{first.entry})" if first.entry is not None else ""
         return f"receipt FAILED: {first.name}{where}: {first.message}"
 
@@ -122,16 +154,23 @@ class VerificationResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "verdict": self.verdict,
             "key_pinned": self.key_pinned,
             "verified_entries": self.verified_entries,
             "pending_entries": self.pending_entries,
+            "first_pending": self.first_pending if self.pending else None,
+            "signed_size": self.signed_size,
             "checks": [{"name": c.name, "entry": c.entry, "ok": c.ok, "message": c.message} for c in self.checks],
             "summary": self.summary(),
         }
 
     def raise_if_failed(self) -> None:
-        if not self.ok:
+        """``ReceiptInvalid`` when a check failed; ``ReceiptPending`` when none did but no entry is proven yet.
+        A receipt that proves some entries and has newer ones pending raises nothing: see ``pending``."""
+        if self.verdict == FAILED:
             raise ReceiptInvalid(self)
+        if not self.ok:
+            raise ReceiptPending(self)
 
 
 class ReceiptInvalid(Exception):
@@ -144,6 +183,15 @@ class ReceiptInvalid(Exception):
     @property
     def failures(self) -> list[Check]:
         return self.result.failures
+
+
+class ReceiptPending(Exception):
+    """A receipt none of whose checks failed but whose entries no signed checkpoint covers yet: not evidence of
+    tampering; ask again once the broker has signed one. ``result`` has ``first_pending`` and ``signed_size``."""
+
+    def __init__(self, result: VerificationResult) -> None:
+        super().__init__(result.summary())
+        self.result = result
 
 
 class _Bad(ValueError):
@@ -571,15 +619,21 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
     else:
         checks.append(Check("key", True, f"pinned {key.name}+{key.key_id.hex()}, the key the receipt names"))
 
-    pending = receipt.get("pending") or []
-    result.pending_entries = len(pending) if isinstance(pending, list) else 0
+    pending = _pending_sequences(receipt.get("pending"))
+    if isinstance(pending, str):
+        return fail("format", pending)
+    result.pending_entries = len(pending)
+    result.first_pending = min(pending, default=None)
     entries = receipt.get("entries")
     if not isinstance(entries, list):
         return fail("format", "entries is not a list")
     if checkpoint is None:
         if entries:
             return fail("checkpoint", "the receipt lists proven entries but no checkpoint")
-        return fail("checkpoint", f"no checkpoint covers this order yet; {result.pending_entries} entries pending")
+        if not pending:
+            return fail("checkpoint", "the receipt has neither a checkpoint nor an entry")
+        checks.append(Check("pending", True, f"no checkpoint yet: {result.pending_message()}"))
+        return result
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("note"), str):
         return fail("checkpoint", "the checkpoint has no signed note")
 
@@ -588,7 +642,7 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
     except ValueError as exc:
         return fail("signature", f"{exc}; the key history does not lead there: {broken}" if broken else str(exc))
     checks.append(Check("signature", True, f"checkpoint of size {signed.size} signed by {key.name}"))
-    result.checkpoint = signed
+    result.checkpoint, result.signed_size = signed, signed.size
     differences = []
     if signed.origin != receipt.get("origin"):
         differences.append(f"origin {signed.origin!r} is not the receipt's {receipt.get('origin')!r}")
@@ -601,11 +655,28 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
 
     for position, entry in enumerate(entries):
         _verify_entry(result, position, entry, subject, signed)
-    if not entries:
+    if not entries and not pending:
         fail("checkpoint", "the receipt proves no entry")
-    if result.pending_entries:
-        checks.append(Check("pending", True, f"{result.pending_entries} entries newer than the checkpoint unchecked"))
+    # A server could call a changed entry "pending" to keep it from being checked: one the signed checkpoint
+    # covers must come with its proof.
+    owed = sorted(s for s in pending if s <= signed.size)
+    for sequence in owed:
+        fail("pending", f"listed as pending, but the signed checkpoint of size {signed.size} covers it", sequence)
+    if pending and not owed:
+        checks.append(Check("pending", True, result.pending_message()))
     return result
+
+
+def _pending_sequences(pending: Any) -> list[int] | str:
+    """The sequences of the receipt's pending entries, or what is wrong with the list."""
+    if pending is None:
+        return []
+    if not isinstance(pending, list):
+        return "pending is not a list"
+    sequences = [entry.get("sequence") if isinstance(entry, dict) else None for entry in pending]
+    if not all(_is_count(s) and s for s in sequences):
+        return "a pending entry has no positive sequence"
+    return [s for s in sequences if isinstance(s, int)]
 
 
 def _verify_entry(

@@ -20,7 +20,14 @@ from rest_framework.views import APIView
 
 from ledger.checkpoints import consistency_proof, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
-from ledger.receipts import checkpoint_json, key_history_json, latest_checkpoint, receipt
+from ledger.receipts import (
+    PENDING,
+    PENDING_RETRY_AFTER_S,
+    checkpoint_json,
+    key_history_json,
+    latest_checkpoint,
+    receipt_for_buyer,
+)
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
 from marketplace.api.serializers import (
@@ -434,14 +441,32 @@ class InvoiceApi(APIView):
 
 class OrderReceiptApi(APIView):
     """GET /api/v1/orders/<id>/receipt: the order's ledger entries, each with its inclusion proof against the
-    newest checkpoint, that checkpoint's signed note and anchor, and the verifier key (ledger/receipts.py)."""
+    newest checkpoint, that checkpoint's signed note and anchor, and the verifier key (ledger/receipts.py).
+
+    Entries newer than every checkpoint make the receipt ``"status": "pending"`` (with ``first_pending`` and
+    ``signed_size``) and the answer carries ``Retry-After``: a checkpoint covering them is being signed. Still
+    200: what is covered is proven as usual, and pending is not an error."""
 
     required_scopes = {"GET": ("ledger:read",)}
 
-    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    @extend_schema(
+        responses={200: OBJECT, 404: ERROR},
+        parameters=[
+            OpenApiParameter(
+                "Retry-After",
+                int,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description="seconds before asking again, when the receipt is pending",
+            )
+        ],
+    )
     def get(self, request: Request, order_id: str) -> Response:
         order = _order_or_404(request, order_id)
-        return Response(receipt(f"order:{order.public_id}"))
+        body = receipt_for_buyer(f"order:{order.public_id}")
+        if body["status"] == PENDING:
+            return Response(body, headers={"Retry-After": str(PENDING_RETRY_AFTER_S)})
+        return Response(body)
 
 
 def _count(request: Request, name: str, default: int, *, minimum: int, maximum: int) -> int:

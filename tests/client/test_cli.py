@@ -80,9 +80,17 @@ def test_search_quote_order_watch_terminate_and_verify_from_the_shell(broker_cli
     assert not failed["ok"] and [c["name"] for c in failed["checks"] if not c["ok"]] == ["signature"]
 
 
-def test_a_tampered_saved_receipt_exits_3(broker_cli, tmp_path, broker, t4_offer):
+def _running(broker, t4_offer) -> dict:
+    """An order once running: its entries up to now are all written, so a checkpoint signed next covers them
+    (a receipt with entries still pending exits 4, not 0)."""
     offer, cap = t4_offer
     order = broker.order(offer=offer.pk, max_price_per_hour=cap)
+    assert list(broker.watch(order["id"], until=["running"], timeout=60, interval=0.2))[-1]["state"] == "running"
+    return order
+
+
+def test_a_tampered_saved_receipt_exits_3(broker_cli, tmp_path, broker, t4_offer):
+    order = _running(broker, t4_offer)
     ledger_checkpoint_and_anchor()
     receipt = broker.receipt(order["id"])
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
@@ -124,8 +132,7 @@ def test_a_remembered_checkpoint_must_be_extended_by_every_later_one(broker_cli,
 
     from ledger.services import ledger_append
 
-    offer, cap = t4_offer
-    order = broker.order(offer=offer.pk, max_price_per_hour=cap)
+    order = _running(broker, t4_offer)
     first = ledger_checkpoint_and_anchor()
     state, key = tmp_path / "state.json", verifier_key()
 
