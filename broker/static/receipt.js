@@ -70,7 +70,14 @@
   }
 
   const checkpoint = receipt.checkpoint;
-  if (!checkpoint) { verdict.textContent = "Nothing to check yet: no checkpoint covers these entries."; return; }
+  const pending = (receipt.pending || []).length;
+  // Pending is not a failure: the broker signs a checkpoint for them now; look again in a few seconds.
+  const pendingNote = pending ? ` ${pending} newer entr${pending === 1 ? "y waits" : "ies wait"} for the next signed checkpoint, which the broker is signing now; this page checks again in a few seconds.` : "";
+  if (pending) setTimeout(() => window.location.reload(), 5000);
+  if (!checkpoint) {
+    verdict.textContent = pending ? "Pending:" + pendingNote : "Nothing to check yet: no checkpoint covers these entries.";
+    return;
+  }
   const root = fromHex(checkpoint.root);
   let failures = 0;
   for (const entry of receipt.entries) {
@@ -93,8 +100,8 @@
   signatureCell.textContent = message;
   signatureCell.className = signed === null ? "muted" : signed ? "check-ok" : "check-bad";
   if (failures === 0 && signed !== false) {
-    verdict.className = "verdict ok";
-    verdict.textContent = `\u2713 Verified in this page: ${receipt.entries.length} entries are in the signed checkpoint of ${checkpoint.size}.`;
+    verdict.className = pending ? "verdict pending" : "verdict ok";
+    verdict.textContent = `\u2713 Verified in this page: ${receipt.entries.length} entries are in the signed checkpoint of ${checkpoint.size}.` + pendingNote;
   } else {
     verdict.className = "verdict bad";
     const problems = [];

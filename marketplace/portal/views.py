@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
-from ledger.receipts import receipt
+from ledger.receipts import receipt_for_buyer
 from marketplace.catalog.selectors import machine_reliability
 from marketplace.models import GpuModel, InvitationStatus, Membership, Order, OrganizationKind, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
@@ -427,4 +427,4 @@ def order_receipt(request: HttpRequest, order_id: str) -> HttpResponse:
     order = Order.objects.filter(public_id=order_id, offer__account__provider=membership.organization.provider).first()
     if order is None:
         raise Http404("no such order on your capacity")
-    return JsonResponse(receipt(f"order:{order.public_id}"))
+    return JsonResponse(receipt_for_buyer(f"order:{order.public_id}"))

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from ledger.receipts import receipt
+from ledger.receipts import receipt_for_buyer
 from marketplace.api.idempotency import idempotency_claim
 from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
@@ -178,7 +178,9 @@ def order_receipt(request: HttpRequest, order_id: str) -> HttpResponse:
     order = order_get(organization=_org_or_404(request), public_id=order_id)
     if order is None:
         raise Http404("no such order")
-    return render(request, "storefront/receipt.html", {"order": order, "receipt": receipt(f"order:{order.public_id}")})
+    return render(
+        request, "storefront/receipt.html", {"order": order, "receipt": receipt_for_buyer(f"order:{order.public_id}")}
+    )
 
 
 @login_required

@@ -25,6 +25,7 @@ from tests.test_worker import queues_purge, worker_env, worker_start, worker_sto
 # Tasks whose names the project chose (Celery's own, "celery.*", take the app-wide limits like every other).
 OUR_TASKS = {
     "ledger.checkpoint",
+    "ledger.checkpoint_sign",
     "marketplace.idempotency_expire",
     "marketplace.offers_sync_account",
     "marketplace.offers_sync_all",

@@ -135,3 +135,22 @@ def test_the_storefront_receipt_page_shows_the_proofs_to_check(client, alice, ch
     assert page.context["receipt"]["checkpoint"]["anchor"]["tx_hash"] in html
     client.force_login(charlie)
     assert client.get(f"/orders/{running_order.public_id}/receipt").status_code == 404
+
+
+def test_the_receipt_page_of_unsigned_entries_prompts_a_signing(
+    alice, running_order, django_capture_on_commit_callbacks
+):
+    from django.test import Client
+
+    from ledger.models import Checkpoint, LedgerHead
+
+    browser = Client()
+    browser.force_login(alice)
+    assert not Checkpoint.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        page = browser.get(f"/orders/{running_order.public_id}/receipt")
+
+    assert page.status_code == 200 and page.context["receipt"]["status"] == "pending"
+    # The page answered with what was signed then; the signing it queued covers every entry now.
+    assert Checkpoint.objects.get().size == LedgerHead.objects.get(id=1).size
