@@ -72,7 +72,7 @@
   const checkpoint = receipt.checkpoint;
   const pending = (receipt.pending || []).length;
   // Pending is not a failure: the broker signs a checkpoint for them now; look again in a few seconds.
-  const pendingNote = pending ? ` ${pending} newer entr${pending === 1 ? "y waits" : "ies wait"} for the next signed checkpoint, which the broker is signing now; this page checks again in a few seconds.` : "";
+  const pendingNote = pending ? ` ${pending} ${checkpoint ? "newer " : ""}entr${pending === 1 ? "y waits" : "ies wait"} for the next signed checkpoint, which the broker is signing now; this page checks again in a few seconds.` : "";
   if (pending) setTimeout(() => window.location.reload(), 5000);
   if (!checkpoint) {
     verdict.textContent = pending ? "Pending:" + pendingNote : "Nothing to check yet: no checkpoint covers these entries.";

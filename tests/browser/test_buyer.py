@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from ledger.checkpoints import ledger_checkpoint_and_anchor
 from marketplace.models import Order, OrderState
 from tests.browser.conftest import shoot, sign_in
 from tests.leases import boot
@@ -32,10 +31,14 @@ def test_order_run_and_verify_the_receipt(page, live_server, alice, aws_account,
     assert page.locator("tbody tr").first.locator(".state").inner_text() == "running"
     shoot(page, "buyer-orders")
 
-    ledger_checkpoint_and_anchor()
+    # No checkpoint yet: the page says pending (not failed), the broker signs one, and the page looks again.
     page.locator("a:has-text('Receipt')").first.click()
     verdict = page.locator("#verdict")
-    verdict.locator("text=Verified in this page").wait_for()
+    verdict.locator("text=wait for the next signed checkpoint").wait_for()
+    assert "failed" not in verdict.inner_text()
+    shoot(page, "buyer-receipt-pending")
+    verdict.locator("text=Verified in this page").wait_for(timeout=30_000)
+    assert "wait for the next" not in verdict.inner_text()
     assert page.locator("#signature-check").inner_text().startswith("valid Ed25519 signature")
     assert page.locator("td.proof-check.check-ok").count() == page.locator("td.proof-check").count() >= 4
     shoot(page, "buyer-receipt")
