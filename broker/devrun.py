@@ -1,14 +1,21 @@
 """The run command: the whole broker on embedded defaults, in the foreground, until Ctrl-C.
 
-Starts the sandbox clouds, migrates, seeds the demo accounts, syncs offers, then runs real Celery workers (one
-per queue: ``worker_commands``) and beat on the filesystem broker beside the web app. If any part dies,
-everything stops.
+Starts the sandbox clouds and the anchor chain's node, migrates, seeds the demo accounts, syncs offers, then runs
+real Celery workers (one per queue: ``worker_commands``) and beat on the filesystem broker beside the web app. If
+any part dies, everything stops.
+
+The ledger's anchors go through JSON-RPC to ``ledger.chainnode``, a local chain in its own process that keeps its
+blocks in ``var/chain`` across restarts (``chain_node_command``), so an auditor checks them from outside exactly
+as against a public chain. The broker signs them with a dev key made once in ``var/chain-anchor.key``. Set
+``LEDGER_CHAIN_RPC_URL`` to anchor to another chain instead; no node is started then.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,6 +56,26 @@ def _wait_file(path: Path, what: str, proc: subprocess.Popen[bytes], timeout: fl
     raise SystemExit(f"{what} did not write {path} within {timeout:.0f}s")
 
 
+def chain_key(path: Path) -> tuple[str, str]:
+    """The anchor key in ``path`` (made on first use, readable by its owner only) and its address."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write("0x" + secrets.token_hex(32) + "\n")
+    from ledger.chain import Web3  # web3 only through ledger.chain, which keeps the recursion limit
+
+    key = path.read_text().strip()
+    return key, str(Web3().eth.account.from_key(key).address)
+
+
+def chain_node_command(*, data: Path, port: int, fund: str, ready_file: Path) -> list[str]:
+    """The anchor chain's node: its blocks in ``data``, ``fund`` (the broker's anchor address) funded in its
+    genesis, ``ready_file`` written once it serves."""
+    return [PY, "-m", "ledger.chainnode", "--host", "127.0.0.1", "--port", str(port), "--data", str(data),
+            "--fund", fund, "--ready-file", str(ready_file)]  # fmt: skip
+
+
 def worker_commands(*options: str, concurrency: int = 2) -> dict[str, list[str]]:
     """The Celery workers the broker needs, by name: one for provisioning and every other task, one for webhook
     deliveries. Separate processes with separate pools, so deliveries to slow receivers can take every slot of
@@ -69,6 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("BROKER_PORT", "8000")))
     parser.add_argument("--sandbox-port", type=int, default=int(os.environ.get("BROKER_SANDBOX_PORT", "8701")))
+    parser.add_argument("--chain-port", type=int, default=int(os.environ.get("BROKER_CHAIN_PORT", "8545")))
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
@@ -106,6 +134,26 @@ def main() -> int:
             [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
              "--manifest", str(manifest)],
         )  # fmt: skip
+        chain_line = f"  Anchors go to {os.environ.get('LEDGER_CHAIN_RPC_URL')} (LEDGER_CHAIN_RPC_URL).\n"
+        if not os.environ.get("LEDGER_CHAIN_RPC_URL"):
+            key_file = ROOT / "var" / "chain-anchor.key"
+            _key, address = chain_key(key_file)
+            ready = ROOT / "var" / "chain-node.json"
+            ready.unlink(missing_ok=True)
+            node = start(
+                "chain",
+                chain_node_command(data=ROOT / "var" / "chain", port=args.chain_port, fund=address, ready_file=ready),
+            )
+            _wait_file(ready, "the chain node", node, timeout=600)  # it replays its blocks first, ~10 ms each
+            rpc_url = json.loads(ready.read_text())["url"]
+            # Every process started from here on (migrate, seed, workers, web) anchors through the node.
+            os.environ["LEDGER_CHAIN_RPC_URL"] = rpc_url
+            os.environ["LEDGER_CHAIN_PRIVATE_KEY_FILE"] = str(key_file)
+            chain_line = (
+                f"  Ledger anchors go to the local chain at {rpc_url} (blocks in var/chain, sender {address}).\n"
+                f"  Audit from outside: python -m ledger.audit --url http://127.0.0.1:{args.port} --rpc-url {rpc_url}"
+                " --state var/audit-state.json\n"
+            )
         _manage("migrate", "--verbosity", "0")
         _wait_file(manifest, "the sandbox", sandbox)
         hosts = ROOT / "var" / "community-hosts.json"
@@ -127,7 +175,9 @@ def main() -> int:
             f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"
             f"  Sign in as alice / {DEMO_PASSWORD} (buyer). API: http://127.0.0.1:{args.port}/api/v1/offers\n"
             f"  Providers: petra (cloud reseller) and helga (three independent machines), same password.\n"
-            f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json). Press Ctrl-C to stop everything.\n",
+            f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
+            f"{chain_line}"
+            "  Press Ctrl-C to stop everything.\n",
             flush=True,
         )
         while True:

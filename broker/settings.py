@@ -381,8 +381,10 @@ LEDGER_PREVIOUS_VERIFIER_KEYS = env_list("LEDGER_PREVIOUS_VERIFIER_KEYS", [])
 # checkpoint so auditors can follow the rotation (README, "Rotating the checkpoint key").
 LEDGER_PREVIOUS_SIGNING_KEY = env_str("LEDGER_PREVIOUS_SIGNING_KEY")
 LEDGER_PREVIOUS_SIGNING_KEY_FILE = env_str("LEDGER_PREVIOUS_SIGNING_KEY_FILE")
-# Empty: an in-process test chain (eth-tester). Otherwise any Ethereum JSON-RPC endpoint, with the sender's
-# key in LEDGER_CHAIN_PRIVATE_KEY (hex) or LEDGER_CHAIN_PRIVATE_KEY_FILE.
+# Any Ethereum JSON-RPC endpoint, with the sender's key in LEDGER_CHAIN_PRIVATE_KEY (hex) or
+# LEDGER_CHAIN_PRIVATE_KEY_FILE. The run command sets both to its own node (ledger.chainnode, blocks kept in
+# var/chain). Empty: an in-process test chain (eth-tester) that ends with the process: for tests only, since
+# nobody outside the process can check an anchor on it.
 LEDGER_CHAIN_RPC_URL = env_str("LEDGER_CHAIN_RPC_URL")
 LEDGER_CHAIN_PRIVATE_KEY = env_str("LEDGER_CHAIN_PRIVATE_KEY")
 LEDGER_CHAIN_PRIVATE_KEY_FILE = env_str("LEDGER_CHAIN_PRIVATE_KEY_FILE")
