@@ -8,11 +8,13 @@ temperature and power every ``protocol.HEARTBEAT_S`` seconds, and answers the br
 describe and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
 for them (the sandbox runs several simulated hosts this way).
 
-A launch reserves the GPUs and reports the instance running after ``--launch-seconds``. When it carries a
-boot script (the same user data a cloud machine gets), the agent starts a lease for it: the lease agent of
-``lease.py`` phones home with the one-time boot token, fetches the buyer's secrets, starts the workload on
-the host (``HostExecutor``: Docker with the NVIDIA runtime, or a script) or simulates it (``--simulate``),
-and reports ready; a terminate stops it. Machines are sold whole for now, so a lease gets all the GPUs.
+A launch reserves GPUs by index (the ones the broker names in ``gpu_indexes``, else the lowest free ones;
+two live leases never share one) and reports the instance running after ``--launch-seconds``. When it carries
+a boot script (the same user data a cloud machine gets), the agent starts a lease for it: the lease agent of
+``lease.py`` phones home with the one-time boot token, fetches the buyer's secrets, and runs the workload
+through ``executor.LeaseExecutor`` on the lease's own GPUs, ports, working directory (with a disk quota the
+agent enforces) and unprivileged user. ``--simulate`` swaps only the GPUs (and, having no Docker, runs the
+process runner). A terminate kills the lease's processes, wipes its directory and reports what it cleaned.
 
 Standard library plus werkzeug, so it installs anywhere the broker's source does.
 """
@@ -24,7 +26,9 @@ import json
 import logging
 import random
 import shutil
+import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -39,10 +43,15 @@ from werkzeug.wrappers import Request, Response
 
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
-from providers.community.lease import GpuSeen, HostExecutor, LeaseAgent, SimulatedExecutor, Transport, telemetry_sample
+from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, NvidiaDevices, user_plan
+from providers.community.lease import LeaseAgent, Transport, telemetry_sample
 
 log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
+DATA_DIR = Path("/var/lib/gpu-broker-agent")
+PORTS_FIRST = 40000  # each lease gets PORTS_PER_LEASE ports from here on a real host
+PORTS_PER_LEASE = 16
+DISK_QUOTA_GB = 100
 
 
 @dataclass(frozen=True)
@@ -58,21 +67,72 @@ class Instance:
     order_ref: str
     gpus: int
     tags: dict[str, str]
+    gpu_indexes: tuple[int, ...] = ()
     state: str = "pending"
     started: float = field(default_factory=time.monotonic)
     lease: LeaseAgent | None = None
     lease_stop: threading.Event = field(default_factory=threading.Event)
+    ending: bool = False  # a terminate is cleaning up; the GPUs stay held until it is done
+    cleanup: dict[str, Any] | None = None
+
+    @property
+    def executor(self) -> LeaseExecutor | None:
+        executor = self.lease.executor if self.lease is not None else None
+        return executor if isinstance(executor, LeaseExecutor) else None
+
+    def holds_gpus(self) -> bool:
+        return self.state in ("pending", "running")
 
     def json(self, ssh: str) -> dict[str, Any]:
-        return {
+        answer: dict[str, Any] = {
             "id": self.id,
             "state": self.state,
             "client_token": self.client_token,
             "order_ref": self.order_ref,
             "gpus": self.gpus,
+            "gpu_indexes": list(self.gpu_indexes),
             "tags": self.tags,
             "ssh": ssh,
         }
+        if self.executor is not None and self.executor.problem:
+            answer["problem"] = self.executor.problem
+        if self.cleanup is not None:
+            answer["cleanup"] = self.cleanup
+        return answer
+
+
+class PortPool:
+    """The host ports leases get, ``per_lease`` each, never two leases the same. A real host hands out blocks
+    from ``first``; a simulated one (many in one process, in tests) asks the OS for free ports instead."""
+
+    def __init__(self, first: int | None, per_lease: int = PORTS_PER_LEASE, last: int = 65000):
+        self.first = first
+        self.per_lease = per_lease
+        self.last = last
+        self.held: dict[str, tuple[int, ...]] = {}
+
+    def take(self, lease_id: str) -> tuple[int, ...]:
+        if self.first is None:
+            ports = tuple(_free_port() for _ in range(self.per_lease))
+        else:
+            taken = {port for block in self.held.values() for port in block}
+            start = self.first
+            while any(port in taken for port in range(start, start + self.per_lease)):
+                start += self.per_lease
+            if start + self.per_lease > self.last:
+                raise RuntimeError("no free ports")
+            ports = tuple(range(start, start + self.per_lease))
+        self.held[lease_id] = ports
+        return ports
+
+    def release(self, lease_id: str) -> tuple[int, ...]:
+        return self.held.pop(lease_id, ())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def parse_simulated(spec: str) -> list[Gpu]:
@@ -118,6 +178,11 @@ class Agent:
         launch_seconds: float = 0.5,
         heartbeat_s: float = protocol.HEARTBEAT_S,
         lease_threads: bool = True,
+        data_dir: Path | None = None,
+        disk_quota_bytes: int = DISK_QUOTA_GB * 10**9,
+        grace_s: float = 10.0,
+        disk_poll_s: float | None = 5.0,
+        mig: dict[int, list[str]] | None = None,
     ):
         self.broker_url = broker_url.rstrip("/")
         self.key_id = key_id
@@ -135,6 +200,20 @@ class Agent:
         # Leases run in threads; with ``lease_threads`` off they are only built, and a test drives them.
         self.lease_threads = lease_threads
         self.lease_transport: Transport | None = None  # None: HTTP to the broker URL in the lease file
+        # A simulated host (often several in one test process) gets a directory of its own, removed on stop.
+        self._own_data_dir = data_dir is None and simulated is not None
+        if data_dir is None:
+            data_dir = Path(tempfile.mkdtemp(prefix="gpu-broker-agent-")) if simulated is not None else DATA_DIR
+        self.data_dir = data_dir
+        self.disk_quota_bytes = disk_quota_bytes
+        self.grace_s = grace_s
+        self.disk_poll_s = disk_poll_s
+        self.ports = PortPool(None if simulated is not None else PORTS_FIRST)
+        self.devices: NvidiaDevices | FakeDevices = (
+            FakeDevices([(g.model, g.memory_gb) for g in simulated], mig or {})
+            if simulated is not None
+            else NvidiaDevices()
+        )
 
     # ------------------------------------------------------------------------------------------ hardware
 
@@ -144,10 +223,10 @@ class Agent:
     def telemetry(self) -> list[dict[str, Any]]:
         if self.simulated is None:
             return read_nvidia_smi()[1]
-        busy = self._busy_gpus()
+        held = self._held_gpus()
         samples = []
         for index, gpu in enumerate(self.simulated):
-            working = index < busy
+            working = index in held
             util = random.uniform(85, 99) if working else random.uniform(0, 3)  # noqa: S311 - simulation
             samples.append(
                 telemetry_sample(
@@ -170,8 +249,15 @@ class Agent:
         }
 
     def _busy_gpus(self) -> int:
+        return len(self._held_gpus())
+
+    def _held_gpus(self) -> dict[int, str]:
+        """GPU index -> the live instance holding it."""
         with self._lock:
-            return sum(i.gpus for i in self.instances.values() if i.state in ("pending", "running"))
+            return self._held_gpus_locked()
+
+    def _held_gpus_locked(self) -> dict[int, str]:
+        return {index: i.id for i in self.instances.values() if i.holds_gpus() for index in i.gpu_indexes}
 
     # ----------------------------------------------------------------------------------- broker calls
 
@@ -253,9 +339,12 @@ class Agent:
                 instance = self.instances.get(parts[2])
                 if instance is None:
                     return _json({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
-                if request.method == "DELETE" and instance.state != "terminated":
-                    instance.state = "terminated"
-                    self._end_lease(instance)
+                # Claimed under the lock, cleaned outside it: a grace period must not hold up every request.
+                ending = request.method == "DELETE" and instance.holds_gpus() and not instance.ending
+                instance.ending = instance.ending or ending
+            if ending:
+                self.terminate(instance)
+            with self._lock:
                 return _json(self._refresh(instance).json(self._ssh()))
         return _json({"code": "not_found", "message": f"no route {request.method} {request.path}"}, 404)
 
@@ -290,10 +379,19 @@ class Agent:
             for instance in self.instances.values():
                 if instance.client_token == token:
                     return _json(self._refresh(instance).json(self._ssh()))
-            busy = sum(i.gpus for i in self.instances.values() if i.state in ("pending", "running"))
             total = len(self.simulated) if self.simulated is not None else len(read_nvidia_smi()[0])
-            if busy + gpus > total:
-                return _json({"code": "no_capacity", "message": f"{total - busy} of {total} GPUs free"}, 409)
+            held = self._held_gpus_locked()
+            asked = request.get("gpu_indexes")
+            if asked is not None:
+                refusal = _check_indexes(asked, gpus, total, held)
+                if refusal is not None:
+                    return refusal
+                indexes = tuple(sorted(asked))
+            else:
+                free = [index for index in range(total) if index not in held]
+                if len(free) < gpus:
+                    return _json({"code": "no_capacity", "message": f"{len(free)} of {total} GPUs free"}, 409)
+                indexes = tuple(free[:gpus])
             lease = None
             if request.get("boot"):
                 try:
@@ -305,10 +403,11 @@ class Agent:
                 client_token=token,
                 order_ref=str(request.get("order_ref") or ""),
                 gpus=gpus,
+                gpu_indexes=indexes,
                 tags={str(k): str(v) for k, v in (request.get("tags") or {}).items()},
             )
             if lease is not None:
-                instance.lease = self._lease(lease, gpus)
+                instance.lease = self._lease(instance, lease)
             self.instances[instance.id] = instance
         if instance.lease is not None and self.lease_threads:
             threading.Thread(
@@ -316,21 +415,51 @@ class Agent:
             ).start()
         return _json(instance.json(self._ssh()), 201)
 
-    def _lease(self, lease: dict[str, Any], gpus: int) -> LeaseAgent:
-        """The lease agent for one launch, on the machine's first ``gpus`` GPUs."""
-        if self.simulated is not None:
-            seen = [GpuSeen(i, g.model, g.memory_gb) for i, g in enumerate(self.simulated[:gpus])]
-            host = self._ssh().rsplit(":", 1)[0]
-            executor: Any = SimulatedExecutor(seen, ssh_host=host)
+    def _lease(self, instance: Instance, lease: dict[str, Any]) -> LeaseAgent:
+        """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own."""
+        exposed = tuple(int(p) for p in lease.get("ports") or [] if int(p) != 22)[: self.ports.per_lease - 1]
+        plan = LeasePlan(
+            lease_id=instance.id,
+            gpu_indexes=instance.gpu_indexes,
+            host_ports=self.ports.take(instance.id),
+            work_dir=self.data_dir / "leases" / instance.id,
+            disk_quota_bytes=self.disk_quota_bytes,
+            user=user_plan("lease-" + instance.id.removeprefix("i-")[:12], self.data_dir / "leases" / instance.id),
+            exposed=exposed,
+        )
+        executor = LeaseExecutor(
+            plan,
+            self.devices,
+            simulate=self.simulated is not None,
+            ssh_host=self._ssh().rsplit(":", 1)[0],
+            grace_s=self.grace_s,
+            disk_poll_s=self.disk_poll_s,
+        )
+        if executor.simulate or executor.docker is not None:
+            login = lease  # SSH on the lease's own endpoint: the broker's login name is the lease's alone
         else:
-            executor = HostExecutor()
-        return LeaseAgent(lease, executor, transport=self.lease_transport)
+            login = {**lease, "login_user": plan.user.name}  # the host's sshd: one account per lease
+        return LeaseAgent(login, executor, transport=self.lease_transport)
+
+    def terminate(self, instance: Instance) -> dict[str, Any]:
+        """End an instance: its lease stopped, processes killed, directory wiped, ports released; the
+        GPUs are free once this returns. Returns (and the instance reports) what was cleaned."""
+        cleanup = self._end_lease(instance)
+        with self._lock:
+            cleanup["ports_released"] = list(self.ports.release(instance.id))
+            instance.cleanup = cleanup
+            instance.state = "terminated"
+        return cleanup
 
     @staticmethod
-    def _end_lease(instance: Instance) -> None:
+    def _end_lease(instance: Instance) -> dict[str, Any]:
         instance.lease_stop.set()
         if instance.lease is not None:
             instance.lease.executor.stop()
+        executor = instance.executor
+        if executor is not None and executor.cleanup is not None:
+            return dict(executor.cleanup)
+        return {"processes_killed": 0, "bytes_freed": 0, "ports_released": []}
 
     def serve(self, host: str, port: int, *, report: bool = True) -> str:
         """Serve in a daemon thread and (unless ``report`` is off) start registering and heartbeating; returns
@@ -347,6 +476,26 @@ class Agent:
         self._stop.set()
         if self._server is not None:
             self._server.shutdown()
+        if self._own_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _check_indexes(asked: Any, gpus: int, total: int, held: dict[int, str]) -> Response | None:
+    """The refusal for a launch's ``gpu_indexes``, or None when the lease may have them."""
+    if (
+        not isinstance(asked, list)
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in asked)
+        or len(set(asked)) != len(asked)
+    ):
+        return _json({"code": "invalid", "message": "gpu_indexes: distinct whole numbers"}, 400)
+    if len(asked) != gpus:
+        return _json({"code": "invalid", "message": f"gpu_indexes names {len(asked)} GPUs; gpus is {gpus}"}, 400)
+    if any(not 0 <= i < total for i in asked):
+        return _json({"code": "invalid", "message": f"gpu_indexes: this machine has GPUs 0 to {total - 1}"}, 400)
+    busy = sorted(i for i in asked if i in held)
+    if busy:
+        return _json({"code": "gpus_busy", "message": f"GPUs {busy} are held by another lease"}, 409)
+    return None
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -362,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--public-url", default="", help="URL the broker reaches this agent at")
     parser.add_argument("--simulate", help="simulated GPUs, e.g. H100:80x8 (no nvidia-smi needed)")
     parser.add_argument("--launch-seconds", type=float, default=2.0)
+    parser.add_argument("--data-dir", type=Path, help=f"where leases' working directories live (default {DATA_DIR})")
+    parser.add_argument("--disk-quota-gb", type=int, default=DISK_QUOTA_GB, help="each lease's disk quota")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     host, _, port = args.listen.rpartition(":")
@@ -372,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         public_url=args.public_url,
         simulated=parse_simulated(args.simulate) if args.simulate else None,
         launch_seconds=args.launch_seconds,
+        data_dir=args.data_dir,
+        disk_quota_bytes=args.disk_quota_gb * 10**9,
     )
     print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
     try:

@@ -23,13 +23,21 @@ Agent -> broker (``/agent/v1/...`` on the broker):
 Broker -> agent (on ``agent_url``):
 
 - ``GET /v1/status``: ``{"hardware", "gpus_free", "instances"}``;
-- ``POST /v1/instances`` ``{"client_token", "order_ref", "gpus", "image", "tags"}``: start a workload on the
-  machine's GPUs. Idempotent on ``client_token``: a repeat returns the same instance. ``409 {"code":
-  "no_capacity"}`` when the GPUs are taken;
+- ``POST /v1/instances`` ``{"client_token", "order_ref", "gpus", "gpu_indexes", "boot", "tags"}``: start a
+  lease on ``gpus`` of the machine's GPUs. ``gpu_indexes`` (optional) names them (``[1, 2]``: distinct, as many
+  as ``gpus``, each below the machine's GPU count, else ``400 {"code": "invalid"}``); without it the agent takes
+  the lowest free ones. A GPU belongs to one live lease at a time: ``409 {"code": "gpus_busy"}`` when a named
+  one is held by another, ``409 {"code": "no_capacity"}`` when too few are free. Idempotent on
+  ``client_token``: a repeat returns the same instance;
 - ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
+  A terminate kills the lease's processes (SIGTERM, SIGKILL after a grace), removes its container and working
+  directory and frees its ports before it answers.
 
 An instance is ``{"id", "state": "pending"|"running"|"terminated"|"failed", "client_token", "order_ref",
-"gpus", "tags", "ssh": "host:port"}``. Errors are ``{"code", "message"}``.
+"gpus", "gpu_indexes", "tags", "ssh": "host:port"}``, with ``"problem"`` when the agent stopped the workload
+(``"disk quota exceeded"``) and, once terminated, ``"cleanup": {"processes_killed", "killed_after_grace",
+"container_removed", "bytes_freed", "work_dir_removed", "ports_released", "user"}``. Errors are
+``{"code", "message"}``.
 
 Standard library only, so the reference agent runs on a bare machine.
 """

@@ -145,11 +145,11 @@ def test_a_machine_that_never_reports_is_terminated_and_the_order_fails_over(
 def test_a_machine_with_the_wrong_gpus_is_refused_and_failed_over(
     acme, alice, hosts, django_capture_on_commit_callbacks, client
 ):
-    from providers.community.lease import GpuSeen
+    from providers.community.executor import FakeDevices
 
     order = _place(acme, alice, django_capture_on_commit_callbacks)
     agent = held_agent(order, hosts)
-    agent.executor._gpus = [GpuSeen(i, "NVIDIA A100-SXM4-80GB", 80) for i in range(8)]
+    agent.executor.devices = FakeDevices([("NVIDIA A100-SXM4-80GB", 80)] * 8)  # the host's GPUs are not the listing's
 
     with django_capture_on_commit_callbacks(execute=True):
         assert boot(order, hosts, ClientTransport(client)) == "refused"
