@@ -6,6 +6,8 @@ these keys; the ranking reads throughput from the spec table by key, never from 
 
 from __future__ import annotations
 
+import re
+
 T4 = "T4"
 A10 = "A10"
 A10G = "A10G"
@@ -27,6 +29,11 @@ B200 = "B200"
 GB200 = "GB200"
 MI250X = "MI250X"
 MI300X = "MI300X"
+# Consumer and workstation cards that independent hosts list.
+RTX_3090 = "RTX-3090"
+RTX_4090 = "RTX-4090"
+RTX_A6000 = "RTX-A6000"
+RTX_6000_ADA = "RTX-6000-ADA"
 
 ALL: frozenset[str] = frozenset(
     {
@@ -51,17 +58,32 @@ ALL: frozenset[str] = frozenset(
         GB200,
         MI250X,
         MI300X,
+        RTX_3090,
+        RTX_4090,
+        RTX_A6000,
+        RTX_6000_ADA,
     }
 )
+
+# How nvidia-smi names the consumer and workstation cards ("NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000",
+# "NVIDIA RTX 6000 Ada Generation"). Their family is not the key's first token, and look-alikes differ in
+# memory or clocks: a 3090 Ti, a 4090 D or a laptop 4090 is not the card listed, nor is the Turing
+# "Quadro RTX 6000" an RTX 6000 Ada.
+_REPORTED_NAMES: dict[str, re.Pattern[str]] = {
+    RTX_3090: re.compile(r"\bRTX 3090\b(?! TI\b)(?!.*LAPTOP)"),
+    RTX_4090: re.compile(r"\bRTX 4090\b(?! D\b)(?!.*LAPTOP)"),
+    RTX_A6000: re.compile(r"\bRTX A6000\b"),
+    RTX_6000_ADA: re.compile(r"\bRTX 6000 ADA\b"),
+}
 
 
 def reported_model_matches(reported_name: str, key: str) -> bool:
     """Is a GPU name a machine reports (nvidia-smi's, e.g. "NVIDIA A100-SXM4-80GB") the model ``key``? The
     family must appear as a whole token, so an A10G is not an A10 nor an L40S an L40; and a PCIe or NVL card is
     not the SXM part of the same family, nor the reverse."""
-    import re
-
-    name = reported_name.upper()
+    name = " ".join(reported_name.upper().split())
+    if key in _REPORTED_NAMES:
+        return _REPORTED_NAMES[key].search(name) is not None
     variant = key.upper()
     family = variant.split("-")[0]
     if re.search(rf"(?<![A-Z0-9]){re.escape(family)}(?![A-Z0-9])", name) is None:

@@ -92,6 +92,8 @@ class ProviderAccount(models.Model):
                 "memory_gib": m.memory_gib,
                 "price_per_gpu_hour": str(m.price_per_gpu_hour),
                 "min_bid_per_gpu_hour": None if m.min_bid_per_gpu_hour is None else str(m.min_bid_per_gpu_hour),
+                "min_gpus_per_lease": m.min_gpus_per_lease,
+                "mig_profiles": m.mig_profiles,
                 "availability": m.availability,
                 "for_sale": m.state == MachineState.VERIFIED and m.online,
             }
@@ -129,6 +131,9 @@ class Machine(models.Model):
     region = models.CharField(max_length=64)
     price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4)
     min_bid_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    # The fewest GPUs one lease takes: ``gpu_count`` sells the machine whole, fewer makes it divisible.
+    min_gpus_per_lease = models.PositiveSmallIntegerField()
+    mig_profiles = models.JSONField(default=list, blank=True)  # e.g. ["1g.10gb"]; providers/community/mig.py
     # [{"weekdays": [0..6], "start": "HH:MM", "end": "HH:MM"}] in UTC; empty: always available.
     availability = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.PENDING)
@@ -148,10 +153,18 @@ class Machine(models.Model):
             models.UniqueConstraint(fields=["account", "name"], name="machine_unique_name"),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="machine_gpu_count_positive"),
             models.CheckConstraint(condition=models.Q(price_per_gpu_hour__gt=0), name="machine_price_positive"),
+            models.CheckConstraint(
+                condition=models.Q(min_gpus_per_lease__gte=1, min_gpus_per_lease__lte=models.F("gpu_count")),
+                name="machine_min_gpus_per_lease_within_count",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.gpu_count}x {self.gpu_model})"
+
+    @property
+    def divisible(self) -> bool:
+        return self.min_gpus_per_lease < self.gpu_count
 
     def secret(self) -> str:
         return decrypt_secret(self.secret_encrypted)["secret"]
@@ -161,7 +174,11 @@ class Machine(models.Model):
 
 
 class MachineHeartbeat(models.Model):
-    """One heartbeat's telemetry: the utilization chart and uptime are computed from these."""
+    """One heartbeat's telemetry: the utilization chart and uptime are computed from these.
+
+    ``unverified_reason`` is empty for telemetry a GPU can physically show; else it says what no GPU of the
+    listed model could report (``providers.community.plausibility``). Such a heartbeat still proves the
+    agent is alive, but its figures are shown as "unverified: <reason>", never as fact."""
 
     machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="heartbeats", db_index=False)
     at = models.DateTimeField()
@@ -170,6 +187,7 @@ class MachineHeartbeat(models.Model):
     power_w = models.DecimalField(max_digits=9, decimal_places=1)
     gpus = models.JSONField(default=list)
     instances = models.PositiveIntegerField(default=0)
+    unverified_reason = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["machine", "at"], name="heartbeat_machine_time")]

@@ -78,7 +78,8 @@ class LaunchSpec:
     """What to launch. ``client_token`` is derived from (order, attempt) by the caller and is the
     provider-side idempotency key: the same token in the same region returns the same instance.
     ``gpu_count``, ``vcpus`` and ``offer_extra`` repeat what the adapter's own ``list_offers`` said of the offer
-    (0 and empty when unknown), so a quota pre-check needs no second catalogue read. ``boot`` is what makes
+    (0 and empty when unknown), so a quota pre-check needs no second catalogue read. ``gpu_indexes`` are the
+    GPUs the broker reserved on an independent machine (empty elsewhere). ``boot`` is what makes
     the machine usable (keys, firewall, disk, image, the boot script; ``providers.launch``); None launches
     a bare machine, as the reconciler's tests and the quota pre-check do."""
 
@@ -95,6 +96,7 @@ class LaunchSpec:
     vcpus: int = 0
     offer_extra: dict[str, Any] = field(default_factory=dict)
     boot: BootSpec | None = None
+    gpu_indexes: tuple[int, ...] = ()  # the GPUs the broker holds for this launch on a listed machine
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,8 +60,52 @@ _ROWS: list[tuple[Any, ...]] = [
      "infinity-fabric", 800, 0, True, 500, False, "one package = two 64 GB devices; link bandwidth and TDP unverified"),
     (g.MI300X, "AMD", "Instinct MI300X", 192, 5300, D("1307.4"), True, D("2614.9"), D("163.4"), D("81.7"),
      D("2614.9"), "infinity-fabric", 896, 0, True, 750, False, "per-link bandwidth unverified"),
+    # Consumer and workstation cards (issue 19). FP16 is the dense tensor rate with FP32 accumulate, what
+    # frameworks run: GeForce cards do that at half their FP16-accumulate rate (the headline figure), the
+    # workstation cards at full rate. FP64 is derived (1/64 rate on GA10x and Ada); sources in WORKSTATION_SOURCES.
+    (g.RTX_3090, "NVIDIA", "GeForce RTX 3090", 24, 936, D("71"), True, None, D("35.6"), D("0.56"), D("284"),
+     "pcie", 64, 1, False, 350, False,
+     "FP16 71 dense w/ FP32 acc (142 w/ FP16 acc, 284 sparse); FP64 derived; NVLink bridge 112.5 for pairs; "
+     "src: GA102 whitepaper v2 App. A"),
+    (g.RTX_4090, "NVIDIA", "GeForce RTX 4090", 24, 1008, D("165.2"), True, D("330.3"), D("82.6"), D("1.29"),
+     D("660.6"), "pcie", 64, 2, False, 450, False,
+     "FP16 165.2 dense w/ FP32 acc (330.3 w/ FP16 acc, 660.6 sparse); FP64 derived; "
+     "src: Ada GPU architecture whitepaper v2.01 App. A"),
+    (g.RTX_A6000, "NVIDIA", "RTX A6000", 48, 768, D("154.8"), True, None, D("38.7"), D("0.6"), D("309.7"), "pcie",
+     64, 1, True, 300, False,
+     "FP16 154.8 dense (309.7 sparse); FP64 derived; NVLink bridge 112.5 for pairs; "
+     "src: RTX A6000 datasheet, GA102 whitepaper v2 App. C"),
+    (g.RTX_6000_ADA, "NVIDIA", "RTX 6000 Ada Generation", 48, 960, D("364.2"), True, D("728.5"), D("91.1"),
+     D("1.42"), D("728.5"), "pcie", 64, 3, True, 300, False,
+     "FP16 364.2 dense (728.5 sparse; datasheet's 1,457 is FP8 sparse); FP64 derived; "
+     "src: RTX 6000 Ada datasheet, Ada whitepaper v2.01"),
 ]
 # fmt: on
+
+# Where the consumer and workstation rows come from (NVIDIA's own documents). The GPU-SPECS report covers
+# datacenter parts only; these were read through verbatim copies of the documents below.
+WORKSTATION_SOURCES: dict[str, tuple[str, ...]] = {
+    g.RTX_3090: (
+        "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Appendix A (GeForce RTX 3090): "
+        "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf",
+    ),
+    g.RTX_4090: (
+        "NVIDIA Ada GPU Architecture whitepaper v2.01, Appendix A (GeForce RTX 4090): "
+        "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
+    ),
+    g.RTX_A6000: (
+        "NVIDIA RTX A6000 datasheet (48 GB GDDR6 ECC, 768 GB/s, 300 W, NVLink 112.5 GB/s): "
+        "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/",
+        "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, appendix on RTX A6000 performance: "
+        "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf",
+    ),
+    g.RTX_6000_ADA: (
+        "NVIDIA RTX 6000 Ada Generation datasheet (48 GB GDDR6 ECC, 960 GB/s, 91.1 TFLOPS FP32, 1,457 TFLOPS "
+        "FP8 with sparsity, 300 W): https://www.nvidia.com/en-us/design-visualization/rtx-6000/",
+        "NVIDIA Ada GPU Architecture whitepaper v2.01: "
+        "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
+    ),
+}
 
 FIELDS = (
     "key",
@@ -87,8 +131,18 @@ FIELDS = (
 GPU_SPECS: list[dict[str, Any]] = [dict(zip(FIELDS, row, strict=True)) for row in _ROWS]
 
 
-def gpu_models_upsert(model: Any) -> int:
-    """Create or update every spec row on ``model`` (the GpuModel class, or its migration-time version)."""
-    for spec in GPU_SPECS:
+def gpu_models_upsert(model: Any, *, keys: frozenset[str] | None = None) -> int:
+    """Create or update every spec row (only those of ``keys``, when given) on ``model`` (the GpuModel class,
+    or its migration-time version); safe to run again. Returns how many rows it wrote."""
+    specs = [spec for spec in GPU_SPECS if keys is None or spec["key"] in keys]
+    for spec in specs:
         model.objects.update_or_create(key=spec["key"], defaults={k: v for k, v in spec.items() if k != "key"})
-    return len(GPU_SPECS)
+    return len(specs)
+
+
+def gpu_spec_get(key: str) -> dict[str, Any] | None:
+    """The spec row of GPU model ``key``, or None for a model the table does not know."""
+    return _BY_KEY.get(key)
+
+
+_BY_KEY = {spec["key"]: spec for spec in GPU_SPECS}

@@ -137,7 +137,20 @@ def account_reliability() -> dict[int, float]:
 def machine_reliability(*, now: dt.datetime) -> dict[tuple[int, str], float]:
     """Per independent machine (account, machine name = the offer's zone): its launches' success share,
     smoothed like an account's, times its uptime over the last day (heartbeats received over heartbeats
-    due since it registered, at most one)."""
+    due since it registered, at most one). A machine with no finished launch is unknown, not perfect nor
+    worthless: the ranking gives it the prior (19 in 20, as for a cloud account with no history) times its
+    measured uptime. Pages show ``machine_reliability_shown`` instead."""
+    return {key: score for key, (score, _) in _machine_records(now=now).items()}
+
+
+def machine_reliability_shown(*, now: dt.datetime) -> dict[tuple[int, str], float | None]:
+    """``machine_reliability`` as pages show it: None for a machine with no finished launch yet, which pages
+    show as "new, no launches yet"; its score would be the prior, a figure it has not earned."""
+    return {key: score if launches else None for key, (score, launches) in _machine_records(now=now).items()}
+
+
+def _machine_records(*, now: dt.datetime) -> dict[tuple[int, str], tuple[float, int]]:
+    """Per machine: (score as ``machine_reliability`` computes it, launches that finished)."""
     day_ago = now - dt.timedelta(days=1)
     beats = dict(MachineHeartbeat.objects.filter(at__gte=day_ago).values_list("machine_id").annotate(n=Count("id")))
     launches = {
@@ -155,7 +168,7 @@ def machine_reliability(*, now: dt.datetime) -> dict[tuple[int, str], float]:
         due = max(listened_s / HEARTBEAT_S, 1.0)
         uptime = min(beats.get(machine.pk, 0) / due, 1.0)
         ok, total = launches.get((machine.account_id, machine.name), (0, 0))
-        scores[(machine.account_id, machine.name)] = uptime * (ok + _PRIOR_OK) / (total + _PRIOR_ALL)
+        scores[(machine.account_id, machine.name)] = (uptime * (ok + _PRIOR_OK) / (total + _PRIOR_ALL), total)
     return scores
 
 

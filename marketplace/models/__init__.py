@@ -8,7 +8,7 @@ from marketplace.models.launch import (
     LeaseState,
     SshKey,
 )
-from marketplace.models.orders import Attempt, AttemptOutcome, Instance, InvoiceLine, Order, OrderState, Quote
+from marketplace.models.orders import Attempt, AttemptOutcome, GpuHold, Instance, InvoiceLine, Order, OrderState, Quote
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
 from marketplace.models.tokens import ApiToken, TokenScope
@@ -27,6 +27,7 @@ __all__ = [
     "AttemptOutcome",
     "DeliveryState",
     "FxRate",
+    "GpuHold",
     "GpuModel",
     "IdempotentResponse",
     "Instance",

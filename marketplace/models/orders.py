@@ -176,6 +176,24 @@ class Attempt(models.Model):
         return f"attempt {self.number} of {self.order_id}: {self.outcome}"
 
 
+class GpuHold(models.Model):
+    """One GPU of an independent provider's machine held for an attempt, from its reservation until the
+    attempt's units are released, when the row is deleted. The unique (machine, GPU index) pair is what makes
+    two orders unable to get the same GPU, whatever the code above it does (marketplace/orders/reservations.py
+    picks the indexes under a lock on the machine)."""
+
+    machine = models.ForeignKey("providers.Machine", on_delete=models.PROTECT, related_name="gpu_holds", db_index=False)
+    gpu_index = models.PositiveSmallIntegerField()
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="gpu_holds")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["machine", "gpu_index"], name="gpu_hold_unique_index")]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_index} of machine {self.machine_id} for attempt {self.attempt_id}"
+
+
 class Instance(models.Model):
     """A provider machine launched for an order. At most one is ``active`` per order (a database constraint);
     one that failed before running (an asynchronous capacity failure) stays as history, inactive."""

@@ -37,7 +37,7 @@ from marketplace.models import (
 )
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
-from marketplace.orders.reservations import reservation_release, reservation_take
+from marketplace.orders.reservations import gpu_indexes_held, reservation_release, reservation_take
 from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
 from marketplace.webhooks.services import instance_event_emit
@@ -296,6 +296,7 @@ def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
         offer_extra=dict(offer.extra or {}),
         image=(order.launch_config.spec.get("image") if order.launch_config is not None else None),
         boot=boot_spec(order=order, attempt=attempt),
+        gpu_indexes=gpu_indexes_held(attempt_id=attempt.pk),
     )
 
 

@@ -11,6 +11,12 @@ One listing can be sold several ways (an independent machine on demand and inter
 the same zone of the same account share the units, so a reservation takes them on every such offer, locked
 in id order so two reservations never wait on each other, or on none. The locks are FOR NO KEY UPDATE, like
 the UPDATE's own: an order or attempt row being inserted with a foreign key to the offer does not wait.
+
+An independent provider's machine is held GPU by GPU instead: the reservation locks the machine's row, takes
+the lowest GPU indexes nobody holds (one ``GpuHold`` each, unique per machine and index, so even code that
+skipped the lock could not hand a GPU out twice), and sets every offer of the machine's ``reserved`` to the
+leases of its size that no longer fit in the GPUs left. The attempt's ``reserved`` then counts GPUs. Release
+deletes the holds under the same lock and recomputes the offers. Lock order: attempt, machine, offers by id.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from marketplace.models import Attempt, Offer, Order
+from marketplace.models import Attempt, GpuHold, Offer, Order
+from providers.models import Machine
 
 
 def units_for(offer: Offer, order: Order) -> int:
-    """What one order takes of ``offer.capacity``: one instance. (A listing sold per GPU will count GPUs.)"""
+    """What one order takes of ``offer.capacity`` on a listing that is not a machine's GPUs: one instance."""
     return 1
 
 
@@ -33,15 +40,72 @@ class _ListingFull(Exception):
 
 
 def _listing_offers(offer: Offer) -> Any:
-    return Offer.objects.filter(account_id=offer.account_id, zone=offer.zone, capacity__isnull=False)
+    return _listing_offers_of(offer.account_id, offer.zone)
+
+
+def _listing_offers_of(account_id: int, zone: str) -> Any:
+    return Offer.objects.filter(account_id=account_id, zone=zone, capacity__isnull=False)
+
+
+def _machine_id(offer: Offer) -> int | None:
+    """The independent machine an offer sells (its zone names it within the account), or None."""
+    return Machine.objects.filter(account_id=offer.account_id, name=offer.zone).values_list("pk", flat=True).first()
+
+
+def _machine_offers_recount(machine: Machine, free: int) -> None:
+    """Each of the machine's finite offers reserves what ``free`` GPUs leave out of its capacity."""
+    offers = list(_listing_offers_of(machine.account_id, machine.name).select_for_update(no_key=True).order_by("id"))
+    for offer in offers:
+        assert offer.capacity is not None  # the queryset keeps finite offers only
+        left = min(offer.capacity, free // offer.gpu_count)
+        if offer.reserved != offer.capacity - left:
+            Offer.objects.filter(pk=offer.pk).update(reserved=offer.capacity - left)
+
+
+def _gpus_take(attempt: Attempt, machine_id: int) -> bool:
+    with transaction.atomic():
+        # The machine's row lock serialises every hold and release on it: the free indexes read here stay
+        # free until this transaction ends.
+        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        held = set(GpuHold.objects.filter(machine=machine).values_list("gpu_index", flat=True))
+        free = [index for index in range(machine.gpu_count) if index not in held]
+        wanted = attempt.offer.gpu_count
+        if len(free) < wanted:
+            return False
+        GpuHold.objects.bulk_create(GpuHold(machine=machine, gpu_index=i, attempt=attempt) for i in free[:wanted])
+        _machine_offers_recount(machine, len(free) - wanted)
+    Attempt.objects.filter(pk=attempt.pk).update(reserved=wanted)
+    attempt.reserved = wanted
+    return True
+
+
+def _gpus_release(attempt: Attempt) -> None:
+    machine_id = GpuHold.objects.filter(attempt=attempt).values_list("machine_id", flat=True).first()
+    if machine_id is None:
+        return
+    machine = Machine.objects.select_for_update().get(pk=machine_id)
+    GpuHold.objects.filter(attempt=attempt).delete()
+    held = GpuHold.objects.filter(machine=machine).count()
+    _machine_offers_recount(machine, machine.gpu_count - held)
+
+
+def gpu_indexes_held(*, attempt_id: int) -> tuple[int, ...]:
+    """The GPU indexes the attempt holds on an independent machine, lowest first (empty elsewhere)."""
+    return tuple(
+        GpuHold.objects.filter(attempt_id=attempt_id).order_by("gpu_index").values_list("gpu_index", flat=True)
+    )
 
 
 def reservation_take(*, attempt: Attempt) -> bool:
-    """Hold the attempt's units on its listing. True when held (or the offer is unlimited), False when the
-    listing has too few units left. Call inside the transaction that opens the attempt."""
+    """Hold the attempt's units on its listing: on an independent machine, its offer's GPU count in GPU
+    indexes. True when held (or the offer is unlimited), False when the listing has too few units (GPUs)
+    left, with nothing held. Call inside the transaction that opens the attempt."""
     offer = attempt.offer
     if offer.capacity is None:
         return True
+    machine_id = _machine_id(offer)
+    if machine_id is not None:
+        return _gpus_take(attempt, machine_id)
     units = units_for(offer, attempt.order)
     try:
         with transaction.atomic():
@@ -69,6 +133,9 @@ def reservation_release(*, attempt_id: int) -> int:
             return 0
         units = attempt.reserved
         Attempt.objects.filter(pk=attempt.pk).update(reserved=0)
+        if GpuHold.objects.filter(attempt=attempt).exists():
+            _gpus_release(attempt)
+            return units
         offer = Offer.objects.get(pk=attempt.offer_id)
         siblings = list(
             _listing_offers(offer).select_for_update(no_key=True).order_by("id").values_list("id", flat=True)

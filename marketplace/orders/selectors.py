@@ -278,9 +278,12 @@ def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Te
         name, gpus, source = f"{instance.instance_type} {instance.provider_instance_id}", order.gpu_count, "lease"
     else:
         return None
+    # A host's beat no GPU of the listed model could send is shown as the latest claim, flagged, but never charted
+    # as fact (providers/community/plausibility.py).
+    charted = beats.filter(unverified_reason="") if source == "host" else beats
     minutes = [
         (r["minute"], _tenth(r["util"]), _tenth(r["temp"]), _tenth(r["power"]))
-        for r in beats.annotate(minute=TruncMinute("at"))
+        for r in charted.annotate(minute=TruncMinute("at"))
         .values("minute")
         .annotate(util=Avg("utilization_pct"), temp=Max("temperature_c"), power=Avg("power_w"))
         .order_by("minute")

@@ -16,6 +16,7 @@ from marketplace.numbers import DecimalFormField, IntegerFormField, number_probl
 from marketplace.portal.clouds import Cloud, CloudField
 from marketplace.portal.countries import COUNTRIES
 from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
+from providers.community.mig import mig_profiles_problem
 
 
 def _label(choice: tuple[str, str]) -> str:
@@ -395,6 +396,14 @@ class MachineForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="one window per line in UTC, e.g. mon-fri 08:00-20:00; empty: always",
     )
+    min_gpus_per_lease = IntegerFormField(
+        label="Fewest GPUs per lease", required=False, min_value=1, max_value=16,
+        help_text="leave empty to sell the machine whole; e.g. 1 or 2 to rent its GPUs out to several buyers",
+    )  # fmt: skip
+    mig_profiles = forms.CharField(
+        label="MIG profiles", required=False, max_length=200,
+        help_text="A100 or H100 only: profile names separated by commas, e.g. 1g.10gb, 3g.40gb; empty: none",
+    )  # fmt: skip
 
     def __init__(self, *args: Any, gpu_models: list[tuple[str, int]], **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -418,10 +427,20 @@ class MachineForm(forms.Form):
         price, bid = data.get("price_per_gpu_hour"), data.get("min_bid_per_gpu_hour")
         if price is not None and bid is not None and bid >= price:
             self.add_error("min_bid_per_gpu_hour", "the minimum bid must be below the on-demand price")
+        count, least = data.get("gpu_count"), data.get("min_gpus_per_lease")
+        if count and least and least > count:
+            self.add_error("min_gpus_per_lease", f"at most the machine's {count} GPUs")
+        if model and (problem := mig_profiles_problem(model, data.get("mig_profiles") or [])):
+            self.add_error("mig_profiles", problem)
         return data
+
+    def clean_mig_profiles(self) -> list[str]:
+        raw = self.cleaned_data.get("mig_profiles") or ""
+        return [name.strip().lower() for name in raw.split(",") if name.strip()]
 
     def listing(self) -> dict[str, Any]:
         d = self.cleaned_data
         return {key: d[key] for key in ("gpu_model", "gpu_count", "gpu_memory_gb", "vcpus", "memory_gib", "disk_gb",
                                         "network_gbps", "country", "region", "price_per_gpu_hour",
-                                        "min_bid_per_gpu_hour", "availability")}  # fmt: skip
+                                        "min_bid_per_gpu_hour", "availability", "min_gpus_per_lease",
+                                        "mig_profiles")}  # fmt: skip

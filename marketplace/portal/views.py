@@ -22,7 +22,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt_for_buyer
-from marketplace.catalog.selectors import machine_reliability
+from marketplace.catalog.selectors import machine_reliability_shown
 from marketplace.models import GpuModel, InvitationStatus, Membership, Order, OrganizationKind, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
 from marketplace.portal import selectors
@@ -53,7 +53,7 @@ from marketplace.portal.services import (
 )
 from marketplace.portal.team_actions import form_error, invitation_revoke_action, invite_action, member_update_action
 from marketplace.web.charts import sparkline
-from providers.community.selectors import machines_utilization, provider_machines
+from providers.community.selectors import machines_latest_unverified, machines_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
 
@@ -366,15 +366,21 @@ def machines(request: HttpRequest) -> HttpResponse:
     membership = _membership(request)
     now = timezone.now()
     since = now - dt.timedelta(hours=1)
-    scores = machine_reliability(now=now)
+    scores = machine_reliability_shown(now=now)
     listed = list(provider_machines(provider=membership.organization.provider))
-    utilization = machines_utilization(machines=listed, since=since)
+    # Implausible heartbeats stay out of the chart; a flagged latest figure is shown only with why it is unverified.
+    utilization = machines_utilization(machines=listed, since=since, plausible_only=True)
+    unverified = machines_latest_unverified(machines=listed, since=since)
     rows = []
     for machine in listed:
         series = utilization.get(machine.pk, [])
         score = scores.get((machine.account_id, machine.name))
-        rows.append((machine, sparkline(series), series[-1][1] if series else None, score))
-    known = [score for *_, score in rows if score is not None]
+        latest = series[-1][1] if series else None
+        flagged = unverified.get(machine.pk)
+        rows.append(
+            (machine, sparkline(series), flagged[1] if flagged else latest, score, flagged[0] if flagged else "")
+        )
+    known = [score for _, _, _, score, _ in rows if score is not None]
     overall = sum(known) / len(known) if known else None
     return _page(request, "portal/machines.html", membership, "machines", machines=rows, reliability=overall)
 

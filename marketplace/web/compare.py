@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from marketplace.catalog.history import spot_savings
 from marketplace.catalog.regions import jurisdiction_of
-from marketplace.catalog.selectors import account_reliability, machine_reliability, offer_list
+from marketplace.catalog.selectors import account_reliability, machine_reliability_shown, offer_list
 from marketplace.models import Offer
 
 MIN_OFFERS, MAX_OFFERS = 2, 6
@@ -74,11 +74,12 @@ def comparison(ids: list[int], *, now: dt.datetime) -> tuple[list[Column], list[
     columns = [Column(offer=found[i], on_sale=i in on_sale) for i in ids]
     offers = [c.offer for c in columns]
     accounts = account_reliability()
-    machines = machine_reliability(now=now)
+    machines = machine_reliability_shown(now=now)
     savings = spot_savings(offers)
 
     def reliability(o: Offer) -> float | None:
-        # An independent machine is judged on its own record, a cloud offer on its account's launches.
+        # An independent machine is judged on its own record (none before its first launch), a cloud offer on
+        # its account's launches.
         return machines.get((o.account_id, o.zone), accounts.get(o.account_id))
 
     def per_tflop(o: Offer) -> Decimal | None:

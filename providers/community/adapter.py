@@ -3,9 +3,15 @@
 ORM-free like every adapter. The account's credentials carry the machines to sell as JSON
 (``values["machines"]``, built from the ``Machine`` rows by ``ProviderAccount.credentials``): each with its
 agent URL, key id and secret, and its listing (GPUs, price, region, availability). One machine is one zone,
-so the broker's failover and shared blocks treat a busy machine like a sold-out zone; it is sold whole
-(``capacity`` 1, reserved by the broker before launch) on demand at its GPU-hour price, and as interruptible
-("spot") at its minimum bid when it has one.
+so the broker's failover and shared blocks treat a busy machine like a sold-out zone. It is sold on demand at
+its GPU-hour price, and as interruptible ("spot") at its minimum bid when it has one.
+
+A machine is sold whole (``capacity`` 1) unless its listing names fewer GPUs per lease than it has: a
+divisible machine is offered once per lease size a buyer can rent (the minimum, doubling, and the whole
+machine), each priced for its GPUs, with ``capacity`` the number of such leases the machine holds. The broker
+holds GPU indexes before launch (``GpuHold``, marketplace/orders/reservations.py), which sets each size's
+``reserved`` so that capacity minus reserved is the leases that still fit in the GPUs nobody holds; the launch
+request names the indexes held.
 
 Only the machines on sale (verified and online) are offered and searched by order; every machine with an
 agent is still reached to describe and stop the instances it runs. Every agent answer is validated here
@@ -76,10 +82,31 @@ class MachineListing:
     min_bid_per_gpu_hour: Decimal | None
     availability: list[dict[str, Any]]
     for_sale: bool = True  # verified and online; a machine out of sale is still reached for its orders
+    min_gpus_per_lease: int = 0  # 0 (an older listing) or ``gpu_count``: sold whole
+    mig_profiles: tuple[str, ...] = ()
 
     @property
     def instance_type(self) -> str:
-        return f"community-{self.gpu_count}x{self.gpu_model}"
+        return lease_instance_type(self.gpu_count, self.gpu_model)
+
+    @property
+    def divisible(self) -> bool:
+        return 0 < self.min_gpus_per_lease < self.gpu_count
+
+    def lease_sizes(self) -> list[int]:
+        """The GPU counts one lease may take: the minimum, doubling while below the whole, and the whole."""
+        if not self.divisible:
+            return [self.gpu_count]
+        sizes, size = [], self.min_gpus_per_lease
+        while size < self.gpu_count:
+            sizes.append(size)
+            size *= 2
+        return [*sizes, self.gpu_count]
+
+
+def lease_instance_type(gpus: int, gpu_model: str) -> str:
+    """``community-2xH100-SXM5``: what a lease of ``gpus`` GPUs of a machine is sold as."""
+    return f"community-{gpus}x{gpu_model}"
 
 
 def parse_machines(raw: str) -> list[MachineListing]:
@@ -104,6 +131,8 @@ def parse_machines(raw: str) -> list[MachineListing]:
                 else Decimal(str(m["min_bid_per_gpu_hour"])),
                 availability=list(m.get("availability") or []),
                 for_sale=bool(m.get("for_sale", True)),
+                min_gpus_per_lease=int(m.get("min_gpus_per_lease") or 0),
+                mig_profiles=tuple(str(p) for p in m.get("mig_profiles") or ()),
             )
             for m in items
         ]
@@ -171,8 +200,9 @@ class CommunityAdapter(ProviderAdapter):
             _status(self._client(machine).call("GET", "/v1/status"))
 
     def list_offers(self) -> list[OfferQuote]:
-        """A quote per machine that is inside an availability window and whose agent answers with all its GPUs
-        present and free. A machine that does not answer is left out, not an error: the others still sell."""
+        """Quotes for each machine that is inside an availability window and whose agent answers with all its
+        GPUs present, and, for a machine sold whole, free (a divisible machine's free GPUs are the broker's
+        holds to count). A machine that does not answer is left out, not an error: the others still sell."""
         now = dt.datetime.now(dt.UTC)
         offers: list[OfferQuote] = []
         for machine in self._on_sale():
@@ -185,7 +215,10 @@ class CommunityAdapter(ProviderAdapter):
                 gpus_found, gpus_free = _status(self._client(machine).call("GET", "/v1/status"))
             except ProviderError:
                 continue
-            if gpus_found < machine.gpu_count or gpus_free < machine.gpu_count:
+            if gpus_found < machine.gpu_count:
+                continue
+            # Partly leased, a divisible machine still sells what is left; one sold whole is busy.
+            if not machine.divisible and gpus_free < machine.gpu_count:
                 continue
             offers.extend(self._quotes(machine))
         return offers
@@ -194,22 +227,27 @@ class CommunityAdapter(ProviderAdapter):
         prices = {PricingModel.ON_DEMAND: machine.price_per_gpu_hour}
         if machine.min_bid_per_gpu_hour is not None:
             prices[PricingModel.SPOT] = machine.min_bid_per_gpu_hour
+        extra: dict[str, Any] = {"machine": machine.name, "country": machine.country}
+        if machine.mig_profiles:
+            extra["mig_profiles"] = list(machine.mig_profiles)
         return [
             OfferQuote(
                 region=machine.region,
                 zone=machine.name,
-                instance_type=machine.instance_type,
+                instance_type=lease_instance_type(size, machine.gpu_model),
                 pricing_model=model,
                 gpu_model=machine.gpu_model,
-                gpu_count=machine.gpu_count,
+                gpu_count=size,
                 gpu_memory_gb=machine.gpu_memory_gb,
-                vcpus=machine.vcpus,
-                memory_gib=Decimal(machine.memory_gib),
-                price=per_gpu * machine.gpu_count,
+                # The host's CPUs and memory are shared in proportion to the GPUs a lease takes.
+                vcpus=max(1, machine.vcpus * size // machine.gpu_count),
+                memory_gib=Decimal(machine.memory_gib * size // machine.gpu_count),
+                price=per_gpu * size,
                 currency="USD",
-                capacity=1,
-                extra={"machine": machine.name, "country": machine.country},
+                capacity=machine.gpu_count // size,
+                extra=dict(extra),
             )
+            for size in machine.lease_sizes()
             for model, per_gpu in prices.items()
         ]
 
@@ -222,13 +260,21 @@ class CommunityAdapter(ProviderAdapter):
             raise CapacityUnavailable(
                 f"machine {machine.name} is not on sale now", code="machine_off_sale", provider=PROVIDER
             )
+        gpus = spec.gpu_count or machine.gpu_count
+        if spec.gpu_indexes and len(spec.gpu_indexes) != gpus:
+            raise ProviderRequestRejected(
+                f"{len(spec.gpu_indexes)} GPU indexes held for a lease of {gpus}", code="gpu_indexes_mismatch",
+                provider=PROVIDER,
+            )  # fmt: skip
         body: dict[str, Any] = {
             "client_token": spec.client_token,
             "order_ref": spec.order_ref,
-            "gpus": machine.gpu_count,
+            "gpus": gpus,
             "image": spec.image or self.options.get("image", ""),
             "tags": {"broker:order": spec.order_ref, **spec.tags},
         }
+        if spec.gpu_indexes:
+            body["gpu_indexes"] = list(spec.gpu_indexes)  # the broker's holds; without them the agent picks
         script = self.user_data(spec)
         if script is not None:
             body["boot"] = base64.b64encode(script).decode()
@@ -289,7 +335,7 @@ class CommunityAdapter(ProviderAdapter):
             instance_id=f"{machine.name}/{agent_id}",
             region=machine.region,
             zone=machine.name,
-            instance_type=machine.instance_type,
+            instance_type=lease_instance_type(gpus, machine.gpu_model) if gpus else machine.instance_type,
             state=_STATES[state],
             public_ip=host,
             tags=_tags(item.get("tags")),

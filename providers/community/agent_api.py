@@ -94,7 +94,8 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         beat = machine_heartbeat(machine=machine, gpus=gpus, instances=instances)
     except HeartbeatRefused as exc:
         return JsonResponse({"code": exc.code, "message": exc.message}, status=exc.status)
-    return JsonResponse({"machine": machine.name, "at": beat.at.isoformat()})
+    # Kept either way; the agent's operator learns which figures the broker shows as unverified, and why.
+    return JsonResponse({"machine": machine.name, "at": beat.at.isoformat(), "unverified": beat.unverified_reason})
 
 
 urlpatterns = [

@@ -16,6 +16,8 @@ from django.utils import timezone
 
 from broker.text import name_problem
 from providers.community import protocol
+from providers.community.mig import mig_profiles_problem
+from providers.community.plausibility import CardLimits, reason_text, telemetry_problems
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.gpu_names import reported_model_matches
 from providers.models import AgentNonce, Machine, MachineHeartbeat, MachineState, ProviderAccount, ProviderKind
@@ -51,11 +53,18 @@ class ListedMachine:
 def machine_list(*, account: ProviderAccount, name: str, listing: dict[str, Any]) -> ListedMachine:
     """List a machine on a community account, pending verification, with a fresh agent key and secret.
     Raises ``MachineInvalid`` naming the field: another account, a name that is not a readable name
-    (``broker.text.name_problem``) or one the account already uses."""
+    (``broker.text.name_problem``) or one the account already uses, a minimum GPUs per lease outside 1 to the
+    GPU count, MIG profiles its GPU model does not offer. Without ``min_gpus_per_lease`` it is sold whole."""
     if account.kind != ProviderKind.COMMUNITY:
         raise MachineInvalid("account: machines are listed on an independent-provider (community) account")
     if problem := name_problem(name):
         raise MachineInvalid(f"name: {problem}")
+    listing = {**listing, "min_gpus_per_lease": listing.get("min_gpus_per_lease") or listing["gpu_count"]}
+    if not 1 <= listing["min_gpus_per_lease"] <= listing["gpu_count"]:
+        raise MachineInvalid("min_gpus_per_lease: from 1 to the machine's GPU count")
+    listing["mig_profiles"] = list(listing.get("mig_profiles") or [])
+    if problem := mig_profiles_problem(str(listing["gpu_model"]), listing["mig_profiles"]):
+        raise MachineInvalid(f"mig_profiles: {problem}")
     secret = protocol.new_secret()
     machine = Machine(account=account, name=name, key_id=protocol.new_key_id(), **listing)
     machine.set_secret(secret)
@@ -115,7 +124,7 @@ def machine_register(
     except EndpointRefused as exc:
         raise MachineInvalid(str(exc)) from None
     now = timezone.now()
-    ok, problem = self_test_matches(machine, self_test)
+    ok, problem = self_test_matches(machine, self_test, hardware)
     with transaction.atomic():
         locked = Machine.objects.select_for_update().get(pk=machine.pk)
         moved = locked.state == MachineState.VERIFIED and bool(locked.agent_url) and locked.agent_url != agent_url
@@ -168,17 +177,74 @@ def _unreadable(where: str, value: Any) -> str | None:
     return None
 
 
-def self_test_matches(machine: Machine, self_test: dict[str, Any]) -> tuple[bool, str]:
-    """Does the agent's self-test show the GPUs the listing promises? (ok, what differs)."""
+# A host-to-device copy over a healthy link reaches well over half its one-way rate (pinned memory, x16).
+# Under a third the card sits in a much narrower or older slot than its listing implies, or the figure
+# is invented: either way buyers would not get the machine listed.
+H2D_MIN_SHARE = 1 / 3
+# For cards whose spec row gives NVLink rather than the host link: the slowest host link any of them ships
+# with, PCIe Gen3 x16 (16 GB/s each way; the V100 SXM2).
+SLOWEST_HOST_LINK_GBS = 16.0
+
+
+def expected_h2d_gbs(gpu_model: str) -> float:
+    """The host-to-device rate (GB/s, one way) a card of ``gpu_model`` in its proper slot offers: half the
+    spec table's bidirectional PCIe figure for a PCIe card, else ``SLOWEST_HOST_LINK_GBS``."""
+    from marketplace.catalog.gpu_specs import gpu_spec_get
+
+    spec = gpu_spec_get(gpu_model)
+    if spec is not None and spec["interconnect"] == "pcie":
+        return float(spec["interconnect_gbs"]) / 2
+    return SLOWEST_HOST_LINK_GBS
+
+
+def self_test_matches(
+    machine: Machine, self_test: dict[str, Any], hardware: dict[str, Any] | None = None
+) -> tuple[bool, str]:
+    """Does the agent's self-test show the GPUs the listing promises? (ok, what differs). It must find at
+    least the listed number of the listed model (``gpu_names.reported_model_matches``), each with the listed
+    memory; its GPUs must be those of the agent's own hardware report, when it sends one; and its measured
+    host-to-device copy rate (``h2d_bandwidth_gbs``, when measured) must not be far below what the model's
+    host link offers (``expected_h2d_gbs``). A mismatch keeps the machine from being verified."""
     if not self_test.get("ok"):
         return False, str(self_test.get("error") or "the self-test failed")
-    gpus = self_test.get("gpus") or []
+    gpus = [g for g in self_test.get("gpus") or [] if isinstance(g, dict)]
     matching = [g for g in gpus if reported_model_matches(str(g.get("model", "")), machine.gpu_model)]
     if len(matching) < machine.gpu_count:
-        return False, f"listing promises {machine.gpu_count}x {machine.gpu_model}, the agent found {len(matching)}"
-    if any(int(g.get("memory_gb") or 0) < machine.gpu_memory_gb for g in matching[: machine.gpu_count]):
+        found = _gpu_summary(gpus)
+        return False, (
+            f"listing promises {machine.gpu_count}x {machine.gpu_model}, the agent found {len(matching)}"
+            + (f" (it reports {found})" if found else "")
+        )
+    if any(_number(g.get("memory_gb")) < machine.gpu_memory_gb for g in matching[: machine.gpu_count]):
         return False, f"listing promises {machine.gpu_memory_gb} GB per GPU, the agent found less"
+    listed = (hardware or {}).get("gpus")
+    if isinstance(listed, list) and listed and len(listed) != len(gpus):
+        return False, f"the agent's hardware report lists {len(listed)} GPUs, its self-test {len(gpus)}"
+    measured = self_test.get("h2d_bandwidth_gbs")
+    if measured is not None:
+        expected = expected_h2d_gbs(machine.gpu_model)
+        if _number(measured) < expected * H2D_MIN_SHARE:
+            return False, (
+                f"host-to-device copies run at {_number(measured):g} GB/s; a {machine.gpu_model} in its proper "
+                f"slot gives about {expected:g} GB/s (at least {expected * H2D_MIN_SHARE:.1f} expected)"
+            )
     return True, ""
+
+
+def _number(value: Any) -> float:
+    """A figure from the agent's report, or 0 for anything that is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0.0
+    return float(value)
+
+
+def _gpu_summary(gpus: list[dict[str, Any]]) -> str:
+    """ "8x NVIDIA A100-SXM4-80GB" for what a self-test reports, each distinct model once, kept short."""
+    counts: dict[str, int] = {}
+    for gpu in gpus:
+        model = str(gpu.get("model", ""))[:48]
+        counts[model] = counts.get(model, 0) + 1
+    return ", ".join(f"{n}x {model}" for model, n in list(counts.items())[:4])
 
 
 def machine_heartbeat(
@@ -189,7 +255,8 @@ def machine_heartbeat(
     requests): beyond it ``HeartbeatRefused`` (429) and nothing is kept. A machine that is not verified
     keeps only its latest ``UNVERIFIED_HEARTBEATS_KEPT``. Each GPU sample must be telemetry a GPU can show
     (``protocol.telemetry_check``, memory within the listing's): else ``HeartbeatRefused`` (400, naming the
-    field)."""
+    field). Samples beyond what the listed model can physically report (``plausibility``) are kept, with
+    ``unverified_reason`` saying why, so they are shown as unverified rather than as fact."""
     try:
         # Checked before the rate is counted: a refused sample keeps nothing and takes no slot.
         gpus = [protocol.telemetry_check(g, memory_gb=machine.gpu_memory_gb, required=False) for g in gpus]
@@ -208,6 +275,8 @@ def machine_heartbeat(
         values = [Decimal(str(g.get(key) or 0)) for g in gpus]
         return (sum(values, Decimal(0)) / len(values)).quantize(Decimal("0.1")) if values else Decimal(0)
 
+    leased = _machine_leased(machine, now)
+    problems = telemetry_problems(gpus, card=_card_limits(machine), listed_gpus=machine.gpu_count, leased=leased)
     with transaction.atomic():
         beat = MachineHeartbeat.objects.create(
             machine=machine,
@@ -217,6 +286,7 @@ def machine_heartbeat(
             power_w=sum((Decimal(str(g.get("power_w") or 0)) for g in gpus), Decimal(0)),
             gpus=gpus,
             instances=instances,
+            unverified_reason=reason_text(problems),
         )
         Machine.objects.filter(pk=machine.pk).update(last_heartbeat_at=now, online=True)
         if machine.state != MachineState.VERIFIED:
@@ -226,6 +296,31 @@ def machine_heartbeat(
                 cut = kept.get(pk=oldest_kept[0])
                 kept.filter(Q(at__lt=cut.at) | Q(at=cut.at, pk__lt=cut.pk)).delete()
     return beat
+
+
+# Utilization trails a lease's end by a heartbeat or two (the agent samples, then reports).
+LEASE_TAIL = dt.timedelta(seconds=2 * protocol.HEARTBEAT_S)
+
+
+def _card_limits(machine: Machine) -> CardLimits:
+    """One listed GPU's physical limits: the spec table's rating and memory, the listing's memory for a model
+    the table does not know."""
+    from marketplace.catalog.gpu_specs import gpu_spec_get
+
+    spec = gpu_spec_get(machine.gpu_model)
+    if spec is None:
+        return CardLimits(tdp_w=None, memory_gb=float(machine.gpu_memory_gb))
+    return CardLimits(tdp_w=spec["tdp_w"], memory_gb=float(spec["memory_gb"]))
+
+
+def _machine_leased(machine: Machine, now: dt.datetime) -> bool:
+    """Does the broker have an instance on this machine (one machine is one zone of its account), running
+    now or ended within ``LEASE_TAIL``? The broker's own record, not the agent's ``instances`` count."""
+    return (
+        machine.account.instances.filter(zone=machine.name, launched_at__lte=now)
+        .filter(Q(terminated_at__isnull=True) | Q(terminated_at__gte=now - LEASE_TAIL))
+        .exists()
+    )
 
 
 def _heartbeat_admitted(machine: Machine, now: dt.datetime) -> bool:
@@ -269,7 +364,9 @@ def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
 
 
 def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Machine:
-    """Staff verify (or suspend) a machine; ledgered with why, and who as an erasable commitment."""
+    """Staff verify (or suspend) a machine; ledgered with why, and who as an erasable commitment. Verifying
+    needs the agent's latest self-test to match the listing (``self_test_matches``): else ``MachineInvalid``
+    saying what differs (the reason the provider also sees on the portal), and nothing changes."""
     from ledger.services import ledger_append, user_commitment
 
     if state not in (MachineState.VERIFIED, MachineState.SUSPENDED):
@@ -277,7 +374,12 @@ def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Mac
     if not reason.strip():
         raise MachineInvalid("reason: say why, for the record")
     with transaction.atomic():
-        previous = Machine.objects.select_for_update().get(pk=machine.pk).state
+        # Read under the lock: a registration racing this decision cannot slip a failing self-test past it.
+        locked = Machine.objects.select_for_update().get(pk=machine.pk)
+        previous = locked.state
+        if state == MachineState.VERIFIED and locked.self_test_ok is not True:
+            problem = (locked.self_test or {}).get("problem") or "the agent has not registered a self-test yet"
+            raise MachineInvalid(f"self_test: not verified: {problem}")
         Machine.objects.filter(pk=machine.pk).update(state=state)
         ledger_append(
             kind=f"machine.{state}",
