@@ -19,6 +19,7 @@ urlpatterns = [
     path("accounts/<int:account_id>/sync", views.account_sync, name="account-sync"),
     path("machines", views.machines, name="machines"),
     path("machines/new", views.machine_new, name="machine-new"),
+    path("dashboard", views.dashboard, name="dashboard"),
     path("earnings", views.earnings, name="earnings"),
     path("orders/<uuid:order_id>/receipt", views.order_receipt, name="order-receipt"),
 ]

@@ -25,6 +25,7 @@ from ledger.receipts import receipt_for_buyer
 from marketplace.catalog.selectors import machine_reliability_shown
 from marketplace.models import GpuModel, InvitationStatus, Membership, Order, OrganizationKind, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
+from marketplace.portal import dashboard as board
 from marketplace.portal import selectors
 from marketplace.portal.clouds import CLOUDS, Cloud
 from marketplace.portal.forms import (
@@ -424,6 +425,35 @@ def earnings(request: HttpRequest) -> HttpResponse:
         request, "portal/earnings.html", membership, "earnings", statement=statement,
         running=provider_running_orders(provider=provider), to_date=provider_earnings_to_date(provider=provider),
     )  # fmt: skip
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    """The business at a glance: GPUs rented and idle by hour, revenue by day, running leases, interruptible
+    orders against each machine's minimum bid, and this month's payout statement."""
+    membership = _membership(request)
+    provider = membership.organization.provider
+    now = timezone.now()
+    week = board.provider_gpu_hours(provider=provider, now=now, hours=7 * 24)
+    day = week[-24:]
+    leases = board.provider_leases(provider=provider)
+    statement = payout_statement(provider=provider, month=now.strftime("%Y-%m"))
+    return _page(
+        request, "portal/dashboard.html", membership, "dashboard", now=now, currency=board.CURRENCY,
+        day=day, day_chart=_gpu_chart(day), week_days=board.gpu_days(week), week_chart=_gpu_chart(week),
+        revenue=board.provider_revenue_by_day(provider=provider, today=now.date(), days=14), leases=leases,
+        bids=board.provider_machine_bids(provider=provider, leases=leases), statement=statement,
+    )  # fmt: skip
+
+
+def _gpu_chart(series: list[board.GpuHour]) -> dict[str, object]:
+    """SVG points of the rented and idle lines on the dashboard's 640x80 chart, whose top is ``peak`` GPUs."""
+    chart = board.gpu_chart(series)
+    return {
+        "peak": max((hour.listed for hour in series), default=0),
+        "rented": sparkline([(at, rented) for at, rented, _ in chart], width=640, height=80),
+        "idle": sparkline([(at, idle) for at, _, idle in chart], width=640, height=80),
+    }
 
 
 @login_required
