@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 from django.db import models
 
@@ -73,10 +74,12 @@ class ProviderAccount(models.Model):
         return Credentials(kind=self.kind, values=values, endpoint_url=self.endpoint_url or None)
 
     def community_machines(self) -> list[dict[str, object]]:
-        """The machines of a community account whose agents have registered, as its adapter reads them. Only
+        """The machines of a community account whose agents have registered, as its adapter reads them (``url``
+        empty for an outbound-only agent, reached through its command queue). Only
         the verified, online ones are ``for_sale``; the others are still reached to describe and stop the
         instances of orders placed while they were on sale (a machine that moved to a new URL, say)."""
-        rows = self.machines.exclude(agent_url="").order_by("name")
+        # An outbound-only agent registers without a URL: registered is what counts, not reachable.
+        rows = self.machines.filter(models.Q(registered_at__isnull=False) | ~models.Q(agent_url="")).order_by("name")
         return [
             {
                 "name": m.name,
@@ -209,3 +212,61 @@ class AgentNonce(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key_id} {self.nonce}"
+
+
+class AgentCommandKind(models.TextChoices):
+    STATUS = "status", "status"
+    LAUNCH = "launch", "launch"
+    DESCRIBE = "describe", "describe"
+    TERMINATE = "terminate", "terminate"
+    FIND = "find", "find by order"
+
+
+class AgentCommandState(models.TextChoices):
+    PENDING = "pending", "waiting for the agent's poll"
+    DELIVERED = "delivered", "handed to the agent"
+    ANSWERED = "answered", "answered"
+    EXPIRED = "expired", "the broker stopped waiting"
+
+
+class AgentCommand(models.Model):
+    """One broker -> agent request for a machine whose agent is outbound-only (no public URL): queued here,
+    handed out once on the agent's poll, answered by it (providers/community/protocol.py, ``commands.py``).
+
+    ``headers`` are the broker's signature over the request, its id and ``expires_at``: the agent runs it only
+    before then. A command the broker gave up on is ``expired`` by a conditional update, after which an
+    answer is refused; whichever of the two lands first wins."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="commands", db_index=False)
+    kind = models.CharField(max_length=16, choices=AgentCommandKind.choices)
+    method = models.CharField(max_length=8)
+    target = models.CharField(max_length=512)
+    body = models.TextField(blank=True, default="")
+    headers = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=AgentCommandState.choices, default=AgentCommandState.PENDING)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    answer_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    answer = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        # The poll reads a machine's pending commands oldest first.
+        indexes = [models.Index(fields=["machine", "state", "created_at"], name="agent_command_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.method} {self.target} ({self.state})"
+
+
+class AgentPollWindow(models.Model):
+    """The poll rate limit's window for one machine's outbound agent, counted with conditional updates as
+    the heartbeat limit is (so it holds across web processes)."""
+
+    machine = models.OneToOneField(Machine, on_delete=models.CASCADE, primary_key=True, related_name="poll_window")
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_count = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.machine_id}: {self.window_count} since {self.window_start}"

@@ -34,7 +34,14 @@ from typing import Any
 from urllib.parse import quote
 
 from providers.base import ProviderAdapter
-from providers.community.client import DEFAULT_DEADLINE_S, PROVIDER, AgentClient, AgentTimeout, AgentUnreachable
+from providers.community.client import (
+    DEFAULT_DEADLINE_S,
+    PROVIDER,
+    AgentClient,
+    AgentTimeout,
+    AgentUnreachable,
+    OutboundAgentClient,
+)
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -181,6 +188,9 @@ class CommunityAdapter(ProviderAdapter):
         self._deadline = min(option_number(self.options, "deadline", DEFAULT_DEADLINE_S), MAX_DEADLINE_S)
 
     def _client(self, machine: MachineListing) -> AgentClient:
+        """HTTP to the agent's public URL; without one (an outbound-only agent, behind NAT) its command queue."""
+        if not machine.url:
+            return OutboundAgentClient(machine.key_id, machine.secret, deadline=self._deadline)
         return AgentClient(machine.url, machine.key_id, machine.secret, deadline=self._deadline)
 
     def _on_sale(self) -> list[MachineListing]:

@@ -3,6 +3,11 @@
     python -m providers.community.agent --broker https://broker.example --key-id mk_... --secret-file S \\
         --listen 0.0.0.0:7070 --public-url https://host.example:7070 [--simulate H100:80x8]
 
+Without ``--public-url`` it runs outbound-only (a host behind NAT): it opens no port, registers with an
+empty URL and polls the broker's command queue every second for the same signed requests, answering each
+through the same ``dispatch`` the HTTP server uses (``protocol.py``: commands carry the broker's signature
+and an expiry the agent checks).
+
 It registers with the broker, reports a self-test and sends a heartbeat with each GPU's utilization,
 temperature and power every ``protocol.HEARTBEAT_S`` seconds, and answers the broker's signed launch,
 describe and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
@@ -25,6 +30,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -35,8 +41,10 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
@@ -44,7 +52,7 @@ from werkzeug.wrappers import Request, Response
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, NvidiaDevices, user_plan
-from providers.community.lease import LeaseAgent, Transport, telemetry_sample
+from providers.community.lease import LeaseAgent, Transport, http_transport, telemetry_sample
 
 log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
@@ -52,6 +60,8 @@ DATA_DIR = Path("/var/lib/gpu-broker-agent")
 PORTS_FIRST = 40000  # each lease gets PORTS_PER_LEASE ports from here on a real host
 PORTS_PER_LEASE = 16
 DISK_QUOTA_GB = 100
+Answer = tuple[int, dict[str, Any]]  # an HTTP status and the JSON object answered with it
+_COMMAND_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,8 @@ def read_nvidia_smi() -> tuple[list[Gpu], list[dict[str, Any]]]:
 
 
 class Agent:
-    """One machine's agent: the broker-facing HTTP app and the register/heartbeat loop."""
+    """One machine's agent: the broker-facing HTTP app (or, outbound-only, the command poll) and the
+    register/heartbeat loop."""
 
     def __init__(
         self,
@@ -183,6 +194,9 @@ class Agent:
         grace_s: float = 10.0,
         disk_poll_s: float | None = 5.0,
         mig: dict[int, list[str]] | None = None,
+        poll_s: float = 1.0,
+        broker_transport: Transport | None = None,
+        command_threads: bool = True,
     ):
         self.broker_url = broker_url.rstrip("/")
         self.key_id = key_id
@@ -200,6 +214,11 @@ class Agent:
         # Leases run in threads; with ``lease_threads`` off they are only built, and a test drives them.
         self.lease_threads = lease_threads
         self.lease_transport: Transport | None = None  # None: HTTP to the broker URL in the lease file
+        # Outbound-only: how often the broker's command queue is polled, over what (None: HTTP to broker_url),
+        # and whether each command runs in a thread of its own (off: in the poll, for a test to drive).
+        self.poll_s = poll_s
+        self.broker_transport = broker_transport
+        self.command_threads = command_threads
         # A simulated host (often several in one test process) gets a directory of its own, removed on stop.
         self._own_data_dir = data_dir is None and simulated is not None
         if data_dir is None:
@@ -262,12 +281,18 @@ class Agent:
     # ----------------------------------------------------------------------------------- broker calls
 
     def _call_broker(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One signed POST to the broker; its JSON object. Raises ``urllib.error.HTTPError`` for a refusal
+        (whatever the transport), ``URLError``/``OSError`` when unreachable, ``ValueError`` for a bad answer."""
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", **protocol.sign(self.key_id, self.secret, "POST", path, body)}
-        request = urllib.request.Request(self.broker_url + path, data=body, headers=headers, method="POST")  # noqa: S310
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the operator's broker URL
-            answer = protocol.bounded_json(response.read(protocol.MAX_JSON_BYTES + 1))
-            return dict(answer) if isinstance(answer, dict) else {}
+        send = self.broker_transport or http_transport(self.broker_url, timeout=10)
+        status, raw = send("POST", path, body, headers)
+        if status >= 400:
+            raise urllib.error.HTTPError(
+                self.broker_url + path, status, f"the broker answered {status}", Message(), None
+            )
+        answer = protocol.bounded_json(raw)
+        return dict(answer) if isinstance(answer, dict) else {}
 
     def register(self) -> dict[str, Any]:
         gpus = self.gpus()
@@ -300,6 +325,77 @@ class Agent:
                 registered = False
             self._stop.wait(self.heartbeat_s)
 
+    # ------------------------------------------------------------------------ outbound-only: polling
+
+    def poll_once(self) -> int:
+        """Fetch the broker's pending commands and run each (in a thread of its own, as the HTTP server
+        would), posting its answer. Returns how many came; raises as ``_call_broker`` does."""
+        answer = self._call_broker("/agent/v1/commands", {})
+        commands = answer.get("commands")
+        commands = [c for c in commands if isinstance(c, dict)] if isinstance(commands, list) else []
+        for command in commands:
+            if self.command_threads:
+                threading.Thread(target=self._answer_command, args=(command,), daemon=True).start()
+            else:
+                self._answer_command(command)
+        return len(commands)
+
+    def _answer_command(self, command: dict[str, Any]) -> None:
+        command_id = str(command.get("id", ""))
+        if not _COMMAND_ID.fullmatch(command_id):
+            log.warning("ignored a command with a malformed id")
+            return
+        status, data = self.run_command(command)
+        try:
+            self._call_broker(f"/agent/v1/commands/{command_id}/answer", {"status": status, "answer": data})
+        except urllib.error.HTTPError as exc:
+            # 409: the broker gave up on it meanwhile; nothing to undo (a launch is found by the reconciler).
+            log.warning("the broker refused the answer to %s: HTTP %s", command_id, exc.code)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.warning("could not answer command %s: %s", command_id, exc)
+
+    def run_command(self, command: dict[str, Any]) -> Answer:
+        """(status, JSON object) for one queued command: checked as an inbound request is (the broker's
+        signature, our key, a fresh nonce) and refused past its expiry, then served by ``dispatch``."""
+        method, target = str(command.get("method", "")), str(command.get("target", ""))
+        path = target.split("?", 1)[0]
+        body = str(command.get("body", "")).encode()
+        headers = command.get("headers")
+        try:
+            signed = protocol.check_command(
+                headers if isinstance(headers, dict) else {}, method, target, body,
+                command_id=str(command.get("id", "")), secret=self.secret,
+            )  # fmt: skip
+            self._accept(signed)
+        except protocol.Rejected as exc:
+            return self._refusal(method, path, exc)
+        query = {key: values[0] for key, values in parse_qs(target.partition("?")[2]).items()}
+        return self.dispatch(method, path, query, body)
+
+    def _poll_loop(self) -> None:
+        """Poll every ``poll_s`` until stopped; a refusal or an unreachable broker waits longer."""
+        while not self._stop.is_set():
+            pause = self.poll_s
+            try:
+                self.poll_once()
+            except urllib.error.HTTPError as exc:
+                log.warning("the broker refused the poll: HTTP %s", exc.code)
+                pause = max(pause, 5.0)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                log.warning("broker unreachable for the poll: %s", exc)
+                pause = max(pause, 5.0)
+            self._stop.wait(pause)
+
+    def start_outbound(self, *, report: bool = True) -> threading.Thread:
+        """Run without a public URL: poll the broker for its commands in a daemon thread (returned) and,
+        unless ``report`` is off, register (with an empty URL) and heartbeat."""
+        self.public_url = ""
+        poller = threading.Thread(target=self._poll_loop, name="agent-poll", daemon=True)
+        poller.start()
+        if report:
+            threading.Thread(target=self._loop, daemon=True).start()
+        return poller
+
     # ---------------------------------------------------------------------------------- HTTP server
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -311,42 +407,56 @@ class Agent:
         target = request.full_path.rstrip("?") if request.query_string else request.path
         try:
             signed = protocol.check(request.headers, None, request.method, target, body, secret=self.secret)
-            if signed.key_id != self.key_id:
-                raise protocol.Rejected("unknown_key", "signed with another machine's key")
-            self._remember_nonce(signed.nonce)
+            self._accept(signed)
         except protocol.Rejected as exc:
-            log.warning("refused %s %s: %s (%s)", request.method, request.path, exc.code, exc.message)
-            self.rejected.append(exc.code)
-            return _json({"code": exc.code, "message": exc.message}, 401)
-        parts = [p for p in request.path.split("/") if p]
-        if parts == ["v1", "status"] and request.method == "GET":
-            return _json({"hardware": self.self_test(), "gpus_free": self._free(), "instances": self._live_count()})
-        if parts == ["v1", "instances"] and request.method == "POST":
+            status, refusal = self._refusal(request.method, request.path, exc)
+            return _json(refusal, status)
+        status, data = self.dispatch(request.method, request.path, request.args.to_dict(), body)
+        return _json(data, status)
+
+    def _accept(self, signed: protocol.SignedRequest) -> None:
+        """The checks a signed request or command passes after its signature: our key, a nonce not seen."""
+        if signed.key_id != self.key_id:
+            raise protocol.Rejected("unknown_key", "signed with another machine's key")
+        self._remember_nonce(signed.nonce)
+
+    def _refusal(self, method: str, path: str, exc: protocol.Rejected) -> Answer:
+        log.warning("refused %s %s: %s (%s)", method, path[:200], exc.code, exc.message)
+        self.rejected.append(exc.code)
+        return 401, {"code": exc.code, "message": exc.message}
+
+    def dispatch(self, method: str, path: str, query: dict[str, str], body: bytes) -> Answer:
+        """(HTTP status, JSON object) for one authenticated broker request, however it came: over HTTP
+        (``_handle``) or from the broker's command queue (``run_command``)."""
+        parts = [p for p in path.split("/") if p]
+        if parts == ["v1", "status"] and method == "GET":
+            return _answer({"hardware": self.self_test(), "gpus_free": self._free(), "instances": self._live_count()})
+        if parts == ["v1", "instances"] and method == "POST":
             try:
                 launch = protocol.bounded_json(body, max_bytes=MAX_LAUNCH_BODY)
             except ValueError as exc:
-                return _json({"code": "invalid", "message": str(exc)}, 400)
+                return _answer({"code": "invalid", "message": str(exc)}, 400)
             if not isinstance(launch, dict):
-                return _json({"code": "invalid", "message": "the launch request is a JSON object"}, 400)
+                return _answer({"code": "invalid", "message": "the launch request is a JSON object"}, 400)
             return self._launch(launch)
-        if parts == ["v1", "instances"] and request.method == "GET":
-            order_ref = request.args.get("order_ref", "")
+        if parts == ["v1", "instances"] and method == "GET":
+            order_ref = query.get("order_ref", "")
             with self._lock:
                 found = [self._refresh(i) for i in self.instances.values() if i.order_ref == order_ref]
-            return _json({"instances": [i.json(self._ssh()) for i in found]})
+            return _answer({"instances": [i.json(self._ssh()) for i in found]})
         if len(parts) == 3 and parts[:2] == ["v1", "instances"]:
             with self._lock:
                 instance = self.instances.get(parts[2])
                 if instance is None:
-                    return _json({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
+                    return _answer({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
                 # Claimed under the lock, cleaned outside it: a grace period must not hold up every request.
-                ending = request.method == "DELETE" and instance.holds_gpus() and not instance.ending
+                ending = method == "DELETE" and instance.holds_gpus() and not instance.ending
                 instance.ending = instance.ending or ending
             if ending:
                 self.terminate(instance)
             with self._lock:
-                return _json(self._refresh(instance).json(self._ssh()))
-        return _json({"code": "not_found", "message": f"no route {request.method} {request.path}"}, 404)
+                return _answer(self._refresh(instance).json(self._ssh()))
+        return _answer({"code": "not_found", "message": f"no route {method} {path[:200]}"}, 404)
 
     def _remember_nonce(self, nonce: str) -> None:
         now = time.monotonic()
@@ -370,15 +480,15 @@ class Agent:
             instance.state = "running"
         return instance
 
-    def _launch(self, request: dict[str, Any]) -> Response:
+    def _launch(self, request: dict[str, Any]) -> Answer:
         token = str(request.get("client_token") or "")
         gpus = request.get("gpus")
         if not token or not isinstance(gpus, int) or gpus < 1:
-            return _json({"code": "invalid", "message": "client_token and a positive gpus count are required"}, 400)
+            return _answer({"code": "invalid", "message": "client_token and a positive gpus count are required"}, 400)
         with self._lock:
             for instance in self.instances.values():
                 if instance.client_token == token:
-                    return _json(self._refresh(instance).json(self._ssh()))
+                    return _answer(self._refresh(instance).json(self._ssh()))
             total = len(self.simulated) if self.simulated is not None else len(read_nvidia_smi()[0])
             held = self._held_gpus_locked()
             asked = request.get("gpu_indexes")
@@ -390,14 +500,14 @@ class Agent:
             else:
                 free = [index for index in range(total) if index not in held]
                 if len(free) < gpus:
-                    return _json({"code": "no_capacity", "message": f"{len(free)} of {total} GPUs free"}, 409)
+                    return _answer({"code": "no_capacity", "message": f"{len(free)} of {total} GPUs free"}, 409)
                 indexes = tuple(free[:gpus])
             lease = None
             if request.get("boot"):
                 try:
                     lease = lease_file_from_script(str(request["boot"]).encode())
                 except BootScriptUnreadable as exc:
-                    return _json({"code": "invalid", "message": f"boot: {exc}"}, 400)
+                    return _answer({"code": "invalid", "message": f"boot: {exc}"}, 400)
             instance = Instance(
                 id="i-" + uuid.uuid4().hex[:12],
                 client_token=token,
@@ -413,7 +523,7 @@ class Agent:
             threading.Thread(
                 target=instance.lease.run, args=(instance.lease_stop,), name=f"lease:{instance.id}", daemon=True
             ).start()
-        return _json(instance.json(self._ssh()), 201)
+        return _answer(instance.json(self._ssh()), 201)
 
     def _lease(self, instance: Instance, lease: dict[str, Any]) -> LeaseAgent:
         """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own."""
@@ -480,22 +590,26 @@ class Agent:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def _check_indexes(asked: Any, gpus: int, total: int, held: dict[int, str]) -> Response | None:
+def _check_indexes(asked: Any, gpus: int, total: int, held: dict[int, str]) -> Answer | None:
     """The refusal for a launch's ``gpu_indexes``, or None when the lease may have them."""
     if (
         not isinstance(asked, list)
         or not all(isinstance(i, int) and not isinstance(i, bool) for i in asked)
         or len(set(asked)) != len(asked)
     ):
-        return _json({"code": "invalid", "message": "gpu_indexes: distinct whole numbers"}, 400)
+        return _answer({"code": "invalid", "message": "gpu_indexes: distinct whole numbers"}, 400)
     if len(asked) != gpus:
-        return _json({"code": "invalid", "message": f"gpu_indexes names {len(asked)} GPUs; gpus is {gpus}"}, 400)
+        return _answer({"code": "invalid", "message": f"gpu_indexes names {len(asked)} GPUs; gpus is {gpus}"}, 400)
     if any(not 0 <= i < total for i in asked):
-        return _json({"code": "invalid", "message": f"gpu_indexes: this machine has GPUs 0 to {total - 1}"}, 400)
+        return _answer({"code": "invalid", "message": f"gpu_indexes: this machine has GPUs 0 to {total - 1}"}, 400)
     busy = sorted(i for i in asked if i in held)
     if busy:
-        return _json({"code": "gpus_busy", "message": f"GPUs {busy} are held by another lease"}, 409)
+        return _answer({"code": "gpus_busy", "message": f"GPUs {busy} are held by another lease"}, 409)
     return None
+
+
+def _answer(data: dict[str, Any], status: int = 200) -> Answer:
+    return status, data
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -508,7 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-id", required=True)
     parser.add_argument("--secret-file", required=True, help="file holding the machine secret shown when listed")
     parser.add_argument("--listen", default="127.0.0.1:7070", help="host:port to serve the broker on")
-    parser.add_argument("--public-url", default="", help="URL the broker reaches this agent at")
+    parser.add_argument(
+        "--public-url", default="",
+        help="URL the broker reaches this agent at; without it the agent only polls the broker (behind NAT)",
+    )  # fmt: skip
     parser.add_argument("--simulate", help="simulated GPUs, e.g. H100:80x8 (no nvidia-smi needed)")
     parser.add_argument("--launch-seconds", type=float, default=2.0)
     parser.add_argument("--data-dir", type=Path, help=f"where leases' working directories live (default {DATA_DIR})")
@@ -526,7 +643,11 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         disk_quota_bytes=args.disk_quota_gb * 10**9,
     )
-    print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
+    if args.public_url:
+        print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
+    else:
+        agent.start_outbound()
+        print(f"agent for {args.key_id} polling {args.broker} (no public URL)", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -1,12 +1,15 @@
-"""The broker's end of the host agent protocol: ``/agent/v1/register`` and ``/agent/v1/heartbeat``.
+"""The broker's end of the host agent protocol: ``/agent/v1/register``, ``/agent/v1/heartbeat`` and, for
+outbound-only agents, ``/agent/v1/commands`` and ``/agent/v1/commands/<id>/answer``.
 
 Plain Django views (no session, no CSRF: every request is HMAC-signed by the machine's agent instead). A body
-over the endpoint's bound is refused (413 ``too_large``) before it is read or hashed; heartbeats beyond the
-per-machine rate are refused (429 ``too_many_heartbeats``); both in the protocol's ``{"code", "message"}``.
+over the endpoint's bound is refused (413 ``too_large``) before it is read or hashed; heartbeats and polls
+beyond the per-machine rate are refused (429 ``too_many_heartbeats``, ``too_many_polls``); all in the
+protocol's ``{"code", "message"}``.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -15,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from providers.community import protocol
+from providers.community.commands import POLL_S, CommandRefused, command_answer, commands_deliver
 from providers.community.services import (
     HeartbeatRefused,
     MachineInvalid,
@@ -27,6 +31,9 @@ from providers.community.services import (
 MAX_HEARTBEAT_BODY = 16 * 1024
 MAX_REGISTER_BODY = 64 * 1024
 MAX_GPUS = 64
+MAX_POLL_BODY = 1024
+# An answer carries what the agent would have answered over HTTP (the client reads at most this), and a wrapper.
+MAX_ANSWER_BODY = protocol.MAX_JSON_BYTES + 1024
 SAMPLE_KEYS = ("index", "utilization_pct", "temperature_c", "power_w", "memory_used_gb")
 
 
@@ -57,8 +64,9 @@ def register(request: HttpRequest) -> JsonResponse:
         return checked
     machine, payload = checked
     url = payload.get("agent_url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        return JsonResponse({"code": "invalid", "message": "agent_url: an http(s) URL is required"}, status=400)
+    # Empty: an outbound-only agent (behind NAT), which polls for the broker's commands instead.
+    if not isinstance(url, str) or (url and not url.startswith(("http://", "https://"))):
+        return JsonResponse({"code": "invalid", "message": "agent_url: an http(s) URL or empty"}, status=400)
     hardware, self_test = payload.get("hardware"), payload.get("self_test")
     hardware = hardware if isinstance(hardware, dict) else {}
     self_test = self_test if isinstance(self_test, dict) else {}
@@ -98,7 +106,44 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"machine": machine.name, "at": beat.at.isoformat(), "unverified": beat.unverified_reason})
 
 
+@csrf_exempt
+@require_POST
+def commands(request: HttpRequest) -> JsonResponse:
+    """An outbound-only agent's poll: the broker's commands for its machine, each handed out once."""
+    checked = _signed_json(request, MAX_POLL_BODY)
+    if isinstance(checked, JsonResponse):
+        return checked
+    machine, _ = checked
+    try:
+        pending = commands_deliver(machine=machine)
+    except CommandRefused as exc:
+        return JsonResponse({"code": exc.code, "message": exc.message}, status=exc.status)
+    return JsonResponse({"commands": pending, "poll_s": POLL_S})
+
+
+@csrf_exempt
+@require_POST
+def command_answered(request: HttpRequest, command_id: uuid.UUID) -> JsonResponse:
+    """An outbound-only agent's answer to one command: the HTTP status and JSON object it would have sent."""
+    checked = _signed_json(request, MAX_ANSWER_BODY)
+    if isinstance(checked, JsonResponse):
+        return checked
+    machine, payload = checked
+    status, answer = payload.get("status"), payload.get("answer")
+    if not isinstance(status, int) or isinstance(status, bool) or not 200 <= status <= 599:
+        return JsonResponse({"code": "invalid", "message": "status: an HTTP status from 200 to 599"}, status=400)
+    if not isinstance(answer, dict):
+        return JsonResponse({"code": "invalid", "message": "answer: a JSON object"}, status=400)
+    try:
+        command_answer(machine=machine, command_id=command_id, status=status, answer=answer)
+    except CommandRefused as exc:
+        return JsonResponse({"code": exc.code, "message": exc.message}, status=exc.status)
+    return JsonResponse({"id": str(command_id), "state": "answered"})
+
+
 urlpatterns = [
     path("register", register, name="agent-register"),
     path("heartbeat", heartbeat, name="agent-heartbeat"),
+    path("commands", commands, name="agent-commands"),
+    path("commands/<uuid:command_id>/answer", command_answered, name="agent-command-answer"),
 ]

@@ -13,10 +13,17 @@ address the rules refuse, a redirect, 404 and other 4xx -> ``ProviderRequestReje
 ``CredentialsRejected``; 409 ``no_capacity`` -> ``CapacityUnavailable``; 5xx and 429 ->
 ``TransientProviderError``; an answer that is not the protocol's bounded JSON object ->
 ``MalformedProviderResponse``.
+
+A machine whose agent is outbound-only (behind NAT; registered without a URL) is called through
+``OutboundAgentClient`` instead: the same signed request is queued for the agent's poll
+(``commands.py``) and its answer awaited within the same deadline, read by the same rules; a command not
+answered in time is expired (the agent will not run it) and raises ``AgentTimeout``, as a silent HTTP agent
+does.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import http.client
 import json
 import logging
@@ -42,7 +49,9 @@ PROVIDER = "community"
 DEFAULT_DEADLINE_S = 15.0
 MAX_ANSWER_BYTES = protocol.MAX_JSON_BYTES
 # The error codes the protocol defines; any other code an agent names is reported as ``agent_error``.
-KNOWN_CODES = frozenset({"no_capacity", "not_found", "invalid", "bad_signature", "stale", "replayed", "unknown_key"})
+KNOWN_CODES = frozenset(
+    {"no_capacity", "not_found", "invalid", "bad_signature", "stale", "replayed", "unknown_key", "expired"}
+)
 
 log = logging.getLogger("providers.community.client")
 
@@ -70,10 +79,29 @@ class AgentClient:
 
     def call(self, method: str, target: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """One signed request; ``target`` is the path and query. Returns the answer's JSON object."""
+        body = None if payload is None else json.dumps(payload).encode()
+        status, raw = self._send(method, target, body)
+        if 300 <= status < 400:
+            raise ProviderRequestRejected(
+                f"the machine's agent answered a redirect (HTTP {status}), which the broker does not follow",
+                code="agent_redirect",
+                provider=PROVIDER,
+                http_status=status,
+            )
+        if status >= 400:
+            raise self._error(status, raw)
+        data = _parse(raw)
+        if not isinstance(data, dict):
+            raise MalformedProviderResponse(
+                "the machine's agent answered JSON that is not an object", code="agent_malformed", provider=PROVIDER
+            )
+        return data
+
+    def _send(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
+        """The agent's (HTTP status, raw answer) to one signed request, or a ``ProviderError``."""
         if not self.url:
             raise AgentUnreachable("the machine's agent has not registered yet", code="agent_unregistered",
                                    provider=PROVIDER)  # fmt: skip
-        body = None if payload is None else json.dumps(payload).encode()
         headers = {
             "Content-Type": "application/json",
             **protocol.sign(self.key_id, self.secret, method, target, body or b""),
@@ -103,21 +131,7 @@ class AgentClient:
             raise MalformedProviderResponse(
                 "the machine's agent answered something that is not HTTP", code="agent_malformed", provider=PROVIDER
             ) from None
-        if 300 <= status < 400:
-            raise ProviderRequestRejected(
-                f"the machine's agent answered a redirect (HTTP {status}), which the broker does not follow",
-                code="agent_redirect",
-                provider=PROVIDER,
-                http_status=status,
-            )
-        if status >= 400:
-            raise self._error(status, raw)
-        data = _parse(raw)
-        if not isinstance(data, dict):
-            raise MalformedProviderResponse(
-                "the machine's agent answered JSON that is not an object", code="agent_malformed", provider=PROVIDER
-            )
-        return data
+        return status, raw
 
     def _exchange(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], deadline: float
@@ -165,6 +179,9 @@ class AgentClient:
             code, message = "", ""
         log.info("agent %s answered HTTP %s: code=%r message=%r", self.key_id, status, code, message)
         code = code if code in KNOWN_CODES else "agent_error"
+        if code == "expired":
+            # The agent's clock put the command past its expiry: not run, as if never answered.
+            return AgentTimeout("the machine's agent found the command expired", code=code, provider=PROVIDER)
         if status == 401:
             return CredentialsRejected(
                 "the machine's agent refused the broker's signature", code=code, provider=PROVIDER, http_status=status
@@ -178,6 +195,52 @@ class AgentClient:
         return ProviderRequestRejected(
             f"the machine's agent refused the request (HTTP {status})", code=code, provider=PROVIDER, http_status=status
         )
+
+
+class OutboundAgentClient(AgentClient):
+    """Calls to an outbound-only agent, through its machine's command queue (``commands.py``). Same contract
+    as ``AgentClient``: one signed request, answered within ``deadline`` or ``AgentTimeout``. Call it outside
+    a database transaction (as provisioning calls providers): the agent's poll must see the queued command."""
+
+    # How often the waiting caller reads the command's row: quick at first, then at most this.
+    FIRST_PAUSE_S = 0.02
+    LONGEST_PAUSE_S = 0.25
+
+    def __init__(self, key_id: str, secret: str, *, deadline: float = DEFAULT_DEADLINE_S):
+        super().__init__("", key_id, secret, deadline=deadline)
+
+    def _send(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
+        from django.utils import timezone
+
+        from providers.community import commands
+
+        deadline = time.monotonic() + self.deadline
+        # The agent runs the command only before this: past it the broker has stopped waiting (below).
+        expires_at = timezone.now() + dt.timedelta(seconds=self.deadline)
+        command_id = commands.command_enqueue(
+            key_id=self.key_id, secret=self.secret, method=method, target=target, body=body or b"",
+            expires_at=expires_at,
+        )  # fmt: skip
+        if command_id is None:
+            raise AgentUnreachable("the machine is not listed", code="agent_unregistered", provider=PROVIDER)
+        pause = self.FIRST_PAUSE_S
+        while True:
+            answered = commands.command_answer_get(command_id=command_id)
+            if answered is not None:
+                return answered.status, json.dumps(answered.answer).encode()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # Expired by a conditional update: an answer that landed just now wins, a later one is refused.
+                if commands.command_expire(command_id=command_id):
+                    log.info("agent %s: command %s %s not answered in time", self.key_id, method, target)
+                    raise AgentTimeout(
+                        f"the machine's agent did not answer within {self.deadline:g} s",
+                        code="agent_timeout",
+                        provider=PROVIDER,
+                    )
+                continue
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, self.LONGEST_PAUSE_S)
 
 
 def _parse(raw: bytes) -> Any:

@@ -16,7 +16,8 @@ nonce it has seen with that key within the window; it logs each refusal.
 Agent -> broker (``/agent/v1/...`` on the broker):
 
 - ``POST register`` ``{"agent_url", "hardware": {"gpus": [{"model", "memory_gb"}], "driver", "cuda"},
-  "self_test": {...}}``: the agent is up at ``agent_url``; the broker records the hardware and self-test.
+  "self_test": {...}}``: the agent is up at ``agent_url`` (empty: outbound-only, below); the broker records the
+  hardware and self-test.
 - ``POST heartbeat`` ``{"gpus": [{"index", "utilization_pct", "temperature_c", "power_w", "memory_used_gb"}],
   "instances": n}``: every ``HEARTBEAT_S``; a machine silent for longer than the broker's limit is withdrawn.
 
@@ -32,6 +33,21 @@ Broker -> agent (on ``agent_url``):
 - ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
   A terminate kills the lease's processes (SIGTERM, SIGKILL after a grace), removes its container and working
   directory and frees its ports before it answers.
+
+Outbound-only agents (behind NAT, no public URL): an agent that registers with an empty ``agent_url`` is
+reached through a per-machine command queue on the broker instead. It polls
+
+- ``POST /agent/v1/commands`` ``{}`` -> ``{"commands": [{"id", "method", "target", "body", "headers"}],
+  "poll_s"}`` every ``poll_s`` seconds (beyond the broker's per-machine rate: ``429 {"code":
+  "too_many_polls"}``); each command is one of the broker -> agent requests above, handed out once;
+- ``POST /agent/v1/commands/<id>/answer`` ``{"status", "answer"}``: the HTTP status and JSON object the
+  agent would have answered that request with (a late answer, to a command the broker gave up on, is
+  refused with ``409 {"code": "expired"}`` and ignored).
+
+A command's ``headers`` are the broker's signature (``sign_command``): the four headers above plus
+``X-Agent-Command`` (its id) and ``X-Agent-Expires`` (Unix seconds), both inside the signed message. The
+agent checks them as it checks an inbound request (signature, skew, nonce never seen) and refuses a command
+past its expiry (``expired``) without running it: the broker has stopped waiting for it by then.
 
 An instance is ``{"id", "state": "pending"|"running"|"terminated"|"failed", "client_token", "order_ref",
 "gpus", "gpu_indexes", "tags", "ssh": "host:port"}``, with ``"problem"`` when the agent stopped the workload
@@ -62,6 +78,8 @@ HEADER_KEY = "X-Agent-Key"
 HEADER_TIMESTAMP = "X-Agent-Timestamp"
 HEADER_NONCE = "X-Agent-Nonce"
 HEADER_SIGNATURE = "X-Agent-Signature"
+HEADER_COMMAND = "X-Agent-Command"
+HEADER_EXPIRES = "X-Agent-Expires"
 
 
 class Rejected(Exception):
@@ -136,6 +154,41 @@ def check(
     if abs((now if now is not None else time.time()) - int(timestamp)) > MAX_SKEW_S:
         raise Rejected("stale", f"timestamp {timestamp} is more than {MAX_SKEW_S} s from the receiver's clock")
     return SignedRequest(key_id, int(timestamp), nonce)
+
+
+def _command_target(target: str, command_id: str, expires: str) -> str:
+    # The id and expiry join the signed message, so neither can be moved to another command or extended.
+    return f"{target}\n{command_id}\n{expires}"
+
+
+def sign_command(
+    key_id: str, secret: str, *, command_id: str, method: str, target: str, body: bytes, expires: float,
+    now: float | None = None,
+) -> dict[str, str]:  # fmt: skip
+    """The headers of one queued broker -> agent request: ``sign``'s, bound to the command's id and to the
+    Unix second after which the agent must not run it."""
+    stamp = str(int(expires))
+    headers = sign(key_id, secret, method, _command_target(target, command_id, stamp), body, now=now)
+    return {**headers, HEADER_COMMAND: command_id, HEADER_EXPIRES: stamp}
+
+
+def check_command(
+    headers: Mapping[str, str] | Any, method: str, target: str, body: bytes, *, command_id: str, secret: str,
+    now: float | None = None,
+) -> SignedRequest:  # fmt: skip
+    """Authenticate a queued command as ``check`` does a request, and refuse one that names another id
+    (``bad_signature``) or whose expiry has passed (``expired``). The caller keeps the nonce, as for ``check``."""
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}
+    signed_id = lower.get(HEADER_COMMAND.lower(), "")
+    expires = lower.get(HEADER_EXPIRES.lower(), "")
+    if not expires.isascii() or not expires.isdigit() or len(expires) > 12:
+        raise Rejected("bad_signature", "missing or malformed command expiry")
+    if not hmac.compare_digest(signed_id.encode(), command_id.encode()):
+        raise Rejected("bad_signature", "the command's signature names another command")
+    signed = check(headers, None, method, _command_target(target, signed_id, expires), body, now=now, secret=secret)
+    if (now if now is not None else time.time()) > int(expires):
+        raise Rejected("expired", f"the command expired at {expires}; the broker no longer waits for it")
+    return signed
 
 
 MAX_JSON_BYTES = 256 * 1024

@@ -120,7 +120,8 @@ def machine_register(
         if problem := _unreadable(field, value):
             raise MachineInvalid(problem)
     try:
-        endpoint_check("agent_url", agent_url)
+        if agent_url:  # empty: an outbound-only agent, which the broker never connects to
+            endpoint_check("agent_url", agent_url)
     except EndpointRefused as exc:
         raise MachineInvalid(str(exc)) from None
     now = timezone.now()
