@@ -42,6 +42,7 @@ from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
 from marketplace.webhooks.services import instance_event_emit
 from providers.base import ProviderAdapter
+from providers.community.services import machine_silent_since
 from providers.errors import (
     CapacityUnavailable,
     ProviderError,
@@ -609,10 +610,15 @@ def order_terminate_instance(*, order_id: int) -> Step:
     return Step.DONE
 
 
-def order_check_running(*, order_id: int) -> Step:
+def order_check_running(*, order_id: int, now: dt.datetime | None = None) -> Step:
     """Is the running order's machine still there? If the provider took it (spot preemption, host loss),
     record the loss and provision the order again when the buyer allowed failover (``Step.PROVISION``),
-    else fail the order. ``Step.DONE`` when nothing changed."""
+    else fail the order. ``Step.DONE`` when nothing changed.
+
+    A describe that fails transiently is not a loss: it is raised, and the next sweep asks again. Unless the
+    machine is an independent host silent past ``BROKER_AGENT_SILENCE_S`` (no heartbeat from its agent or
+    its lease's): then its lease is lost, and billed only until the host's last report."""
+    now = now or timezone.now()
     order = Order.objects.get(pk=order_id)
     if order.state != OrderState.RUNNING:
         return Step.DONE
@@ -635,35 +641,127 @@ def order_check_running(*, order_id: int) -> Step:
             state=InstanceState.TERMINATED,
             extra={"error_code": exc.code},
         )
+    except TransientProviderError:
+        last_report = _host_silent_since(instance, now)
+        if last_report is None:
+            raise
+        return _instance_lost_silent(order, instance, last_report)
     if handle.state not in (InstanceState.TERMINATED, InstanceState.FAILED, InstanceState.STOPPING):
         return Step.DONE
     spot = order.pricing_model == PricingModel.SPOT
     reason = f"instance {instance.provider_instance_id} {handle.state.value} by the provider" + (
         " (spot preemption)" if spot else ""
     )
-    with transaction.atomic():
-        Instance.objects.filter(pk=instance.pk).update(
-            state=handle.state.value, active=False, terminated_at=timezone.now()
-        )
-        reservation_release(attempt_id=instance.attempt_id)
-        lease_end(attempt_id=instance.attempt_id)
-        instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LOST, spot=spot)
-        ledger_append(
-            kind="order.instance_lost",
-            subject=f"order:{order.public_id}",
-            payload={
-                "order": str(order.public_id),
-                "instance": instance.provider_instance_id,
-                "state": handle.state.value,
-                "spot": spot,
-                "code": str(handle.extra.get("error_code") or ""),
-            },
-        )
-        if order.allow_failover:
-            order_transition(order=order, to=OrderState.PROVISIONING, reason=reason + "; provisioning again")
-        else:
-            order_transition(order=order, to=OrderState.FAILED, reason=f"{reason}; {_NO_FAILOVER.format('machine')}")
+    return _instance_lost(
+        order,
+        instance,
+        state=handle.state.value,
+        ended_at=timezone.now(),
+        reason=reason,
+        code=str(handle.extra.get("error_code") or ""),
+    )
+
+
+def _host_silent_since(instance: Instance, now: dt.datetime) -> dt.datetime | None:
+    """The last report from the instance's host if it is an independent host silent now, else None. Its
+    lease agent's heartbeats count: a lease still reporting runs on a machine that is alive."""
+    lease_heard = Lease.objects.filter(attempt_id=instance.attempt_id).values_list("last_heartbeat_at", flat=True)
+    return machine_silent_since(
+        account_id=instance.account_id, name=instance.zone, now=now, heard_at=lease_heard.first()
+    )
+
+
+def _instance_lost_silent(order: Order, instance: Instance, last_report: dt.datetime) -> Step:
+    """The host went silent under a running lease: lost, and billed until the host's last report (recorded as
+    its end, which metering reads). Its attempt fails as a capacity error, so this order's failover does not
+    pick the silent machine again and the shared blocks keep other orders off it until it is withdrawn from
+    sale. Recorded ``unknown``: nobody could ask the host to stop it, so the sweep and the reconciler stop it
+    should the host come back."""
+    billed_until = max(last_report, instance.ready_at or last_report)
+    said = billed_until.isoformat(timespec="seconds")
+    reason = (
+        f"host {instance.zone} went silent under instance {instance.provider_instance_id}: no report for more "
+        f"than {settings.AGENT_SILENCE_S:g} s; billed until {said}, the last report from the host"
+    )
+    return _instance_lost(
+        order,
+        instance,
+        state=InstanceState.UNKNOWN.value,
+        ended_at=billed_until,
+        reason=reason,
+        code=HOST_SILENT,
+        attempt_failed=True,
+        billed_until=said,
+    )
+
+
+# The provider code of an attempt whose host went silent under its running lease.
+HOST_SILENT = "host_silent"
+
+
+def _instance_lost(
+    order: Order,
+    instance: Instance,
+    *,
+    state: str,
+    ended_at: dt.datetime,
+    reason: str,
+    code: str,
+    attempt_failed: bool = False,
+    **fields: str,
+) -> Step:
+    """Settle a running order's lost machine: inactive from ``ended_at`` (where its metering stops), its units
+    and lease released, ``order.instance_lost`` ledgered and announced, and the order provisioning again or,
+    without failover, failed. Claims the instance: a second sweep that lost the same machine does nothing,
+    and an order that moved on meanwhile (the buyer ended it) keeps its own path."""
+    spot = order.pricing_model == PricingModel.SPOT
+    try:
+        with transaction.atomic():
+            if not Instance.objects.filter(pk=instance.pk, active=True).update(
+                state=state, active=False, terminated_at=ended_at
+            ):
+                return Step.DONE
+            if attempt_failed:
+                _lost_attempt_fail(order, instance, code=code, message=reason)
+            reservation_release(attempt_id=instance.attempt_id)
+            lease_end(attempt_id=instance.attempt_id)
+            instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LOST, spot=spot, **fields)
+            ledger_append(
+                kind="order.instance_lost",
+                subject=f"order:{order.public_id}",
+                payload={
+                    "order": str(order.public_id),
+                    "instance": instance.provider_instance_id,
+                    "state": state,
+                    "spot": spot,
+                    "code": code,
+                    **fields,
+                },
+            )
+            if order.allow_failover:
+                order_transition(order=order, to=OrderState.PROVISIONING, reason=reason + "; provisioning again")
+            else:
+                order_transition(
+                    order=order, to=OrderState.FAILED, reason=f"{reason}; {_NO_FAILOVER.format('machine')}"
+                )
+    except TransitionRefused:
+        return Step.DONE
     return Step.PROVISION if order.allow_failover else Step.DONE
+
+
+def _lost_attempt_fail(order: Order, instance: Instance, *, code: str, message: str) -> None:
+    """Fail the launched attempt whose machine was lost, as a capacity error (once: conditional on its outcome)."""
+    failed = Attempt.objects.filter(pk=instance.attempt_id, outcome=AttemptOutcome.LAUNCHED).update(
+        outcome=AttemptOutcome.FAILED,
+        error_class=CapacityUnavailable.error_class,
+        provider_code=code,
+        provider_message=message[:2000],
+        finished_at=timezone.now(),
+    )
+    if failed:
+        attempt = instance.attempt
+        attempt.order = order
+        _attempt_ledger(attempt, "attempt.failed", error_class=CapacityUnavailable.error_class, provider_code=code)
 
 
 # An ended instance's state is checked at its provider for this long after its end; one still stopping by then
@@ -696,7 +794,9 @@ def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> 
     instance has terminated it (clouds forget deleted machines, at once or after a while). One still stopping
     ``STOPPED_GRACE`` after its end is terminated again: a machine the provider stopped rather than took
     (AWS "stopped", Azure "stopped" or deallocated, GCP's TERMINATED) keeps its disks billed, and Azure's
-    "stopped" its compute, until someone deletes it. Returns the state recorded.
+    "stopped" its compute, until someone deletes it. So is one still running: a lost instance (``unknown``,
+    its host went silent) as soon as its host answers again, since the broker no longer pays for it, and any
+    other after the same grace. Returns the state recorded.
 
     Idempotent, and a no-op for an active instance or one already terminated or failed. Raises the adapter's
     ``ProviderError`` when the provider cannot be asked; the next sweep asks again."""
@@ -704,11 +804,16 @@ def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> 
     instance = Instance.objects.select_related("account").get(pk=instance_id)
     if instance.active or instance.state in _ENDED_STATES:
         return instance.state
+    lost = instance.state == InstanceState.UNKNOWN
+    if lost and _host_silent_since(instance, now) is not None:
+        return instance.state  # its host is still silent: a call would only wait out the agent's deadline
     adapter = adapter_for_account(instance.account)
     try:
         state = adapter.describe(instance.region, instance.provider_instance_id).state
         ended_at = instance.terminated_at or now
-        if state == InstanceState.STOPPING and ended_at <= now - STOPPED_GRACE:
+        # A lost machine had no terminate in flight (nobody could reach its host): it is stopped once seen.
+        settled_late = lost or ended_at <= now - STOPPED_GRACE
+        if state in (InstanceState.STOPPING, InstanceState.RUNNING, InstanceState.PENDING) and settled_late:
             state = adapter.terminate(instance.region, instance.provider_instance_id).state
     except ProviderRequestRejected as exc:
         if not instance_not_found(exc):

@@ -342,14 +342,36 @@ def _heartbeat_admitted(machine: Machine, now: dt.datetime) -> bool:
     return bool(renewed)
 
 
+def _silence_cutoff(now: dt.datetime) -> dt.datetime:
+    """A machine last heard before this is silent: withdrawn from sale, and its leases lost."""
+    return now - dt.timedelta(seconds=settings.AGENT_SILENCE_S)
+
+
+def machine_silent_since(
+    *, account_id: int, name: str, now: dt.datetime, heard_at: dt.datetime | None = None
+) -> dt.datetime | None:
+    """When the account's machine ``name`` was last heard from, if it is silent now; None while it is not.
+
+    Heard from means its agent's last heartbeat or ``heard_at`` (a later report the caller knows of, such as
+    a lease agent's on that machine), whichever is later; silent means that moment is older than
+    ``BROKER_AGENT_SILENCE_S``, the rule ``machines_withdraw_silent`` withdraws by. None for an account with
+    no such machine (a cloud's), so a caller can ask of any instance. A read only."""
+    machine = Machine.objects.filter(account_id=account_id, name=name).first()
+    if machine is None:
+        return None
+    # A machine that never heartbeated was last heard when it registered (or was listed).
+    heard = [t for t in (machine.last_heartbeat_at or machine.registered_at or machine.created_at, heard_at) if t]
+    last = max(heard)
+    return last if last < _silence_cutoff(now) else None
+
+
 def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
     """Take offline every machine whose agent has not been heard for ``BROKER_AGENT_SILENCE_S``; their offers go
     at the account's next sync. Also forgets nonces older than the signature window and heartbeats older than
     ``BROKER_HEARTBEAT_RETENTION_S`` (``BROKER_UNVERIFIED_HEARTBEAT_RETENTION_S`` for a machine that is not
     verified). Returns how many machines went offline."""
     moment = now or timezone.now()
-    cutoff = moment - dt.timedelta(seconds=settings.AGENT_SILENCE_S)
-    silent = Machine.objects.filter(online=True, last_heartbeat_at__lt=cutoff)
+    silent = Machine.objects.filter(online=True, last_heartbeat_at__lt=_silence_cutoff(moment))
     names = list(silent.values_list("name", flat=True))
     withdrawn = silent.update(online=False)
     if withdrawn:
