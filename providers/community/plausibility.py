@@ -19,6 +19,8 @@ POWER_TOLERANCE = 1.10
 MAX_TEMPERATURE_C = 110.0
 # A working GPU is warmer than the room it is in, and no room a host rents out is near freezing.
 MIN_TEMPERATURE_C = 5.0
+# An idle GPU reads a few per cent (the driver, the monitoring itself, a display); more than this is work.
+IDLE_UTILIZATION_PCT = 5.0
 REASON_MAX = 300  # ``MachineHeartbeat.unverified_reason``
 
 
@@ -54,7 +56,7 @@ def telemetry_problems(
         if memory is not None and memory > card.memory_gb:
             problems.append(f"{gpu} uses {memory:g} GB of memory, more than the card's {card.memory_gb:g} GB")
         utilization = sample.get("utilization_pct")
-        if utilization is not None and utilization > 0 and not leased:
+        if utilization is not None and utilization > IDLE_UTILIZATION_PCT and not leased:
             problems.append(f"{gpu} {utilization:g} % busy with no lease running")
     return problems
 

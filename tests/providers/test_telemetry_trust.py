@@ -82,6 +82,13 @@ def test_telemetry_no_gpu_can_show_is_kept_flagged_with_the_reason(client, liste
     assert (beat.unverified_reason, answer["unverified"]) == (reason, reason)
 
 
+def test_an_idle_gpu_reading_a_few_per_cent_is_not_work(client, listed):
+    # nvidia-smi on an idle card reads a few per cent (the driver, the monitoring itself); so does --simulate.
+    _, beat = _beat(client, listed, utilization_pct=3)
+
+    assert beat.unverified_reason == ""
+
+
 def test_power_within_a_tenth_above_the_rating_is_a_transient_not_a_lie(client, listed):
     _, beat = _beat(client, listed, power_w=765)
 
