@@ -270,6 +270,8 @@ OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum
 COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 # An independent provider's machine whose agent is silent this long is withdrawn from sale.
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
+# An interruptible lease outbid (by a higher bid or an on-demand order) keeps its GPUs this long after notice.
+PREEMPTION_NOTICE_S = env_float("BROKER_PREEMPTION_NOTICE_S", 30.0, minimum=0.0)
 # Heartbeats kept for reliability (a day) and the utilization chart; older ones are deleted.
 HEARTBEAT_RETENTION_S = env_float("BROKER_HEARTBEAT_RETENTION_S", 2 * 86400.0, minimum=86400.0)
 # A machine not (or no longer) verified needs no reliability history: its few heartbeats go after this long.

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Order, OrderState
+from marketplace.orders.bids import orders_preemption_due
 from marketplace.orders.provisioning import (
     Step,
     attempt_settle_after_transient,
@@ -25,6 +26,7 @@ from marketplace.orders.provisioning import (
     order_check_running,
     order_give_up,
     order_poll,
+    order_preempt,
     order_provision,
     order_terminate_instance,
 )
@@ -179,6 +181,19 @@ def orders_sweep_task() -> int:
     from marketplace.orders.services import orders_end_scheduled
 
     count = orders_end_scheduled()
+    # Outbid interruptible orders whose notice is over leave their machine; the order that outbid them launches.
+    for order_id in orders_preemption_due(now=timezone.now()):
+        _sweep_time_check()
+        try:
+            step, winner_id = order_preempt(order_id=order_id)
+        except ProviderError as exc:
+            log.warning("could not preempt order %s: %s", order_id, exc)
+            continue
+        if step == Step.PROVISION:
+            order_provision_task.delay(order_id)
+        if winner_id is not None:
+            order_provision_task.delay(winner_id)
+        count += 1
     # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed.
     failed: list[int] = []
     for order_id in Order.objects.filter(state=OrderState.RUNNING).values_list("pk", flat=True):

@@ -117,6 +117,15 @@ class OrderPlaceInput(serializers.Serializer):
         required=False, max_digits=14, decimal_places=6, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR
     )
     allow_failover = serializers.BooleanField(required=False, default=True)
+    bid_per_gpu_hour = DecimalSerializerField(
+        required=False,
+        max_digits=10,
+        decimal_places=4,
+        min_value=Decimal("0.0001"),
+        max_value=MAX_PRICE_PER_HOUR,
+        help_text="an independent machine's interruptible offer only: USD per GPU-hour, at least the machine's "
+        "minimum (absent: the minimum); a higher bid or an on-demand order outbids it after a notice",
+    )
     regions = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
     )
@@ -324,6 +333,8 @@ class OrderOutput(serializers.ModelSerializer):
             "max_price_per_hour",
             "price_per_hour",
             "allow_failover",
+            "bid_per_gpu_hour",
+            "preempt_at",
             "duration_hours",
             "spend_cap_usd",
             "run_until",

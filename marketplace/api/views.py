@@ -214,6 +214,7 @@ class OrderListCreateApi(APIView):
                 quote_id=None if data.get("quote") is None else str(data["quote"]),
                 max_price_per_hour=data.get("max_price_per_hour"),
                 allow_failover=data["allow_failover"],
+                bid_per_gpu_hour=data.get("bid_per_gpu_hour"),
                 regions=tuple(data["regions"]),
                 duration_hours=data.get("duration_hours"),
                 launch=launch_choice(request, data),

@@ -100,6 +100,14 @@ class Order(models.Model):
     # duration, whichever comes first ends it. NULL: no cap.
     spend_cap_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     run_until = models.DateTimeField(null=True, blank=True)
+    # An interruptible order on an independent machine: what the buyer bids per GPU-hour (at least the
+    # machine's minimum), the price it pays and its rank against other bids (on demand outranks every bid).
+    bid_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    # Outbid: when its machine is taken from it (the notice period's end), and the attempt that takes its GPUs.
+    preempt_at = models.DateTimeField(null=True, blank=True)
+    preempted_for = models.ForeignKey(
+        "marketplace.Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="preempted_orders"
+    )
     # What the machine runs and who may reach it; NULL only for orders placed before configurations existed.
     launch_config = models.ForeignKey(
         "marketplace.LaunchConfiguration", null=True, blank=True, on_delete=models.PROTECT, related_name="orders"
@@ -125,6 +133,9 @@ class Order(models.Model):
         indexes = [
             models.Index(fields=["state", "state_changed_at"], name="order_state_age"),
             models.Index(fields=["run_until"], name="order_scheduled_end", condition=models.Q(run_until__isnull=False)),
+            models.Index(
+                fields=["preempt_at"], name="order_preemption_due", condition=models.Q(preempt_at__isnull=False)
+            ),
         ]
 
     def __str__(self) -> str:

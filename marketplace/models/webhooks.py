@@ -19,6 +19,7 @@ class WebhookEventType(models.TextChoices):
     ORDER_TERMINATED = "order.terminated", "order terminated"
     ORDER_FAILED = "order.failed", "order failed"
     ORDER_CANCELLED = "order.cancelled", "order cancelled"
+    ORDER_PREEMPTION_NOTICE = "order.preemption_notice", "order outbid: its machine is taken at the notice's end"
     INSTANCE_LAUNCHED = "instance.launched", "instance launched"
     INSTANCE_RUNNING = "instance.running", "instance running"
     INSTANCE_READY = "instance.ready", "instance ready: GPUs checked, workload started, SSH answering"

@@ -35,6 +35,7 @@ from marketplace.models import (
     OrderState,
     WebhookEventType,
 )
+from marketplace.orders.bids import machine_of, outbid_possible, preemption_pending
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.reservations import gpu_indexes_held, reservation_release, reservation_take
@@ -95,7 +96,12 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
         # A quote locked its price: its offer is launched at that price even if the listing has risen since.
         first_demand = dataclasses.replace(demand, max_price_per_hour=None) if order.quote_id else demand
         # The buyer's pick is skipped while another order's failure blocks its zone, region or account.
-        ranked = rank_offers(first_demand, [offer_view(first)], now=now, max_age=max_age, exclusion=exclusion)
+        view = offer_view(first)
+        full = view.capacity is not None and view.capacity < (order.gpu_count if view.divisible else 1)
+        if full and outbid_possible(offer=first, order=order):
+            # A full machine whose interruptible leases this order outranks: the reservation outbids them.
+            view = dataclasses.replace(view, capacity=None)
+        ranked = rank_offers(first_demand, [view], now=now, max_age=max_age, exclusion=exclusion)
         if ranked.best is not None:
             return first
     if not order.allow_failover:
@@ -252,6 +258,10 @@ def order_provision(*, order_id: int) -> Step:
         # Only a fresh attempt: a resumed one may already have launched, and its machine counts in the usage.
         if fresh and not _quota_allows(adapter, attempt, spec):
             continue
+        if preemption_pending(attempt_id=attempt.pk):
+            # Its GPUs still run an order it outbid, under notice: the sweep that ends that order wakes this one.
+            log.info("order %s attempt %s waits for an outbid order to leave", order.public_id, attempt.number)
+            return Step.WAIT
         try:
             handle = adapter.launch(spec)
         except TransientProviderError:
@@ -364,10 +374,15 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
 
 
 def _launch_price(order: Order, attempt: Attempt) -> Decimal:
-    """What the buyer pays per hour: the quote's locked price on the quoted offer, else the offer's price."""
+    """What the buyer pays per hour: the quote's locked price on the quoted offer, else the offer's price. A
+    bidder pays its bid on an interruptible offer of an independent machine (the offer's price, the machine's
+    minimum, if that is higher: a failover to a machine whose minimum is above the bid)."""
+    offer = attempt.offer
+    if order.bid_per_gpu_hour is not None and offer.pricing_model == PricingModel.SPOT and machine_of(offer):
+        return max(order.bid_per_gpu_hour * offer.gpu_count, offer.price_usd)
     if order.quote_id is not None and order.quote is not None and order.quote.offer_id == attempt.offer_id:
         return order.quote.price_per_hour
-    return attempt.offer.price_usd
+    return offer.price_usd
 
 
 def order_poll(*, order_id: int) -> Step:
@@ -662,6 +677,35 @@ def order_check_running(*, order_id: int, now: dt.datetime | None = None) -> Ste
     )
 
 
+def order_preempt(*, order_id: int, now: dt.datetime | None = None) -> tuple[Step, int | None]:
+    """End an outbid order whose notice is over (``preempt_at`` at or before ``now``): stop its instance on its
+    host, then settle it as lost (ledgered, announced, released), provisioning it again when the buyer allowed
+    failover and failing it otherwise. Returns the order's next step and the order that outbid it, now free to
+    launch (None when it is gone or nothing changed).
+
+    Idempotent: an order no longer running, or whose instance was already settled, is left alone. Raises the
+    adapter's ``TransientProviderError`` when the host cannot be asked; the next sweep tries again."""
+    now = now or timezone.now()
+    order = Order.objects.select_related("preempted_for__order").get(pk=order_id)
+    if order.state != OrderState.RUNNING or order.preempt_at is None or order.preempt_at > now:
+        return Step.DONE, None
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    if instance is None:
+        return Step.DONE, None
+    handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+    winner = order.preempted_for.order if order.preempted_for is not None else None
+    by = "an on-demand order" if winner is not None and winner.pricing_model != PricingModel.SPOT else "a higher bid"
+    reason = f"outbid by {by} for its GPUs on {instance.zone}; instance {instance.provider_instance_id} stopped"
+    step = _instance_lost(
+        order, instance, state=handle.state.value, ended_at=now, reason=reason, code=OUTBID, outbid_by=by
+    )
+    return step, None if winner is None else winner.pk
+
+
+# The provider code of a lease ended because a higher bid or an on-demand order took its GPUs.
+OUTBID = "outbid"
+
+
 def _host_silent_since(instance: Instance, now: dt.datetime) -> dt.datetime | None:
     """The last report from the instance's host if it is an independent host silent now, else None. Its
     lease agent's heartbeats count: a lease still reporting runs on a machine that is alive."""
@@ -721,6 +765,8 @@ def _instance_lost(
                 state=state, active=False, terminated_at=ended_at
             ):
                 return Step.DONE
+            # Whatever took the machine, a notice of preemption on it is over: the next machine starts clean.
+            Order.objects.filter(pk=order.pk, preempt_at__isnull=False).update(preempt_at=None, preempted_for=None)
             if attempt_failed:
                 _lost_attempt_fail(order, instance, code=code, message=reason)
             reservation_release(attempt_id=instance.attempt_id)

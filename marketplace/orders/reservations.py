@@ -17,6 +17,12 @@ the lowest GPU indexes nobody holds (one ``GpuHold`` each, unique per machine an
 skipped the lock could not hand a GPU out twice), and sets every offer of the machine's ``reserved`` to the
 leases of its size that no longer fit in the GPUs left. The attempt's ``reserved`` then counts GPUs. Release
 deletes the holds under the same lock and recomputes the offers. Lock order: attempt, machine, offers by id.
+
+When too few GPUs are free, an order may outbid running interruptible orders on the machine
+(marketplace/orders/bids.py): lowest bid first, only when that frees enough. Their holds pass to the attempt at
+once (it waits to launch until their notice is over); holds beyond what it needs stay with the outbid order
+until it leaves the machine. An outbid attempt's ``reserved`` is left as it was (its row is not locked here,
+which keeps the lock order): releasing it later finds fewer or no holds and gives back only those.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from marketplace.models import Attempt, GpuHold, Offer, Order
+from marketplace.orders.bids import Outbid, outbid_candidates, preemption_notice
 from providers.models import Machine
 
 
@@ -70,13 +78,35 @@ def _gpus_take(attempt: Attempt, machine_id: int) -> bool:
         held = set(GpuHold.objects.filter(machine=machine).values_list("gpu_index", flat=True))
         free = [index for index in range(machine.gpu_count) if index not in held]
         wanted = attempt.offer.gpu_count
+        outbid: list[Outbid] = []
         if len(free) < wanted:
-            return False
-        GpuHold.objects.bulk_create(GpuHold(machine=machine, gpu_index=i, attempt=attempt) for i in free[:wanted])
-        _machine_offers_recount(machine, len(free) - wanted)
+            outbid = _outbid_enough(machine, attempt, wanted - len(free))
+            if not outbid:
+                return False
+        mine = free[:wanted]
+        GpuHold.objects.bulk_create(GpuHold(machine=machine, gpu_index=i, attempt=attempt) for i in mine)
+        now = timezone.now()
+        for loser in outbid:
+            passed = loser.gpu_indexes[: wanted - len(mine)]
+            GpuHold.objects.filter(machine=machine, gpu_index__in=passed).update(attempt=attempt)
+            mine.extend(passed)
+            preemption_notice(outbid=loser.order, attempt=attempt, now=now)
+        _machine_offers_recount(machine, len(free) - min(len(free), wanted))
     Attempt.objects.filter(pk=attempt.pk).update(reserved=wanted)
     attempt.reserved = wanted
     return True
+
+
+def _outbid_enough(machine: Machine, attempt: Attempt, short: int) -> list[Outbid]:
+    """The fewest lowest bids on the machine whose GPUs make up ``short``; empty when all of them cannot."""
+    chosen: list[Outbid] = []
+    freed = 0
+    for candidate in outbid_candidates(machine=machine, newcomer=attempt.order):
+        if freed >= short:
+            break
+        chosen.append(candidate)
+        freed += len(candidate.gpu_indexes)
+    return chosen if freed >= short else []
 
 
 def _gpus_release(attempt: Attempt) -> None:
@@ -135,6 +165,13 @@ def reservation_release(*, attempt_id: int) -> int:
         Attempt.objects.filter(pk=attempt.pk).update(reserved=0)
         if GpuHold.objects.filter(attempt=attempt).exists():
             _gpus_release(attempt)
+            return units
+        machine_id = _machine_id(attempt.offer)
+        if machine_id is not None:
+            # Outbid: every GPU it held passed to the attempt that outbid it. The offers are recounted from the
+            # holds all the same, which also settles a reservation counted before GPUs were held one by one.
+            machine = Machine.objects.select_for_update().get(pk=machine_id)
+            _machine_offers_recount(machine, machine.gpu_count - GpuHold.objects.filter(machine=machine).count())
             return units
         offer = Offer.objects.get(pk=attempt.offer_id)
         siblings = list(

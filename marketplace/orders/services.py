@@ -23,6 +23,7 @@ from ledger.services import ledger_append
 from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.launch.leases import launch_problems_for
 from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
+from marketplace.orders.bids import BidBelowMinimum, bid_resolve
 from marketplace.orders.reservations import reservations_release_for_order
 from marketplace.webhooks.services import order_event_emit
 
@@ -55,6 +56,12 @@ class QuoteUsed(OrderError):
 
 class IdempotencyConflict(OrderError):
     code = "idempotency_conflict"
+
+
+class BidRefused(OrderError):
+    """A bid below the machine's minimum, or on an offer that takes no bid."""
+
+    code = "bid_below_minimum"
 
 
 class TransitionRefused(OrderError):
@@ -132,6 +139,8 @@ class PlaceRequest:
     # machine, every key of the organisation, SSH open to the caller's address only).
     launch: LaunchChoice | None = None
     caller_address: str | None = None  # where the request came from: who may reach the machine by default
+    # An independent machine's interruptible offer: the bid per GPU-hour (None: the machine's minimum).
+    bid_per_gpu_hour: Decimal | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -143,6 +152,8 @@ class PlaceRequest:
             "regions": sorted(self.regions),
             "launch": None if self.launch is None else {"data": self.launch.data, "template": self.launch.template},
         }
+        if self.bid_per_gpu_hour is not None:  # only then: fingerprints stored before bids existed still match
+            body["bid_per_gpu_hour"] = format(self.bid_per_gpu_hour, "f")
         # Keyed: the body may hold the buyer's secret values, and a plain hash of a short secret can be guessed.
         message = json.dumps(body, sort_keys=True, default=str).encode()
         return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
@@ -186,6 +197,12 @@ def order_place(
     else:
         offer = _offer_on_sale(request.offer_id)
         price = offer.price_usd
+    try:
+        bid = bid_resolve(offer=offer, bid_per_gpu_hour=request.bid_per_gpu_hour)
+    except BidBelowMinimum as exc:
+        raise BidRefused(str(exc)) from None
+    if bid is not None:
+        price = bid * offer.gpu_count  # a bidder pays its bid, whatever the listing's minimum
     cap = request.max_price_per_hour if request.max_price_per_hour is not None else price
     duration = request.duration_hours
     if duration is None and quote is not None:
@@ -224,6 +241,7 @@ def order_place(
                 max_price_per_hour=cap,
                 allow_failover=request.allow_failover,
                 price_per_hour=price,
+                bid_per_gpu_hour=bid,
                 duration_hours=duration,
                 state=OrderState.PLACED,
                 state_changed_at=now,
@@ -239,6 +257,7 @@ def order_place(
                 zone=offer.zone,
                 pricing_model=offer.pricing_model,
                 price_usd_per_hour=price,
+                bid_per_gpu_hour=bid,
                 max_price_per_hour=cap,
                 quote=None if quote is None else str(quote.public_id),
                 duration_hours=duration,

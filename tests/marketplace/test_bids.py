@@ -1,0 +1,252 @@
+"""Interruptible rentals with bids (issue 19): a bid at or above the machine's minimum; a higher bid or an
+on-demand order outbids the lowest bid after a notice, ledgered and announced, and the outbid order moves to
+another machine (with failover) or fails (without); an equal or lower bid outbids nobody; the storefront shows
+the winning bid.
+
+Driven on real simulated host agents (``tests.hosts``); the notice runs out by setting ``preempt_at`` back,
+never by sleeping."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ledger.models import LedgerEntry
+from ledger.services import ledger_verify
+from marketplace.catalog.gpu_specs import gpu_models_upsert
+from marketplace.catalog.services import offers_sync
+from marketplace.models import GpuHold, GpuModel, Offer, Order, OrderState, WebhookDelivery, WebhookEventType
+from marketplace.orders.services import BidRefused, PlaceRequest, order_place
+from marketplace.tasks import orders_sweep_task
+from marketplace.webhooks.services import webhook_endpoint_create
+from tests.hosts import LISTING, start_hosts, stop_hosts
+from tests.leases import LAUNCH, boot_if_launched
+
+pytestmark = pytest.mark.django_db
+
+# Two eight-GPU machines rented four GPUs at a time or whole: 1.90 a GPU-hour on demand, bids from 0.90.
+BIDDABLE = {**LISTING, "min_gpus_per_lease": 4, "min_bid_per_gpu_hour": Decimal("0.9000")}
+
+
+@pytest.fixture
+def hosts(fleet):
+    if not GpuModel.objects.exists():
+        gpu_models_upsert(GpuModel)  # a transactional test before this one flushed the seeded rows
+    agents = start_hosts(fleet, ["fra-h100-1", "fra-h100-2"], lease_threads=False, listing=BIDDABLE)
+    assert offers_sync(account_id=fleet.pk).ok
+    yield agents
+    stop_hosts(agents)
+
+
+@pytest.fixture
+def hook(acme, alice):
+    """A webhook endpoint of Acme's (on a closed port: deliveries are recorded, none arrives)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return webhook_endpoint_create(organization=acme, user=alice, url=f"http://127.0.0.1:{port}/hook")
+
+
+def _offer(zone: str, gpus: int, pricing: str) -> Offer:
+    return Offer.objects.get(zone=zone, gpu_count=gpus, pricing_model=pricing)
+
+
+def _place(acme, alice, hosts, capture, *, gpus: int = 8, pricing: str = "spot", bid: str | None = None,
+           allow_failover: bool = False, zone: str = "fra-h100-1") -> Order:  # fmt: skip
+    """Place and provision an order on ``zone``, booting its machine if it launched; the order, refreshed."""
+    with capture(execute=True):
+        order = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH,
+                offer_id=_offer(zone, gpus, pricing).pk,
+                bid_per_gpu_hour=None if bid is None else Decimal(bid),
+                allow_failover=allow_failover,
+            ),
+        ).order
+    with capture(execute=True):
+        return boot_if_launched(order, hosts)
+
+
+def _held(order: Order) -> list[tuple[str, int]]:
+    rows = GpuHold.objects.filter(attempt__order=order).values_list("machine__name", "gpu_index")
+    return sorted(rows)
+
+
+def _entries(order: Order, kind: str) -> list[dict]:
+    rows = LedgerEntry.objects.filter(kind=kind, subject=f"order:{order.public_id}").order_by("sequence")
+    return [json.loads(e.payload) for e in rows]
+
+
+def _notice_over(order: Order) -> None:
+    Order.objects.filter(pk=order.pk).update(preempt_at=timezone.now() - dt.timedelta(seconds=1))
+
+
+def _sweep(capture) -> None:
+    with capture(execute=True):
+        orders_sweep_task.apply().get()
+
+
+def test_a_bid_below_the_machines_minimum_is_refused_naming_the_minimum(acme, alice, hosts):
+    with pytest.raises(BidRefused, match=r"0\.85 USD per GPU-hour is below machine fra-h100-1's minimum of 0\.9000"):
+        order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=_offer("fra-h100-1", 8, "spot").pk, bid_per_gpu_hour=Decimal("0.85")
+            ),
+        )
+
+    assert not Order.objects.exists()
+    assert not LedgerEntry.objects.filter(kind="order.placed").exists()
+
+
+def test_the_api_answers_a_bid_below_the_minimum_with_a_400_naming_it(alice, hosts):
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = {"offer": _offer("fra-h100-1", 4, "spot").pk, "bid_per_gpu_hour": "0.5"}
+
+    response = api.post("/api/v1/orders", data=json.dumps(body), content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "bid_below_minimum"
+    assert "minimum of 0.9000 USD per GPU-hour" in response.json()["error"]["message"]
+    assert not Order.objects.exists()
+
+
+def test_a_bid_pays_its_bid_and_no_bid_pays_the_minimum(acme, alice, hosts, django_capture_on_commit_callbacks):
+    bidder = _place(acme, alice, hosts, django_capture_on_commit_callbacks, gpus=4, bid="1.25")
+    plain = _place(acme, alice, hosts, django_capture_on_commit_callbacks, gpus=4)
+
+    assert (bidder.state, plain.state) == (OrderState.RUNNING, OrderState.RUNNING)
+    assert (bidder.bid_per_gpu_hour, bidder.price_per_hour) == (Decimal("1.2500"), Decimal("5.000000"))
+    assert (plain.bid_per_gpu_hour, plain.price_per_hour) == (Decimal("0.9000"), Decimal("3.600000"))
+
+
+@pytest.mark.parametrize("allow_failover", [True, False])
+def test_a_higher_bid_outbids_the_lowest_after_the_notice(
+    acme, alice, hosts, hook, allow_failover, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    low = _place(acme, alice, hosts, capture, bid="1.00", allow_failover=allow_failover)
+    assert low.state == OrderState.RUNNING, low.state_reason
+    first = low.instances.get()
+    before = timezone.now()
+
+    high = _place(acme, alice, hosts, capture, bid="1.20")
+
+    # The notice: the higher bid holds the GPUs at once but waits to launch; the lower one still runs.
+    low.refresh_from_db()
+    assert high.state == OrderState.PROVISIONING and not high.instances.exists()
+    assert _held(high) == [("fra-h100-1", i) for i in range(8)] and _held(low) == []
+    assert low.state == OrderState.RUNNING and low.preempted_for == high.attempts.get()
+    notice = dt.timedelta(seconds=settings.PREEMPTION_NOTICE_S)
+    assert before + notice <= low.preempt_at <= timezone.now() + notice
+    assert _entries(low, "order.preemption_notice") == [
+        {
+            "order": str(low.public_id),
+            "by_order": str(high.public_id),
+            "preempt_at": low.preempt_at.isoformat(),
+            "outbid_by": "a higher bid",
+            "bid_per_gpu_hour": "1.0000",
+        }
+    ]
+    told = WebhookDelivery.objects.get(event_type=WebhookEventType.ORDER_PREEMPTION_NOTICE)
+    assert (told.payload["order"], told.payload["preempt_at"]) == (str(low.public_id), low.preempt_at.isoformat())
+
+    # A sweep within the notice changes nothing.
+    _sweep(capture)
+    low.refresh_from_db()
+    assert low.state == OrderState.RUNNING and low.instances.get().active
+
+    _notice_over(low)
+    _sweep(capture)
+    low, high = boot_if_launched(low, hosts), boot_if_launched(high, hosts)
+
+    first.refresh_from_db()
+    assert (first.active, first.state) == (False, "terminated")
+    assert high.state == OrderState.RUNNING, high.state_reason
+    assert high.instance.zone == "fra-h100-1" and high.price_per_hour == Decimal("9.600000")
+    lost = _entries(low, "order.instance_lost")
+    assert [(e["instance"], e["code"], e["outbid_by"], e["spot"]) for e in lost] == [
+        (first.provider_instance_id, "outbid", "a higher bid", True)
+    ]
+    assert WebhookDelivery.objects.filter(event_type=WebhookEventType.INSTANCE_LOST).count() == 1
+    assert low.preempt_at is None
+    if allow_failover:
+        assert low.state == OrderState.RUNNING, low.state_reason
+        assert low.instance.zone == "fra-h100-2" and _held(low) == [("fra-h100-2", i) for i in range(8)]
+        assert low.price_per_hour == Decimal("8.000000")
+    else:
+        assert low.state == OrderState.FAILED
+        assert low.state_reason == (
+            f"outbid by a higher bid for its GPUs on fra-h100-1; instance {first.provider_instance_id} stopped; "
+            "failover was not allowed, so no other machine was tried"
+        )
+        assert _held(low) == []
+    assert ledger_verify().ok
+
+
+def test_an_on_demand_order_outbids_a_bid(acme, alice, hosts, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    bidder = _place(acme, alice, hosts, capture, bid="1.80")
+    assert bidder.state == OrderState.RUNNING
+
+    on_demand = _place(acme, alice, hosts, capture, pricing="on_demand")
+    bidder.refresh_from_db()
+    assert bidder.preempt_at is not None and on_demand.state == OrderState.PROVISIONING
+    assert [e["outbid_by"] for e in _entries(bidder, "order.preemption_notice")] == ["an on-demand order"]
+
+    _notice_over(bidder)
+    _sweep(capture)
+    bidder, on_demand = boot_if_launched(bidder, hosts), boot_if_launched(on_demand, hosts)
+
+    assert on_demand.state == OrderState.RUNNING and on_demand.instance.zone == "fra-h100-1"
+    assert bidder.state == OrderState.FAILED
+    assert bidder.state_reason.startswith("outbid by an on-demand order for its GPUs on fra-h100-1")
+
+
+@pytest.mark.parametrize("bid", ["1.00", "0.95"])
+def test_an_equal_or_lower_bid_outbids_nobody(acme, alice, hosts, bid, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    running = _place(acme, alice, hosts, capture, bid="1.00")
+
+    later = _place(acme, alice, hosts, capture, bid=bid)
+
+    running.refresh_from_db()
+    assert later.state == OrderState.FAILED and later.attempts.count() == 0
+    assert running.state == OrderState.RUNNING and running.preempt_at is None
+    assert _held(running) == [("fra-h100-1", i) for i in range(8)] and _held(later) == []
+    assert not LedgerEntry.objects.filter(kind="order.preemption_notice").exists()
+
+
+def test_only_the_lowest_bid_is_outbid_when_its_lease_frees_enough(
+    acme, alice, hosts, client, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    page = f"/offers/{_offer('fra-h100-1', 4, 'spot').pk}/prices"
+    assert "no bids running; minimum 0.9000 USD per GPU-hour" in client.get(page).content.decode()
+    lowest = _place(acme, alice, hosts, capture, gpus=4, bid="1.00")
+    higher = _place(acme, alice, hosts, capture, gpus=4, bid="1.10")
+    assert "winning bid 1.1000 USD per GPU-hour" in client.get(page).content.decode()
+
+    newcomer = _place(acme, alice, hosts, capture, gpus=4, bid="1.05")
+
+    lowest.refresh_from_db()
+    higher.refresh_from_db()
+    assert lowest.preempt_at is not None and higher.preempt_at is None
+    assert _held(newcomer) == [("fra-h100-1", i) for i in range(4)]
+    assert _held(higher) == [("fra-h100-1", i) for i in range(4, 8)]
+    _notice_over(lowest)
+    _sweep(capture)
+    newcomer, lowest, higher = (boot_if_launched(o, hosts) for o in (newcomer, lowest, higher))
+    assert (newcomer.state, higher.state, lowest.state) == (OrderState.RUNNING,) * 2 + (OrderState.FAILED,)
+    assert "winning bid 1.1000 USD per GPU-hour" in client.get(page).content.decode()
