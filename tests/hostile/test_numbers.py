@@ -186,7 +186,7 @@ def test_a_procurement_time_limit_out_of_range_is_refused(api, value):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("value", [*map(_as_string, TEXTS), *LITERALS])
-@pytest.mark.parametrize("field", ["offer", "max_price_per_hour", "duration_hours"])
+@pytest.mark.parametrize("field", ["offer", "max_price_per_hour", "duration_hours", "bid_per_gpu_hour"])
 def test_an_order_with_an_absurd_number_is_refused_naming_the_field(api, field, value):
     other = {"offer": '"quote": "00000000-0000-0000-0000-000000000000"'}.get(field, '"offer": 1')
 
