@@ -161,3 +161,13 @@ def winning_bids(*, machine_names: list[str], account_ids: list[int]) -> dict[tu
         .annotate(top=Max("order__bid_per_gpu_hour"))
     )
     return {(account_id, zone): top for account_id, zone, top in rows}
+
+
+def offers_winning_bids(offers: list[Offer]) -> dict[int, Decimal]:
+    """For each interruptible offer among ``offers`` on a machine with a running bid: that machine's winning
+    bid per GPU-hour, keyed by offer id (one query for the page)."""
+    spot = [o for o in offers if o.pricing_model == PricingModel.SPOT]
+    if not spot:
+        return {}
+    top = winning_bids(machine_names=sorted({o.zone for o in spot}), account_ids=sorted({o.account_id for o in spot}))
+    return {o.pk: top[(o.account_id, o.zone)] for o in spot if (o.account_id, o.zone) in top}

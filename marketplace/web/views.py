@@ -31,7 +31,7 @@ from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization
-from marketplace.orders.bids import machine_of, winning_bids
+from marketplace.orders.bids import machine_of, offers_winning_bids, winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
@@ -82,7 +82,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         return render(
             request, "storefront/offers.html",
             {"form": form, "offers": found[:PAGE_SIZE], "total": len(found), "page_size": PAGE_SIZE, "q": search,
-             "sort": sort, "savings": spot_savings(found[:PAGE_SIZE])},
+             "sort": sort, "savings": spot_savings(found[:PAGE_SIZE]), "bids": offers_winning_bids(found[:PAGE_SIZE])},
         )  # fmt: skip
     filters = OfferFilters()
     if form.is_bound and form.is_valid():
@@ -101,7 +101,7 @@ def offers(request: HttpRequest) -> HttpResponse:
         request,
         "storefront/offers.html",
         {"form": form, "offers": page, "total": total, "page_size": PAGE_SIZE, "q": "", "sort": "price",
-         "savings": spot_savings(page)},
+         "savings": spot_savings(page), "bids": offers_winning_bids(page)},
     )  # fmt: skip
 
 

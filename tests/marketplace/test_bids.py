@@ -235,6 +235,11 @@ def test_only_the_lowest_bid_is_outbid_when_its_lease_frees_enough(
     page = f"/offers/{_offer('fra-h100-1', 4, 'spot').pk}/prices"
     assert "no bids running; minimum 0.9000 USD per GPU-hour" in client.get(page).content.decode()
     lowest = _place(acme, alice, hosts, capture, gpus=4, bid="1.00")
+    # The offer table says it too, on the machine's interruptible offers still on sale (and no other's).
+    table = client.get("/", {"q": "provider=community pricing=spot"}).content.decode()
+    rows = [row for row in table.split("<tr>") if "winning-bid" in row]
+    assert rows and all("fra-h100-1" in row for row in rows)
+    assert all('<span class="small winning-bid">winning bid 1.0000 USD/GPU-h</span>' in row for row in rows)
     higher = _place(acme, alice, hosts, capture, gpus=4, bid="1.10")
     assert "winning bid 1.1000 USD per GPU-hour" in client.get(page).content.decode()
 
