@@ -263,13 +263,16 @@ class BrokerClient:
         idempotency_key: str | None = None,
         launch: Mapping[str, Any] | None = None,
         launch_template: str | None = None,
+        bid_per_gpu_hour: Money | None = None,
     ) -> dict[str, Any]:
         """Place an order for an ``offer`` id (at its price now) or a ``quote`` id (at the price it locked).
 
         ``launch`` is what the machine runs and who may reach it (image, workload, disk_gb, ports,
         allowed_cidrs, ssh_keys, spend_cap_usd; the broker's README describes it), or ``launch_template`` a
         saved template's id or name; neither: a quote's configuration, else just the machine with the
-        organisation's keys, SSH open to this client's address. Safe to retry: give the same
+        organisation's keys, SSH open to this client's address. ``bid_per_gpu_hour``: for an independent
+        host's interruptible offer, the bid (at least the machine's minimum; a higher one outbids lower bids
+        when GPUs are short). Safe to retry: give the same
         ``idempotency_key`` to be answered with the same order (the client already reuses one across its own
         retries). The same key with a different body raises ``Conflict`` (``idempotency_conflict``).
         """
@@ -280,6 +283,8 @@ class BrokerClient:
             payload["max_price_per_hour"] = _money(max_price_per_hour)
         if allow_failover is not None:
             payload["allow_failover"] = allow_failover
+        if bid_per_gpu_hour is not None:
+            payload["bid_per_gpu_hour"] = _money(bid_per_gpu_hour)
         if regions is not None:
             payload["regions"] = list(regions)
         if duration_hours is not None:

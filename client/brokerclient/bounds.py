@@ -67,3 +67,16 @@ def number(low: float, high: float, *, whole: bool = False) -> Callable[[str], A
 
     parse.__name__ = "whole number" if whole else "number"  # argparse names the type in its own messages
     return parse
+
+
+def money(low: float, high: float) -> Callable[[str], str]:
+    """An argparse ``type`` like ``number`` that keeps the amount as written, so it reaches the broker as the
+    decimal the user typed rather than a binary float's expansion (1.1 is not 1.100000000000000088...)."""
+    check = number(low, high)
+
+    def parse(text: str) -> str:
+        check(text)
+        return text.strip()
+
+    parse.__name__ = "amount"
+    return parse

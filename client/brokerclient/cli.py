@@ -210,6 +210,7 @@ def cmd_order(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> in
         regions=_split(args.region) or None,
         duration_hours=args.hours,
         idempotency_key=args.idempotency_key,
+        bid_per_gpu_hour=args.bid,
     )
     if args.json:
         _json(order, out)
@@ -596,6 +597,8 @@ def parser() -> argparse.ArgumentParser:
     what.add_argument("--quote", help="a quote id, at the price it locked")
     p.add_argument("--max-price", help="USD per hour at most (failover stays under it)")
     p.add_argument("--no-failover", action="store_true", help="do not move to another offer when this one fails")
+    p.add_argument("--bid", type=bounds.money(0.0001, 1_000_000),
+                   help="USD per GPU-hour for a host's interruptible offer (at least its minimum)")  # fmt: skip
     p.add_argument("--region", action="append", help="regions failover may use; repeatable")
     p.add_argument("--hours", help="stop the instance after this many hours")
     p.add_argument("--idempotency-key", help="reuse to retry this order safely from another run")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from decimal import Decimal
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -163,3 +164,35 @@ def test_a_remembered_checkpoint_must_be_extended_by_every_later_one(broker_cli,
     state.write_text("{not json")
     unreadable = verify()
     assert unreadable.returncode == 2 and "cannot read the state file" in unreadable.stderr
+
+
+@pytest.fixture
+def biddable_hosts(fleet):
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
+    from marketplace.catalog.services import offers_sync
+    from marketplace.models import GpuModel
+    from tests.hosts import start_hosts, stop_hosts
+    from tests.marketplace.test_bids import BIDDABLE
+
+    if not GpuModel.objects.exists():
+        gpu_models_upsert(GpuModel)  # a transactional test before this one flushed the seeded rows
+    agents = start_hosts(fleet, ["fra-h100-1"], lease_threads=False, listing=BIDDABLE)
+    assert offers_sync(account_id=fleet.pk).ok
+    yield agents
+    stop_hosts(agents)
+
+
+def test_order_bids_for_a_hosts_interruptible_offer_and_a_bid_below_the_minimum_exits_1(broker_cli, biddable_hosts):
+    from marketplace.models import Offer
+
+    offer = Offer.objects.get(zone="fra-h100-1", gpu_count=4, pricing_model="spot")
+
+    low = broker_cli("order", "--offer", str(offer.pk), "--bid", "0.5", "--no-failover")
+    assert low.returncode == 1 and "bid_below_minimum" in low.stderr and "0.9000" in low.stderr
+    assert not Order.objects.exists()
+
+    placed = _json(broker_cli("order", "--offer", str(offer.pk), "--bid", "1.1", "--no-failover", "--json"))
+    # The amount arrives as typed, not as a binary float's expansion, and the order pays it per GPU-hour.
+    assert placed["bid_per_gpu_hour"].rstrip("0") == "1.1"
+    assert Order.objects.get().bid_per_gpu_hour == Decimal("1.1")
+    assert broker_cli("order", "--offer", str(offer.pk), "--bid", "1e3").returncode == 2
