@@ -171,3 +171,14 @@ def offers_winning_bids(offers: list[Offer]) -> dict[int, Decimal]:
         return {}
     top = winning_bids(machine_names=sorted({o.zone for o in spot}), account_ids=sorted({o.account_id for o in spot}))
     return {o.pk: top[(o.account_id, o.zone)] for o in spot if (o.account_id, o.zone) in top}
+
+
+def offer_bidding(offer: Offer) -> dict[str, object] | None:
+    """For an independent machine's interruptible offer: the winning bid per GPU-hour on its machine (None when
+    nobody bids), the machine's minimum and the notice an outbid lease gets; None for any other offer."""
+    machine = machine_of(offer) if offer.pricing_model == PricingModel.SPOT else None
+    if machine is None or machine.min_bid_per_gpu_hour is None:
+        return None
+    top = winning_bids(machine_names=[machine.name], account_ids=[offer.account_id])
+    return {"winning": top.get((offer.account_id, machine.name)), "minimum": machine.min_bid_per_gpu_hour,
+            "machine": machine.name, "currency": "USD", "notice": settings.PREEMPTION_NOTICE_S}  # fmt: skip

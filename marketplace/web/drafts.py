@@ -40,6 +40,7 @@ class Draft:
     duration_hours: str | None = None
     allow_failover: bool = True
     max_price_per_hour: str | None = None
+    bid_per_gpu_hour: str | None = None  # an independent host's interruptible offer only
     template_saved: str = ""
     placed: str = ""  # the order's id once confirmed
 

@@ -263,6 +263,14 @@ class LaunchForm(forms.Form):
         decimal_places=6,
         label="paying at most (USD/h)",
     )
+    bid_per_gpu_hour = DecimalFormField(
+        required=False,
+        min_value=Decimal("0.0001"),
+        max_value=Decimal("100000"),
+        max_digits=10,
+        decimal_places=4,
+        label="Your bid (USD per GPU-hour)",
+    )
     save_template = forms.BooleanField(required=False, label="Save as a launch template")
     # Not "template_name": that is the attribute naming the template a Form renders itself with.
     save_name = forms.CharField(required=False, max_length=80, label="Template name")

@@ -41,6 +41,7 @@ from marketplace.launch.config import (
 from marketplace.launch.keys import SshKeyRefused, ssh_key_add, ssh_key_delete, ssh_key_get, ssh_key_list
 from marketplace.launch.selectors import launch_template_list
 from marketplace.models import LaunchTemplate, Offer, Organization, Quote
+from marketplace.orders.bids import offer_bidding
 from marketplace.orders.quoting import quote_get
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
 from marketplace.orders.services import OrderError, PlaceRequest, order_place
@@ -332,6 +333,7 @@ def _configure_page(
             "kind": form["workload_kind"].value() or "none",
             "access": form["access"].value() or "mine",
             "here": request.get_full_path(),
+            "bidding": offer_bidding(target.offer) if target.quote is None else None,
         },
         status=status,
     )
@@ -478,6 +480,7 @@ def _configure_post(
     kept.duration_hours = None if d["duration_hours"] is None else format(d["duration_hours"], "f")
     kept.allow_failover = d["allow_failover"]
     kept.max_price_per_hour = None if d["max_price_per_hour"] is None else format(d["max_price_per_hour"], "f")
+    kept.bid_per_gpu_hour = None if d["bid_per_gpu_hour"] is None else format(d["bid_per_gpu_hour"], "f")
     if template_saved:
         kept.template_saved = template_saved
         kept.form.pop("save_template", None)  # saved once; coming back to change the order must not save it again
@@ -567,6 +570,7 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
                 duration_hours=None if draft.duration_hours is None else Decimal(draft.duration_hours),
                 allow_failover=draft.allow_failover,
                 max_price_per_hour=None if draft.max_price_per_hour is None else Decimal(draft.max_price_per_hour),
+                bid_per_gpu_hour=None if draft.bid_per_gpu_hour is None else Decimal(draft.bid_per_gpu_hour),
                 launch=LaunchChoice(data=draft.launch, caller_address=_caller(request)),
             ),
             idempotency_key=draft.nonce,

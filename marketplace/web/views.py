@@ -31,7 +31,7 @@ from marketplace.catalog.query import QueryError, offers_search
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization
-from marketplace.orders.bids import machine_of, offers_winning_bids, winning_bids
+from marketplace.orders.bids import offer_bidding, offers_winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
@@ -132,19 +132,8 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
         request,
         "storefront/prices.html",
         {"offer": offer, "chart": geometry, "days": days, "since": since, "until": until, "saving": saving,
-         "points": sum(len(s.points) for s in series), "bidding": _bidding(offer)},
+         "points": sum(len(s.points) for s in series), "bidding": offer_bidding(offer)},
     )  # fmt: skip
-
-
-def _bidding(offer: Offer) -> dict[str, object] | None:
-    """For an independent machine's interruptible offer: the winning bid per GPU-hour on its machine (None when
-    nobody bids) and the machine's minimum; None for any other offer."""
-    machine = machine_of(offer) if offer.pricing_model == "spot" else None
-    if machine is None or machine.min_bid_per_gpu_hour is None:
-        return None
-    top = winning_bids(machine_names=[machine.name], account_ids=[offer.account_id])
-    return {"winning": top.get((offer.account_id, machine.name)), "minimum": machine.min_bid_per_gpu_hour,
-            "machine": machine.name, "currency": "USD", "notice": settings.PREEMPTION_NOTICE_S}  # fmt: skip
 
 
 @login_required

@@ -255,3 +255,35 @@ def test_only_the_lowest_bid_is_outbid_when_its_lease_frees_enough(
     newcomer, lowest, higher = (boot_if_launched(o, hosts) for o in (newcomer, lowest, higher))
     assert (newcomer.state, higher.state, lowest.state) == (OrderState.RUNNING,) * 2 + (OrderState.FAILED,)
     assert "winning bid 1.1000 USD per GPU-hour" in client.get(page).content.decode()
+
+
+def test_a_buyer_bids_from_the_storefront_order_form(alice, hosts, django_capture_on_commit_callbacks):
+    import re
+
+    from django.test import Client
+
+    from marketplace.models import SshKey
+
+    browser = Client()
+    browser.force_login(alice)
+    offer = _offer("fra-h100-1", 4, "spot")
+    page = browser.get(f"/orders/new?offer={offer.pk}").content.decode()
+    # The form says what a bid is up against before the buyer types one.
+    assert 'id="bid"' in page and "minimum 0.9000 USD per GPU-hour; no bids running" in page
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
+    key = SshKey.objects.get(name="alice@laptop")
+    form = {"offer": offer.pk, "nonce": nonce, "duration_hours": "1", "ssh_keys": [str(key.public_id)],
+            "workload_kind": "none", "access": "mine", "bid_per_gpu_hour": "1.25"}  # fmt: skip
+
+    configured = browser.post("/orders/new", form)
+    assert configured.status_code == 302, configured.content.decode()[:500]
+    confirm = browser.get(configured["Location"]).content.decode()
+    assert '<span id="confirm-bid">your bid 1.25 USD per GPU-hour</span>' in confirm
+    with django_capture_on_commit_callbacks(execute=True):
+        browser.post("/orders/place", {"nonce": nonce})
+
+    order = Order.objects.get()
+    assert order.bid_per_gpu_hour == Decimal("1.25") and order.price_per_hour == Decimal("5.00")
+    # An on-demand offer's form has no bid.
+    on_demand = _offer("fra-h100-1", 4, "on_demand")
+    assert 'id="bid"' not in browser.get(f"/orders/new?offer={on_demand.pk}").content.decode()
