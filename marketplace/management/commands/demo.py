@@ -90,11 +90,12 @@ def _seed_ssh_key(organization: Organization, user: Any) -> None:
 
 
 # The demo's independent provider: machines listed at plausible community prices (USD per GPU-hour), each
-# run by a simulated agent (providers/sandbox/community.py).
+# run by a simulated agent (providers/sandbox/community.py). The H100 host rents 2 GPUs or more at a time and
+# the L40S host single GPUs; the A100 host is sold whole.
 DEMO_MACHINES = [
-    ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", "H100:80x8"),
-    ("fra-l40s-1", "L40S", 4, 48, "DE", "eu-de", "0.79", "0.39", "L40S:48x4"),
-    ("dal-a100-1", "A100-80GB-SXM4", 4, 80, "US", "us-tx", "1.15", None, "A100:80x4"),
+    ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", 2, "H100:80x8"),
+    ("fra-l40s-1", "L40S", 4, 48, "DE", "eu-de", "0.79", "0.39", 1, "L40S:48x4"),
+    ("dal-a100-1", "A100-80GB-SXM4", 4, 80, "US", "us-tx", "1.15", None, 4, "A100:80x4"),
 ]
 
 
@@ -122,14 +123,14 @@ def _seed_community(users: Any, hosts_path: Path) -> Any:
     )
     Membership.objects.get_or_create(user=helga, organization=org, defaults={"role": Role.OWNER})
     hosts = []
-    for name, model, count, memory, country, region, price, bid, simulate in DEMO_MACHINES:
+    for name, model, count, memory, country, region, price, bid, min_lease, simulate in DEMO_MACHINES:
         machine = Machine.objects.filter(account=fleet, name=name).first()
         if machine is None:
             listing = {
                 "gpu_model": model, "gpu_count": count, "gpu_memory_gb": memory, "vcpus": 16 * count,
                 "memory_gib": 128 * count, "disk_gb": 2000, "network_gbps": Decimal(25), "country": country,
                 "region": region, "price_per_gpu_hour": Decimal(price),
-                "min_bid_per_gpu_hour": None if bid is None else Decimal(bid),
+                "min_bid_per_gpu_hour": None if bid is None else Decimal(bid), "min_gpus_per_lease": min_lease,
             }  # fmt: skip
             listed = machine_list(account=fleet, name=name, listing=listing)
             machine, secret = listed.machine, listed.secret
