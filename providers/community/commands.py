@@ -17,10 +17,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from providers.community import protocol
+from providers.community.services import AgentCallRefused, minute_window_admit
 from providers.models import AgentCommand, AgentCommandKind, AgentCommandState, AgentPollWindow, Machine
 
 # One poll hands out at most this many commands; the rest wait for the next poll.
@@ -33,14 +33,8 @@ KEEP_COMMANDS = dt.timedelta(hours=1)
 OPEN = (AgentCommandState.PENDING, AgentCommandState.DELIVERED)
 
 
-class CommandRefused(Exception):
-    """A poll or answer the broker does not accept: ``code`` and ``status`` are the protocol's answer."""
-
-    def __init__(self, code: str, message: str, *, status: int):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
+class CommandRefused(AgentCallRefused):
+    """A poll or answer the broker does not accept."""
 
 
 @dataclass(frozen=True)
@@ -160,17 +154,7 @@ def _polls_per_minute() -> int:
 
 
 def _poll_admitted(machine: Machine, now: dt.datetime) -> bool:
-    """Count one poll in the machine's current one-minute window, or open a new one; False when it is full.
-    The heartbeat limit's scheme (``services._heartbeat_admitted``) on a row of its own."""
+    """Count one poll in the machine's one-minute window, the heartbeat limit's scheme on a row of its own."""
     AgentPollWindow.objects.bulk_create([AgentPollWindow(machine=machine)], ignore_conflicts=True)
-    window_open = now - dt.timedelta(seconds=60)
     rows = AgentPollWindow.objects.filter(machine=machine)
-    counted = rows.filter(
-        window_start__gt=window_open, window_start__lte=now, window_count__lt=_polls_per_minute()
-    ).update(window_count=F("window_count") + 1)
-    if counted:
-        return True
-    renewed = rows.filter(
-        Q(window_start__isnull=True) | Q(window_start__lte=window_open) | Q(window_start__gt=now)
-    ).update(window_start=now, window_count=1)
-    return bool(renewed)
+    return minute_window_admit(rows, start="window_start", count="window_count", limit=_polls_per_minute(), now=now)

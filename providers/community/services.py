@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from broker.text import name_problem
@@ -29,14 +29,18 @@ class MachineInvalid(ValueError):
     """A listing that cannot be accepted; the message names the field."""
 
 
-class HeartbeatRefused(Exception):
-    """A heartbeat the broker does not keep: ``code`` and ``status`` are the agent protocol's answer."""
+class AgentCallRefused(Exception):
+    """An agent's call the broker does not accept: ``code`` and ``status`` are the agent protocol's answer."""
 
     def __init__(self, code: str, message: str, *, status: int):
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
+
+
+class HeartbeatRefused(AgentCallRefused):
+    """A heartbeat the broker does not keep."""
 
 
 # A machine not verified keeps only its latest heartbeats (the portal shows it is alive, nothing more).
@@ -324,22 +328,28 @@ def _machine_leased(machine: Machine, now: dt.datetime) -> bool:
     )
 
 
-def _heartbeat_admitted(machine: Machine, now: dt.datetime) -> bool:
-    """Count one heartbeat in the machine's current one-minute window, or open a new window; False when the
-    window is full. Each step is one conditional UPDATE, so two processes cannot both take the last slot."""
+def minute_window_admit(rows: QuerySet[Any], *, start: str, count: str, limit: int, now: dt.datetime) -> bool:
+    """Count one call in the one-minute window held in the ``start`` and ``count`` fields of ``rows`` (one
+    row), or open a new window; False when the window is full. Each step is one conditional UPDATE, so two
+    processes cannot both take the last slot."""
     window_open = now - dt.timedelta(seconds=60)
-    rows = Machine.objects.filter(pk=machine.pk)
-    counted = rows.filter(
-        beat_window_start__gt=window_open,
-        beat_window_start__lte=now,
-        beat_window_count__lt=settings.AGENT_HEARTBEATS_PER_MINUTE,
-    ).update(beat_window_count=F("beat_window_count") + 1)
+    counted = rows.filter(**{f"{start}__gt": window_open, f"{start}__lte": now, f"{count}__lt": limit}).update(
+        **{count: F(count) + 1}
+    )
     if counted:
         return True
-    renewed = rows.filter(
-        Q(beat_window_start__isnull=True) | Q(beat_window_start__lte=window_open) | Q(beat_window_start__gt=now)
-    ).update(beat_window_start=now, beat_window_count=1)
-    return bool(renewed)
+    stale = Q(**{f"{start}__isnull": True}) | Q(**{f"{start}__lte": window_open}) | Q(**{f"{start}__gt": now})
+    return bool(rows.filter(stale).update(**{start: now, count: 1}))
+
+
+def _heartbeat_admitted(machine: Machine, now: dt.datetime) -> bool:
+    return minute_window_admit(
+        Machine.objects.filter(pk=machine.pk),
+        start="beat_window_start",
+        count="beat_window_count",
+        limit=settings.AGENT_HEARTBEATS_PER_MINUTE,
+        now=now,
+    )
 
 
 def _silence_cutoff(now: dt.datetime) -> dt.datetime:
