@@ -89,8 +89,10 @@ def _executor(data_dir: Path, **plan: object) -> LeaseExecutor:
 
 @pytest.fixture
 def host(data_dir) -> Iterator[Agent]:
+    # A long grace: a workload that obeys SIGTERM must never be counted as killed after it, however busy the
+    # machine (stopping returns as soon as the group is gone, so the grace costs nothing here).
     agent = Agent(broker_url="http://127.0.0.1:9", key_id=KEY_ID, secret=SECRET, simulated=parse_simulated("H100:80x8"),
-                  launch_seconds=0, lease_threads=False, data_dir=data_dir, grace_s=0.5, disk_poll_s=None)  # fmt: skip
+                  launch_seconds=0, lease_threads=False, data_dir=data_dir, grace_s=30, disk_poll_s=None)  # fmt: skip
     agent.public_url = "http://127.0.0.1:7070"
     yield agent
     for instance in list(agent.instances.values()):
