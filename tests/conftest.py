@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from broker.celery import app as celery_app
@@ -23,6 +25,15 @@ def _eager_celery():
     celery_app.conf.task_eager_propagates = True
     yield
     celery_app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def throttle_mid_window(monkeypatch):
+    """The API throttle counts per fixed window of the wall clock, so a test whose requests straddle a window's
+    edge would see its count reset half-way: pin the throttle's clock in the middle of a minute (and of every
+    shorter window) for the test's length."""
+    pinned = 1_800_000_030.0  # 30 s into a minute
+    monkeypatch.setattr("marketplace.api.throttling.time", SimpleNamespace(time=lambda: pinned))
 
 
 @pytest.fixture(autouse=True)

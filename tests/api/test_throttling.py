@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def limited(settings):
+def limited(settings, throttle_mid_window):
     settings.API_RATES = {"read": "3/min", "write": "2/min"}
     cache.clear()
     yield

@@ -245,7 +245,7 @@ def test_the_client_address_trusts_only_the_configured_proxies(settings, hops, f
     assert client_address(request) == expected
 
 
-def test_anonymous_api_callers_cannot_make_up_a_fresh_address(settings):
+def test_anonymous_api_callers_cannot_make_up_a_fresh_address(settings, throttle_mid_window):
     settings.API_RATES = {"read": "2/min"}
     statuses = [
         APIClient().get("/api/v1/ledger/key", HTTP_X_FORWARDED_FOR=f"192.0.2.{i}").status_code for i in range(3)
@@ -253,7 +253,7 @@ def test_anonymous_api_callers_cannot_make_up_a_fresh_address(settings):
     assert statuses == [200, 200, 429]
 
 
-def test_anonymous_api_callers_behind_the_proxy_are_counted_apart(settings):
+def test_anonymous_api_callers_behind_the_proxy_are_counted_apart(settings, throttle_mid_window):
     settings.API_RATES = {"read": "1/min"}
     settings.TRUSTED_PROXY_HOPS = 1
     first = APIClient(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="192.0.2.1")

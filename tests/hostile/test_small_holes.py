@@ -154,7 +154,7 @@ def test_a_procurement_of_more_demands_than_runs_quickly_is_refused(acme, alice,
     assert accepted.status_code == 201 and len(accepted.json()["assignments"]) == 100
 
 
-def test_quotes_and_procurements_have_their_own_tighter_rate(acme, alice, aws_account, settings):
+def test_quotes_and_procurements_have_their_own_tighter_rate(acme, alice, aws_account, settings, throttle_mid_window):
     settings.API_RATES = {"read": "100/min", "write": "100/min", "expensive": "2/min"}
     cache.clear()
     buyer = _bearer(acme, alice, ["orders:place", "offers:read"])
