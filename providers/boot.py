@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from providers.launch import BootSpec, LaunchLimits, LaunchProblem, UserDataMeasure, WorkloadKind
+from providers.sshkeys import SshKeyInvalid, ssh_key_parse
 
 LEASE_FILE_VERSION = 1
 LEASE_MARKER = "BROKER_LEASE_JSON"
@@ -49,6 +50,7 @@ CONTAINER_RUNTIME = """if command -v apt-get >/dev/null 2>&1; then
 fi"""
 _LEASE_BLOCK = re.compile(rf"<<'{LEASE_MARKER}'\n(.*?)\n{LEASE_MARKER}\n", re.DOTALL)
 MAX_LEASE_FILE = 1024 * 1024  # what a reader will parse; every cloud's user data limit is far below
+MAX_LEASE_KEYS = 200  # an organisation keeps at most this many keys (marketplace/launch/keys.py)
 
 
 class BootScriptUnreadable(ValueError):
@@ -157,6 +159,15 @@ def lease_file_from_script(data: bytes) -> dict[str, Any]:
     for key in ("broker_url", "boot_token", "login_user"):
         if not isinstance(lease.get(key), str):
             raise BootScriptUnreadable(f"the lease file lacks {key}")
+    keys = lease.get("ssh_keys", [])
+    if not isinstance(keys, list) or len(keys) > MAX_LEASE_KEYS:
+        raise BootScriptUnreadable(f"the lease file's ssh_keys is not a list of at most {MAX_LEASE_KEYS} keys")
+    for i, key in enumerate(keys):
+        # A host agent writes these into a login's authorized_keys: one line each, nothing but a key.
+        try:
+            ssh_key_parse(key if isinstance(key, str) else "")
+        except SshKeyInvalid as exc:
+            raise BootScriptUnreadable(f"ssh_keys[{i}]: {exc}") from None
     return lease
 
 

@@ -536,6 +536,7 @@ class Agent:
             disk_quota_bytes=self.disk_quota_bytes,
             user=user_plan("lease-" + instance.id.removeprefix("i-")[:12], self.data_dir / "leases" / instance.id),
             exposed=exposed,
+            authorized_keys=tuple(str(key) for key in lease.get("ssh_keys") or []),  # checked with the lease file
         )
         executor = LeaseExecutor(
             plan,

@@ -8,7 +8,12 @@ One ``LeaseExecutor`` for every lease, real or simulated. It is put together fro
   Docker, else a process in its own session and process group (``ProcessGroup``). A container image cannot run
   without Docker, so there a stand-in process holds the lease's ports in its place.
 - the login: SSH inside the container on the lease's first port, the host's sshd for a per-lease unprivileged
-  user, or (simulated) an SSH banner on a port of the lease's own. Never the host's root.
+  user, or (simulated) an SSH banner on a port of the lease's own. Never the host's root. The buyer's keys go
+  into the lease home's ``.ssh/authorized_keys`` with ``restrict,pty`` (no tunnels to other leases' ports);
+  a container gets that file read-only at ``/etc/gpu-broker/authorized_keys`` for the image's own sshd.
+- the image: pulled for every lease with the lease's own Docker client configuration (its registry login,
+  wiped with the lease), so a private image in the host's shared cache never starts for a lease that cannot
+  pull it itself.
 
 Contract: ``stop`` is idempotent and safe from any thread. It ends the lease's process group (SIGTERM, then
 SIGKILL after ``grace_s``), removes the lease's container and working directory, and records what it freed in
@@ -34,10 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from providers.community.lease import ExecutorError, GpuSeen, SshSeen, telemetry_sample
+from providers.community.lease import ExecutorError, GpuSeen, SshSeen, _tail, telemetry_sample
 
 DISK_QUOTA_EXCEEDED = "disk quota exceeded"
 PIDS_LIMIT = 4096
+PULL_LOGIN_S = 120
+PULL_S = 3600  # a large image over a slow uplink; the broker's boot deadline ends the lease sooner anyway
+RUN_S = 300
 _MIG_LINE = re.compile(r"^\s+MIG .*\(UUID: (MIG-[0-9A-Za-z-]+)\)")
 _GPU_LINE = re.compile(r"^GPU (\d+):")
 
@@ -150,6 +158,19 @@ class LeasePlan:
     disk_quota_bytes: int
     user: UserPlan
     exposed: tuple[int, ...] = ()  # the workload's ports, published on host_ports[1:]
+    authorized_keys: tuple[str, ...] = ()  # the buyer's public keys ("<type> <base64>"), checked by the agent
+
+
+# sshd(8), AUTHORIZED_KEYS FILE FORMAT: "restrict" turns off port, agent and X11 forwarding and the pty, and
+# "pty" gives the terminal back. A lease's login cannot tunnel to another lease's ports or the host's loopback;
+# it reaches its workload on the ports the lease publishes.
+KEY_OPTIONS = "restrict,pty"
+AUTHORIZED_KEYS_IN_CONTAINER = "/etc/gpu-broker/authorized_keys"
+
+
+def authorized_keys_text(keys: tuple[str, ...]) -> str:
+    """The lease login's ``authorized_keys``: each buyer key on its own line, restricted."""
+    return "".join(f"{KEY_OPTIONS} {key}\n" for key in keys)
 
 
 def docker_run_argv(
@@ -159,12 +180,16 @@ def docker_run_argv(
     devices: list[str],
     mig: bool,
     env_file: Path,
+    user: str,
     docker: str = "docker",
+    config_dir: Path | None = None,
 ) -> list[str]:
     """The ``docker run`` for a lease's container: only its GPUs, its disk quota, its ports, an unprivileged
-    user, no capabilities and no privilege escalation, labelled with the lease so cleanup finds it."""
-    args = [
-        docker,
+    ``user`` (``uid:gid``: Docker needs no account of that number inside the image), no capabilities and no
+    privilege escalation, the buyer's keys read-only for the image's sshd, labelled with the lease so cleanup
+    finds it. ``config_dir``: the lease's own Docker client configuration (its registry login)."""
+    args = [docker, *(("--config", str(config_dir)) if config_dir is not None else ())]
+    args += [
         "run",
         "-d",
         "--name",
@@ -178,11 +203,14 @@ def docker_run_argv(
     else:
         args += ["--gpus", f'"device={",".join(devices)}"']
     args += ["--storage-opt", f"size={plan.disk_quota_bytes}"]
-    args += ["--user", plan.user.name, "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    args += ["--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
     args += ["--pids-limit", str(PIDS_LIMIT)]
     args += ["-p", f"{plan.host_ports[0]}:22"]
     for port, host_port in zip(plan.exposed, plan.host_ports[1:], strict=False):
         args += ["-p", f"{host_port}:{port}"]
+    if plan.authorized_keys:
+        keys = plan.work_dir / ".ssh" / "authorized_keys"
+        args += ["--mount", f"type=bind,source={keys},target={AUTHORIZED_KEYS_IN_CONTAINER},readonly"]
     if workload.get("shm_size_gb"):
         args += ["--shm-size", f"{int(workload['shm_size_gb'])}g"]
     args += ["--env-file", str(env_file)]  # a file, not argv: secret values stay out of the process list
@@ -380,9 +408,24 @@ class LeaseExecutor:
                 raise ExecutorError(f"useradd failed: {made.stderr.decode('utf-8', 'replace')[-300:]}")
             self.user_created = True
         uid = self._run_as()
+        self._authorize_keys(uid)
         if uid is not None:
             os.chown(work, uid, pwd.getpwuid(uid).pw_gid)
         return uid
+
+    def _authorize_keys(self, uid: int | None) -> None:
+        """The buyer's keys in the lease home's ``.ssh/authorized_keys``, owned by the lease's account with the
+        modes sshd's StrictModes asks for (sshd_config(5)); the home itself is the lease's, mode 0700."""
+        ssh_dir = self.plan.work_dir / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        keys = ssh_dir / "authorized_keys"
+        fd = os.open(keys, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(authorized_keys_text(self.plan.authorized_keys))
+        if uid is not None:
+            gid = pwd.getpwuid(uid).pw_gid
+            for path in (ssh_dir, keys):
+                os.chown(path, uid, gid)
 
     @staticmethod
     def _exists(user: str) -> bool:
@@ -412,7 +455,7 @@ class LeaseExecutor:
         env = self.environment(workload, secrets)
         log = self.plan.work_dir / "workload.log"
         if self.kind == "container" and self.docker is not None:
-            detail = self._start_container(workload, env)
+            detail = self._start_container(workload, env, secrets, uid)
         elif self.kind == "script":
             script = self.plan.work_dir / "workload.sh"
             script.write_text(str(workload.get("script") or ""))
@@ -433,18 +476,59 @@ class LeaseExecutor:
             threading.Thread(target=self._watch_disk, name=f"disk:{self.plan.lease_id}", daemon=True).start()
         return detail or "no workload: the machine is yours over SSH"
 
-    def _start_container(self, workload: dict[str, Any], env: dict[str, str]) -> str:
+    def _docker(self, *args: str, timeout: float, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        """One Docker CLI call with the lease's own client configuration (``docker --config``), so one lease's
+        registry login never serves another lease's pull, and is wiped with the lease's directory."""
+        argv = [str(self.docker), "--config", str(self._docker_config), *args]
+        try:
+            return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)  # noqa: S603
+        except subprocess.TimeoutExpired:
+            raise ExecutorError(f"docker {args[0]} took longer than {timeout:g} s") from None
+
+    @property
+    def _docker_config(self) -> Path:
+        return self.plan.work_dir / ".docker"
+
+    def _pull(self, workload: dict[str, Any], secrets: dict[str, Any]) -> None:
+        """Log in to the workload's registry (when it names a user) and pull its image, every time: a host's
+        image cache is shared, so a private image another lease pulled must not start for a lease that cannot
+        pull it itself (the multi-tenant reason for Kubernetes' AlwaysPullImages admission controller)."""
+        self._docker_config.mkdir(mode=0o700, exist_ok=True)
+        image = str(workload["image"])
+        registry = workload.get("registry") or {}
+        if registry.get("username"):
+            server = str(registry.get("server") or "")
+            password = str(secrets.get("registry_password") or "").encode()
+            login = self._docker("login", server, "-u", str(registry["username"]), "--password-stdin",
+                                 timeout=PULL_LOGIN_S, stdin=password)  # fmt: skip
+            if login.returncode != 0:
+                raise ExecutorError(f"registry login to {server or 'Docker Hub'} failed: {_tail(login.stderr)}")
+        pulled = self._docker("pull", image, timeout=PULL_S)
+        if pulled.returncode != 0:
+            raise ExecutorError(f"could not pull {image}: {_tail(pulled.stderr)}")
+
+    def _start_container(self, workload: dict[str, Any], env: dict[str, str], secrets: dict[str, Any],
+                         uid: int | None) -> str:  # fmt: skip
+        self._pull(workload, secrets)
         env_file = self.plan.work_dir / "workload.env"
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.writelines(f"{name}={value}\n" for name, value in env.items())
+            if self.plan.authorized_keys:
+                handle.write(f"BROKER_AUTHORIZED_KEYS={AUTHORIZED_KEYS_IN_CONTAINER}\n")
         mig = any(self.devices.mig_instances().get(i) for i in self.plan.gpu_indexes)
+        uid = os.geteuid() if uid is None else uid
         argv = docker_run_argv(self.plan, workload, devices=self.visible(), mig=mig, env_file=env_file,
-                               docker=str(self.docker))  # fmt: skip
-        started = subprocess.run(argv, capture_output=True, timeout=3600, check=False)  # noqa: S603
-        env_file.unlink(missing_ok=True)
+                               user=f"{uid}:{pwd.getpwuid(uid).pw_gid}", docker=str(self.docker),
+                               config_dir=self._docker_config)  # fmt: skip
+        try:
+            started = subprocess.run(argv, capture_output=True, timeout=RUN_S, check=False)  # noqa: S603
+        except subprocess.TimeoutExpired:
+            raise ExecutorError(f"docker run took longer than {RUN_S} s") from None
+        finally:
+            env_file.unlink(missing_ok=True)
         if started.returncode != 0:
-            raise ExecutorError(f"docker run failed: {started.stderr.decode('utf-8', 'replace')[-600:]}")
+            raise ExecutorError(f"docker run failed: {_tail(started.stderr)}")
         self.runner = "docker"
         return f"container {started.stdout.decode().strip()[:12]} running {workload['image']}"
 

@@ -304,13 +304,13 @@ def test_the_docker_run_pins_gpus_quota_ports_and_drops_privileges(data_dir):
                 "args": ["--port", "8000"], "shm_size_gb": 16}  # fmt: skip
     env_file = data_dir / "workload.env"
 
-    argv = docker_run_argv(plan, workload, devices=["1", "2"], mig=False, env_file=env_file)
+    argv = docker_run_argv(plan, workload, devices=["1", "2"], mig=False, env_file=env_file, user="1001:1001")
 
     assert argv == [
         "docker", "run", "-d", "--name", "gpu-broker-i-abc", "--label", "gpu-broker.lease=i-abc",
         "--gpus", '"device=1,2"',
         "--storage-opt", "size=1000000000",
-        "--user", "lease-abc", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        "--user", "1001:1001", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--pids-limit", "4096",
         "-p", "40000:22", "-p", "40001:8000",
         "--shm-size", "16g",
@@ -324,7 +324,7 @@ def test_mig_instances_are_what_a_lease_on_a_mig_gpu_sees(data_dir):
     mig = {1: ["MIG-aaaa-1111", "MIG-aaaa-2222"]}
     assert visible_devices((1, 2), mig) == ["MIG-aaaa-1111", "MIG-aaaa-2222", "2"]
     argv = docker_run_argv(_plan(data_dir), {"image": "img"}, devices=visible_devices((1,), mig), mig=True,
-                           env_file=data_dir / "e")  # fmt: skip
+                           env_file=data_dir / "e", user="1001:1001")  # fmt: skip
     assert argv[7:12] == ["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=MIG-aaaa-1111,MIG-aaaa-2222",
                           "--storage-opt"]  # fmt: skip
     executor = LeaseExecutor(_plan(data_dir, indexes=(1,)), FakeDevices([H100] * 4, mig), simulate=True)
