@@ -211,8 +211,9 @@ class CommunityAdapter(ProviderAdapter):
 
     def list_offers(self) -> list[OfferQuote]:
         """Quotes for each machine that is inside an availability window and whose agent answers with all its
-        GPUs present, and, for a machine sold whole, free (a divisible machine's free GPUs are the broker's
-        holds to count). A machine that does not answer is left out, not an error: the others still sell."""
+        GPUs present, leased or not: which GPUs are free is the broker's holds to count, and a leased machine
+        stays on sale so an order that outranks its interruptible leases can outbid them. A machine that does
+        not answer is left out, not an error: the others still sell."""
         now = dt.datetime.now(dt.UTC)
         offers: list[OfferQuote] = []
         for machine in self._on_sale():
@@ -222,13 +223,10 @@ class CommunityAdapter(ProviderAdapter):
             except (ValueError, TypeError, AttributeError):
                 continue  # windows the broker cannot read: this machine is not offered, the others are
             try:
-                gpus_found, gpus_free = _status(self._client(machine).call("GET", "/v1/status"))
+                gpus_found, _ = _status(self._client(machine).call("GET", "/v1/status"))
             except ProviderError:
                 continue
             if gpus_found < machine.gpu_count:
-                continue
-            # Partly leased, a divisible machine still sells what is left; one sold whole is busy.
-            if not machine.divisible and gpus_free < machine.gpu_count:
                 continue
             offers.extend(self._quotes(machine))
         return offers

@@ -22,7 +22,16 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.catalog.services import offers_sync
-from marketplace.models import GpuHold, GpuModel, Offer, Order, OrderState, WebhookDelivery, WebhookEventType
+from marketplace.models import (
+    GpuHold,
+    GpuModel,
+    Offer,
+    OfferStatus,
+    Order,
+    OrderState,
+    WebhookDelivery,
+    WebhookEventType,
+)
 from marketplace.orders.services import BidRefused, PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from marketplace.webhooks.services import webhook_endpoint_create
@@ -287,3 +296,26 @@ def test_a_buyer_bids_from_the_storefront_order_form(alice, hosts, django_captur
     # An on-demand offer's form has no bid.
     on_demand = _offer("fra-h100-1", 4, "on_demand")
     assert 'id="bid"' not in browser.get(f"/orders/new?offer={on_demand.pk}").content.decode()
+
+
+def test_a_whole_machine_leased_to_a_bid_stays_on_sale_to_be_outbid(
+    acme, alice, fleet, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    whole = {**LISTING, "min_bid_per_gpu_hour": Decimal("0.9000")}  # no minimum per lease: sold whole
+    agents = start_hosts(fleet, ["fra-h100-1"], lease_threads=False, listing=whole)
+    try:
+        assert offers_sync(account_id=fleet.pk).ok
+        bidder = _place(acme, alice, agents, capture, bid="1.00")
+        assert bidder.state == OrderState.RUNNING
+
+        # Its agent now reports no GPU free; the machine stays listed, the broker's holds say it is taken.
+        assert offers_sync(account_id=fleet.pk).ok
+        listed = _offer("fra-h100-1", 8, "on_demand")
+        assert listed.status == OfferStatus.AVAILABLE and listed.capacity - listed.reserved == 0
+
+        on_demand = _place(acme, alice, agents, capture, pricing="on_demand")
+        bidder.refresh_from_db()
+        assert bidder.preempt_at is not None and on_demand.state == OrderState.PROVISIONING
+    finally:
+        stop_hosts(agents)
