@@ -112,8 +112,8 @@ def machine_register(
     ``agent_url`` must be one the broker may connect to (``providers.endpoints``, as for a cloud account's
     endpoint), else ``MachineInvalid`` names it and nothing changes; so does any text in the URL, hardware or
     self-test that is not a readable name (``broker.text.name_problem``: control, format, private-use
-    characters, NUL, lone surrogates). A verified machine that comes back at a different URL leaves sale
-    until staff verify it again (``machine.pending``, ledgered): the broker would otherwise send buyers to a
+    characters, NUL, lone surrogates). A verified machine that comes back at a different URL (or at a URL
+    after being outbound-only) leaves sale until staff verify it again (``machine.pending``, ledgered): the broker would otherwise send buyers to a
     host nobody checked. Its orders carry on; the broker still reaches them at the new URL to describe and
     stop them."""
     from ledger.services import ledger_append
@@ -132,7 +132,9 @@ def machine_register(
     ok, problem = self_test_matches(machine, self_test, hardware)
     with transaction.atomic():
         locked = Machine.objects.select_for_update().get(pk=machine.pk)
-        moved = locked.state == MachineState.VERIFIED and bool(locked.agent_url) and locked.agent_url != agent_url
+        # Any URL staff did not verify, an outbound-only machine's first one too; dropping to outbound-only is
+        # not a move: the broker then connects nowhere.
+        moved = locked.state == MachineState.VERIFIED and bool(agent_url) and locked.agent_url != agent_url
         Machine.objects.filter(pk=machine.pk).update(
             agent_url=agent_url,
             hardware=hardware,

@@ -198,3 +198,20 @@ def test_an_agent_trickling_its_answer_is_cut_at_the_deadline(peers):
         AgentClient(trickler.url, "mk_1", "s3cret", deadline=0.3).call("GET", "/v1/status")
 
     assert trickler.requests == [("GET", "/v1/status")] and not trickler.answered_fully.is_set()
+
+
+def test_a_verified_outbound_machine_that_registers_a_url_leaves_sale_until_checked(client, fleet, hosts):
+    machine = Machine.objects.get(name="fra-h100-1")
+    Machine.objects.filter(pk=machine.pk).update(agent_url="")  # verified while it only polled the broker
+
+    answer = _register(client, machine, hosts[0].secret, hosts[0].public_url)
+
+    machine.refresh_from_db()
+    assert answer.status_code == 200 and (machine.state, machine.agent_url) == (
+        MachineState.PENDING,
+        hosts[0].public_url,
+    )
+    assert json.loads(LedgerEntry.objects.get(kind="machine.pending").payload)["previous"] == "verified"
+    # Back to outbound-only is no move: the broker then connects to nothing staff did not check.
+    Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED)
+    assert _register(client, machine, hosts[0].secret, "").json()["state"] == MachineState.VERIFIED
