@@ -185,6 +185,7 @@ class Agent:
         key_id: str,
         secret: str,
         public_url: str = "",
+        ssh_address: str = "",
         simulated: list[Gpu] | None = None,
         launch_seconds: float = 0.5,
         heartbeat_s: float = protocol.HEARTBEAT_S,
@@ -202,6 +203,9 @@ class Agent:
         self.key_id = key_id
         self.secret = secret
         self.public_url = public_url
+        # Where buyers reach this host's SSH and lease ports; the public URL's host unless given (behind NAT:
+        # the router's public address, with the ports forwarded).
+        self.ssh_address = ssh_address
         self.simulated = simulated
         self.launch_seconds = launch_seconds
         self.heartbeat_s = heartbeat_s
@@ -472,7 +476,7 @@ class Agent:
         return len(self.gpus()) - self._busy_gpus()
 
     def _ssh(self) -> str:
-        host = self.public_url.split("://", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
+        host = self.ssh_address or self.public_url.split("://", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
         return f"{host}:22"
 
     def _refresh(self, instance: Instance) -> Instance:
@@ -627,11 +631,19 @@ def main(argv: list[str] | None = None) -> int:
         "--public-url", default="",
         help="URL the broker reaches this agent at; without it the agent only polls the broker (behind NAT)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ssh-address", default="",
+        help="host name or address buyers reach this machine's SSH and lease ports at (default: the public URL's "
+        "host); behind NAT, the router's public address with those ports forwarded",
+    )  # fmt: skip
     parser.add_argument("--simulate", help="simulated GPUs, e.g. H100:80x8 (no nvidia-smi needed)")
     parser.add_argument("--launch-seconds", type=float, default=2.0)
     parser.add_argument("--data-dir", type=Path, help=f"where leases' working directories live (default {DATA_DIR})")
     parser.add_argument("--disk-quota-gb", type=int, default=DISK_QUOTA_GB, help="each lease's disk quota")
     args = parser.parse_args(argv)
+    if not (args.public_url or args.ssh_address or args.simulate):
+        # An outbound-only host would report its leases' SSH at its own loopback: no buyer could log in.
+        parser.error("without --public-url, give --ssh-address: where buyers reach this machine's SSH")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     host, _, port = args.listen.rpartition(":")
     agent = Agent(
@@ -639,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         key_id=args.key_id,
         secret=Path(args.secret_file).read_text().strip(),
         public_url=args.public_url,
+        ssh_address=args.ssh_address,
         simulated=parse_simulated(args.simulate) if args.simulate else None,
         launch_seconds=args.launch_seconds,
         data_dir=args.data_dir,

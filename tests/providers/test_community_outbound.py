@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from providers.community import protocol
 from providers.community.agent import Agent, parse_simulated
+from providers.community.agent import main as agent_main
 from providers.community.commands import command_enqueue
 from providers.community.services import machine_list
 from providers.errors import CapacityUnavailable
@@ -91,7 +92,8 @@ LAUNCH_BODY = {"client_token": "ord-n-a1", "order_ref": "ord-n", "gpus": 8, "tag
 def test_an_outbound_agent_is_sold_launched_described_and_terminated_through_its_queue(fleet, settings):
     # Given a machine whose agent has no public URL, polling the broker in its own thread
     settings.AGENT_POLLS_PER_MINUTE = 100_000
-    agent, machine = _outbound_agent(fleet, poll_s=0.02)
+    # (behind NAT, its router forwards SSH and the lease ports from a public name the provider gives)
+    agent, machine = _outbound_agent(fleet, poll_s=0.02, ssh_address="nat-h100-1.example.net")
     assert machine.agent_url == "" and machine.registered_at is not None
     poller = _poll_in_thread(agent)
     try:
@@ -111,6 +113,7 @@ def test_an_outbound_agent_is_sold_launched_described_and_terminated_through_its
     assert handle.instance_id == again.instance_id and handle.instance_id.startswith("nat-h100-1/i-")
     assert [h.instance_id for h in found] == [handle.instance_id]
     assert (described.state, terminated.state) == (InstanceState.RUNNING, InstanceState.TERMINATED)
+    assert (described.public_ip, described.extra["ssh"]) == ("nat-h100-1.example.net", "nat-h100-1.example.net:22")
     assert [i.state for i in agent.instances.values()] == ["terminated"]
     assert list(AgentCommand.objects.order_by("created_at").values_list("kind", "state", "answer_status")) == [
         ("status", "answered", 200),
@@ -261,3 +264,11 @@ def test_an_outbound_machine_is_listed_for_its_adapter_without_a_url(fleet):
     listed = fleet.community_machines()
     assert [(m["name"], m["url"], m["for_sale"]) for m in listed] == [(machine.name, "", True)]
     assert Decimal(listed[0]["price_per_gpu_hour"]) == LISTING["price_per_gpu_hour"]
+
+
+def test_a_real_outbound_agent_without_an_ssh_address_refuses_to_start(capsys):
+    # Its leases' SSH would be reported at its own loopback, where no buyer can log in.
+    with pytest.raises(SystemExit) as stopped:
+        agent_main(["--broker", "http://127.0.0.1:9", "--key-id", "mk_x", "--secret-file", "/nonexistent"])
+
+    assert stopped.value.code == 2 and "give --ssh-address" in capsys.readouterr().err
