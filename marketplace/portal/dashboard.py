@@ -8,6 +8,7 @@ month's statement to the cent. Every figure is in USD, the currency the broker s
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from decimal import Decimal
 
 from django.db.models import Q
 
+from ledger.models import LedgerEntry
 from marketplace.models import GpuHold, Instance, Order, OrderState
 from marketplace.orders.payouts import payout_statement
 from providers.community.adapter import available_now
@@ -29,8 +31,8 @@ _TENTH = Decimal("0.1")
 @dataclass(frozen=True)
 class GpuHour:
     """One whole UTC hour of the provider's machines: mean GPUs listed for sale and mean GPUs rented in it.
-    ``listed`` counts a GPU only while its machine is verified and inside an availability window, and never
-    falls below ``rented`` (a lease may outlast the window it started in)."""
+    ``listed`` counts a GPU only while its machine was verified (``verified_spans``) and inside an
+    availability window, and never falls below ``rented`` (a lease may outlast the window it started in)."""
 
     start: dt.datetime
     listed: Decimal
@@ -111,15 +113,55 @@ def _overlap(start: dt.datetime, end: dt.datetime, lo: dt.datetime, hi: dt.datet
     return max(0.0, (min(end, hi) - max(start, lo)).total_seconds())
 
 
-def _listed_fraction(machine: Machine, hour: dt.datetime) -> float:
-    """The share of ``hour`` the machine was for sale, by its listing date and availability windows, sampled
-    per minute (windows are set to the minute)."""
-    if hour + _HOUR <= machine.created_at:
+Span = tuple[dt.datetime, dt.datetime]
+_STATE_KINDS = [f"machine.{state}" for state in MachineState.values]
+
+
+def verified_spans(machines: Iterable[Machine], until: dt.datetime) -> dict[int, list[Span]]:
+    """When each machine was verified, up to ``until``: from the ledger's record of its state changes (each
+    ``machine.<state>`` entry names the state before it, so the first one also says how the machine started).
+    A machine with no such entry has never changed state through the broker: its current state throughout."""
+    by_subject = {f"machine:{m.key_id}": m for m in machines}
+    changes: dict[str, list[tuple[dt.datetime, str, str]]] = defaultdict(list)
+    rows = (
+        LedgerEntry.objects.filter(subject__in=list(by_subject), kind__in=_STATE_KINDS)
+        .order_by("sequence")
+        .values_list("subject", "kind", "created_at", "payload")
+    )
+    for subject, kind, at, payload in rows:
+        changes[subject].append((at, kind.removeprefix("machine."), str(json.loads(payload).get("previous"))))
+    spans: dict[int, list[Span]] = {}
+    for subject, machine in by_subject.items():
+        history = changes.get(subject)
+        if not history:
+            spans[machine.pk] = [(machine.created_at, until)] if machine.state == MachineState.VERIFIED else []
+            continue
+        state, since, verified = history[0][2], machine.created_at, []
+        for at, new_state, _ in history:
+            if state == MachineState.VERIFIED and at > since:
+                verified.append((since, at))
+            state, since = new_state, at
+        if state == MachineState.VERIFIED and until > since:
+            verified.append((since, until))
+        spans[machine.pk] = verified
+    return spans
+
+
+def _listed_fraction(machine: Machine, hour: dt.datetime, verified: list[Span]) -> float:
+    """The share of ``hour`` the machine was for sale (verified, and inside its availability windows),
+    sampled per minute (windows are set to the minute)."""
+    if not any(start < hour + _HOUR and end > hour for start, end in verified):
         return 0.0
-    if not machine.availability and hour >= machine.created_at:
-        return 1.0
     minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
-    return sum(1 for t in minutes if t >= machine.created_at and available_now(machine.availability, t)) / 60
+    return (
+        sum(
+            1
+            for t in minutes
+            if any(start <= t < end for start, end in verified)
+            and (not machine.availability or available_now(machine.availability, t))
+        )
+        / 60
+    )
 
 
 def _machine_instances(machines: Iterable[Machine], since: dt.datetime, until: dt.datetime) -> list[Instance]:
@@ -135,18 +177,14 @@ def _machine_instances(machines: Iterable[Machine], since: dt.datetime, until: d
     )
 
 
-def _verified_machines(provider: Provider) -> list[Machine]:
-    return list(Machine.objects.filter(account__provider=provider, state=MachineState.VERIFIED).order_by("name"))
-
-
 def provider_gpu_hours(*, provider: Provider, now: dt.datetime, hours: int) -> list[GpuHour]:
     """The ``hours`` whole UTC hours before the current one, oldest first, for the provider's independent
     machines. Rented is each instance's running interval (provider's "running" to termination, or now) times
     its offer's GPU count, averaged over the hour."""
     until = now.replace(minute=0, second=0, microsecond=0)
     since = until - hours * _HOUR
-    machines = _verified_machines(provider)
-    all_machines = list(Machine.objects.filter(account__provider=provider))
+    all_machines = list(Machine.objects.filter(account__provider=provider).order_by("name"))
+    spans = verified_spans(all_machines, now)
     # (running from, running until, GPUs): the query keeps only instances that reached running.
     runs = [
         (inst.running_at, inst.terminated_at or now, inst.attempt.offer.gpu_count)
@@ -159,7 +197,8 @@ def provider_gpu_hours(*, provider: Provider, now: dt.datetime, hours: int) -> l
         end = start + _HOUR
         rented_seconds = sum(_overlap(began, ended, start, end) * gpus for began, ended, gpus in runs)
         rented = (Decimal(rented_seconds) / 3600).quantize(_TENTH)
-        listed = Decimal(sum(_listed_fraction(m, start) * m.gpu_count for m in machines)).quantize(_TENTH)
+        listed = Decimal(sum(_listed_fraction(m, start, spans[m.pk]) * m.gpu_count for m in all_machines))
+        listed = listed.quantize(_TENTH)
         series.append(GpuHour(start=start, listed=max(listed, rented), rented=rented))
     return series
 

@@ -9,7 +9,9 @@ import itertools
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
+from ledger.models import LedgerEntry
 from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.models import (
     Attempt,
@@ -31,6 +33,7 @@ from marketplace.portal.dashboard import (
     provider_revenue_by_day,
 )
 from marketplace.portal.services import machine_listing_create
+from providers.community.services import machine_decide
 from providers.models import Machine, MachineState
 from tests.hosts import LISTING
 from tests.portal.conftest import client_for
@@ -224,3 +227,23 @@ def test_the_page_shows_the_business_and_nothing_of_another_provider(business, p
     theirs = client_for(quentin).get("/provider/dashboard").content.decode()
     assert str(business["q_busy"].public_id)[:8] in theirs and running not in theirs
     assert client_for(alice).get("/provider/dashboard").status_code == 404
+
+
+def test_listed_hours_follow_the_ledgered_state_changes_not_todays_state(petra_org, alice):
+    """A machine verified just now was not for sale before; one suspended just now was. The ledger's state
+    changes (``machine.verified``, ``machine.suspended``) say when, since the ledger cannot be backdated."""
+    if not GpuModel.objects.exists():
+        gpu_models_upsert(GpuModel)
+    fresh = _machine(petra_org, "fra-new", gpus=8, now=timezone.now())
+    Machine.objects.filter(pk=fresh.pk).update(state=MachineState.PENDING, self_test_ok=True)
+    retired = _machine(petra_org, "fra-old", gpus=4, now=timezone.now())
+    machine_decide(machine=Machine.objects.get(pk=fresh.pk), state=MachineState.VERIFIED, by=alice, reason="checked")
+    machine_decide(machine=retired, state=MachineState.SUSPENDED, by=alice, reason="the owner sold it")
+    decided = LedgerEntry.objects.filter(kind__startswith="machine.").latest("sequence").created_at
+
+    day = provider_gpu_hours(provider=petra_org.provider, now=decided + dt.timedelta(hours=3), hours=24)
+
+    before = [h.listed for h in day if h.start + dt.timedelta(hours=1) <= decided]
+    after = [h.listed for h in day if h.start >= decided]
+    assert len(before) >= 20 and set(before) == {Decimal("4.0")}  # only the machine since suspended
+    assert len(after) >= 2 and set(after) == {Decimal("8.0")}  # only the machine verified now
