@@ -113,9 +113,9 @@ def machine_register(
     endpoint), else ``MachineInvalid`` names it and nothing changes; so does any text in the URL, hardware or
     self-test that is not a readable name (``broker.text.name_problem``: control, format, private-use
     characters, NUL, lone surrogates). A verified machine that comes back at a different URL (or at a URL
-    after being outbound-only) leaves sale until staff verify it again (``machine.pending``, ledgered): the broker would otherwise send buyers to a
-    host nobody checked. Its orders carry on; the broker still reaches them at the new URL to describe and
-    stop them."""
+    after being outbound-only) leaves sale until staff verify it again (``machine.pending``, ledgered): the
+    broker would otherwise send buyers to a host nobody checked. Its orders carry on; the broker still reaches
+    them at the new URL to describe and stop them."""
     from ledger.services import ledger_append
 
     if len(agent_url) > MAX_AGENT_URL:
