@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import math
 from decimal import Decimal
 
 from django.conf import settings
@@ -52,7 +53,7 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.services import adapter_for_account
-from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from providers.types import GPU_FRACTION, InstanceHandle, InstanceState, LaunchSpec, PricingModel
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,13 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     if not order.allow_failover:
         return None
     candidates = offer_views_for(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)
-    # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for.
-    candidates = [c for c in candidates if c.gpu_count == order.gpu_count]
+    # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for. And the
+    # same share of a card: a whole GPU never fails over to a slice of one (AWS g6f, a MIG profile), nor a
+    # slice to another size.
+    share = float((order.offer.extra or {}).get(GPU_FRACTION, 1.0))
+    candidates = [
+        c for c in candidates if c.gpu_count == order.gpu_count and math.isclose(c.gpu_fraction, share, rel_tol=1e-6)
+    ]
     # A dearer offer must also fit the organisation's hourly budget, this order's own rate set aside.
     room = budget_room_per_hour(order, now=now)
     if room is not None and room < (demand.max_price_per_hour or room):

@@ -7,9 +7,11 @@ from decimal import Decimal
 import pytest
 
 from ledger.services import ledger_verify
+from marketplace.catalog.services import offers_sync
 from marketplace.models import Instance, Offer, OfferStatus, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
-from providers.services import adapter_for_account
+from providers.services import adapter_for_account, provider_account_connect
+from tests.conftest import AWS_TEST_CREDENTIALS
 from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
@@ -72,3 +74,25 @@ def test_a_sold_out_cloud_fails_over_to_another_cloud(
     assert adapter_for_account(aws_account).find_by_order(order.ref) == []
     assert Instance.objects.filter(order=order, active=True).count() == 1
     assert order.price_per_hour == order.instance.attempt.offer.price_usd
+
+
+def test_a_whole_gpu_order_never_fails_over_to_a_slice_of_one(
+    acme, alice, aws_sandbox, django_capture_on_commit_callbacks
+):
+    # Frankfurt sells whole L4s (g6.8xlarge) and g6f slices of one, which are also "1 L4", and far cheaper.
+    frankfurt = provider_account_connect(provider_name="Petra Cloud Resale", kind="aws", name="aws-frankfurt",
+                                         credentials=AWS_TEST_CREDENTIALS, regions=["eu-central-1"],
+                                         endpoint_url=aws_sandbox.url)  # fmt: skip
+    assert offers_sync(account_id=frankfurt.pk).ok
+    whole_l4 = Offer.objects.filter(account=frankfurt, gpu_model__key="L4", pricing_model="on_demand").exclude(
+        instance_type__startswith="g6f."
+    )
+    assert Offer.objects.filter(account=frankfurt, instance_type__startswith="g6f.", status="available").exists()
+    for instance_type in set(whole_l4.values_list("instance_type", flat=True)):
+        aws_sandbox.faults.inject("capacity", instance_type=instance_type)  # every whole L4 sold out
+
+    order = _place(acme, alice, whole_l4.order_by("price_usd")[0], django_capture_on_commit_callbacks, Decimal(100))
+
+    tried = [a.offer.instance_type for a in order.attempts.order_by("number")]
+    # Each zone's whole L4 was tried, and no slice: the order goes on waiting for a whole card.
+    assert tried == ["g6.8xlarge"] * 3 and order.state != OrderState.RUNNING
