@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.catalog import unit_prices
+from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, SyncStatus
 from providers.services import adapter_for_account
@@ -67,6 +68,21 @@ def _memory_problem(quote: OfferQuote, spec: _SpecRow, fraction: float) -> str:
     return ""
 
 
+def _mig_problem(quote: OfferQuote, name: str, fraction: float) -> str:
+    """Why a MIG slice's row cannot be sold, or ''. A slice's memory is not its compute share of the card (a
+    3g.40gb is 3/7 of an H100's compute and half its memory), so the row must match the profile itself."""
+    profile = mig_profile(quote.gpu_model, name)
+    if profile is None:
+        return f"MIG profile {name[:32]!r} is not one a {quote.gpu_model} offers"
+    if quote.gpu_count != 1:
+        return f"MIG slice of {quote.gpu_count} GPUs: a {name} is one slice of one GPU"
+    if abs(fraction - float(profile.share)) > 1e-9:
+        return f"MIG {name} is {profile.share} of a GPU, not a fraction of {fraction:g}"
+    if quote.gpu_memory_gb != profile.memory_gb:
+        return f"MIG {name} has {profile.memory_gb} GB, not {quote.gpu_memory_gb}"
+    return ""
+
+
 def _validate(
     quote: OfferQuote,
     specs: dict[str, _SpecRow],
@@ -85,7 +101,8 @@ def _validate(
         fraction = _gpu_fraction(quote)
     except (TypeError, ValueError) as exc:
         return str(exc)
-    problem = _memory_problem(quote, spec, fraction)
+    profile = quote.extra.get(MIG_PROFILE)
+    problem = _memory_problem(quote, spec, fraction) if profile is None else _mig_problem(quote, str(profile), fraction)
     if problem:
         return problem
     rate = fx.get(quote.currency)

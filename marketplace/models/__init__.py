@@ -8,7 +8,17 @@ from marketplace.models.launch import (
     LeaseState,
     SshKey,
 )
-from marketplace.models.orders import Attempt, AttemptOutcome, GpuHold, Instance, InvoiceLine, Order, OrderState, Quote
+from marketplace.models.orders import (
+    Attempt,
+    AttemptOutcome,
+    GpuHold,
+    GpuSlot,
+    Instance,
+    InvoiceLine,
+    Order,
+    OrderState,
+    Quote,
+)
 from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
 from marketplace.models.tokens import ApiToken, TokenScope
@@ -29,6 +39,7 @@ __all__ = [
     "FxRate",
     "GpuHold",
     "GpuModel",
+    "GpuSlot",
     "IdempotentResponse",
     "Instance",
     "Invitation",

@@ -188,21 +188,73 @@ class Attempt(models.Model):
 
 
 class GpuHold(models.Model):
-    """One GPU of an independent provider's machine held for an attempt, from its reservation until the
-    attempt's units are released, when the row is deleted. The unique (machine, GPU index) pair is what makes
-    two orders unable to get the same GPU, whatever the code above it does (marketplace/orders/reservations.py
-    picks the indexes under a lock on the machine)."""
+    """One GPU of an independent provider's machine held for an attempt, or one MIG slice of it, from its
+    reservation until the attempt's units are released, when the row is deleted.
+
+    A whole GPU's hold has no ``mig_profile`` and covers the GPU's 8 memory slices (``slot`` 0, 8 of them, all
+    7 compute slices); a slice's names its profile and records where it sits: ``slot`` its first memory slice
+    (one of NVIDIA's placements for the profile), ``memory_slices`` and ``compute_slices`` its size. Several
+    slices share one GPU index; a whole hold never does (unique per machine and index). The memory slices each
+    hold covers are rows of ``GpuSlot``, unique per GPU, which is what makes two orders unable to get the same
+    GPU or overlapping slices of it, whatever the code above does (marketplace/orders/reservations.py picks
+    them under a lock on the machine)."""
 
     machine = models.ForeignKey("providers.Machine", on_delete=models.PROTECT, related_name="gpu_holds", db_index=False)
     gpu_index = models.PositiveSmallIntegerField()
     attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="gpu_holds")
+    mig_profile = models.CharField(max_length=16, blank=True, default="")  # providers/community/mig.py
+    slot = models.PositiveSmallIntegerField(default=0)
+    memory_slices = models.PositiveSmallIntegerField(default=8)
+    compute_slices = models.PositiveSmallIntegerField(default=7)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["machine", "gpu_index"], name="gpu_hold_unique_index")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["machine", "gpu_index"], condition=models.Q(mig_profile=""), name="gpu_hold_whole_unique_index"
+            ),
+            # A whole GPU is all of it. A slice lies inside the GPU's 8 memory slices with no more compute slices
+            # than memory ones, and one with as many (1g with 1, 2g with 2, 4g with 4) never covers the 8th
+            # memory slice, as none of NVIDIA's placements does: then slices that share no memory slice hold
+            # at most the GPU's 7 compute slices between them.
+            models.CheckConstraint(
+                condition=models.Q(mig_profile="", slot=0, memory_slices=8, compute_slices=7)
+                | (
+                    ~models.Q(mig_profile="")
+                    & models.Q(compute_slices__gte=1, compute_slices__lte=models.F("memory_slices"))
+                    & models.Q(slot__lte=8 - models.F("memory_slices"))
+                    & (
+                        models.Q(compute_slices__lt=models.F("memory_slices"))
+                        | models.Q(slot__lte=7 - models.F("memory_slices"))
+                    )
+                ),
+                name="gpu_hold_shape",
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"GPU {self.gpu_index} of machine {self.machine_id} for attempt {self.attempt_id}"
+        what = f"{self.mig_profile} of GPU" if self.mig_profile else "GPU"
+        return f"{what} {self.gpu_index} of machine {self.machine_id} for attempt {self.attempt_id}"
+
+
+class GpuSlot(models.Model):
+    """One of a GPU's 8 memory slices (MIG's unit of placement) taken by a hold: all eight for a whole GPU,
+    the run a slice's placement covers for a slice. Unique per machine, GPU index and slot, so no two holds
+    ever share any part of a GPU, and a whole-GPU lease can never be given a GPU that a slice uses."""
+
+    hold = models.ForeignKey(GpuHold, on_delete=models.CASCADE, related_name="slots")
+    machine = models.ForeignKey("providers.Machine", on_delete=models.PROTECT, related_name="+", db_index=False)
+    gpu_index = models.PositiveSmallIntegerField()
+    slot = models.PositiveSmallIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["machine", "gpu_index", "slot"], name="gpu_slot_unique"),
+            models.CheckConstraint(condition=models.Q(slot__lte=7), name="gpu_slot_within_gpu"),
+        ]
+
+    def __str__(self) -> str:
+        return f"memory slice {self.slot} of GPU {self.gpu_index} of machine {self.machine_id}"
 
 
 class Instance(models.Model):

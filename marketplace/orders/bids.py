@@ -24,6 +24,7 @@ from django.db.models import Max
 from ledger.services import ledger_append
 from marketplace.models import Attempt, GpuHold, Instance, Offer, Order, OrderState, WebhookEventType
 from marketplace.webhooks.services import instance_event_emit
+from providers.community.mig import MIG_PROFILE
 from providers.models import Machine
 from providers.types import PricingModel
 
@@ -82,7 +83,8 @@ def outbid_candidates(*, machine: Machine, newcomer: Order, lock: bool = True) -
     machine's row lock. Without, a plain read (a guess the reservation settles)."""
     rank = order_bid(newcomer)
     holds: dict[int, list[tuple[int, int]]] = {}
-    rows = GpuHold.objects.filter(machine=machine).order_by("gpu_index")
+    # Whole GPUs only: a MIG slice is never outbid (it would free part of a GPU, which no whole lease can use).
+    rows = GpuHold.objects.filter(machine=machine, mig_profile="").order_by("gpu_index")
     for attempt_id, order_id, index in rows.values_list("attempt_id", "attempt__order_id", "gpu_index"):
         holds.setdefault(order_id, []).append((attempt_id, index))
     orders = Order.objects.filter(
@@ -103,14 +105,15 @@ def outbid_candidates(*, machine: Machine, newcomer: Order, lock: bool = True) -
 
 def outbid_possible(*, offer: Offer, order: Order) -> bool:
     """Would the GPUs free on the offer's machine, with those of the bids ``order`` outranks there, fit the
-    offer? Lets the buyer's pick of a full machine go to its reservation, which outbids or refuses."""
-    machine = machine_of(offer)
+    offer? Lets the buyer's pick of a full machine go to its reservation, which outbids or refuses. A MIG
+    slice's offer never outbids: False."""
+    machine = None if (offer.extra or {}).get(MIG_PROFILE) else machine_of(offer)
     if machine is None:
         return False
     outranked = outbid_candidates(machine=machine, newcomer=order, lock=False)
     if not outranked:
         return False
-    free = machine.gpu_count - GpuHold.objects.filter(machine=machine).count()
+    free = machine.gpu_count - GpuHold.objects.filter(machine=machine).values("gpu_index").distinct().count()
     return free + sum(len(o.gpu_indexes) for o in outranked) >= offer.gpu_count
 
 

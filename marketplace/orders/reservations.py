@@ -13,16 +13,26 @@ in id order so two reservations never wait on each other, or on none. The locks 
 the UPDATE's own: an order or attempt row being inserted with a foreign key to the offer does not wait.
 
 An independent provider's machine is held GPU by GPU instead: the reservation locks the machine's row, takes
-the lowest GPU indexes nobody holds (one ``GpuHold`` each, unique per machine and index, so even code that
-skipped the lock could not hand a GPU out twice), and sets every offer of the machine's ``reserved`` to the
-leases of its size that no longer fit in the GPUs left. The attempt's ``reserved`` then counts GPUs. Release
-deletes the holds under the same lock and recomputes the offers. Lock order: attempt, machine, offers by id.
+the lowest GPU indexes nobody holds (one ``GpuHold`` each, unique per machine and index, with its 8 memory
+slices as ``GpuSlot`` rows, so even code that skipped the lock could not hand a GPU out twice), and sets every
+offer of the machine's ``reserved`` to the leases of its size that no longer fit in the GPUs left. The
+attempt's ``reserved`` then counts GPUs. Release deletes the holds under the same lock and recomputes the
+offers. Lock order: attempt, machine, offers by id.
+
+A MIG slice's offer (``extra[MIG_PROFILE]``, providers/community/mig.py) is held as one slice of one GPU: a
+``GpuHold`` naming the profile, at the lowest of NVIDIA's placements for it whose memory slices are free, on
+the fullest GPU already partly sliced where it fits, else on the lowest GPU nothing is held on (slices pack,
+so whole GPUs stay free for whole leases). Every hold writes the memory slices it covers as ``GpuSlot`` rows,
+unique per GPU: a whole GPU's hold covers all eight, so a whole lease never gets a sliced GPU nor a slice a
+GPU held whole, and two slices never overlap, even past the lock. The attempt's ``reserved`` is then 1, and
+the machine's slice offers reserve what their profile can no longer fit.
 
 When too few GPUs are free, an order may outbid running interruptible orders on the machine
 (marketplace/orders/bids.py): lowest bid first, only when that frees enough. Their holds pass to the attempt at
 once (it waits to launch until their notice is over); holds beyond what it needs stay with the outbid order
 until it leaves the machine. An outbid attempt's ``reserved`` is left as it was (its row is not locked here,
-which keeps the lock order): releasing it later finds fewer or no holds and gives back only those.
+which keeps the lock order): releasing it later finds fewer or no holds and gives back only those. Slices are
+never outbid, nor outbid others: only whole GPUs change hands (marketplace/orders/bids.py).
 """
 
 from __future__ import annotations
@@ -33,8 +43,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from marketplace.models import Attempt, GpuHold, Offer, Order
+from marketplace.models import Attempt, GpuHold, GpuSlot, Offer, Order
 from marketplace.orders.bids import Outbid, outbid_candidates, preemption_notice
+from providers.community.mig import MIG_PROFILE, MigProfile, mig_place, mig_profile
 from providers.models import Machine
 
 
@@ -60,14 +71,68 @@ def _machine_id(offer: Offer) -> int | None:
     return Machine.objects.filter(account_id=offer.account_id, name=offer.zone).values_list("pk", flat=True).first()
 
 
-def _machine_offers_recount(machine: Machine, free: int) -> None:
-    """Each of the machine's finite offers reserves what ``free`` GPUs leave out of its capacity."""
+def _occupancy(machine: Machine) -> dict[int, set[int]]:
+    """GPU index -> the memory slices held on it (all of them for a GPU held whole), from the machine's holds."""
+    taken: dict[int, set[int]] = {}
+    rows = GpuHold.objects.filter(machine=machine).values_list("gpu_index", "slot", "memory_slices")
+    for index, slot, size in rows:
+        taken.setdefault(index, set()).update(range(slot, slot + size))
+    return taken
+
+
+def _slice_profile(machine: Machine, offer: Offer) -> tuple[bool, MigProfile | None]:
+    """(is the offer a MIG slice, its profile on the machine's GPUs: None when they have no such profile)."""
+    name = (offer.extra or {}).get(MIG_PROFILE)
+    if not name:
+        return False, None
+    return True, mig_profile(machine.gpu_model, str(name))
+
+
+def _machine_offers_recount(machine: Machine) -> None:
+    """Each of the machine's finite offers reserves what the holds leave out of its capacity: a whole-GPU
+    offer, the leases of its size that no longer fit in the GPUs nothing is held on; a slice offer, the
+    slices of its profile that no longer fit beside the slices held (none fit on a GPU held whole)."""
+    taken = _occupancy(machine)
+    gpus = range(machine.gpu_count)
+    free = sum(1 for index in gpus if not taken.get(index))
     offers = list(_listing_offers_of(machine.account_id, machine.name).select_for_update(no_key=True).order_by("id"))
     for offer in offers:
         assert offer.capacity is not None  # the queryset keeps finite offers only
-        left = min(offer.capacity, free // offer.gpu_count)
+        is_slice, profile = _slice_profile(machine, offer)
+        if not is_slice:
+            fit = free // offer.gpu_count
+        else:
+            fit = 0 if profile is None else sum(profile.fits(taken.get(index, set())) for index in gpus)
+        left = min(offer.capacity, fit)
         if offer.reserved != offer.capacity - left:
             Offer.objects.filter(pk=offer.pk).update(reserved=offer.capacity - left)
+
+
+def _slots_write(holds: list[GpuHold]) -> None:
+    """The memory slices each hold covers, as rows the database keeps unique per GPU."""
+    GpuSlot.objects.bulk_create(
+        GpuSlot(hold=hold, machine_id=hold.machine_id, gpu_index=hold.gpu_index, slot=slot)
+        for hold in holds
+        for slot in range(hold.slot, hold.slot + hold.memory_slices)
+    )
+
+
+def _slice_take(attempt: Attempt, machine: Machine, name: str) -> bool:
+    """Hold one ``name`` slice for the attempt under the machine's lock; False when none fits (a slice never
+    outbids: only whole GPUs change hands)."""
+    profile = mig_profile(machine.gpu_model, name)
+    if profile is None:
+        return False  # the listing no longer offers it (or another GPU model): its offer goes at the next sync
+    placed = mig_place(_occupancy(machine), profile, machine.gpu_count)
+    if placed is None:
+        return False
+    index, start = placed
+    hold = GpuHold.objects.create(
+        machine=machine, gpu_index=index, attempt=attempt, mig_profile=profile.name, slot=start,
+        memory_slices=profile.memory_slices, compute_slices=profile.compute_slices,
+    )  # fmt: skip
+    _slots_write([hold])
+    return True
 
 
 def _gpus_take(attempt: Attempt, machine_id: int) -> bool:
@@ -75,23 +140,32 @@ def _gpus_take(attempt: Attempt, machine_id: int) -> bool:
         # The machine's row lock serialises every hold and release on it: the free indexes read here stay
         # free until this transaction ends.
         machine = Machine.objects.select_for_update().get(pk=machine_id)
-        held = set(GpuHold.objects.filter(machine=machine).values_list("gpu_index", flat=True))
-        free = [index for index in range(machine.gpu_count) if index not in held]
-        wanted = attempt.offer.gpu_count
-        outbid: list[Outbid] = []
-        if len(free) < wanted:
-            outbid = _outbid_enough(machine, attempt, wanted - len(free))
-            if not outbid:
+        name = (attempt.offer.extra or {}).get(MIG_PROFILE)
+        if name:
+            if not _slice_take(attempt, machine, str(name)):
                 return False
-        mine = free[:wanted]
-        GpuHold.objects.bulk_create(GpuHold(machine=machine, gpu_index=i, attempt=attempt) for i in mine)
-        now = timezone.now()
-        for loser in outbid:
-            passed = loser.gpu_indexes[: wanted - len(mine)]
-            GpuHold.objects.filter(machine=machine, gpu_index__in=passed).update(attempt=attempt)
-            mine.extend(passed)
-            preemption_notice(outbid=loser.order, attempt=attempt, now=now)
-        _machine_offers_recount(machine, len(free) - min(len(free), wanted))
+            wanted = 1
+        else:
+            taken = _occupancy(machine)
+            free = [index for index in range(machine.gpu_count) if not taken.get(index)]
+            wanted = attempt.offer.gpu_count
+            outbid: list[Outbid] = []
+            if len(free) < wanted:
+                outbid = _outbid_enough(machine, attempt, wanted - len(free))
+                if not outbid:
+                    return False
+            mine = free[:wanted]
+            _slots_write(
+                GpuHold.objects.bulk_create(GpuHold(machine=machine, gpu_index=i, attempt=attempt) for i in mine)
+            )
+            now = timezone.now()
+            for loser in outbid:
+                passed = loser.gpu_indexes[: wanted - len(mine)]
+                # Whole GPUs only, with their memory slices (which follow the hold).
+                GpuHold.objects.filter(machine=machine, gpu_index__in=passed, mig_profile="").update(attempt=attempt)
+                mine.extend(passed)
+                preemption_notice(outbid=loser.order, attempt=attempt, now=now)
+        _machine_offers_recount(machine)
     Attempt.objects.filter(pk=attempt.pk).update(reserved=wanted)
     attempt.reserved = wanted
     return True
@@ -114,13 +188,13 @@ def _gpus_release(attempt: Attempt) -> None:
     if machine_id is None:
         return
     machine = Machine.objects.select_for_update().get(pk=machine_id)
-    GpuHold.objects.filter(attempt=attempt).delete()
-    held = GpuHold.objects.filter(machine=machine).count()
-    _machine_offers_recount(machine, machine.gpu_count - held)
+    GpuHold.objects.filter(attempt=attempt).delete()  # and, with them, their memory slices
+    _machine_offers_recount(machine)
 
 
 def gpu_indexes_held(*, attempt_id: int) -> tuple[int, ...]:
-    """The GPU indexes the attempt holds on an independent machine, lowest first (empty elsewhere)."""
+    """The GPU indexes the attempt holds on an independent machine, lowest first (empty elsewhere); for a MIG
+    slice, the one GPU it is a slice of."""
     return tuple(
         GpuHold.objects.filter(attempt_id=attempt_id).order_by("gpu_index").values_list("gpu_index", flat=True)
     )
@@ -128,8 +202,9 @@ def gpu_indexes_held(*, attempt_id: int) -> tuple[int, ...]:
 
 def reservation_take(*, attempt: Attempt) -> bool:
     """Hold the attempt's units on its listing: on an independent machine, its offer's GPU count in GPU
-    indexes. True when held (or the offer is unlimited), False when the listing has too few units (GPUs)
-    left, with nothing held. Call inside the transaction that opens the attempt."""
+    indexes, or for a MIG slice's offer one slice of one GPU. True when held (or the offer is unlimited),
+    False when the listing has too few units (GPUs, or room for the slice) left, with nothing held. Call
+    inside the transaction that opens the attempt."""
     offer = attempt.offer
     if offer.capacity is None:
         return True
@@ -171,7 +246,7 @@ def reservation_release(*, attempt_id: int) -> int:
             # Outbid: every GPU it held passed to the attempt that outbid it. The offers are recounted from the
             # holds all the same, which also settles a reservation counted before GPUs were held one by one.
             machine = Machine.objects.select_for_update().get(pk=machine_id)
-            _machine_offers_recount(machine, machine.gpu_count - GpuHold.objects.filter(machine=machine).count())
+            _machine_offers_recount(machine)
             return units
         offer = Offer.objects.get(pk=attempt.offer_id)
         siblings = list(

@@ -13,6 +13,9 @@ holds GPU indexes before launch (``GpuHold``, marketplace/orders/reservations.py
 ``reserved`` so that capacity minus reserved is the leases that still fit in the GPUs nobody holds; the launch
 request names the indexes held.
 
+Each MIG profile the listing offers is sold too, as a slice of one GPU (``_slice_quotes``): the launch names
+the GPU index held and the profile, and the agent creates that MIG instance for the lease alone.
+
 Only the machines on sale (verified and online) are offered and searched by order; every machine with an
 agent is still reached to describe and stop the instances it runs. Every agent answer is validated here
 (types, lengths, states) into the DTOs, a ``MalformedProviderResponse`` naming the field otherwise. Option
@@ -29,7 +32,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import quote
 
@@ -42,6 +45,7 @@ from providers.community.client import (
     AgentUnreachable,
     OutboundAgentClient,
 )
+from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -52,7 +56,15 @@ from providers.errors import (
 from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
 from providers.sshkeys import KEY_TYPES
-from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
+from providers.types import (
+    GPU_FRACTION,
+    Credentials,
+    InstanceHandle,
+    InstanceState,
+    LaunchSpec,
+    OfferQuote,
+    PricingModel,
+)
 
 _STATES = {
     "pending": InstanceState.PENDING,
@@ -70,6 +82,8 @@ MAX_TOKEN = 64  # ``Attempt.client_token``
 MAX_INSTANCES = 256
 MAX_GPUS = 64
 MAX_DEADLINE_S = 60.0  # whatever the account says: a provisioning worker is never held longer by one call
+_PRICE_PLACES = Decimal("0.0001")
+_PROFILE_NAME = re.compile(r"[1-7]g\.[0-9]{1,3}gb")
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,12 @@ class MachineListing:
 def lease_instance_type(gpus: int, gpu_model: str) -> str:
     """``community-2xH100-SXM5``: what a lease of ``gpus`` GPUs of a machine is sold as."""
     return f"community-{gpus}x{gpu_model}"
+
+
+def slice_instance_type(gpu_model: str, profile: str) -> str:
+    """``community-1xH100-SXM5-mig-3g.40gb``: what one MIG slice of a machine's GPU is sold as (at most 38
+    characters for the models with MIG profiles, within ``Offer.instance_type``'s 64)."""
+    return f"{lease_instance_type(1, gpu_model)}-mig-{profile}"
 
 
 def parse_machines(raw: str) -> list[MachineListing]:
@@ -229,6 +249,7 @@ class CommunityAdapter(ProviderAdapter):
             if gpus_found < machine.gpu_count:
                 continue
             offers.extend(self._quotes(machine))
+            offers.extend(self._slice_quotes(machine))
         return offers
 
     def _quotes(self, machine: MachineListing) -> list[OfferQuote]:
@@ -259,16 +280,64 @@ class CommunityAdapter(ProviderAdapter):
             for model, per_gpu in prices.items()
         ]
 
+    def _slice_quotes(self, machine: MachineListing) -> list[OfferQuote]:
+        """One on-demand offer per MIG profile the listing offers: one slice of one GPU.
+
+        A profile ``Ng.Mgb`` is N of the GPU's 7 compute slices (NVIDIA's MIG User Guide, "Supported MIG
+        Profiles"), so ``extra[GPU_FRACTION]`` is N/7, ``gpu_memory_gb`` is M, and the price is the listing's
+        on-demand GPU-hour price times N/7, rounded half up to 4 decimals (the listing's own precision); the
+        host's CPUs and memory are shared by the same share of one GPU. ``capacity`` is how many such slices
+        the machine holds when nobody leases any: per GPU, 7 // N capped by NVIDIA's "Number of Instances
+        Available" for the profile. Slices are not sold interruptible: a slice is never outbid
+        (marketplace/orders/bids.py takes whole GPUs), and an interruptible lease nobody can take back would
+        be an on-demand one at the bid's price."""
+        quotes = []
+        for name in machine.mig_profiles:
+            profile = mig_profile(machine.gpu_model, name)
+            if profile is None:
+                continue  # the listing was checked when saved; a table that lost a profile sells the others
+            share = profile.share
+            host_share = share / machine.gpu_count
+            extra = {"machine": machine.name, "country": machine.country, "mig_profiles": list(machine.mig_profiles)}
+            quotes.append(
+                OfferQuote(
+                    region=machine.region,
+                    zone=machine.name,
+                    instance_type=slice_instance_type(machine.gpu_model, name),
+                    pricing_model=PricingModel.ON_DEMAND,
+                    gpu_model=machine.gpu_model,
+                    gpu_count=1,
+                    gpu_memory_gb=profile.memory_gb,
+                    vcpus=max(1, int(machine.vcpus * host_share)),
+                    memory_gib=Decimal(int(machine.memory_gib * host_share)),
+                    price=(machine.price_per_gpu_hour * share.numerator / share.denominator).quantize(
+                        _PRICE_PLACES, ROUND_HALF_UP
+                    ),
+                    currency="USD",
+                    capacity=machine.gpu_count * profile.per_gpu,
+                    extra={**extra, GPU_FRACTION: float(share), MIG_PROFILE: name},
+                )
+            )
+        return quotes
+
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
         """``POST /v1/instances`` on the machine named by ``spec.zone``, idempotent on the client token. With a
-        boot, the request carries the boot script (base64), from which the host agent starts the lease."""
+        boot, the request carries the boot script (base64), from which the host agent starts the lease. A MIG
+        slice's offer (``offer_extra[MIG_PROFILE]``) launches one GPU with ``mig_profile`` named: the agent
+        creates that MIG instance on the GPU held and the lease sees only it."""
         machine = self._machine(spec.zone)
         if not machine.for_sale:
             # Its offer may outlive it until the next sync: a machine out of sale takes no new launch.
             raise CapacityUnavailable(
                 f"machine {machine.name} is not on sale now", code="machine_off_sale", provider=PROVIDER
             )
-        gpus = spec.gpu_count or machine.gpu_count
+        profile = spec.offer_extra.get(MIG_PROFILE)
+        gpus = 1 if profile else spec.gpu_count or machine.gpu_count
+        if profile and profile not in machine.mig_profiles:
+            raise ProviderRequestRejected(
+                f"machine {machine.name} does not offer MIG profile {str(profile)[:32]!r}", code="mig_profile_unlisted",
+                provider=PROVIDER,
+            )  # fmt: skip
         if spec.gpu_indexes and len(spec.gpu_indexes) != gpus:
             raise ProviderRequestRejected(
                 f"{len(spec.gpu_indexes)} GPU indexes held for a lease of {gpus}", code="gpu_indexes_mismatch",
@@ -283,6 +352,8 @@ class CommunityAdapter(ProviderAdapter):
         }
         if spec.gpu_indexes:
             body["gpu_indexes"] = list(spec.gpu_indexes)  # the broker's holds; without them the agent picks
+        if profile:
+            body["mig_profile"] = profile
         script = self.user_data(spec)
         if script is not None:
             body["boot"] = base64.b64encode(script).decode()
@@ -337,13 +408,21 @@ class CommunityAdapter(ProviderAdapter):
         gpus = item.get("gpus")
         if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= 1024):
             raise _malformed("instance.gpus", "expected a whole number from 0 to 1024")
+        profile = item.get("mig_profile")
+        profile = None if profile == "" else profile  # absent or empty: a lease of whole GPUs
+        if profile is not None and (not isinstance(profile, str) or not _PROFILE_NAME.fullmatch(profile)):
+            raise _malformed("instance.mig_profile", "expected a MIG profile name such as 3g.40gb")
         ssh = item.get("ssh")
         host = _ssh_host(ssh)
+        if profile is not None:
+            instance_type = slice_instance_type(machine.gpu_model, profile)
+        else:
+            instance_type = lease_instance_type(gpus, machine.gpu_model) if gpus else machine.instance_type
         return InstanceHandle(
             instance_id=f"{machine.name}/{agent_id}",
             region=machine.region,
             zone=machine.name,
-            instance_type=lease_instance_type(gpus, machine.gpu_model) if gpus else machine.instance_type,
+            instance_type=instance_type,
             state=_STATES[state],
             public_ip=host,
             tags=_tags(item.get("tags")),

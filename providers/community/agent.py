@@ -40,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
@@ -51,8 +52,16 @@ from werkzeug.wrappers import Request, Response
 
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
-from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, NvidiaDevices, user_plan
-from providers.community.lease import LeaseAgent, Transport, http_transport, telemetry_sample
+from providers.community.executor import (
+    FakeDevices,
+    LeaseExecutor,
+    LeasePlan,
+    MigDevice,
+    NvidiaDevices,
+    user_plan,
+)
+from providers.community.lease import ExecutorError, LeaseAgent, Transport, http_transport, telemetry_sample
+from providers.community.mig import MEMORY_SLICES, MigProfile, mig_place, mig_table_for_memory
 
 log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
@@ -84,6 +93,10 @@ class Instance:
     lease_stop: threading.Event = field(default_factory=threading.Event)
     ending: bool = False  # a terminate is cleaning up; the GPUs stay held until it is done
     cleanup: dict[str, Any] | None = None
+    # A MIG slice: its profile, the memory slices of its GPU it occupies, and the MIG device made for it.
+    mig_profile: str = ""
+    mig_slots: tuple[int, ...] = ()
+    mig_device: MigDevice | None = None
 
     @property
     def executor(self) -> LeaseExecutor | None:
@@ -104,11 +117,22 @@ class Instance:
             "tags": self.tags,
             "ssh": ssh,
         }
+        if self.mig_profile:
+            answer["mig_profile"] = self.mig_profile
         if self.executor is not None and self.executor.problem:
             answer["problem"] = self.executor.problem
         if self.cleanup is not None:
             answer["cleanup"] = self.cleanup
         return answer
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Where a MIG slice lease goes: its GPU, its profile, its first memory slice."""
+
+    index: int
+    profile: MigProfile
+    start: int
 
 
 class PortPool:
@@ -195,6 +219,7 @@ class Agent:
         grace_s: float = 10.0,
         disk_poll_s: float | None = 5.0,
         mig: dict[int, list[str]] | None = None,
+        mig_profiles: Sequence[str] | None = None,
         poll_s: float = 1.0,
         broker_transport: Transport | None = None,
         command_threads: bool = True,
@@ -232,6 +257,8 @@ class Agent:
         self.grace_s = grace_s
         self.disk_poll_s = disk_poll_s
         self.ports = PortPool(None if simulated is not None else PORTS_FIRST)
+        # The MIG profiles this host sells as slices (its listing's); None: every one its GPUs offer.
+        self.mig_profiles = None if mig_profiles is None else tuple(mig_profiles)
         self.devices: NvidiaDevices | FakeDevices = (
             FakeDevices([(g.model, g.memory_gb) for g in simulated], mig or {})
             if simulated is not None
@@ -496,7 +523,14 @@ class Agent:
             total = len(self.simulated) if self.simulated is not None else len(read_nvidia_smi()[0])
             held = self._held_gpus_locked()
             asked = request.get("gpu_indexes")
-            if asked is not None:
+            sliced: _Slice | None = None
+            indexes: tuple[int, ...]
+            if request.get("mig_profile") is not None:
+                placed = self._slice_place(request["mig_profile"], gpus, asked)
+                if not isinstance(placed, _Slice):
+                    return placed
+                sliced, indexes = placed, (placed.index,)
+            elif asked is not None:
                 refusal = _check_indexes(asked, gpus, total, held)
                 if refusal is not None:
                     return refusal
@@ -520,14 +554,69 @@ class Agent:
                 gpu_indexes=indexes,
                 tags={str(k): str(v) for k, v in (request.get("tags") or {}).items()},
             )
+            if sliced is not None:
+                # Made last, once nothing else can refuse the launch, and under the lock, so two launches never
+                # create on one GPU at once (the new device is told apart by what was there before).
+                try:
+                    instance.mig_device = self.devices.mig_create(sliced.index, sliced.profile.name)
+                except ExecutorError as exc:
+                    return _answer({"code": "gpus_busy", "message": f"GPU {sliced.index}: {exc}"[:300]}, 409)
+                instance.mig_profile = sliced.profile.name
+                instance.mig_slots = tuple(sliced.profile.slots(sliced.start))
             if lease is not None:
-                instance.lease = self._lease(instance, lease)
+                try:
+                    instance.lease = self._lease(instance, lease)
+                except BaseException:
+                    if instance.mig_device is not None:
+                        self._mig_destroy(instance.mig_device)  # nobody will ever terminate this instance
+                    raise
             self.instances[instance.id] = instance
         if instance.lease is not None and self.lease_threads:
             threading.Thread(
                 target=instance.lease.run, args=(instance.lease_stop,), name=f"lease:{instance.id}", daemon=True
             ).start()
         return _answer(instance.json(self._ssh()), 201)
+
+    def _slice_place(self, name: Any, gpus: int, asked: Any) -> _Slice | Answer:
+        """Where a launch's MIG slice goes (call under the lock), or the refusal: 400 for a profile this
+        machine does not sell or a request out of shape, 409 ``gpus_busy`` when the GPU named (or, unnamed,
+        every GPU) has no room for it beside the live leases (a GPU leased whole has none)."""
+        gpus_seen = self.gpus()
+        table = mig_table_for_memory(gpus_seen[0].memory_gb) if gpus_seen else {}
+        offered = [p for p in table if self.mig_profiles is None or p in self.mig_profiles]
+        if not isinstance(name, str) or name not in offered:
+            why = f"mig_profile: this machine offers {', '.join(offered) or 'no MIG profiles'}; not {str(name)[:32]!r}"
+            return _answer({"code": "invalid", "message": why}, 400)
+        if gpus != 1:
+            why = f"mig_profile: a MIG slice is one GPU's; gpus is {gpus}"
+            return _answer({"code": "invalid", "message": why}, 400)
+        profile = table[name]
+        taken: dict[int, set[int]] = {}
+        for instance in self.instances.values():
+            if instance.holds_gpus():
+                for index in instance.gpu_indexes:
+                    # A GPU leased whole is all taken; a slice takes its memory slices of its GPU.
+                    taken.setdefault(index, set()).update(instance.mig_slots or range(MEMORY_SLICES))
+        if asked is None:
+            placed = mig_place(taken, profile, len(gpus_seen))
+            if placed is None:
+                return _answer({"code": "gpus_busy", "message": f"no GPU has room for a {name}"}, 409)
+            return _Slice(placed[0], profile, placed[1])
+        if (
+            not isinstance(asked, list)
+            or len(asked) != 1
+            or not isinstance(asked[0], int)
+            or isinstance(asked[0], bool)
+            or not 0 <= asked[0] < len(gpus_seen)
+        ):
+            why = f"gpu_indexes: one GPU from 0 to {len(gpus_seen) - 1} for a MIG slice"
+            return _answer({"code": "invalid", "message": why}, 400)
+        index = asked[0]
+        start = profile.place(taken.get(index, set()))
+        if start is None:
+            why = f"GPU {index} has no room for a {name}: its memory slices {sorted(taken[index])} are held"
+            return _answer({"code": "gpus_busy", "message": why}, 409)
+        return _Slice(index, profile, start)
 
     def _lease(self, instance: Instance, lease: dict[str, Any]) -> LeaseAgent:
         """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own."""
@@ -541,6 +630,8 @@ class Agent:
             user=user_plan("lease-" + instance.id.removeprefix("i-")[:12], self.data_dir / "leases" / instance.id),
             exposed=exposed,
             authorized_keys=tuple(str(key) for key in lease.get("ssh_keys") or []),  # checked with the lease file
+            # A MIG slice's lease sees its own MIG device alone.
+            mig_devices=(instance.mig_device.uuid,) if instance.mig_device is not None else (),
         )
         executor = LeaseExecutor(
             plan,
@@ -561,10 +652,22 @@ class Agent:
         GPUs are free once this returns. Returns (and the instance reports) what was cleaned."""
         cleanup = self._end_lease(instance)
         with self._lock:
+            if instance.mig_device is not None:
+                # After its processes are gone (the driver will not destroy a MIG device in use).
+                cleanup["mig_device_destroyed"] = self._mig_destroy(instance.mig_device)
             cleanup["ports_released"] = list(self.ports.release(instance.id))
             instance.cleanup = cleanup
             instance.state = "terminated"
         return cleanup
+
+    def _mig_destroy(self, device: MigDevice) -> bool:
+        try:
+            self.devices.mig_destroy(device)
+        except ExecutorError as exc:
+            # Its memory slices stay taken on the GPU: a later slice there is refused by the driver (409).
+            log.error("could not destroy MIG device %s on GPU %s: %s", device.uuid, device.gpu_index, exc)
+            return False
+        return True
 
     @staticmethod
     def _end_lease(instance: Instance) -> dict[str, Any]:
@@ -640,6 +743,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch-seconds", type=float, default=2.0)
     parser.add_argument("--data-dir", type=Path, help=f"where leases' working directories live (default {DATA_DIR})")
     parser.add_argument("--disk-quota-gb", type=int, default=DISK_QUOTA_GB, help="each lease's disk quota")
+    parser.add_argument(
+        "--mig-profiles", help="the MIG profiles the listing sells as slices, e.g. 1g.10gb,3g.40gb (default: every "
+        "profile the GPUs offer); the GPUs they run on must be in MIG mode (nvidia-smi -i N -mig 1)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not (args.public_url or args.ssh_address or args.simulate):
         # An outbound-only host would report its leases' SSH at its own loopback: no buyer could log in.
@@ -656,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         launch_seconds=args.launch_seconds,
         data_dir=args.data_dir,
         disk_quota_bytes=args.disk_quota_gb * 10**9,
+        mig_profiles=None if args.mig_profiles is None else [p.strip() for p in args.mig_profiles.split(",")],
     )
     if args.public_url:
         print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,21 @@ PULL_S = 3600  # a large image over a slow uplink; the broker's boot deadline en
 RUN_S = 300
 _MIG_LINE = re.compile(r"^\s+MIG .*\(UUID: (MIG-[0-9A-Za-z-]+)\)")
 _GPU_LINE = re.compile(r"^GPU (\d+):")
+# What ``nvidia-smi mig -cgi ... -C`` prints: "Successfully created GPU instance ID  5 on GPU  0 using profile
+# MIG 3g.40gb (ID  9)", then "Successfully created compute instance ID  0 on GPU  0 GPU instance ID  5 ...".
+_GI_CREATED = re.compile(r"created GPU instance ID\s+(\d+)")
+_CI_CREATED = re.compile(r"created compute instance ID\s+(\d+)")
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG instance the agent created for one lease: the GPU it is on, its UUID (what the lease's
+    ``CUDA_VISIBLE_DEVICES`` names), and the GPU and compute instance ids it is destroyed by."""
+
+    gpu_index: int
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
 
 
 # ------------------------------------------------------------------------------------------------ devices
@@ -92,13 +108,45 @@ class NvidiaDevices:
                 found.setdefault(current, []).append(mig.group(1))
         return found
 
+    def mig_create(self, index: int, profile: str) -> MigDevice:
+        """A GPU instance of ``profile`` on GPU ``index`` (in MIG mode) with its default compute instance, as
+        NVIDIA's MIG User Guide creates one ("Creating GPU Instances": ``nvidia-smi mig -cgi <profile> -C``,
+        here with ``-i <index>``). Its UUID is the one MIG device ``nvidia-smi -L`` lists on that GPU that it
+        did not before, so callers serialise creations on the host (the agent's lock). ``ExecutorError`` when
+        the driver refuses (no room, MIG mode off), with nothing left behind."""
+        before = set(self.mig_instances().get(index, []))
+        out = self._smi("mig", "-i", str(index), "-cgi", profile, "-C")
+        gi, ci = _GI_CREATED.search(out), _CI_CREATED.search(out)
+        new = [found for found in self.mig_instances().get(index, []) if found not in before]
+        if gi is None or ci is None or len(new) != 1:
+            if gi is not None:
+                # Half made (no compute instance, or no device to name): take the GPU instance away again.
+                with contextlib.suppress(ExecutorError):
+                    self._smi("mig", "-i", str(index), "-gi", gi.group(1), "-dci")
+                    self._smi("mig", "-i", str(index), "-gi", gi.group(1), "-dgi")
+            raise ExecutorError(
+                f"nvidia-smi made no {profile} MIG device on GPU {index}: {' '.join(out.split())[:200]}"
+            )
+        return MigDevice(index, new[0], int(gi.group(1)), int(ci.group(1)))
+
+    def mig_destroy(self, device: MigDevice) -> None:
+        """Destroy the lease's MIG instance: its compute instances, then its GPU instance, in the order the
+        MIG User Guide's "Destroying GPU Instances" gives (``nvidia-smi mig -dci``, then ``-dgi``), with
+        ``-i`` and ``-gi`` naming only this one. ``ExecutorError`` when the driver refuses (a process still
+        on it)."""
+        gpu, gi = str(device.gpu_index), str(device.gpu_instance)
+        self._smi("mig", "-i", gpu, "-gi", gi, "-dci")
+        self._smi("mig", "-i", gpu, "-gi", gi, "-dgi")
+
 
 @dataclass
 class FakeDevices:
-    """GPUs that are not there, for ``--simulate``: the models given, and MIG instances if the test says so."""
+    """GPUs that are not there, for ``--simulate``: the models given, and MIG instances if the test says so.
+    MIG instances made for leases (``mig_create``) get a fake UUID and are listed like the host's own."""
 
     models: list[tuple[str, int]]
     mig: dict[int, list[str]] = field(default_factory=dict)
+    created: list[MigDevice] = field(default_factory=list)  # live ones this host made, oldest first
 
     def gpus(self, indexes: tuple[int, ...]) -> list[GpuSeen]:
         return [GpuSeen(i, *self.models[i]) for i in indexes if 0 <= i < len(self.models)]
@@ -114,10 +162,30 @@ class FakeDevices:
     def mig_instances(self) -> dict[int, list[str]]:
         return {index: list(uuids) for index, uuids in self.mig.items()}
 
+    def mig_create(self, index: int, profile: str) -> MigDevice:
+        """``NvidiaDevices.mig_create`` without the driver: a fake UUID on GPU ``index``."""
+        if not 0 <= index < len(self.models):
+            raise ExecutorError(f"no GPU {index} to make a {profile} MIG device on")
+        gpu_instance = 1 + max((d.gpu_instance for d in self.created if d.gpu_index == index), default=0)
+        device = MigDevice(index, f"MIG-{uuid.uuid4()}", gpu_instance, 0)
+        self.mig.setdefault(index, []).append(device.uuid)
+        self.created.append(device)
+        return device
 
-def visible_devices(indexes: tuple[int, ...], mig: dict[int, list[str]]) -> list[str]:
+    def mig_destroy(self, device: MigDevice) -> None:
+        if device in self.created:
+            self.created.remove(device)
+            self.mig[device.gpu_index].remove(device.uuid)
+            if not self.mig[device.gpu_index]:
+                del self.mig[device.gpu_index]
+
+
+def visible_devices(indexes: tuple[int, ...], mig: dict[int, list[str]], own: tuple[str, ...] = ()) -> list[str]:
     """What ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` name: a GPU's MIG instances where the host
-    enabled MIG on it (CUDA sees only those), else the GPU's index."""
+    enabled MIG on it (CUDA sees only those), else the GPU's index. ``own``: the MIG devices the agent made for
+    this lease alone (a MIG slice), which are then all it sees, whatever else runs on that GPU."""
+    if own:
+        return list(own)
     devices: list[str] = []
     for index in indexes:
         devices.extend(mig.get(index) or [str(index)])
@@ -159,6 +227,7 @@ class LeasePlan:
     user: UserPlan
     exposed: tuple[int, ...] = ()  # the workload's ports, published on host_ports[1:]
     authorized_keys: tuple[str, ...] = ()  # the buyer's public keys ("<type> <base64>"), checked by the agent
+    mig_devices: tuple[str, ...] = ()  # a MIG slice's lease: the MIG device (UUID) the agent made for it alone
 
 
 # sshd(8), AUTHORIZED_KEYS FILE FORMAT: "restrict" turns off port, agent and X11 forwarding and the pty, and
@@ -385,7 +454,7 @@ class LeaseExecutor:
         return self.devices.telemetry(self.plan.gpu_indexes, busy=self.runner != "none")
 
     def visible(self) -> list[str]:
-        return visible_devices(self.plan.gpu_indexes, self.devices.mig_instances())
+        return visible_devices(self.plan.gpu_indexes, self.devices.mig_instances(), self.plan.mig_devices)
 
     # -------------------------------------------------------------------------------------- workload
 

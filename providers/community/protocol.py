@@ -28,8 +28,12 @@ Broker -> agent (on ``agent_url``):
   lease on ``gpus`` of the machine's GPUs. ``gpu_indexes`` (optional) names them (``[1, 2]``: distinct, as many
   as ``gpus``, each below the machine's GPU count, else ``400 {"code": "invalid"}``); without it the agent takes
   the lowest free ones. A GPU belongs to one live lease at a time: ``409 {"code": "gpus_busy"}`` when a named
-  one is held by another, ``409 {"code": "no_capacity"}`` when too few are free. Idempotent on
-  ``client_token``: a repeat returns the same instance;
+  one is held by another, ``409 {"code": "no_capacity"}`` when too few are free. With ``"mig_profile":
+  "3g.40gb"`` (and ``gpus`` 1) the lease is one MIG slice of one GPU: the agent creates that MIG instance on
+  the GPU named (else where it packs best) and the lease sees only it; ``400 {"code": "invalid"}`` names a
+  profile the machine does not sell, ``409 {"code": "gpus_busy"}`` when the GPU is leased whole or its free
+  memory slices cannot hold the profile (providers/community/mig.py). Idempotent on ``client_token``: a
+  repeat returns the same instance;
 - ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
   A terminate kills the lease's processes (SIGTERM, SIGKILL after a grace), removes its container and working
   directory and frees its ports before it answers.
@@ -50,9 +54,10 @@ agent checks them as it checks an inbound request (signature, skew, nonce never 
 past its expiry (``expired``) without running it: the broker has stopped waiting for it by then.
 
 An instance is ``{"id", "state": "pending"|"running"|"terminated"|"failed", "client_token", "order_ref",
-"gpus", "gpu_indexes", "tags", "ssh": "host:port"}``, with ``"problem"`` when the agent stopped the workload
-(``"disk quota exceeded"``) and, once terminated, ``"cleanup": {"processes_killed", "killed_after_grace",
-"container_removed", "bytes_freed", "work_dir_removed", "ports_released", "user"}``. Errors are
+"gpus", "gpu_indexes", "tags", "ssh": "host:port"}``, with ``"mig_profile"`` for a MIG slice, ``"problem"``
+when the agent stopped the workload (``"disk quota exceeded"``) and, once terminated, ``"cleanup":
+{"processes_killed", "killed_after_grace", "container_removed", "bytes_freed", "work_dir_removed",
+"ports_released", "user"}`` (and ``"mig_device_destroyed"`` for a slice). Errors are
 ``{"code", "message"}``.
 
 Standard library only, so the reference agent runs on a bare machine.

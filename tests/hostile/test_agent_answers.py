@@ -67,6 +67,9 @@ def _spec() -> LaunchSpec:
         ({"client_token": "t" * 65}, "instance.client_token"),
         ({"gpus": "eight"}, "instance.gpus"),
         ({"gpus": True}, "instance.gpus"),
+        ({"mig_profile": "3g.40gb; rm -rf /"}, "instance.mig_profile"),
+        ({"mig_profile": "9" * 80}, "instance.mig_profile"),
+        ({"mig_profile": 0}, "instance.mig_profile"),
     ],
 )
 def test_a_malformed_instance_is_refused_naming_the_field(fleet, answering, change, field):
