@@ -19,11 +19,13 @@ Policies:
 
 Placement is the engine's online entry point, ``marketplace.matching.rank``, against an ``OfferBook`` whose
 capacity column is the hosts' free GPUs at the arrival minute (the leases of each size that still fit, as
-the reservations set them). Packing is a tie-break on top: among the quotes within ``--pack-tolerance`` of
-the best cost of useful work, the one leaving its host the fewest free GPUs (best fit), so that whole
-machines stay free for the big jobs. Demands carry no profile, so the engine scores dense FP16 per dollar
-with the host's reliability folded in, and the wasted cost of idle GPUs in a bigger lease. The engine has
-an online entry point, so no batch window is used (``assign`` per window would be the batch variant).
+the reservations set them), and whose offers of one host share a capacity pool of its free GPUs, as the
+catalogue builds them (marketplace/catalog/selectors.py). Packing is a tie-break on top: among the quotes
+within ``--pack-tolerance`` of the best cost of useful work, the one leaving its host the fewest free GPUs
+(best fit), so that whole machines stay free for the big jobs. Demands carry no profile, so the engine
+scores dense FP16 per dollar with the host's reliability folded in, and the wasted cost of idle GPUs in a
+bigger lease. The engine has an online entry point, so no batch window is used (``assign`` per window would
+be the batch variant).
 Every figure is clipped to the simulated day; the market starts empty at minute 0.
 
 Utilization is useful GPU-hours (the GPUs a demand asked for, working) over GPU-hours offered; "sold" also
@@ -229,6 +231,8 @@ def _book(machines: Sequence[Host], policy: str) -> tuple[OfferBook, np.ndarray,
                     spec=spec[m.gpu_model],
                     jurisdiction="US",
                     reliability=h.reliability,
+                    capacity_pool=m.name,
+                    pool_capacity=m.gpu_count,
                 )
             )
             host_of.append(h.index)
@@ -282,7 +286,8 @@ def simulate(
         started = time.perf_counter()
         free = free_from <= a.minute
         free_count = free.sum(axis=1)
-        now_book = dataclasses.replace(book, columns={**book.columns, "capacity": free_count[host_of] // size_of})
+        now_columns = {"capacity": free_count[host_of] // size_of, "pool_free": free_count[host_of].astype(np.float64)}
+        now_book = dataclasses.replace(book, columns={**book.columns, **now_columns})
         exclusion = None
         if cap_rule == "per-gpu":
             over = np.flatnonzero(per_gpu_price > float(a.cap_per_gpu))

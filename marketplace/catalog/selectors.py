@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -172,20 +173,62 @@ def _machine_records(*, now: dt.datetime) -> dict[tuple[int, str], tuple[float, 
     return scores
 
 
+def machine_free_gpus(offers: Iterable[Offer]) -> dict[tuple[int, str], int]:
+    """Per independent machine (account, machine name = the offer's zone) among ``offers``: the GPUs a new
+    lease can still take, from its finite offers alone (no query).
+
+    The reservations keep each lease size's capacity minus reserved at the leases that fit in the machine's
+    free GPUs (marketplace/orders/reservations.py), so that times the size is the free GPUs rounded down to
+    a multiple of the size; the largest over the sizes is what any mix of leases can take together (every
+    lease but the whole machine is a multiple of the smallest). Offers of machines not among ``offers``
+    (stale, withdrawn) are not counted, which can only make the figure smaller, never larger. A slice of a
+    GPU (a MIG profile under a whole card) is neither counted nor pooled: it keeps its own count of the
+    slices that fit, which whole GPUs do not measure."""
+    free: dict[tuple[int, str], int] = {}
+    for offer in offers:
+        if offer.capacity is None or not _pooled(offer):
+            continue
+        key = (offer.account_id, offer.zone)
+        left = max(offer.capacity - offer.reserved, 0) * offer.gpu_count
+        free[key] = max(free.get(key, 0), left)
+    return free
+
+
+def _pooled(offer: Offer) -> bool:
+    """A finite offer of whole GPUs: one that can share its machine's pool."""
+    return offer.capacity is not None and float((offer.extra or {}).get(GPU_FRACTION, 1.0)) >= 1.0
+
+
+def machine_pool(account_id: int, machine: str) -> str:
+    """The capacity pool an independent machine's offers share in the engine (``OfferView.capacity_pool``)."""
+    return f"machine:{account_id}:{machine}"
+
+
 def offer_views(*, now: dt.datetime) -> list[OfferView]:
     """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk. An
-    independent machine's reliability is its own (``machine_reliability``), a cloud account's its launches'."""
+    independent machine's reliability is its own (``machine_reliability``), a cloud account's its launches'.
+    An independent machine's finite offers of whole GPUs (one per lease size and pricing model) share one
+    capacity pool, its free GPUs (``machine_free_gpus``), so a batch never plans more GPUs on it than it has
+    free."""
     since = now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
     reliability = account_reliability()
     machines = machine_reliability(now=now)
     spot_rate = settings.SPOT_INTERRUPTIONS_PER_HOUR
     specs: dict[int, GpuSpec] = {}
     views = []
-    offers = (
+    offers = list(
         Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True, last_seen_at__gte=since)
         .select_related("gpu_model", "account")
         .order_by("id")
     )
+    # GPU holds, and so pools, exist only where a finite offer's zone names a Machine of its account
+    # (reservations.py's test); one query for all of them.
+    zones = {(o.account_id, o.zone) for o in offers if _pooled(o)}
+    listed: set[tuple[int, str]] = set()
+    if zones:
+        machine_rows = Machine.objects.filter(account_id__in={account for account, _ in zones})
+        listed = zones & set(machine_rows.values_list("account_id", "name"))
+    free = machine_free_gpus(o for o in offers if (o.account_id, o.zone) in listed)
     for offer in offers:
         spec = specs.get(offer.gpu_model_id)
         if spec is None:
@@ -200,9 +243,17 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
                 if (offer.account_id, offer.zone) in machines
                 else reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
                 interruption_rate_per_hour=spot_rate if offer.pricing_model == "spot" else 0.0,
+                **_pool_fields(offer, free),
             )
         )
     return views
+
+
+def _pool_fields(offer: Offer, free: dict[tuple[int, str], int]) -> dict[str, Any]:
+    key = (offer.account_id, offer.zone)
+    if not _pooled(offer) or key not in free:
+        return {}
+    return {"capacity_pool": machine_pool(*key), "pool_capacity": free[key]}
 
 
 _book_lock = threading.Lock()

@@ -13,9 +13,10 @@ Public functions (stable):
 
 ``assign(demands, offers, *, now, time_limit=5.0, max_age=None) -> Assignment``
     Many demands against offers of finite capacity (instances, or GPUs of a divisible machine that
-    several demands can share). Minimises the sum over demands of score x work (the demand's size in
-    reference cards x hours), with a penalty for every demand left unplaced. Always returns a feasible
-    assignment within the time limit, with a proven lower bound and the gap to it
+    several demands can share, or a pool of GPUs several offers draw on: an independent machine sold per
+    lease size, ``OfferView.capacity_pool``). Minimises the sum over demands of score x work (the
+    demand's size in reference cards x hours), with a penalty for every demand left unplaced. Always
+    returns a feasible assignment within the time limit, with a proven lower bound and the gap to it
     (``marketplace.matching.optimize`` explains the method).
 
 ``rank_offers(demand, offers, *, now, max_age, exclusion=None) -> MatchResult``

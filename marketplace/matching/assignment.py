@@ -1,4 +1,9 @@
-"""``assign``: many demands against offers of finite capacity, minimising the total cost of useful work."""
+"""``assign``: many demands against offers of finite capacity, minimising the total cost of useful work.
+
+A capacity row is an offer's own stock (instances, or GPUs of a divisible listing), or a pool several
+offers draw on (``OfferView.capacity_pool``: an independent machine's free GPUs, sold per lease size), in
+which a column takes the GPUs its demand occupies. A pooled offer has no row of its own: the pool bounds it.
+"""
 
 from __future__ import annotations
 
@@ -29,12 +34,18 @@ def build_problem(
     exclusion: Exclusion | None = None,
 ) -> tuple[Problem, list[str]]:
     """The assignment problem of ``demands`` over ``book``: a column per feasible (demand, offer), costing
-    score x the demand's work; a capacity row per offer with finite stock. Also, per demand with no
-    feasible offer, why."""
-    limited = np.isfinite(book.columns["capacity"])
+    score x the demand's work; a capacity row per offer with finite stock outside any pool, then one per
+    capacity pool, in GPUs. Also, per demand with no feasible offer, why."""
+    pool = book.columns["pool"]
+    pooled = pool >= 0
+    limited = np.isfinite(book.columns["capacity"]) & ~pooled
+    n_own = int(limited.sum())
     row_of = np.full(len(book), -1, dtype=np.int64)
-    row_of[limited] = np.arange(int(limited.sum()))
-    capacity = book.columns["capacity"][limited].astype(np.float64)
+    row_of[limited] = np.arange(n_own)
+    row_of[pooled] = n_own + pool[pooled]
+    pool_capacity = np.zeros(book.n_pools)
+    pool_capacity[pool[pooled]] = book.columns["pool_free"][pooled]
+    capacity = np.concatenate([book.columns["capacity"][limited], pool_capacity]).astype(np.float64)
     parts_d, parts_j, parts_units, parts_cost = [], [], [], []
     penalties = np.ones(len(demands))
     why_not: list[str] = []
@@ -53,7 +64,7 @@ def build_problem(
         penalties[d] = UNPLACED_FACTOR * float(cost.max())
         parts_d.append(np.full(idx.size, d, dtype=np.int64))
         parts_j.append(idx)
-        parts_units.append(vectors.units[idx])
+        parts_units.append(np.where(pooled[idx], vectors.pool_units[idx], vectors.units[idx]))
         parts_cost.append(cost)
 
     def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:

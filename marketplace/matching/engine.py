@@ -28,6 +28,11 @@ def _infeasible(demand: Demand, offer: OfferView, now: dt.datetime, max_age: dt.
     # Capacity counts instances, or GPUs of a divisible listing (OfferView's contract).
     if offer.capacity is not None and offer.capacity < (demand.gpu_count if offer.divisible else 1):
         return "capacity"
+    # A pool (one machine's lease sizes) counts the GPUs the lease occupies.
+    if offer.pool_capacity is not None and offer.pool_capacity < (
+        demand.gpu_count if offer.divisible else offer.gpu_count
+    ):
+        return "capacity"
     if now - offer.observed_at > max_age:
         return "stale price"
     return ""

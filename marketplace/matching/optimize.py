@@ -1,8 +1,9 @@
 """Batch assignment as a generalised assignment problem, solved near-optimally with a certified bound.
 
 The problem: each demand takes at most one of its columns (a feasible offer at a cost) or stays unplaced
-at a penalty; the columns sharing a capacity row (an offer with finite stock) may use at most its
-capacity. Minimise the total.
+at a penalty; the columns sharing a capacity row (an offer with finite stock, or a pool of GPUs several
+offers draw on, such as an independent machine's lease sizes) may use at most its capacity, each column
+taking its ``units`` of it. Minimise the total.
 
 ``solve`` answers within its time limit, always with a feasible choice:
 
@@ -10,7 +11,10 @@ capacity. Minimise the total.
 2. the LP relaxation by column generation over the cheapest columns (HiGHS through highspy, re-solving
    from its last basis as columns enter), priced against every column, with the Lagrangian bound of each
    round's duals kept, so the lower bound is valid even if time runs out before the LP converges;
-3. the LP rounded and repaired, then improved by moving demands to cheaper columns with room;
+3. the LP rounded (in its order of certainty, and in order of what leaving each demand out loses) and
+   repaired, then improved by moving demands to cheaper columns with room, and, while the gap is above
+   its target, by making room: moving the demands that fill a row elsewhere when the demand taking their
+   place gains more than they lose;
 4. HiGHS's MILP on the restricted problem: every column whose reduced cost is within the current gap (so,
    by the reduced-cost argument, the restricted optimum is the global one), capped per demand when that
    set is too large, under the time left.
@@ -46,7 +50,8 @@ _MILP_GRACE_S = 0.1  # past its deadline before a MILP still running is abandone
 
 @dataclass(frozen=True, eq=False)
 class Problem:
-    """Columns sorted by demand, then cost. ``row`` is a column's capacity row, -1 for unlimited stock."""
+    """Columns sorted by demand, then cost. ``row`` is a column's capacity row, -1 for unlimited stock;
+    ``units`` is what the column takes of that row (instances, or GPUs of a divisible listing or a pool)."""
 
     demand: IntArray
     row: IntArray
@@ -334,9 +339,13 @@ def _relax(problem: Problem, seed: IntArray, deadline: float) -> _Relaxation:
         in_model = np.concatenate([in_model, new])
 
 
-def _round(problem: Problem, relaxation: _Relaxation) -> IntArray:
-    """Demands the LP placed most surely go first, each to its LP column with the most weight that has
-    room, or else its cheapest column with room."""
+def _round(problem: Problem, relaxation: _Relaxation, *, by_value: bool = False) -> IntArray:
+    """Each demand in turn to its LP column with the most weight that has room. By default the demands the
+    LP placed most surely go first, and one whose LP columns are full takes its cheapest column with room
+    at once. ``by_value`` orders them by what the LP says leaving each out would lose (weight x penalty)
+    and lets the rest take their cheapest columns with room only after every LP-guided placement, largest
+    penalty first: on a GPU pool, a big job the LP split between machines then finds the room that small
+    demands placed surely would otherwise have taken."""
     n = problem.n_demands
     by_demand: dict[int, list[tuple[float, int]]] = {}
     for j, v in relaxation.x.items():
@@ -344,7 +353,8 @@ def _round(problem: Problem, relaxation: _Relaxation) -> IntArray:
     certainty = np.array([max((v for v, _ in by_demand.get(d, [])), default=0.0) for d in range(n)])
     residual = problem.capacity.copy()
     choice = np.full(n, -1, dtype=np.int64)
-    for d in np.argsort(-certainty, kind="stable"):
+    left: list[int] = []
+    for d in np.argsort(-(certainty * problem.unplaced if by_value else certainty), kind="stable"):
         d = int(d)
         preferred = [j for _, j in sorted(by_demand.get(d, []), reverse=True)]
         j = -1
@@ -355,7 +365,104 @@ def _round(problem: Problem, relaxation: _Relaxation) -> IntArray:
                 if r >= 0:
                     residual[r] -= problem.units[cand]
                 break
+        if j < 0 and by_value:
+            left.append(d)
+            continue
         choice[d] = j if j >= 0 else _take_cheapest(problem, d, residual)
+    for d in sorted(left, key=lambda d: -problem.unplaced[d]):
+        choice[d] = _take_cheapest(problem, d, residual)
+    return choice
+
+
+def _make_room(problem: Problem, choice: IntArray, deadline: float) -> IntArray:
+    """Move demands to cheaper columns whose row is full, by moving the row's other demands out of the way:
+    each to its cheapest column with room in another row, or unplaced, when the demand gains more than
+    they lose together. ``improve`` only moves into room; this is the move a pool of GPUs needs (a 4-GPU
+    job in place of two pairs that fit elsewhere). Demands with the most at stake go first."""
+    choice = choice.copy()
+    residual = _residual(problem, choice)
+    members: dict[int, set[int]] = {}
+    for placed in np.flatnonzero(choice >= 0):
+        r = int(problem.row[choice[placed]])
+        if r >= 0:
+            members.setdefault(r, set()).add(int(placed))
+
+    def cost_of(d: int, j: int) -> float:
+        return float(problem.unplaced[d] if j < 0 else problem.cost[j])
+
+    def elsewhere(e: int, away: int, taken: dict[int, float]) -> int:
+        """``e``'s cheapest column with room outside row ``away`` (room already promised counted), or -1."""
+        cols = np.arange(problem.starts[e], problem.starts[e + 1])
+        rows = problem.row[cols]
+        promised = np.array([taken.get(int(r), 0.0) for r in rows]) if taken else 0.0
+        room = np.append(residual, np.inf)[rows] - promised
+        ok = (rows != away) & (room >= problem.units[cols] - 1e-9) & (problem.cost[cols] < problem.unplaced[e])
+        return int(cols[np.argmax(ok)]) if ok.any() else -1
+
+    moved = True
+    while moved and time.perf_counter() < deadline:
+        moved = False
+        for index in np.argsort(-problem.unplaced, kind="stable"):
+            if time.perf_counter() > deadline:
+                break
+            d = int(index)
+            current = int(choice[d])
+            # Columns are in cost order: the cheaper ones come before the current one.
+            end = current if current >= 0 else int(problem.starts[d + 1])
+            cols = np.arange(problem.starts[d], end)
+            cols = cols[(problem.cost[cols] < cost_of(d, current) - 1e-9) & (problem.row[cols] >= 0)]
+            own_row = int(problem.row[current]) if current >= 0 else -1
+            for j in cols:
+                if time.perf_counter() > deadline:
+                    break
+                r = int(problem.row[j])
+                gain = cost_of(d, current) - float(problem.cost[j])
+                free = residual[r] + (problem.units[current] if own_row == r else 0.0)
+                need = problem.units[j] - free
+                if need <= 1e-9:
+                    continue  # room already: improve's move
+                if own_row >= 0 and own_row != r:
+                    residual[own_row] += problem.units[current]  # room d leaves behind, for the others
+                plans = []
+                for e in members.get(r, set()) - {d}:
+                    alt = elsewhere(e, r, {})
+                    loss = cost_of(e, alt) - float(problem.cost[choice[e]])
+                    plans.append((loss / problem.units[choice[e]], loss, e, alt))
+                plans.sort()
+                freed, lost = 0.0, 0.0
+                out: list[tuple[int, int]] = []
+                taken: dict[int, float] = {}
+                for _, loss, e, alt in plans:
+                    if freed >= need - 1e-9 or lost >= gain:
+                        break
+                    if alt >= 0 and problem.row[alt] >= 0 and taken:
+                        # Two of them may want the same room elsewhere: re-check with what is promised.
+                        alt = elsewhere(e, r, taken)
+                        loss = cost_of(e, alt) - float(problem.cost[choice[e]])
+                    if alt >= 0 and problem.row[alt] >= 0:
+                        taken[int(problem.row[alt])] = taken.get(int(problem.row[alt]), 0.0) + problem.units[alt]
+                    out.append((e, alt))
+                    freed += problem.units[choice[e]]
+                    lost += loss
+                if own_row >= 0 and own_row != r:
+                    residual[own_row] -= problem.units[current]
+                if freed < need - 1e-9 or lost >= gain - 1e-9:
+                    continue
+                for e, alt in out:
+                    residual[r] += problem.units[choice[e]]
+                    members[r].discard(e)
+                    choice[e] = alt
+                    if alt >= 0 and problem.row[alt] >= 0:
+                        residual[problem.row[alt]] -= problem.units[alt]
+                        members.setdefault(int(problem.row[alt]), set()).add(e)
+                if own_row >= 0:
+                    residual[own_row] += problem.units[current]
+                    members[own_row].discard(d)
+                residual[r] -= problem.units[j]
+                members.setdefault(r, set()).add(d)
+                choice[d] = int(j)
+                moved = True
+                break
     return choice
 
 
@@ -442,8 +549,15 @@ def solve(problem: Problem, *, time_limit: float = 5.0, gap_target: float = 1e-4
     relaxation = _relax(problem, incumbent, started + 0.7 * time_limit)
     bound = relaxation.bound
     if relaxation.x:
-        adopt(improve(problem, _round(problem, relaxation), started + 0.8 * time_limit), "lp-rounding")
+        for by_value in (False, True):
+            rounded = _round(problem, relaxation, by_value=by_value)
+            adopt(improve(problem, rounded, started + 0.8 * time_limit), "lp-rounding")
     adopt(improve(problem, incumbent, started + 0.8 * time_limit), method)
+    if _gap(best_value, bound) > gap_target:
+        # Worth it where rows hold several units (GPU pools): the rounding leaves gaps there that one move
+        # at a time into free room cannot close.
+        made_room = _make_room(problem, incumbent, started + 0.8 * time_limit)
+        adopt(improve(problem, made_room, started + 0.8 * time_limit), method)
     optimal = _gap(best_value, bound) < 1e-9
     remaining = deadline - time.perf_counter() - 0.05
     close_enough = _gap(best_value, bound) <= gap_target

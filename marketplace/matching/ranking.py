@@ -118,6 +118,8 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
     if rule == "interruption":
         return "accept interruptions (checkpoint the job) to use spot capacity"
     if rule == "capacity":
+        if offer.pool_capacity is not None and vectors.pool_units[index] > offer.pool_capacity:
+            return f"ask for fewer GPUs or wait: {offer.pool_capacity} GPU(s) free on its machine"
         return f"ask for fewer GPUs or wait: {offer.capacity} left"
     if rule == "stale price":
         return "wait for the next price sync"

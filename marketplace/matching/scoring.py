@@ -2,6 +2,10 @@
 
 Ranking 100,000 offers for a demand is a few dozen numpy operations over columns built once per book,
 not a Python loop per offer; only the handful of quotes returned are turned back into Decimal breakdowns.
+
+Offers sharing a capacity pool (``OfferView.capacity_pool``) carry its code in the ``pool`` column (-1 for
+none) and its free GPUs in ``pool_free`` (inf for none), so the capacity rule and the batch assignment see
+one stock per pool.
 """
 
 from __future__ import annotations
@@ -86,10 +90,17 @@ class OfferBook:
         """Which offers' ``column`` (model, region, jurisdiction, pricing) is one of ``values``."""
         return self.vocabularies[column].member(self.columns[column], values)
 
+    @property
+    def n_pools(self) -> int:
+        return len(self.vocabularies["pool"].codes)
+
     @classmethod
     def from_views(cls, views: Iterable[OfferView]) -> OfferBook:
+        """The book of ``views``. ``ValueError`` names the offer when a capacity pool is half set (a pool
+        without its capacity, or the reverse) or its offers disagree on the pool's capacity."""
         views = tuple(views)
-        vocab = {name: _Vocabulary() for name in ("model", "region", "jurisdiction", "pricing")}
+        vocab = {name: _Vocabulary() for name in ("model", "region", "jurisdiction", "pricing", "pool")}
+        pool_free = _pool_capacities(views)
         specs: dict[str, GpuSpec] = {}
         for v in views:
             if v.spec is not None:
@@ -119,6 +130,11 @@ class OfferBook:
             "interruption": floats(v.interruption_rate_per_hour for v in views),
             "has_spec": np.array([v.spec is not None for v in views], dtype=np.bool_),
             "ecc": np.array([v.spec is not None and v.spec.ecc for v in views], dtype=np.bool_),
+            "pool": np.array(
+                [-1 if v.capacity_pool is None else vocab["pool"].code(v.capacity_pool) for v in views],
+                dtype=np.int64,
+            ),
+            "pool_free": floats(math.inf if v.capacity_pool is None else pool_free[v.capacity_pool] for v in views),
         }
         for figure in (
             "memory_bandwidth_gbs",
@@ -132,6 +148,28 @@ class OfferBook:
         ):
             columns[figure] = floats(spec_figure(v, figure) for v in views)
         return cls(views=views, specs=specs, columns=columns, vocabularies=vocab)
+
+
+def _pool_capacities(views: Sequence[OfferView]) -> dict[str, float]:
+    """Each capacity pool's free GPUs, checked to be stated once and alike by every offer of the pool."""
+    free: dict[str, tuple[float, int]] = {}
+    for v in views:
+        if (v.capacity_pool is None) != (v.pool_capacity is None):
+            raise ValueError(
+                f"offer {v.offer_id}: capacity_pool and pool_capacity are set together or not at all "
+                f"(got {v.capacity_pool!r} and {v.pool_capacity!r})"
+            )
+        if v.capacity_pool is None or v.pool_capacity is None:
+            continue
+        if v.pool_capacity < 0:
+            raise ValueError(f"offer {v.offer_id}: pool_capacity must be at least 0, not {v.pool_capacity}")
+        seen = free.setdefault(v.capacity_pool, (float(v.pool_capacity), v.offer_id))
+        if seen[0] != v.pool_capacity:
+            raise ValueError(
+                f"offer {v.offer_id}: capacity pool {v.capacity_pool!r} has {v.pool_capacity} GPUs free, "
+                f"but offer {seen[1]} says {seen[0]:g}"
+            )
+    return {pool: capacity for pool, (capacity, _) in free.items()}
 
 
 def as_book(offers: OfferBook | Iterable[OfferView]) -> OfferBook:
@@ -152,6 +190,7 @@ class ScoreVectors:
     feasible: BoolArray
     gpus: FloatArray  # GPUs (or slices) of the offer the demand takes
     units: FloatArray  # capacity consumed: 1 instance, or GPUs of a divisible listing
+    pool_units: FloatArray  # GPUs (or slices) taken from the offer's capacity pool, if it has one
     gpus_used: FloatArray  # card equivalents doing the work
     gpus_paid: FloatArray  # card equivalents paid for
     price_per_hour: FloatArray
@@ -200,6 +239,7 @@ def score_vectors(
     else:
         gpus = np.full(n_offers, float(max(d.gpu_count, 1)))
     units = np.where(divisible, gpus, 1.0)
+    pool_units = np.where(divisible, gpus, gpu_count)
     gpus_used = np.minimum(gpus, gpu_count) * fraction
     gpus_paid = np.where(divisible, gpus, gpu_count) * fraction
     per_gpu_price = c["price"] / np.maximum(gpu_count, 1.0)
@@ -252,7 +292,7 @@ def score_vectors(
         rule("price cap", price_per_hour > float(d.max_price_per_hour) + 1e-9)
     if d.max_price_per_job is not None:
         rule("job price cap", price_cost > float(d.max_price_per_job) + 1e-9)
-    rule("capacity", units > c["capacity"])
+    rule("capacity", (units > c["capacity"]) | (pool_units > c["pool_free"]))
 
     feasible: BoolArray = np.logical_not(failures.any(axis=0))
     if exclusion is not None:
@@ -265,6 +305,7 @@ def score_vectors(
         feasible=feasible,
         gpus=gpus,
         units=units,
+        pool_units=pool_units,
         gpus_used=gpus_used,
         gpus_paid=gpus_paid,
         price_per_hour=price_per_hour,

@@ -63,6 +63,14 @@ class OfferView:
     ``reliability`` is the probability a launch on this provider succeeds and runs to the end (1 = perfect),
     measured from provisioning outcomes; ``interruption_rate_per_hour`` is the expected preemptions per hour
     (spot), 0 for on-demand.
+
+    Offers naming the same ``capacity_pool`` draw on one stock of ``pool_capacity`` GPUs: an independent
+    machine sold once per lease size (and pricing model) has that many GPUs free, whichever offers sell
+    them. A demand placed on such an offer takes the GPUs it occupies (the offer's ``gpu_count``, or its
+    GPUs of a divisible listing; a slice counts as one) from the pool. Every offer of a pool states the
+    same ``pool_capacity``. In a batch the pool alone bounds its offers, so it must imply each one's own
+    ``capacity`` (as a machine's free GPUs imply how many leases of each size fit); for one demand both are
+    checked.
     """
 
     offer_id: int
@@ -85,6 +93,8 @@ class OfferView:
     rdma: bool = False  # InfiniBand / EFA / RDMA between machines
     reliability: float = 1.0
     interruption_rate_per_hour: float = 0.0
+    capacity_pool: str | None = None  # offers sharing one stock of GPUs, e.g. one machine's lease sizes
+    pool_capacity: int | None = None  # GPUs free in ``capacity_pool``; set with it, never without
 
 
 @dataclass(frozen=True, slots=True)
