@@ -15,9 +15,10 @@ from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.catalog import unit_prices
+from marketplace.orders.reservations import machine_offers_recount
 from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import ProviderError
-from providers.models import ProviderAccount, SyncStatus
+from providers.models import ProviderAccount, ProviderKind, SyncStatus
 from providers.services import adapter_for_account
 from providers.types import GPU_FRACTION, OfferQuote, PricingModel
 
@@ -416,6 +417,8 @@ def offers_sync(*, account_id: int, now: dt.datetime | None = None) -> SyncOutco
             Offer.objects.filter(account=account, status=OfferStatus.AVAILABLE).update(status=OfferStatus.STALE)
         return SyncOutcome(account_id=account.pk, ok=False, error=str(exc))
     report = offers_ingest(account=account, quotes=quotes, now=started)
+    if account.kind == ProviderKind.COMMUNITY:
+        machine_offers_recount(account_id=account.pk)
     ProviderAccount.objects.filter(pk=account.pk).update(
         sync_status=SyncStatus.OK, sync_error="", last_synced_at=started
     )

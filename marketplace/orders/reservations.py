@@ -108,6 +108,15 @@ def _machine_offers_recount(machine: Machine) -> None:
             Offer.objects.filter(pk=offer.pk).update(reserved=offer.capacity - left)
 
 
+def machine_offers_recount(*, account_id: int) -> None:
+    """Recount every independent machine's finite offers of the account from its holds, each under its
+    machine's row lock: an offer first listed while GPUs were held (a new lease size, a new MIG profile) starts
+    with them counted, not with all its capacity free."""
+    for machine_id in Machine.objects.filter(account_id=account_id).order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            _machine_offers_recount(Machine.objects.select_for_update().get(pk=machine_id))
+
+
 def _slots_write(holds: list[GpuHold]) -> None:
     """The memory slices each hold covers, as rows the database keeps unique per GPU."""
     GpuSlot.objects.bulk_create(

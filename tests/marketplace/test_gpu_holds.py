@@ -18,6 +18,7 @@ from marketplace.orders.reservations import reservation_release, reservation_tak
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.portal.forms import MachineForm
 from providers.community.services import MachineInvalid, machine_list
+from providers.models import Machine
 from providers.services import adapter_for_account
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
@@ -305,3 +306,21 @@ def test_machines_listed_before_per_gpu_sales_stay_sold_whole(migrate_to):
         ("fra-h100-1", 8, []),
         ("fra-h100-2", 4, []),
     ]
+
+
+def test_a_lease_size_listed_while_gpus_are_held_starts_with_them_counted(
+    fleet, divisible_host, acme, alice, django_capture_on_commit_callbacks
+):
+    assert offers_sync(account_id=fleet.pk).ok
+    with django_capture_on_commit_callbacks(execute=True):
+        placed = _place(acme, alice, _offer(fleet, 4))
+    running = boot_if_launched(placed, divisible_host)
+    assert running.state == OrderState.RUNNING and _held(running) == [0, 1, 2, 3], running.state_reason
+
+    # The provider now rents single GPUs too: the next sync lists a 1-GPU offer for the first time.
+    Machine.objects.filter(account=fleet, name="fra-h100-1").update(min_gpus_per_lease=1)
+    assert offers_sync(account_id=fleet.pk).ok
+
+    # Four GPUs are held, so four single GPUs are left, not eight.
+    assert _reserved(fleet)[1] == (8, 4)
+    assert offer_view(_offer(fleet, 1)).capacity == 4
