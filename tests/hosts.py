@@ -45,7 +45,11 @@ def start_hosts(
                       simulated=parse_simulated(simulate), launch_seconds=0, lease_threads=lease_threads)  # fmt: skip
         url = agent.serve("127.0.0.1", 0, report=False)
         Machine.objects.filter(pk=listed.machine.pk).update(
-            agent_url=url, state=MachineState.VERIFIED, online=True, last_heartbeat_at=timezone.now()
+            agent_url=url,
+            state=MachineState.VERIFIED,
+            online=True,
+            last_heartbeat_at=timezone.now(),
+            registered_at=timezone.now(),
         )
         agents.append(agent)
     return agents

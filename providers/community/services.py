@@ -133,8 +133,14 @@ def machine_register(
     with transaction.atomic():
         locked = Machine.objects.select_for_update().get(pk=machine.pk)
         # Any URL staff did not verify, an outbound-only machine's first one too; dropping to outbound-only is
-        # not a move: the broker then connects nowhere.
-        moved = locked.state == MachineState.VERIFIED and bool(agent_url) and locked.agent_url != agent_url
+        # not a move (the broker then connects nowhere), nor is a first registration (nothing was verified at
+        # any URL: staff verify a registered self-test, so only a seeded machine is verified unregistered).
+        moved = (
+            locked.state == MachineState.VERIFIED
+            and locked.registered_at is not None
+            and bool(agent_url)
+            and locked.agent_url != agent_url
+        )
         Machine.objects.filter(pk=machine.pk).update(
             agent_url=agent_url,
             hardware=hardware,

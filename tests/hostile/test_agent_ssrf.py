@@ -202,7 +202,7 @@ def test_an_agent_trickling_its_answer_is_cut_at_the_deadline(peers):
 
 def test_a_verified_outbound_machine_that_registers_a_url_leaves_sale_until_checked(client, fleet, hosts):
     machine = Machine.objects.get(name="fra-h100-1")
-    Machine.objects.filter(pk=machine.pk).update(agent_url="")  # verified while it only polled the broker
+    Machine.objects.filter(pk=machine.pk).update(agent_url="")  # registered and verified while it only polled
 
     answer = _register(client, machine, hosts[0].secret, hosts[0].public_url)
 
@@ -215,3 +215,14 @@ def test_a_verified_outbound_machine_that_registers_a_url_leaves_sale_until_chec
     # Back to outbound-only is no move: the broker then connects to nothing staff did not check.
     Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED)
     assert _register(client, machine, hosts[0].secret, "").json()["state"] == MachineState.VERIFIED
+
+
+def test_a_seeded_machine_registering_for_the_first_time_is_not_moving(client, fleet, hosts):
+    # The demo seeds its machines verified before their simulated agents first register: no URL was verified.
+    machine = Machine.objects.get(name="fra-h100-1")
+    Machine.objects.filter(pk=machine.pk).update(agent_url="", registered_at=None)
+
+    answer = _register(client, machine, hosts[0].secret, hosts[0].public_url)
+
+    assert answer.json()["state"] == MachineState.VERIFIED
+    assert not LedgerEntry.objects.filter(kind="machine.pending").exists()

@@ -93,9 +93,10 @@ def _seed_ssh_key(organization: Organization, user: Any) -> None:
 # run by a simulated agent (providers/sandbox/community.py). The H100 host rents 2 GPUs or more at a time and
 # the L40S host single GPUs; the A100 host is sold whole.
 DEMO_MACHINES = [
-    ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", 2, "H100:80x8"),
-    ("fra-l40s-1", "L40S", 4, 48, "DE", "eu-de", "0.79", "0.39", 1, "L40S:48x4"),
-    ("dal-a100-1", "A100-80GB-SXM4", 4, 80, "US", "us-tx", "1.15", None, 4, "A100:80x4"),
+    ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", 2, [], "H100:80x8"),
+    ("fra-l40s-1", "L40S", 4, 48, "DE", "eu-de", "0.79", "0.39", 1, [], "L40S:48x4"),
+    # Sold whole, or in MIG slices of one card.
+    ("dal-a100-1", "A100-80GB-SXM4", 4, 80, "US", "us-tx", "1.15", None, 4, ["1g.10gb", "3g.40gb"], "A100:80x4"),
 ]
 
 
@@ -123,7 +124,7 @@ def _seed_community(users: Any, hosts_path: Path) -> Any:
     )
     Membership.objects.get_or_create(user=helga, organization=org, defaults={"role": Role.OWNER})
     hosts = []
-    for name, model, count, memory, country, region, price, bid, min_lease, simulate in DEMO_MACHINES:
+    for name, model, count, memory, country, region, price, bid, min_lease, mig, simulate in DEMO_MACHINES:
         machine = Machine.objects.filter(account=fleet, name=name).first()
         if machine is None:
             listing = {
@@ -131,6 +132,7 @@ def _seed_community(users: Any, hosts_path: Path) -> Any:
                 "memory_gib": 128 * count, "disk_gb": 2000, "network_gbps": Decimal(25), "country": country,
                 "region": region, "price_per_gpu_hour": Decimal(price),
                 "min_bid_per_gpu_hour": None if bid is None else Decimal(bid), "min_gpus_per_lease": min_lease,
+                "mig_profiles": mig,
             }  # fmt: skip
             listed = machine_list(account=fleet, name=name, listing=listing)
             machine, secret = listed.machine, listed.secret
@@ -139,7 +141,8 @@ def _seed_community(users: Any, hosts_path: Path) -> Any:
             secret = new_secret()
             machine.set_secret(secret)
             machine.save(update_fields=["secret_encrypted"])
-        Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED)
+        # Its simulated agent registers afresh at a new port each run: not a verified machine moving away.
+        Machine.objects.filter(pk=machine.pk).update(state=MachineState.VERIFIED, agent_url="", registered_at=None)
         hosts.append({"key_id": machine.key_id, "secret": secret, "simulate": simulate, "launch_seconds": 2})
     hosts_path.parent.mkdir(parents=True, exist_ok=True)
     hosts_path.touch(mode=0o600)
