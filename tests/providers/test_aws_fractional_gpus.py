@@ -135,3 +135,13 @@ def test_the_storefront_shows_a_slice_as_its_share_of_a_card_priced_per_card(fra
     # The GPUs column says what is sold (an eighth of an L4) and $/GPU-h is per whole card, as offers are sorted.
     assert '<span title="a partition: 1/8 of one card">1/8</span>' in row
     assert f">{Decimal('0.25261') * 8:.4f}<" in row
+
+
+def test_the_order_form_names_a_slice_as_its_share_of_one_card(frankfurt, client, alice) -> None:
+    assert offers_sync(account_id=frankfurt.pk).ok
+    client.force_login(alice)
+    eighth = Offer.objects.filter(account=frankfurt, instance_type="g6f.large", pricing_model="on_demand")[0]
+
+    page = client.get("/orders/new", {"offer": eighth.pk}).content.decode()
+
+    assert "1/8 of one L4" in page and "a partition of the card" in page and "1\u00d7 L4" not in page
