@@ -169,6 +169,21 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# Board power ratings (W) a simulated GPU draws within, from NVIDIA's datasheets (SXM boards where both exist):
+# a simulated host's telemetry must pass the broker's plausibility check, which compares it with these ratings.
+SIMULATED_RATING_W = {"B200": 1000, "H200": 700, "H100": 700, "A100": 400, "L40S": 350, "L40": 300, "A10G": 300,
+                      "A10": 150, "L4": 72, "T4": 70, "V100": 300, "4090": 450, "3090": 350, "A6000": 300}  # fmt: skip
+
+
+def simulated_rating_w(model: str) -> int:
+    """The rating of the first known name ``model`` contains, longest names first ("L40S" before "L40"); 300 W
+    for a model not in the table."""
+    for name in sorted(SIMULATED_RATING_W, key=len, reverse=True):
+        if name in model.upper():
+            return SIMULATED_RATING_W[name]
+    return 300
+
+
 def parse_simulated(spec: str) -> list[Gpu]:
     """``H100:80x8`` -> eight 80 GB H100s."""
     model_memory, _, count = spec.partition("x")
@@ -278,10 +293,10 @@ class Agent:
         for index, gpu in enumerate(self.simulated):
             working = index in held
             util = random.uniform(85, 99) if working else random.uniform(0, 3)  # noqa: S311 - simulation
+            # Idle near a tenth of the rating, busy up to nine tenths.
+            power = simulated_rating_w(gpu.model) * (0.1 + 0.8 * util / 100)
             samples.append(
-                telemetry_sample(
-                    index, util, 38 + util * 0.4, 60 + util * 6, gpu.memory_gb * (0.7 if working else 0.01)
-                )
+                telemetry_sample(index, util, 38 + util * 0.4, power, gpu.memory_gb * (0.7 if working else 0.01))
             )
         return samples
 

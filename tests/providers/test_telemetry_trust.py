@@ -13,8 +13,12 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.catalog.selectors import machine_reliability, machine_reliability_shown
+from marketplace.management.commands.demo import DEMO_MACHINES
+from marketplace.models import GpuModel
 from marketplace.orders.selectors import order_telemetry
 from providers.community import protocol
+from providers.community.agent import Agent, parse_simulated
+from providers.community.plausibility import CardLimits, telemetry_problems
 from providers.community.services import MachineInvalid, machine_decide, machine_heartbeat, machine_list
 from providers.models import Machine, MachineHeartbeat, MachineState
 from tests.hosts import LISTING
@@ -262,3 +266,22 @@ def test_a_pcie_card_in_a_narrow_slot_is_not_the_machine_listed(client, fleet):
         "(at least 10.7 expected)"
     )
     assert (healthy["self_test_ok"], healthy["problem"]) == (True, "")
+
+
+@pytest.mark.parametrize(
+    ("listed", "simulate"),
+    [(model, simulate) for _, model, *_, simulate in DEMO_MACHINES] + [("L4", "L4:24x1"), ("T4", "T4:16x1")],
+)
+def test_a_simulated_host_at_full_load_is_plausible_for_its_card(listed, simulate):
+    """The demo's hosts (and small cards) simulate a draw within their card's rating, so their heartbeats are
+    charted, not flagged."""
+    gpus = parse_simulated(simulate)
+    agent = Agent(broker_url="http://127.0.0.1:9", key_id="mk_sim", secret="s", simulated=gpus, lease_threads=False)
+    agent._launch({"client_token": "all-of-it", "gpus": len(gpus)})  # every GPU leased: its highest draw
+    tdp = GpuModel.objects.get(key=listed).tdp_w
+
+    problems = telemetry_problems(
+        agent.telemetry(), card=CardLimits(tdp_w=tdp, memory_gb=gpus[0].memory_gb), listed_gpus=len(gpus), leased=True
+    )
+
+    assert tdp and problems == []
