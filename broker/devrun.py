@@ -101,6 +101,8 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
     os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
+    # The web app's public URL (what a rented machine's lease agent phones home to) follows --port.
+    os.environ["BROKER_PORT"] = str(args.port)
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
