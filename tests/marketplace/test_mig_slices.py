@@ -145,7 +145,7 @@ def test_a_slice_row_that_does_not_match_its_profile_is_quarantined_with_the_rea
 
 @pytest.mark.django_db
 def test_a_slice_order_runs_on_a_mig_device_its_lease_alone_sees_and_a_second_packs_beside_it(
-    fleet, sliced_host, acme, alice, django_capture_on_commit_callbacks
+    fleet, sliced_host, acme, alice, client, django_capture_on_commit_callbacks
 ):
     assert offers_sync(account_id=fleet.pk).ok
     with django_capture_on_commit_callbacks(execute=True):
@@ -164,6 +164,9 @@ def test_a_slice_order_runs_on_a_mig_device_its_lease_alone_sees_and_a_second_pa
     assert sorted((_seen(three, sliced_host), _seen(one, sliced_host))) == sorted([[d] for d in devices])
     assert _seen(three, sliced_host) != _seen(one, sliced_host)
     assert three.instance.instance_type == SLICE_3G
+    # The buyer's order page says what was rented: a share of one card, not a whole GPU.
+    client.force_login(alice)
+    assert "3/7 of one H100-SXM5" in client.get(f"/orders/{three.public_id}/").content.decode()
     # What is left: GPU 1 whole, or 2 more 3g (on GPU 1) or 9 more 1g (slices 5, 6 of GPU 0 and 7 on GPU 1).
     assert _reserved(fleet) == {
         "community-1xH100-SXM5": (2, 1),
