@@ -483,6 +483,9 @@ def order_running_if_ready(*, order_id: int) -> bool:
         with transaction.atomic():
             # The agent may report before the poll saw the provider's "running": the machine demonstrably runs.
             Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(running_at=now)
+            Instance.objects.filter(pk=instance.pk, state=InstanceState.PENDING.value).update(
+                state=InstanceState.RUNNING.value
+            )
             Instance.objects.filter(pk=instance.pk).update(ready_at=now)
             run_until, end_reason = _scheduled_end(order, now)
             if run_until is not None:

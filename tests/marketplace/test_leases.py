@@ -242,3 +242,18 @@ def test_an_agent_waits_out_a_broker_in_trouble_and_stops_at_a_refusal(
     again.key_id = ""
     again.transport = ClientTransport(client)
     assert again.boot() == "claim_refused"
+
+
+def test_an_agent_ready_before_the_provider_says_running_shows_the_instance_running(
+    acme, alice, hosts, django_capture_on_commit_callbacks, client
+):
+    order = _place(acme, alice, django_capture_on_commit_callbacks)
+    # The broker's poll has not yet seen the provider say "running" when the lease agent reports ready.
+    order.instances.update(state="pending", running_at=None)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert boot(order, hosts, ClientTransport(client)) == "running"
+
+    instance = order.instances.get()
+    assert order.state == OrderState.RUNNING and instance.running_at is not None
+    assert instance.state == "running"  # the machine demonstrably runs: not shown as pending beside "ready"
