@@ -11,10 +11,11 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from marketplace.catalog.regions import JURISDICTIONS
+from marketplace.catalog.selectors import gpu_spec
 from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
-from marketplace.matching import Demand, Profile, Tolerance
-from marketplace.models import Offer, Order, Quote
+from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
+from marketplace.models import GpuModel, Offer, Order, Quote
 from marketplace.numbers import (
     MAX_BUDGET,
     MAX_ID,
@@ -182,15 +183,76 @@ class DemandInput(serializers.Serializer):
         choices=[t.value for t in Tolerance], required=False, default=Tolerance.CHECKPOINTED.value
     )
     checkpoint_interval_hours = FloatSerializerField(required=False, default=1.0, min_value=0.0, max_value=8760)
+    deadline_hours = FloatSerializerField(
+        required=False,
+        min_value=0.01,
+        max_value=8760,
+        help_text="wall-clock hours the job must finish within, interruptions included; offers not expected to "
+        "finish by then are left out",
+    )
     min_interconnect_gbs = IntegerSerializerField(required=False, min_value=0, max_value=100000)
     needs_rdma = serializers.BooleanField(required=False, allow_null=True, default=None)
     min_fp64_tflops = FloatSerializerField(required=False, min_value=0, max_value=1000)
     needs_ecc = serializers.BooleanField(required=False, allow_null=True, default=None)
     min_video_encoders = IntegerSerializerField(required=False, min_value=0, max_value=64)
+    fractions = serializers.BooleanField(
+        required=False, default=False, help_text="slices of a card (MIG, vGPU) may serve gpu_count; default whole cards"
+    )
+    amount = serializers.ChoiceField(
+        choices=[a.value for a in Amount],
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            "what is fixed: 'duration' (pay for duration_hours on any card) or 'work' (work_hours on "
+            "work_reference_gpu; each offer takes that over its relative speed); default: the profile's"
+        ),
+    )
+    work_hours = FloatSerializerField(
+        required=False, min_value=0.01, max_value=1_000_000, help_text="for amount=work: hours on the reference GPU"
+    )
+    work_reference_gpu = serializers.ChoiceField(
+        choices=sorted(gpu_names.ALL),
+        required=False,
+        help_text=(
+            "for amount=work: the GPU work_hours are measured on (restated as hours on the profile's "
+            "reference card); default: that card"
+        ),
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        amount = attrs.get("amount") or PROFILES[Profile(attrs["profile"])].amount
+        for name in ("work_hours", "work_reference_gpu"):
+            if name in attrs and amount != Amount.WORK:
+                raise serializers.ValidationError(
+                    {name: [f"applies to amount 'work'; this demand's amount is '{amount}'"]}
+                )
+        if "work_reference_gpu" in attrs:
+            attrs = self._on_profile_reference(attrs)
         if "gpu_count" in attrs and "total_gpu_memory_gb" in attrs:
             raise serializers.ValidationError({"gpu_count": ["give gpu_count or total_gpu_memory_gb, not both"]})
+        deadline, duration = attrs.get("deadline_hours"), attrs.get("duration_hours", 1.0)
+        # Fixed hours take at least those hours anywhere; fixed work may finish sooner on a faster card.
+        if deadline is not None and amount != Amount.WORK and deadline < duration:
+            raise serializers.ValidationError(
+                {"deadline_hours": [f"must be at least duration_hours ({duration:g}): no offer runs the job faster"]}
+            )
+        return attrs
+
+    @staticmethod
+    def _on_profile_reference(attrs: dict[str, Any]) -> dict[str, Any]:
+        # The engine only knows datasheets of cards on sale; the work is restated here, from the GPU table,
+        # as hours on the profile's own reference card, so a named card that nobody sells still measures it.
+        defaults = PROFILES[Profile(attrs["profile"])]
+        name = attrs.pop("work_reference_gpu")
+        model = GpuModel.objects.filter(key=name).first()
+        figure = None if model is None else getattr(gpu_spec(model), defaults.metric)
+        if not figure:
+            raise serializers.ValidationError(
+                {"work_reference_gpu": [f"no datasheet figure for {name} in {defaults.metric_unit}"]}
+            )
+        hours = attrs.get("work_hours", attrs.get("duration_hours", 1.0))
+        attrs["work_hours"] = hours * float(figure) / defaults.reference_throughput
         return attrs
 
     def to_demand(self) -> Demand:
@@ -219,6 +281,10 @@ def demand_from(data: dict[str, Any]) -> Demand:
         min_fp64_tflops=data.get("min_fp64_tflops"),
         needs_ecc=data.get("needs_ecc"),
         min_video_encoders=data.get("min_video_encoders"),
+        fractions=data.get("fractions", False),
+        deadline_hours=data.get("deadline_hours"),
+        amount=None if data.get("amount") is None else Amount(data["amount"]),
+        work_hours=data.get("work_hours"),
     )
 
 
@@ -269,8 +335,12 @@ class ProcurementInput(serializers.Serializer):
 
 
 class QuoteOutput(serializers.Serializer):
+    """A stored quote: the dollars and hours of the job first, then the offer and the throughput reasoning."""
+
     id = serializers.UUIDField(source="public_id")
     rank = serializers.IntegerField()
+    job_cost = serializers.SerializerMethodField(help_text="USD for the whole job on this offer, risks included")
+    job_hours = serializers.SerializerMethodField(help_text="hours the job runs (and is paid for) on this offer")
     offer = OfferOutput()
     units = serializers.DecimalField(max_digits=10, decimal_places=4)
     price_per_hour = serializers.DecimalField(max_digits=14, decimal_places=6)
@@ -284,6 +354,13 @@ class QuoteOutput(serializers.Serializer):
 
     def get_launch(self, quote: Quote) -> dict[str, Any] | None:
         return launch_view(quote.launch_config)
+
+    # Quotes stored before the job figures existed carry the same numbers under their older names.
+    def get_job_cost(self, quote: Quote) -> str:
+        return str(quote.breakdown.get("job_cost") or quote.breakdown.get("effective_cost") or quote.total_price)
+
+    def get_job_hours(self, quote: Quote) -> float:
+        return float(quote.breakdown.get("job_hours") or quote.duration_hours)
 
 
 class AttemptOutput(serializers.Serializer):

@@ -10,15 +10,16 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Max, Q, QuerySet
+from django.db.models import Count, DurationField, Exists, ExpressionWrapper, F, Max, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, Least
 
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
-from marketplace.models import Attempt, AttemptOutcome, GpuModel, Offer, OfferStatus
+from marketplace.models import Attempt, AttemptOutcome, GpuModel, Instance, Offer, OfferStatus, OrderState
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
 from providers.models import Machine, MachineHeartbeat, ProviderKind
-from providers.types import GPU_FRACTION
+from providers.types import GPU_FRACTION, PricingModel
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,46 @@ def machine_pool(account_id: int, machine: str) -> str:
     return f"machine:{account_id}:{machine}"
 
 
+# How far back the broker's own interruptions of spot machines are counted.
+INTERRUPTION_WINDOW = dt.timedelta(days=30)
+# Gamma prior on a spot offer's interruption rate: the configured rate, weighted as this many running hours.
+_PRIOR_SPOT_HOURS = 20.0
+
+
+def spot_interruption_rates(*, now: dt.datetime) -> dict[int, float]:
+    """Per spot offer the broker ran machines on within ``INTERRUPTION_WINDOW``: interruptions per running
+    hour, as the posterior mean of a gamma-Poisson model whose prior is ``SPOT_INTERRUPTIONS_PER_HOUR``
+    weighted as ``_PRIOR_SPOT_HOURS`` hours: (prior x k + interruptions) / (k + hours run). A few hours of
+    record barely move it; many hours make it the offer's own. Offers with no machine in the window are
+    absent (callers use the prior). One query.
+
+    An interruption is a machine that ran (ready or running) and was taken from its order, which the
+    settle path (``marketplace.orders.provisioning._instance_lost``: cloud spot preemption, outbid, host
+    lost) records as the instance ending while its order moves on to another attempt or fails; a buyer's
+    own stop ends the order instead. Hours run count from ready (else running) to the end, or ``now``,
+    clipped to the window."""
+    since = now - INTERRUPTION_WINDOW
+    start = Greatest(Coalesce("ready_at", "running_at"), Value(since))
+    end = Least(Coalesce("terminated_at", Value(now)), Value(now))
+    later = Attempt.objects.filter(order_id=OuterRef("order_id"), number__gt=OuterRef("attempt__number"))
+    taken = Q(active=False, terminated_at__gte=since) & (Q(moved_on=True) | Q(order__state=OrderState.FAILED))
+    rows = (
+        Instance.objects.filter(attempt__offer__pricing_model=PricingModel.SPOT)
+        .filter(Q(ready_at__isnull=False) | Q(running_at__isnull=False))
+        .filter(Q(terminated_at__isnull=True) | Q(terminated_at__gte=since))
+        .annotate(moved_on=Exists(later), ran=ExpressionWrapper(end - start, output_field=DurationField()))
+        .filter(ran__gt=dt.timedelta(0))
+        .values("attempt__offer_id")
+        .annotate(hours=Sum("ran"), lost=Count("id", filter=taken))
+    )
+    prior = settings.SPOT_INTERRUPTIONS_PER_HOUR
+    return {
+        r["attempt__offer_id"]: (prior * _PRIOR_SPOT_HOURS + r["lost"])
+        / (_PRIOR_SPOT_HOURS + r["hours"].total_seconds() / 3600)
+        for r in rows
+    }
+
+
 def offer_views(*, now: dt.datetime) -> list[OfferView]:
     """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk. An
     independent machine's reliability is its own (``machine_reliability``), a cloud account's its launches'.
@@ -214,6 +255,7 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
     reliability = account_reliability()
     machines = machine_reliability(now=now)
     spot_rate = settings.SPOT_INTERRUPTIONS_PER_HOUR
+    learned = spot_interruption_rates(now=now)  # the prior where the broker has no record
     specs: dict[int, GpuSpec] = {}
     views = []
     offers = list(
@@ -242,7 +284,7 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
                 reliability=machines[(offer.account_id, offer.zone)]
                 if (offer.account_id, offer.zone) in machines
                 else reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),
-                interruption_rate_per_hour=spot_rate if offer.pricing_model == "spot" else 0.0,
+                interruption_rate_per_hour=learned.get(offer.pk, spot_rate) if offer.pricing_model == "spot" else 0.0,
                 **_pool_fields(offer, free),
             )
         )

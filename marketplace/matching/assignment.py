@@ -1,4 +1,4 @@
-"""``assign``: many demands against offers of finite capacity, minimising the total cost of useful work.
+"""``assign``: many demands against offers of finite capacity, minimising the dollars spent on their jobs.
 
 A capacity row is an offer's own stock (instances, or GPUs of a divisible listing), or a pool several
 offers draw on (``OfferView.capacity_pool``: an independent machine's free GPUs, sold per lease size), in
@@ -15,7 +15,6 @@ from decimal import Decimal
 import numpy as np
 
 from marketplace.matching.optimize import Problem, Solution, exact, solve, trace
-from marketplace.matching.profiles import work
 from marketplace.matching.ranking import quotes_for
 from marketplace.matching.scoring import RULES, OfferBook, as_book, score_vectors
 from marketplace.matching.types import Assignment, Demand, DemandAssignment, Exclusion, OfferView
@@ -34,8 +33,9 @@ def build_problem(
     exclusion: Exclusion | None = None,
 ) -> tuple[Problem, list[str]]:
     """The assignment problem of ``demands`` over ``book``: a column per feasible (demand, offer), costing
-    score x the demand's work; a capacity row per offer with finite stock outside any pool, then one per
-    capacity pool, in GPUs. Also, per demand with no feasible offer, why."""
+    the demand's job on that offer in dollars (``ScoreVectors.job_cost``, what ``rank`` orders by); a
+    capacity row per offer with finite stock outside any pool, then one per capacity pool, in GPUs. Also,
+    per demand with no feasible offer, why."""
     pool = book.columns["pool"]
     pooled = pool >= 0
     limited = np.isfinite(book.columns["capacity"]) & ~pooled
@@ -58,7 +58,7 @@ def build_problem(
             why_not.append("no offer fits: mostly " + " and ".join(top) if top else "every fitting offer is blocked")
             continue
         why_not.append("")
-        cost = vectors.score[idx] * work(vectors.demand)
+        cost = vectors.job_cost[idx]
         by_cost = np.argsort(cost, kind="stable")
         idx, cost = idx[by_cost], cost[by_cost]
         penalties[d] = UNPLACED_FACTOR * float(cost.max())

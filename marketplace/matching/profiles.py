@@ -11,10 +11,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from marketplace.matching.types import Demand, GpuSpec, Profile, ProfileDefaults
+from marketplace.matching.types import Amount, Demand, GpuSpec, Profile, ProfileDefaults
 
 # Dense FP16/BF16 of one A100 (312 TFLOPS) is the unit of work for the tensor-core profiles.
 _A100_FP16 = 312.0
+_A100 = "A100-80GB-SXM4"
+_A10G = "A10G"
+
+# What each profile holds fixed unless the demand says (``Amount``). A job with a given amount of work
+# (training or fine-tuning to a number of steps, a simulation, a batch of frames or videos) is cheaper on
+# faster hardware when the speed-up beats the price; a service (inference) or a bare rental (no profile)
+# is bought by the hour: faster hardware than its throughput floor is only a dearer hour.
 
 PROFILES: dict[Profile, ProfileDefaults] = {
     Profile.TRAINING: ProfileDefaults(
@@ -26,6 +33,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_unit="A100-hour",
         min_gpu_memory_gb=80,
         min_interconnect_gbs=600,
+        amount=Amount.WORK,
+        reference_gpu=_A100,
     ),
     Profile.FINE_TUNING: ProfileDefaults(
         profile=Profile.FINE_TUNING,
@@ -35,6 +44,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_throughput=_A100_FP16,
         reference_unit="A100-hour",
         min_gpu_memory_gb=24,
+        amount=Amount.WORK,
+        reference_gpu=_A100,
     ),
     Profile.INFERENCE: ProfileDefaults(
         profile=Profile.INFERENCE,
@@ -44,6 +55,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_throughput=600.0,  # one A10G
         reference_unit="A10G-hour",
         preferred_models=frozenset({"T4", "L4", "A10", "A10G"}),
+        amount=Amount.DURATION,  # a service kept up for hours, its throughput floor met by the card class
+        reference_gpu=_A10G,
     ),
     Profile.SCIENTIFIC: ProfileDefaults(
         profile=Profile.SCIENTIFIC,
@@ -54,6 +67,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_unit="A100-FP64-hour",
         min_fp64_tflops=10.0,
         needs_ecc=True,
+        amount=Amount.WORK,
+        reference_gpu=_A100,
     ),
     Profile.RENDERING: ProfileDefaults(
         profile=Profile.RENDERING,
@@ -63,6 +78,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_throughput=35.0,  # one A10G
         reference_unit="A10G-FP32-hour",
         min_gpu_memory_gb=16,
+        amount=Amount.WORK,
+        reference_gpu=_A10G,
     ),
     Profile.TRANSCODING: ProfileDefaults(
         profile=Profile.TRANSCODING,
@@ -72,6 +89,8 @@ PROFILES: dict[Profile, ProfileDefaults] = {
         reference_throughput=1.0,
         reference_unit="encoder-hour",
         min_video_encoders=1,
+        amount=Amount.WORK,
+        reference_gpu="T4",  # one NVENC encoder
     ),
 }
 
@@ -83,6 +102,8 @@ GENERIC = ProfileDefaults(
     description="No profile: only the buyer's own requirements apply.",
     reference_throughput=_A100_FP16,
     reference_unit="A100-hour",
+    amount=Amount.DURATION,  # a bare rental: the buyer pays for the hours they asked for
+    reference_gpu=_A100,
 )
 
 # Memory of the reference card for sizing demands given as total GPU memory.
@@ -101,7 +122,7 @@ def effective_requirements(demand: Demand, specs: dict[str, GpuSpec] | None = No
     for (an inference job needing 80 GB per GPU is not forced onto 24 GB cards).
     """
     if demand.profile is None:
-        return demand
+        return demand if demand.amount is not None else dataclasses.replace(demand, amount=GENERIC.amount)
     d = PROFILES[demand.profile]
     models = demand.gpu_models
     min_memory = demand.min_gpu_memory_gb or d.min_gpu_memory_gb
@@ -120,6 +141,7 @@ def effective_requirements(demand: Demand, specs: dict[str, GpuSpec] | None = No
         min_fp64_tflops=d.min_fp64_tflops if demand.min_fp64_tflops is None else demand.min_fp64_tflops,
         needs_ecc=d.needs_ecc if demand.needs_ecc is None else demand.needs_ecc,
         min_video_encoders=(d.min_video_encoders if demand.min_video_encoders is None else demand.min_video_encoders),
+        amount=d.amount if demand.amount is None else demand.amount,
     )
 
 
@@ -130,7 +152,30 @@ def reference_gpus(demand: Demand) -> float:
     return float(demand.gpu_count)
 
 
-def work(demand: Demand) -> float:
-    """The demand's amount of work in its profile's metric-hours: what score (USD per metric-hour) multiplies
-    into a cost, so a long 8-GPU job weighs more in a joint assignment than a short 1-GPU one."""
-    return reference_gpus(demand) * defaults_for(demand).reference_throughput * demand.duration_hours
+def amount_of(demand: Demand) -> Amount:
+    """What ``demand`` holds fixed: its own ``amount``, else its profile's default."""
+    return defaults_for(demand).amount if demand.amount is None else demand.amount
+
+
+def reference_figure(demand: Demand, specs: dict[str, GpuSpec] | None = None) -> float:
+    """One ``work_reference_gpu`` card's figure in the profile's metric: the profile's own reference card
+    unless the demand names another, whose datasheet ``specs`` must then hold (``ValueError`` otherwise)."""
+    profile = defaults_for(demand)
+    name = demand.work_reference_gpu
+    if name is None or name == profile.reference_gpu:
+        return profile.reference_throughput
+    spec = (specs or {}).get(name)
+    value = None if spec is None else getattr(spec, profile.metric)
+    if value is None or not value > 0:
+        raise ValueError(
+            f"work_reference_gpu {name!r}: no datasheet figure for {profile.metric_unit} to measure work by"
+        )
+    return float(value)
+
+
+def work(demand: Demand, specs: dict[str, GpuSpec] | None = None) -> float:
+    """The demand's amount of work in its profile's metric-hours: its size in reference cards x one card's
+    figure x the hours on them (``work_hours``, else ``duration_hours``). For a WORK demand each offer takes
+    this over its throughput hours; a DURATION demand is the same size and hours on the reference card."""
+    hours = demand.duration_hours if demand.work_hours is None else demand.work_hours
+    return reference_gpus(demand) * reference_figure(demand, specs) * hours

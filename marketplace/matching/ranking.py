@@ -1,4 +1,4 @@
-"""``rank``: one demand against a book of offers, best value of useful work first, each quote explained."""
+"""``rank``: one demand against a book of offers, cheapest job first (dollars for the job), each quote explained."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import numpy as np
 
+from marketplace.matching.interruptions import MAX_SLOWDOWN
 from marketplace.matching.profiles import defaults_for
 from marketplace.matching.scoring import RULES, OfferBook, ScoreVectors, as_book, best_indices, score_vectors
 from marketplace.matching.types import (
@@ -32,8 +33,9 @@ def _money(value: float) -> Decimal:
 
 def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) -> ScoreBreakdown:
     """The Decimal breakdown of ``offer`` (at ``index`` of the vectors): the price terms exact from the
-    listing, the risk terms from the vectorised floats."""
-    hours = Decimal(repr(vectors.demand.duration_hours))
+    listing, the risk terms from the vectorised floats. The hours are the job's on this offer
+    (``ScoreVectors.job_hours``): the duration asked for, or the time the fixed work takes on it."""
+    hours = Decimal(repr(float(vectors.job_hours[index])))
     if offer.divisible:
         price_per_hour = offer.price_usd_per_hour / offer.gpu_count * Decimal(int(vectors.gpus[index]))
     else:
@@ -41,6 +43,7 @@ def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) 
     price_cost = price_per_hour * hours
     interruption = _money(vectors.interruption_cost[index])
     reliability = _money(vectors.reliability_cost[index])
+    job_cost = (price_cost + interruption + reliability).quantize(_MONEY)
     return ScoreBreakdown(
         gpus_used=float(vectors.gpus_used[index]),
         gpus_paid=float(vectors.gpus_paid[index]),
@@ -49,10 +52,13 @@ def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) 
         wasted_cost=_money(vectors.wasted_cost[index]),
         interruption_cost=interruption,
         reliability_cost=reliability,
-        effective_cost=(price_cost + interruption + reliability).quantize(_MONEY),
+        effective_cost=job_cost,
         useful_throughput=float(vectors.throughput[index]),
         metric=metric,
         score=float(vectors.score[index]),
+        job_hours=float(vectors.job_hours[index]),
+        job_cost=job_cost,
+        unit_cost=float(vectors.unit_cost[index]),
     )
 
 
@@ -64,11 +70,12 @@ def _size(offer: OfferView, gpus: float) -> str:
 def quote_reason(
     offer: OfferView, b: ScoreBreakdown, gpus: float, defaults: ProfileDefaults, best: ScoreBreakdown | None
 ) -> str:
-    """One line: what it is, what a reference card's worth of work costs on it, and what weighs on it."""
-    per_reference = b.score * defaults.reference_throughput
+    """One line: what it is, the dollars and hours of the job on it, then what a reference card's worth of
+    work costs on it (the throughput reasoning), and what weighs on it."""
+    per_reference = b.unit_cost * defaults.reference_throughput
     head = (
         f"{_size(offer, gpus)} {offer.pricing_model.replace('_', '-')} on {offer.provider_kind} {offer.zone}: "
-        f"${b.effective_cost:.2f} for the job, ${per_reference:.3f} per {defaults.reference_unit}"
+        f"${b.job_cost:.2f} for the job ({b.job_hours:.4g} h), ${per_reference:.3f} per {defaults.reference_unit}"
     )
     notes = []
     if best is None or best is b:
@@ -99,6 +106,8 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
         return f"allow {offer.gpu_model}"
     if rule == "gpu memory":
         return f"accept {offer.gpu_memory_gb} GB per GPU"
+    if rule == "whole cards":
+        return "it is a slice of a card: ask for slices (fractions), or size the demand by GPU memory"
     if rule == "size":
         return f"ask for at most {offer.gpu_count} GPUs (split the job)"
     if rule == "pricing model":
@@ -117,6 +126,16 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
         return "accept GPUs without hardware encoders (software encoding)"
     if rule == "interruption":
         return "accept interruptions (checkpoint the job) to use spot capacity"
+    if rule == "deadline":
+        expected = float(vectors.expected_hours[index])
+        rate = offer.interruption_rate_per_hour
+        # Without a deadline the rule fires only for an offer too slow to ever finish (interruptions.MAX_SLOWDOWN).
+        if d.deadline_hours is None or not expected <= d.deadline_hours * MAX_SLOWDOWN:
+            return f"checkpoint more often: at {rate:g} interruptions/hour the job is not expected to finish"
+        return (
+            f"allow {math.ceil(expected * 10) / 10:g} h to finish (expected at {rate:g} interruptions/hour), "
+            "or checkpoint more often"
+        )
     if rule == "capacity":
         if offer.pool_capacity is not None and vectors.pool_units[index] > offer.pool_capacity:
             return f"ask for fewer GPUs or wait: {offer.pool_capacity} GPU(s) free on its machine"
@@ -177,7 +196,7 @@ def rank(
     exclusion: Exclusion | None = None,
     limit: int = 50,
 ) -> Ranking:
-    """Feasible offers for ``demand``, lowest cost of useful work first (see the module docstring of
+    """Feasible offers for ``demand``, fewest dollars for the job first (see the module docstring of
     ``marketplace.matching``), at most ``limit`` of them; with none feasible, the nearest misses."""
     book = as_book(offers)
     vectors = score_vectors(demand, book, now=now, max_age=max_age, exclusion=exclusion)

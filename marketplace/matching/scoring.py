@@ -19,17 +19,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from marketplace.matching.profiles import defaults_for, effective_requirements
-from marketplace.matching.types import Demand, Exclusion, GpuSpec, OfferView, Tolerance
+# The restart costs live with the completion-time model; re-exported here, where callers found them.
+from marketplace.matching.interruptions import MAX_SLOWDOWN, expected_completion_hours
+from marketplace.matching.interruptions import RESTART_HOURS as RESTART_HOURS
+from marketplace.matching.interruptions import STATELESS_RESTART_HOURS as STATELESS_RESTART_HOURS
+from marketplace.matching.profiles import amount_of, defaults_for, effective_requirements, work
+from marketplace.matching.types import Amount, Demand, Exclusion, GpuSpec, OfferView, Tolerance
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-# Hours lost to one interruption besides the work since the last checkpoint: relaunch, reload, warm-up.
-RESTART_HOURS = 0.25
-# A stateless job only loses the items in flight and a relaunch.
-STATELESS_RESTART_HOURS = 0.05
 
 # Rule names, in the order a person reads them; a near miss lists the ones it breaks.
 RULES = (
@@ -38,6 +37,7 @@ RULES = (
     "gpu model",
     "gpu memory",
     "size",
+    "whole cards",
     "region",
     "jurisdiction",
     "pricing model",
@@ -48,6 +48,7 @@ RULES = (
     "video encoders",
     "throughput",
     "interruption",
+    "deadline",
     "price cap",
     "job price cap",
     "capacity",
@@ -180,9 +181,11 @@ def as_book(offers: OfferBook | Iterable[OfferView]) -> OfferBook:
 class ScoreVectors:
     """One demand against every offer of a book: which rules each offer breaks, and its score terms.
 
-    ``failures`` is a (rules x offers) boolean matrix in ``RULES`` order. Money is USD for the demand's
-    whole duration; ``score`` is ``effective`` over useful work (USD per metric-hour), inf where the offer
-    gives this profile no throughput.
+    ``failures`` is a (rules x offers) boolean matrix in ``RULES`` order. Money is USD for the whole job:
+    ``job_hours`` on each offer (the demand's ``duration_hours``, or its work over the offer's throughput).
+    ``score`` is ``job_cost`` (= ``effective``), dollars for the job, inf where the offer gives this
+    profile no throughput; ``unit_cost`` is it over the useful work (USD per metric-hour), the throughput
+    reasoning beside it.
     """
 
     demand: Demand  # with the profile's defaults filled in
@@ -201,17 +204,39 @@ class ScoreVectors:
     effective: FloatArray
     throughput: FloatArray
     score: FloatArray
+    expected_hours: FloatArray  # wall-clock hours to finish the work, interruptions included
+    job_hours: FloatArray  # hours paid for on each offer, interruptions aside
+    job_cost: FloatArray  # dollars for the job: the ranking and the batch objective
+    unit_cost: FloatArray  # job_cost per metric-hour of useful work
 
     def failed_rules(self, index: int) -> tuple[str, ...]:
         return tuple(RULES[r] for r in np.flatnonzero(self.failures[:, index]))
 
 
-def _lost_hours_per_interruption(demand: Demand) -> float:
-    if demand.interruption_tolerance == Tolerance.STATELESS:
-        return STATELESS_RESTART_HOURS
-    if demand.interruption_tolerance == Tolerance.CHECKPOINTED:
-        return demand.checkpoint_interval_hours / 2 + RESTART_HOURS
-    return 0.0  # never on an interruptible offer: the "interruption" rule rules it out
+def job_hours(demand: Demand, throughput: FloatArray, specs: dict[str, GpuSpec]) -> FloatArray:
+    """Hours the buyer pays for on each offer. DURATION: ``duration_hours`` on every offer. WORK: the
+    demand's work (``profiles.work``) over the offer's throughput on the GPUs the demand uses (slices
+    scaled by their fraction): a card three times the reference's figure takes a third of the hours.
+    An offer giving no throughput keeps ``duration_hours`` so its figures stay finite (its score is inf
+    and the "throughput" or "no datasheet" rule rules it out)."""
+    duration = max(demand.duration_hours, 1e-9)
+    if amount_of(demand) == Amount.DURATION:
+        return np.full(throughput.shape, duration)
+    amount = work(demand, specs)
+    return np.where(throughput > 0, amount / np.maximum(throughput, 1e-300), duration)
+
+
+def _expected_hours(demand: Demand, rates: FloatArray, hours: FloatArray) -> FloatArray:
+    """``expected_completion_hours`` where each offer has its own hours of work (a WORK demand): one call
+    per distinct figure, a handful (one per GPU model and size), each vectorised over its offers' rates."""
+    values, inverse = np.unique(hours, return_inverse=True)
+    if values.size == 1:
+        return expected_completion_hours(demand, rates, float(values[0]))
+    out = np.empty(hours.shape)
+    for k, value in enumerate(values):
+        chosen = inverse == k
+        out[chosen] = expected_completion_hours(demand, rates[chosen], float(value))
+    return out
 
 
 def score_vectors(
@@ -227,7 +252,6 @@ def score_vectors(
     profile = defaults_for(d)
     c = book.columns
     n_offers = len(book)
-    hours = max(d.duration_hours, 1e-9)
     fraction = c["fraction"]
     gpu_memory = c["gpu_memory"]
     gpu_count = c["gpu_count"]
@@ -242,18 +266,27 @@ def score_vectors(
     pool_units = np.where(divisible, gpus, gpu_count)
     gpus_used = np.minimum(gpus, gpu_count) * fraction
     gpus_paid = np.where(divisible, gpus, gpu_count) * fraction
+    per_card = c[profile.metric]
+    throughput = gpus_used * per_card
+    # From here on every cost is for the hours the buyer pays on each offer (an array).
+    hours = job_hours(d, throughput, book.specs)
     per_gpu_price = c["price"] / np.maximum(gpu_count, 1.0)
     price_per_hour = np.where(divisible, per_gpu_price * gpus, c["price"])
     price_cost = price_per_hour * hours
     with np.errstate(invalid="ignore", divide="ignore"):
         wasted_cost = np.where(gpus_paid > 0, price_cost * (1.0 - gpus_used / gpus_paid), 0.0)
-    interruption_cost = c["interruption"] * hours * min(_lost_hours_per_interruption(d), hours) * price_per_hour
+    # Interruptions cost the extra hours paid while lost work is redone and the job restarts: expected
+    # completion under Poisson interruptions with checkpoints (marketplace/matching/interruptions.py),
+    # non-linear in the rate and the checkpoint interval. An offer that would not finish is dropped below.
+    expected_hours = _expected_hours(d, c["interruption"], hours)
+    never = ~(expected_hours <= hours * MAX_SLOWDOWN)
+    interruption_cost = np.where(never, 0.0, expected_hours - hours) * price_per_hour
     reliability_cost = price_cost * (1.0 / c["reliability"] - 1.0)
     effective = price_cost + interruption_cost + reliability_cost
-    per_card = c[profile.metric]
-    throughput = gpus_used * per_card
     with np.errstate(divide="ignore", invalid="ignore"):
-        score = np.where(throughput > 0, effective / (throughput * hours), np.inf)
+        unit_cost = np.where(throughput > 0, effective / (throughput * hours), np.inf)
+    # The buyer pays dollars for hours: the score is the job's dollars, whatever the amount kind.
+    score = np.where(throughput > 0, effective, np.inf)
 
     failures = np.zeros((len(RULES), n_offers), dtype=np.bool_)
 
@@ -267,6 +300,8 @@ def score_vectors(
         rule("gpu model", ~book.member("model", d.gpu_models))
     rule("gpu memory", gpu_memory < d.min_gpu_memory_gb)
     rule("size", gpus > gpu_count)
+    # A count means cards: a slice serves only a demand sized by memory or one that says slices will do.
+    rule("whole cards", (fraction < 1.0) & (d.total_gpu_memory_gb is None) & (not d.fractions))
     if d.regions:
         rule("region", ~book.member("region", d.regions))
     if d.jurisdictions:
@@ -288,6 +323,9 @@ def score_vectors(
     rule("throughput", c["has_spec"] & (per_card <= 0))
     if d.interruption_tolerance == Tolerance.NONE:
         rule("interruption", c["interruption"] > 0)
+    # Cannot finish: expected past the deadline, or (deadline or not) too slow to ever finish.
+    deadline = math.inf if d.deadline_hours is None else d.deadline_hours
+    rule("deadline", never | (expected_hours > deadline + 1e-9))
     if d.max_price_per_hour is not None:
         rule("price cap", price_per_hour > float(d.max_price_per_hour) + 1e-9)
     if d.max_price_per_job is not None:
@@ -316,6 +354,10 @@ def score_vectors(
         effective=effective,
         throughput=throughput,
         score=score,
+        expected_hours=expected_hours,
+        job_hours=hours,
+        job_cost=effective,
+        unit_cost=unit_cost,
     )
 
 

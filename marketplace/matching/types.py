@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -17,6 +18,19 @@ class Profile(enum.StrEnum):
     SCIENTIFIC = "scientific"
     RENDERING = "rendering"
     TRANSCODING = "transcoding"
+
+
+class Amount(enum.StrEnum):
+    """What a demand holds fixed, and so what the buyer pays for.
+
+    DURATION: the hours (a rental, a service with a throughput floor): the job costs price x
+    ``duration_hours`` on every offer, and faster hardware only costs more. WORK: the amount of work
+    (``work_hours`` on a reference GPU): on each offer it takes work / the offer's throughput relative to
+    that card, and costs price x those hours, so a faster card can be the cheaper one.
+    """
+
+    DURATION = "duration"
+    WORK = "work"
 
 
 class Tolerance(enum.StrEnum):
@@ -96,6 +110,17 @@ class OfferView:
     capacity_pool: str | None = None  # offers sharing one stock of GPUs, e.g. one machine's lease sizes
     pool_capacity: int | None = None  # GPUs free in ``capacity_pool``; set with it, never without
 
+    def __post_init__(self) -> None:
+        # The engine's boundary: a free or negative price would win every ranking it enters, whatever the
+        # database allows (the catalogue's own check is not the only way in: benches, callers, tests).
+        price = self.price_usd_per_hour
+        if not (math.isfinite(price) and price > 0):
+            raise ValueError(f"offer {self.offer_id}: price_usd_per_hour must be above zero, not {price!r}")
+        if self.gpu_count < 1:
+            raise ValueError(f"offer {self.offer_id}: gpu_count must be at least 1, not {self.gpu_count}")
+        if not 0 < self.gpu_fraction <= 1:
+            raise ValueError(f"offer {self.offer_id}: gpu_fraction must be in (0, 1], not {self.gpu_fraction}")
+
 
 @dataclass(frozen=True, slots=True)
 class Demand:
@@ -104,7 +129,7 @@ class Demand:
     Size is ``gpu_count`` GPUs, or, when ``total_gpu_memory_gb`` is set, as many GPUs (or slices) of an
     offer as it takes to hold that much memory. ``max_price_per_hour`` caps what the buyer pays per hour
     for what they occupy (the whole instance, or their GPUs of a divisible listing); ``max_price_per_job``
-    caps that times ``duration_hours``.
+    caps that times the job's hours on the offer (``duration_hours``, or for fixed work the hours it takes).
     """
 
     gpu_count: int = 1
@@ -126,6 +151,30 @@ class Demand:
     duration_hours: float = 1.0
     interruption_tolerance: Tolerance = Tolerance.CHECKPOINTED
     checkpoint_interval_hours: float = 1.0
+    fractions: bool = False  # slices of a card (MIG, vGPU) may serve ``gpu_count``; sized by memory, they always may
+    # Wall-clock hours the job must finish within, interruptions and restarts included (None: no deadline).
+    deadline_hours: float | None = None
+    # What is fixed: the hours or the work (None: the profile's ``ProfileDefaults.amount``). For WORK, the
+    # work is ``work_hours`` (default ``duration_hours``) on the demand's size in ``work_reference_gpu`` cards
+    # (default the profile's reference card, ``ProfileDefaults.reference_gpu``).
+    amount: Amount | None = None
+    work_hours: float | None = None
+    work_reference_gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_count < 1:
+            raise ValueError(f"demand {self.demand_id!r}: gpu_count must be at least 1, not {self.gpu_count}")
+        for name in ("max_price_per_hour", "max_price_per_job"):
+            cap = getattr(self, name)
+            if cap is not None and not (math.isfinite(cap) and cap > 0):
+                raise ValueError(f"demand {self.demand_id!r}: {name} must be above zero, not {cap!r}")
+        if not self.duration_hours > 0:
+            raise ValueError(f"demand {self.demand_id!r}: duration_hours must be above zero")
+        deadline = self.deadline_hours
+        if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
+            raise ValueError(f"demand {self.demand_id!r}: deadline_hours must be above zero, not {deadline!r}")
+        if self.work_hours is not None and not (math.isfinite(self.work_hours) and self.work_hours > 0):
+            raise ValueError(f"demand {self.demand_id!r}: work_hours must be above zero, not {self.work_hours!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +196,8 @@ class ProfileDefaults:
     needs_ecc: bool = False
     min_video_encoders: int = 0
     preferred_models: frozenset[str] = frozenset()  # empty: any model that meets the rest
+    amount: Amount = Amount.DURATION  # what a demand holds fixed unless it says (``Demand.amount``)
+    reference_gpu: str = ""  # the GpuSpec key whose figure is ``reference_throughput``, e.g. "A100-80GB-SXM4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +243,15 @@ class MatchResult:
 
 @dataclass(frozen=True, slots=True)
 class ScoreBreakdown:
-    """Why an offer costs what it costs for this demand. Money in USD for the whole duration.
+    """Why an offer costs what it costs for this demand. Money in USD for the whole job.
 
-    ``effective_cost`` = ``price_cost`` + ``interruption_cost`` + ``reliability_cost``; ``wasted_cost`` is
-    the part of ``price_cost`` paying for capacity the demand does not use (shown, already inside the price).
-    ``score`` = ``effective_cost`` / (``useful_throughput`` x hours): USD per unit of useful work in the
-    profile's metric (e.g. per dense-FP16 PFLOP-hour); lower is better.
+    ``job_hours`` are the hours paid for on this offer: the demand's ``duration_hours`` when it fixes the
+    duration, its work over this offer's throughput when it fixes the work. ``job_cost`` (=
+    ``effective_cost``) = ``price_cost`` + ``interruption_cost`` + ``reliability_cost`` for those hours, and
+    ``score`` is that figure as a float: dollars for the job, lower is better. ``wasted_cost`` is the part
+    of ``price_cost`` paying for capacity the demand does not use (shown, already inside the price).
+    ``unit_cost`` = ``job_cost`` / (``useful_throughput`` x ``job_hours``) is the throughput reasoning: USD
+    per unit of useful work in the profile's metric (e.g. per dense-FP16 TFLOPS-hour).
     """
 
     gpus_used: float  # GPUs (or slices x fraction, in card equivalents) doing the demand's work
@@ -211,6 +265,9 @@ class ScoreBreakdown:
     useful_throughput: float  # in the profile's metric, summed over the GPUs used
     metric: str
     score: float
+    job_hours: float = 0.0
+    job_cost: Decimal = Decimal(0)
+    unit_cost: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +316,7 @@ class DemandAssignment:
 @dataclass(frozen=True, slots=True)
 class Assignment:
     """``assign``'s answer. ``total_cost`` sums the chosen quotes' effective costs; ``objective`` is what was
-    minimised (the sum of scores x each demand's work, plus the penalty for unplaced demands);
+    minimised (the sum of the chosen quotes' job costs, i.e. dollars, plus the penalty for unplaced demands);
     ``lower_bound`` is a proven bound on it (the LP relaxation); ``gap`` = (objective - bound) / objective.
     ``method`` names what produced it ("milp", "lp-rounding", "greedy", ...); ``optimal`` is True only when
     the solver proved it."""

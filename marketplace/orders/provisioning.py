@@ -83,12 +83,14 @@ def _attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
 
 def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     """The buyer's chosen offer first; after a failure, the best remaining offer for the same demand."""
+    share = float((order.offer.extra or {}).get(GPU_FRACTION, 1.0))
     demand = Demand(
         gpu_count=order.gpu_count,
         gpu_models=frozenset({order.gpu_model.key}),
         regions=frozenset(order.regions),
         pricing_models=frozenset({order.pricing_model}),
         max_price_per_hour=order.max_price_per_hour,
+        fractions=share < 1,  # the buyer picked a slice: slices of that share serve it (filtered below)
     )
     exclusion = order_exclusion(order, now=now)
     max_age = dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
@@ -111,7 +113,6 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
     # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for. And the
     # same share of a card: a whole GPU never fails over to a slice of one (AWS g6f, a MIG profile), nor a
     # slice to another size.
-    share = float((order.offer.extra or {}).get(GPU_FRACTION, 1.0))
     candidates = [
         c for c in candidates if c.gpu_count == order.gpu_count and math.isclose(c.gpu_fraction, share, rel_tol=1e-6)
     ]

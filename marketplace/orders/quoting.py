@@ -19,6 +19,7 @@ from marketplace.catalog.selectors import offer_book
 from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.matching import Assignment, Demand, Ranking, assign, rank
 from marketplace.matching import Quote as EngineQuote
+from marketplace.matching.profiles import defaults_for
 from marketplace.models import LaunchConfiguration, Organization, Quote
 from marketplace.orders.blocks import provider_blocks
 
@@ -72,10 +73,12 @@ def _quote_row(
         batch=batch,
         rank=rank_no,
         offer_id=quote.offer.offer_id,
-        demand=demand_json(demand),
+        # The amount the profile holds fixed is shown filled in, and tells an order whether to stop at the hours.
+        demand=demand_json(dataclasses.replace(demand, amount=demand.amount or defaults_for(demand).amount)),
         units=Decimal(str(quote.units)).quantize(Decimal("0.0001")),
         price_per_hour=b.price_per_hour.quantize(_MONEY),
-        duration_hours=Decimal(str(demand.duration_hours)).quantize(_HOURS),
+        # The job's hours on this offer: the duration asked for, or how long the fixed work takes on it.
+        duration_hours=Decimal(repr(b.job_hours)).quantize(_HOURS),
         total_price=b.price_cost.quantize(_MONEY),
         score=b.score,
         breakdown=_jsonable(dataclasses.asdict(b)),

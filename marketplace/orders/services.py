@@ -22,6 +22,7 @@ from django.utils import timezone
 from ledger.services import ledger_append
 from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.launch.leases import launch_problems_for
+from marketplace.matching import Amount
 from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
 from marketplace.orders.reservations import reservations_release_for_order
@@ -205,7 +206,9 @@ def order_place(
         price = bid * offer.gpu_count  # a bidder pays its bid, whatever the listing's minimum
     cap = request.max_price_per_hour if request.max_price_per_hour is not None else price
     duration = request.duration_hours
-    if duration is None and quote is not None:
+    # A quote for a fixed duration stops the order at it. One for fixed work only estimates the hours on this
+    # card from datasheets: stopping there could cut the job short, so the buyer's own limits stop it.
+    if duration is None and quote is not None and (quote.demand or {}).get("amount") != Amount.WORK:
         duration = quote.duration_hours
     if price > cap:
         raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")

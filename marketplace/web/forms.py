@@ -60,6 +60,7 @@ class WorkloadForm(forms.Form):
     max_price_per_hour = DecimalFormField(
         required=False, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR, decimal_places=6, label="Max $/h"
     )
+    fractions = forms.BooleanField(required=False, label="Slices of a card (MIG) will do")
 
     def clean(self) -> dict[str, object]:
         data = super().clean() or {}
@@ -79,6 +80,7 @@ class WorkloadForm(forms.Form):
             "regions": [],
             "jurisdictions": [d["jurisdiction"]] if d["jurisdiction"] else [],
             "pricing_models": [d["pricing"]] if d["pricing"] else [],
+            "fractions": bool(d.get("fractions")),
         }
         for key in ("gpu_count", "total_gpu_memory_gb", "max_price_per_hour"):
             if d.get(key) is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from decimal import Decimal
 
 import pytest
@@ -73,8 +74,10 @@ def test_throughput_beats_a_lower_price() -> None:
     h100, a100 = (q.breakdown for q in ranking.quotes)
     assert h100.metric == "fp16_dense_tflops"
     assert h100.useful_throughput == pytest.approx(989.4)
-    assert h100.score == pytest.approx(8.0 / 989.4 / 1.0)
-    assert a100.score == pytest.approx(4.0 / 312.0)
+    # Fine-tuning fixes the work (an hour on an A100): the H100 does it in 312 / 989.4 of an hour.
+    assert h100.unit_cost == pytest.approx(8.0 / 989.4 / 1.0)
+    assert a100.unit_cost == pytest.approx(4.0 / 312.0)
+    assert h100.score == pytest.approx(8.0 * 312.0 / 989.4) and a100.score == pytest.approx(4.0)
     assert "best value" in ranking.quotes[0].reason
     assert "over the best" in ranking.quotes[1].reason
 
@@ -145,10 +148,14 @@ def test_spot_risk_follows_the_jobs_tolerance() -> None:
     strict = quote(Tolerance.NONE)
     assert ids(strict) == [2] and strict.rejected == {"interruption": 1}  # type: ignore[attr-defined]
     checkpointed = quote(Tolerance.CHECKPOINTED).quotes[0].breakdown  # type: ignore[attr-defined]
-    # 0.1 interruptions/hour x 10 h, each losing half a checkpoint interval plus a restart, at $1/h.
-    assert checkpointed.interruption_cost == Decimal(str(round(0.1 * hours * (1.0 + RESTART_HOURS) * 1.0, 6)))
+    # The extra hours paid at $1/h: five 2-hour segments at 0.1 interruptions/hour, each taking
+    # e^{λR} (e^{λτ} - 1) / λ in expectation (Daly 2006; marketplace/matching/interruptions.py), minus the 10 h.
+    segment = math.exp(0.1 * RESTART_HOURS) * math.expm1(0.1 * 2.0) / 0.1
+    assert checkpointed.interruption_cost == Decimal(str(round(4 * segment + segment - hours, 6)))
     stateless = quote(Tolerance.STATELESS).quotes[0].breakdown  # type: ignore[attr-defined]
-    assert stateless.interruption_cost == Decimal(str(round(0.1 * hours * STATELESS_RESTART_HOURS, 6)))
+    # Stateless loses only a restart per interruption: W e^{λR}, the continuous-checkpoint limit.
+    extra = hours * math.exp(0.1 * STATELESS_RESTART_HOURS) - hours
+    assert stateless.interruption_cost == Decimal(str(round(extra, 6)))
     assert stateless.interruption_cost < checkpointed.interruption_cost
     assert checkpointed.effective_cost == checkpointed.price_cost + checkpointed.interruption_cost
     # A checkpoint every 40 hours loses the whole 10-hour run per interruption: spot becomes the dearer.
@@ -189,7 +196,9 @@ def test_fractional_gpus_and_divisible_machines() -> None:
     )
     whole = offer(2, g.A100_80_SXM, 1, "4.00")
     shared = offer(3, g.A100_80_SXM, 8, "24.00", divisible=True, capacity=3, provider_kind="independent")
-    small = Demand(gpu_count=1, min_gpu_memory_gb=10)
+    # A count means whole cards (issue 20): this buyer says a slice will do.
+    assert rank(Demand(gpu_count=1, min_gpu_memory_gb=10), [mig], now=NOW).rejected == {"whole cards": 1}
+    small = Demand(gpu_count=1, min_gpu_memory_gb=10, fractions=True)
     ranking = rank(small, [mig, whole, shared], now=NOW)
     by_id = {q.offer.offer_id: q for q in ranking.quotes}
     slice_quote = by_id[1]
@@ -227,9 +236,10 @@ def test_price_caps_and_near_misses() -> None:
     assert first.relax == "raise the hourly cap to $0.80"
     assert ranking.near_misses[-1].failed == ("region", "price cap")
     per_job = rank(Demand(max_price_per_job=Decimal("1.00"), duration_hours=2), offers, now=NOW)
-    # Misses breaking as many rules come best value first: the L4 before the cheaper but slower T4.
-    assert per_job.quotes == () and per_job.near_misses[0].relax == "raise the job cap to $1.60"
-    assert per_job.near_misses[1].relax == "raise the job cap to $1.20"
+    # Misses breaking as many rules come cheapest job first: a rental fixes the hours, so the T4 before the
+    # faster but dearer L4.
+    assert per_job.quotes == () and per_job.near_misses[0].relax == "raise the job cap to $1.20"
+    assert per_job.near_misses[1].relax == "raise the job cap to $1.60"
 
 
 def test_stale_and_excluded_offers_are_not_sold() -> None:

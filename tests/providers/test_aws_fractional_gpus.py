@@ -20,7 +20,9 @@ from typing import Any
 import boto3
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
+from marketplace.api.tokens import api_token_create
 from marketplace.catalog.selectors import offer_views
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, QuarantinedOffer
@@ -145,3 +147,19 @@ def test_the_order_form_names_a_slice_as_its_share_of_one_card(frankfurt, client
     page = client.get("/orders/new", {"offer": eighth.pk}).content.decode()
 
     assert "1/8 of one L4" in page and "a partition of the card" in page and "1\u00d7 L4" not in page
+
+
+def test_a_quote_for_one_l4_gets_whole_cards_unless_it_asks_for_slices(frankfurt, acme, alice) -> None:
+    assert offers_sync(account_id=frankfurt.pk).ok
+    api = APIClient()
+    raw = api_token_create(organization=acme, user=alice, name="quotes", scopes=["orders:place"]).raw
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    asked = {"profile": "inference", "gpu_models": ["L4"], "regions": ["eu-central-1"], "pricing_models": ["on_demand"]}
+
+    whole = api.post("/api/v1/quotes", asked, format="json").json()
+    sliced = api.post("/api/v1/quotes", {**asked, "fractions": True}, format="json").json()
+
+    assert whole["quotes"] and not any(q["offer"]["instance_type"].startswith("g6f.") for q in whole["quotes"])
+    g6f = Offer.objects.filter(account=frankfurt, instance_type__startswith="g6f.", pricing_model="on_demand")
+    assert whole["rejected"]["whole cards"] == g6f.count() > 0  # every g6f size in every zone
+    assert any(q["offer"]["instance_type"].startswith("g6f.") for q in sliced["quotes"])
