@@ -45,7 +45,13 @@ class WorkloadForm(forms.Form):
     total_gpu_memory_gb = IntegerFormField(
         required=False, min_value=1, max_value=16384, label="or total GPU memory (GB)"
     )
-    duration_hours = FloatFormField(initial=8, min_value=0.01, max_value=8760, label="Hours")
+    duration_hours = FloatFormField(
+        initial=8,
+        min_value=0.01,
+        max_value=8760,
+        label="Hours",
+        help_text="training-like profiles fix the work: hours on the profile's reference GPU",
+    )
     jurisdiction = forms.ChoiceField(
         required=False, choices=[("", "anywhere"), *((j, j) for j in JURISDICTIONS)], label="Data must stay in"
     )

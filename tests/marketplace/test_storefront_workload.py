@@ -109,6 +109,8 @@ def test_a_training_workload_lists_the_memory_and_interconnect_defaults(browser,
 
     assert "≥ 80 GB per GPU;" in page
     assert "≥ 600 GB/s GPU interconnect for multi-GPU jobs;" in page
+    # Training fixes the work, not the hours: the page says so (issue 20).
+    assert "8.0 h of work on the reference GPU (a faster card finishes sooner)" in page
     assert "p5.48xlarge" in page
     assert "p4de.24xlarge" in page
     assert "g5.xlarge" not in page
