@@ -99,7 +99,7 @@ def test_a_submitted_workload_shows_ranked_quotes_with_their_reasons(browser, bo
     assert "0.4507" in page
     assert "4.51" in page  # the spot quote's total for 10 hours
     # The defaults the profile applied are spelled out.
-    assert "Ranked by GB/s of memory bandwidth" in text
+    assert "Ranked by dollars for the job; throughput measured in GB/s of memory bandwidth" in text
     assert "models A10, A10G, L4, T4;" in text  # sorted, whatever the set order
     assert "10.0 h, interruptions: checkpointed." in text
 
