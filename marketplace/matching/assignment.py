@@ -22,6 +22,10 @@ from marketplace.matching.types import Assignment, Demand, DemandAssignment, Exc
 # A demand left unplaced costs this many times its dearest feasible option, so the assignment places
 # every demand it can before it saves money on the others.
 UNPLACED_FACTOR = 3.0
+# Columns ``assign`` builds per demand: its cheapest ones. Broad demands have thousands of feasible offers
+# (millions of columns a batch); the LP and the solution use a few dozen of each, and the ones left out
+# still count in the bound (``Problem.floor``), so the certified gap stays a bound on the whole problem.
+KEEP_COLUMNS = 300
 
 
 def build_problem(
@@ -31,11 +35,15 @@ def build_problem(
     now: dt.datetime,
     max_age: dt.timedelta | None = None,
     exclusion: Exclusion | None = None,
+    keep: int | None = None,
 ) -> tuple[Problem, list[str]]:
     """The assignment problem of ``demands`` over ``book``: a column per feasible (demand, offer), costing
     the demand's job on that offer in dollars (``ScoreVectors.job_cost``, what ``rank`` orders by); a
     capacity row per offer with finite stock outside any pool, then one per capacity pool, in GPUs. Also,
-    per demand with no feasible offer, why."""
+    per demand with no feasible offer, why. ``keep``: build only each demand's ``keep`` cheapest columns
+    (None: all), recording the cheapest one left out as its ``Problem.floor``."""
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1 column per demand, not {keep}")
     pool = book.columns["pool"]
     pooled = pool >= 0
     limited = np.isfinite(book.columns["capacity"]) & ~pooled
@@ -48,6 +56,7 @@ def build_problem(
     capacity = np.concatenate([book.columns["capacity"][limited], pool_capacity]).astype(np.float64)
     parts_d, parts_j, parts_units, parts_cost = [], [], [], []
     penalties = np.ones(len(demands))
+    floor = np.full(len(demands), np.inf)
     why_not: list[str] = []
     for d, demand in enumerate(demands):
         vectors = score_vectors(demand, book, now=now, max_age=max_age, exclusion=exclusion)
@@ -59,9 +68,15 @@ def build_problem(
             continue
         why_not.append("")
         cost = vectors.job_cost[idx]
+        penalties[d] = UNPLACED_FACTOR * float(cost.max())
+        if keep is not None and idx.size > keep:
+            # A selection, not a sort: every column after position ``keep`` costs at least the one there.
+            part = np.argpartition(cost, keep)
+            floor[d] = float(cost[part[keep]])
+            chosen = np.sort(part[:keep])
+            idx, cost = idx[chosen], cost[chosen]
         by_cost = np.argsort(cost, kind="stable")
         idx, cost = idx[by_cost], cost[by_cost]
-        penalties[d] = UNPLACED_FACTOR * float(cost.max())
         parts_d.append(np.full(idx.size, d, dtype=np.int64))
         parts_j.append(idx)
         parts_units.append(np.where(pooled[idx], vectors.pool_units[idx], vectors.units[idx]))
@@ -80,6 +95,7 @@ def build_problem(
         unplaced=penalties,
         label=offers,
         presorted=True,
+        floor=floor,
     )
     return problem, why_not
 
@@ -147,7 +163,9 @@ def assign(
     started = time.perf_counter()
     demands = list(demands)
     book = as_book(offers)
-    problem, why_not = build_problem(demands, book, now=now, max_age=max_age, exclusion=exclusion)
+    # "exact" is the reference: every column.
+    keep = None if method == "exact" else KEEP_COLUMNS
+    problem, why_not = build_problem(demands, book, now=now, max_age=max_age, exclusion=exclusion, keep=keep)
     trace(f"built {problem.n_columns} columns in {time.perf_counter() - started:.2f}s")
     # Leave time to turn the answer into quotes (about a third of a millisecond per demand).
     reserve = 0.1 + 0.0003 * len(demands)

@@ -61,6 +61,10 @@ class Problem:
     unplaced: FloatArray
     starts: IntArray  # columns of demand d are starts[d]:starts[d + 1]
     label: IntArray  # the caller's id of each column (an offer's index), kept in the sorted order
+    # Per demand, a lower bound on the cost of every column of it left out of the problem (the cheapest
+    # one left out; inf when none was): what keeps the bound valid for the whole problem when only each
+    # demand's cheapest columns were built (see ``assignment.build_problem``'s ``keep``).
+    floor: FloatArray
 
     @classmethod
     def build(
@@ -73,9 +77,11 @@ class Problem:
         unplaced: npt.ArrayLike,
         label: npt.ArrayLike | None = None,
         presorted: bool = False,
+        floor: npt.ArrayLike | None = None,
     ) -> Problem:
         """Columns in any order, or already by demand then cost when ``presorted`` (a sort of millions of
-        columns is the slowest step otherwise)."""
+        columns is the slowest step otherwise). ``floor``: per demand, a lower bound on the cost of any
+        column of it not given (default inf: every column is given)."""
         d = np.asarray(demand, dtype=np.int64)
         c = np.asarray(cost, dtype=np.float64)
         penalty = np.asarray(unplaced, dtype=np.float64)
@@ -94,6 +100,7 @@ class Problem:
             unplaced=penalty,
             starts=np.searchsorted(d, np.arange(len(penalty) + 1)).astype(np.int64),
             label=labels,
+            floor=np.full(len(penalty), np.inf) if floor is None else np.asarray(floor, dtype=np.float64),
         )
 
     @property
@@ -230,11 +237,16 @@ class _Relaxation:
     converged: bool
     x: dict[int, float]  # column -> LP value, for the LP's support
     reduced: FloatArray | None  # reduced costs of every column at the final duals (converged only)
+    # The least reduced cost any column left out of the problem can have at those duals (inf: none left out).
+    left_out: float = np.inf
 
 
 def _lagrangian(problem: Problem, adjusted: FloatArray, mu: FloatArray) -> float:
-    """Σ_d min(penalty, cheapest adjusted column) + Σ_r μ_r cap_r: a lower bound for any μ ≤ 0."""
-    best = problem.unplaced.copy()
+    """Σ_d min(penalty, cheapest adjusted column) + Σ_r μ_r cap_r: a lower bound for any μ ≤ 0. A column
+    left out of the problem costs at least its demand's ``floor``, and its adjusted cost is no lower
+    (μ ≤ 0 only adds to it), so the floor stands in for all of them and the bound holds for the whole
+    problem."""
+    best = np.minimum(problem.unplaced, problem.floor)
     has = problem.starts[1:] > problem.starts[:-1]
     if problem.n_columns:
         mins = np.minimum.reduceat(adjusted, problem.starts[:-1][has])
@@ -317,9 +329,16 @@ def _relax(problem: Problem, seed: IntArray, deadline: float) -> _Relaxation:
         support = x_values > 1e-7
         x = dict(zip(in_model[support].tolist(), x_values[support].tolist(), strict=True))
         reduced = adjusted - pi[problem.demand]
-        entering = (reduced < -1e-7 * max(1.0, abs(value) / max(n, 1))) & ~active
+        tolerance = 1e-7 * max(1.0, abs(value) / max(n, 1))
+        entering = (reduced < -tolerance) & ~active
         if not entering.any():
-            return _Relaxation(bound=max(bound, value), converged=True, x=x, reduced=reduced)
+            # The LP value bounds the whole problem only if no column left out could enter either: each
+            # costs at least its demand's floor, so none can when floor - π_d is not negative.
+            left_out = float(np.min(problem.floor - pi)) if n else np.inf
+            if left_out >= -tolerance:
+                return _Relaxation(bound=max(bound, value), converged=True, x=x, reduced=reduced, left_out=left_out)
+            trace("lp: a column left out of the problem could enter; the Lagrangian bound stands")
+            return _Relaxation(bound=bound, converged=False, x=x, reduced=None)
         if time.perf_counter() > deadline:
             return _Relaxation(bound=bound, converged=False, x=x, reduced=None)
         # Per demand, its most negative column enters with every other within half of it: a few per
@@ -565,8 +584,11 @@ def solve(problem: Problem, *, time_limit: float = 5.0, gap_target: float = 1e-4
         reduced = relaxation.reduced
         slack = best_value - bound
         within = reduced <= slack + 1e-9
-        certified = int(within.sum()) <= _MILP_MAX_COLUMNS
-        if not certified:
+        too_many = int(within.sum()) > _MILP_MAX_COLUMNS
+        # Columns left out of the problem are in no restricted MILP: it certifies only if none could beat the
+        # incumbent either.
+        certified = not too_many and relaxation.left_out > slack + 1e-9
+        if too_many:
             # The columns of smallest reduced cost overall: a selection, not a sort of millions.
             cut = np.partition(reduced, _MILP_MAX_COLUMNS)[_MILP_MAX_COLUMNS]
             within &= reduced < cut

@@ -228,13 +228,17 @@ def job_hours(demand: Demand, throughput: FloatArray, specs: dict[str, GpuSpec])
 
 def _expected_hours(demand: Demand, rates: FloatArray, hours: FloatArray) -> FloatArray:
     """``expected_completion_hours`` where each offer has its own hours of work (a WORK demand): one call
-    per distinct figure, a handful (one per GPU model and size), each vectorised over its offers' rates."""
-    values, inverse = np.unique(hours, return_inverse=True)
-    if values.size == 1:
-        return expected_completion_hours(demand, rates, float(values[0]))
-    out = np.empty(hours.shape)
+    per distinct figure, a handful (one per GPU model and size), each vectorised over its offers' rates.
+    Only interruptible offers are computed: at rate 0 the figure is the hours themselves (no checkpoint
+    writes are priced), and most offers are not interruptible."""
+    if hours.size and (hours.min() == hours.max() or not np.all(np.isfinite(rates) & (rates >= 0))):
+        # One figure; or a bad rate, which expected_completion_hours names.
+        return expected_completion_hours(demand, rates, float(hours[0]))
+    out = hours.astype(np.float64, copy=True)
+    live = np.flatnonzero(rates > 0)
+    values, inverse = np.unique(hours[live], return_inverse=True)
     for k, value in enumerate(values):
-        chosen = inverse == k
+        chosen = live[inverse == k]
         out[chosen] = expected_completion_hours(demand, rates[chosen], float(value))
     return out
 
