@@ -206,6 +206,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
+    "ENUM_NAME_OVERRIDES": {"GpuModelEnum": "providers.gpu_names.SORTED"},
 }
 
 # --- Email ----------------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ ALL: frozenset[str] = frozenset(
         RTX_6000_ADA,
     }
 )
+SORTED: tuple[str, ...] = tuple(sorted(ALL))  # one ordered choice list, so the API schema names it once
 
 # How nvidia-smi names the consumer and workstation cards ("NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000",
 # "NVIDIA RTX 6000 Ada Generation"). Their family is not the key's first token, and look-alikes differ in

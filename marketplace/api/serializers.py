@@ -161,7 +161,7 @@ class DemandInput(serializers.Serializer):
     total_gpu_memory_gb = IntegerSerializerField(required=False, min_value=1, max_value=16384)
     min_gpu_memory_gb = IntegerSerializerField(required=False, min_value=0, max_value=1024)
     gpu_models = serializers.ListField(
-        child=serializers.ChoiceField(choices=sorted(gpu_names.ALL)), required=False, default=list, max_length=30
+        child=serializers.ChoiceField(choices=gpu_names.SORTED), required=False, default=list, max_length=30
     )
     regions = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, default=list, max_length=50
@@ -212,7 +212,7 @@ class DemandInput(serializers.Serializer):
         required=False, min_value=0.01, max_value=1_000_000, help_text="for amount=work: hours on the reference GPU"
     )
     work_reference_gpu = serializers.ChoiceField(
-        choices=sorted(gpu_names.ALL),
+        choices=gpu_names.SORTED,
         required=False,
         help_text=(
             "for amount=work: the GPU work_hours are measured on (restated as hours on the profile's "
