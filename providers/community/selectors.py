@@ -60,4 +60,9 @@ def machines_latest_unverified(*, machines: Iterable[Machine], since: dt.datetim
         )
         .values_list("pk", "reason", "utilization")
     )
-    return {machine_id: (reason, utilization) for machine_id, reason, utilization in latest if reason}
+    # A subquery's value comes back as the backend has it (SQLite: a float): one decimal, as the series shows.
+    return {
+        machine_id: (reason, Decimal(str(utilization)).quantize(Decimal("0.1")))
+        for machine_id, reason, utilization in latest
+        if reason
+    }
