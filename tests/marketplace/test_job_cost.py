@@ -7,7 +7,6 @@ table, which follows NVIDIA's data sheets.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from decimal import Decimal
 
@@ -15,39 +14,17 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from bench.market import specs
 from marketplace.matching import PROFILES, Amount, Demand, OfferView, Profile, assign, rank
 from marketplace.models import Order
 from providers import gpu_names as g
 from tests.marketplace.test_quotes_api import book  # noqa: F401  (the fixture: a small AWS-like book)
-
-NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
-SPECS = specs()
+from tests.marketplace.test_ranking import NOW, ids
+from tests.marketplace.test_ranking import offer as ranking_offer
 
 
 def offer(offer_id: int, model: str, price: str, **kw: object) -> OfferView:
-    fields: dict[str, object] = {
-        "offer_id": offer_id,
-        "account_id": 1,
-        "provider_kind": "aws",
-        "region": "us-east-1",
-        "zone": "us-east-1a",
-        "instance_type": f"type-{offer_id}",
-        "pricing_model": "on_demand",
-        "gpu_model": model,
-        "gpu_count": 1,
-        "gpu_memory_gb": SPECS[model].memory_gb,
-        "price_usd_per_hour": Decimal(price),
-        "observed_at": NOW,
-        "spec": SPECS[model],
-        "jurisdiction": "US",
-    }
-    fields.update(kw)
-    return OfferView(**fields)  # type: ignore[arg-type]
-
-
-def ids(ranking: object) -> list[int]:
-    return [q.offer.offer_id for q in ranking.quotes]  # type: ignore[attr-defined]
+    """test_ranking's offer, of one GPU."""
+    return ranking_offer(offer_id, model, 1, price, **kw)
 
 
 def test_a_ten_hour_rental_ranks_the_10_dollar_a10g_above_the_70_dollar_h100() -> None:
