@@ -17,6 +17,8 @@ def _infeasible(demand: Demand, offer: OfferView, now: dt.datetime, max_age: dt.
         return "gpu model"
     if offer.gpu_count < demand.gpu_count:
         return "gpu count"
+    if demand.nodes > 1 and (offer.divisible or offer.capacity_pool is not None):
+        return "nodes"  # an independent host is one machine
     if offer.gpu_memory_gb < demand.min_gpu_memory_gb:
         return "gpu memory"
     if demand.regions and offer.region not in demand.regions:
@@ -26,7 +28,7 @@ def _infeasible(demand: Demand, offer: OfferView, now: dt.datetime, max_age: dt.
     if demand.max_price_per_hour is not None and offer.price_usd_per_hour > demand.max_price_per_hour:
         return "price cap"
     # Capacity counts instances, or GPUs of a divisible listing (OfferView's contract).
-    if offer.capacity is not None and offer.capacity < (demand.gpu_count if offer.divisible else 1):
+    if offer.capacity is not None and offer.capacity < (demand.gpu_count if offer.divisible else demand.nodes):
         return "capacity"
     # A pool (one machine's lease sizes) counts the GPUs the lease occupies.
     if offer.pool_capacity is not None and offer.pool_capacity < (

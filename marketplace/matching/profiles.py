@@ -146,10 +146,11 @@ def effective_requirements(demand: Demand, specs: dict[str, GpuSpec] | None = No
 
 
 def reference_gpus(demand: Demand) -> float:
-    """How many reference cards the demand's size amounts to (its GPU count, or its memory over 80 GB)."""
+    """How many reference cards the demand's size amounts to: its GPU count (or its memory over 80 GB) on
+    each of its nodes."""
     if demand.total_gpu_memory_gb is not None:
-        return max(1.0, math.ceil(demand.total_gpu_memory_gb / _REFERENCE_MEMORY_GB))
-    return float(demand.gpu_count)
+        return demand.nodes * max(1.0, math.ceil(demand.total_gpu_memory_gb / _REFERENCE_MEMORY_GB))
+    return float(demand.gpu_count * demand.nodes)
 
 
 def amount_of(demand: Demand) -> Amount:

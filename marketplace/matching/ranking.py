@@ -40,6 +40,7 @@ def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) 
         price_per_hour = offer.price_usd_per_hour / offer.gpu_count * Decimal(int(vectors.gpus[index]))
     else:
         price_per_hour = offer.price_usd_per_hour
+    price_per_hour *= vectors.demand.nodes
     price_cost = price_per_hour * hours
     interruption = _money(vectors.interruption_cost[index])
     reliability = _money(vectors.reliability_cost[index])
@@ -62,19 +63,25 @@ def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) 
     )
 
 
-def _size(offer: OfferView, gpus: float) -> str:
+def _size(offer: OfferView, gpus: float, nodes: int = 1) -> str:
     slice_note = f" ({offer.gpu_fraction:g} of a card each)" if offer.gpu_fraction < 1 else ""
-    return f"{int(gpus)}x {offer.gpu_model}{slice_note}"
+    group = f"{nodes} nodes x " if nodes > 1 else ""
+    return f"{group}{int(gpus)}x {offer.gpu_model}{slice_note}"
 
 
 def quote_reason(
-    offer: OfferView, b: ScoreBreakdown, gpus: float, defaults: ProfileDefaults, best: ScoreBreakdown | None
+    offer: OfferView,
+    b: ScoreBreakdown,
+    gpus: float,
+    defaults: ProfileDefaults,
+    best: ScoreBreakdown | None,
+    nodes: int = 1,
 ) -> str:
     """One line: what it is, the dollars and hours of the job on it, then what a reference card's worth of
     work costs on it (the throughput reasoning), and what weighs on it."""
     per_reference = b.unit_cost * defaults.reference_throughput
     head = (
-        f"{_size(offer, gpus)} {offer.pricing_model.replace('_', '-')} on {offer.provider_kind} {offer.zone}: "
+        f"{_size(offer, gpus, nodes)} {offer.pricing_model.replace('_', '-')} on {offer.provider_kind} {offer.zone}: "
         f"${b.job_cost:.2f} for the job ({b.job_hours:.4g} h), ${per_reference:.3f} per {defaults.reference_unit}"
     )
     notes = []
@@ -109,7 +116,13 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
     if rule == "whole cards":
         return "it is a slice of a card: ask for slices (fractions), or size the demand by GPU memory"
     if rule == "size":
-        return f"ask for at most {offer.gpu_count} GPUs (split the job)"
+        per_node = offer.gpu_count
+        if offer.divisible or offer.capacity_pool is not None or d.total_gpu_memory_gb is not None:
+            return f"ask for at most {per_node} GPUs"
+        spread = math.ceil(d.gpu_count / per_node) * d.nodes
+        return f"ask for at most {per_node} GPUs per node, e.g. {spread} nodes x {per_node} GPUs"
+    if rule == "nodes":
+        return f"it is one machine: ask for one node of up to {offer.gpu_count} GPUs"
     if rule == "pricing model":
         return f"accept {offer.pricing_model.replace('_', '-')} pricing"
     if rule == "interconnect":
@@ -139,6 +152,8 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
     if rule == "capacity":
         if offer.pool_capacity is not None and vectors.pool_units[index] > offer.pool_capacity:
             return f"ask for fewer GPUs or wait: {offer.pool_capacity} GPU(s) free on its machine"
+        if d.nodes > 1 and not offer.divisible:
+            return f"ask for at most {offer.capacity} nodes or wait: {offer.capacity} instance(s) left"
         return f"ask for fewer GPUs or wait: {offer.capacity} left"
     if rule == "stale price":
         return "wait for the next price sync"
@@ -181,7 +196,7 @@ def quotes_for(vectors: ScoreVectors, book: OfferBook, indices: Iterable[int]) -
             offer=book.views[i],
             units=float(vectors.units[i]),
             breakdown=b,
-            reason=quote_reason(book.views[i], b, float(vectors.gpus[i]), defaults, best),
+            reason=quote_reason(book.views[i], b, float(vectors.gpus[i]), defaults, best, vectors.demand.nodes),
         )
         for i, b in rows
     )

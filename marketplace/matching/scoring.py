@@ -37,6 +37,7 @@ RULES = (
     "gpu model",
     "gpu memory",
     "size",
+    "nodes",
     "whole cards",
     "region",
     "jurisdiction",
@@ -266,26 +267,30 @@ def score_vectors(
             gpus = np.ceil(d.total_gpu_memory_gb / np.maximum(gpu_memory, 1e-9))
     else:
         gpus = np.full(n_offers, float(max(d.gpu_count, 1)))
-    units = np.where(divisible, gpus, 1.0)
-    pool_units = np.where(divisible, gpus, gpu_count)
-    gpus_used = np.minimum(gpus, gpu_count) * fraction
-    gpus_paid = np.where(divisible, gpus, gpu_count) * fraction
+    # A job over several nodes takes that many instances of the offer: every figure below is the group's.
+    nodes = float(d.nodes)
+    units = np.where(divisible, gpus, 1.0) * nodes
+    pool_units = np.where(divisible, gpus, gpu_count) * nodes
+    gpus_used = np.minimum(gpus, gpu_count) * fraction * nodes
+    gpus_paid = np.where(divisible, gpus, gpu_count) * fraction * nodes
     per_card = c[profile.metric]
     throughput = gpus_used * per_card
     # From here on every cost is for the hours the buyer pays on each offer (an array).
     hours = job_hours(d, throughput, book.specs)
     per_gpu_price = c["price"] / np.maximum(gpu_count, 1.0)
-    price_per_hour = np.where(divisible, per_gpu_price * gpus, c["price"])
+    price_per_hour = np.where(divisible, per_gpu_price * gpus, c["price"]) * nodes
     price_cost = price_per_hour * hours
     with np.errstate(invalid="ignore", divide="ignore"):
         wasted_cost = np.where(gpus_paid > 0, price_cost * (1.0 - gpus_used / gpus_paid), 0.0)
     # Interruptions cost the extra hours paid while lost work is redone and the job restarts: expected
     # completion under Poisson interruptions with checkpoints (marketplace/matching/interruptions.py),
     # non-linear in the rate and the checkpoint interval. An offer that would not finish is dropped below.
-    expected_hours = _expected_hours(d, c["interruption"], hours)
+    # A group stops when any of its nodes is interrupted: independent Poisson processes add their rates.
+    expected_hours = _expected_hours(d, c["interruption"] * nodes, hours)
     never = ~(expected_hours <= hours * MAX_SLOWDOWN)
     interruption_cost = np.where(never, 0.0, expected_hours - hours) * price_per_hour
-    reliability_cost = price_cost * (1.0 / c["reliability"] - 1.0)
+    # ... and it launches only if every node does.
+    reliability_cost = price_cost * (1.0 / c["reliability"] ** nodes - 1.0)
     effective = price_cost + interruption_cost + reliability_cost
     with np.errstate(divide="ignore", invalid="ignore"):
         unit_cost = np.where(throughput > 0, effective / (throughput * hours), np.inf)
@@ -304,6 +309,9 @@ def score_vectors(
         rule("gpu model", ~book.member("model", d.gpu_models))
     rule("gpu memory", gpu_memory < d.min_gpu_memory_gb)
     rule("size", gpus > gpu_count)
+    # An independent host (a divisible listing, a machine's pool of lease sizes) is one machine: one node.
+    if d.nodes > 1:
+        rule("nodes", divisible | (c["pool"] >= 0))
     # A count means cards: a slice serves only a demand sized by memory or one that says slices will do.
     rule("whole cards", (fraction < 1.0) & (d.total_gpu_memory_gb is None) & (not d.fractions))
     if d.regions:

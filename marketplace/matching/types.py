@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+# The most machines one demand may span: a few hundred GPUs, well past any single listing's stock.
+MAX_NODES = 64
+
 
 class Profile(enum.StrEnum):
     """What the buyer's workload is; it picks the throughput metric and the default requirements."""
@@ -130,6 +133,12 @@ class Demand:
     offer as it takes to hold that much memory. ``max_price_per_hour`` caps what the buyer pays per hour
     for what they occupy (the whole instance, or their GPUs of a divisible listing); ``max_price_per_job``
     caps that times the job's hours on the offer (``duration_hours``, or for fixed work the hours it takes).
+
+    ``nodes`` > 1 asks for a job that spans machines: that many instances of one offer (one instance type in
+    one zone, so every node shares the zone's network), each with the size above, priced and placed as one
+    unit. The caps then apply to the whole group, its work is spread over every node's GPUs, and any node's
+    interruption interrupts the group. An independent host is one machine and never serves more than one
+    node; ``needs_rdma`` asks for InfiniBand/EFA/RDMA between the nodes.
     """
 
     gpu_count: int = 1
@@ -160,10 +169,13 @@ class Demand:
     amount: Amount | None = None
     work_hours: float | None = None
     work_reference_gpu: str | None = None
+    nodes: int = 1  # machines of one offer the job spans (``gpu_count`` GPUs each)
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:
             raise ValueError(f"demand {self.demand_id!r}: gpu_count must be at least 1, not {self.gpu_count}")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ValueError(f"demand {self.demand_id!r}: nodes must be from 1 to {MAX_NODES}, not {self.nodes}")
         for name in ("max_price_per_hour", "max_price_per_job"):
             cap = getattr(self, name)
             if cap is not None and not (math.isfinite(cap) and cap > 0):

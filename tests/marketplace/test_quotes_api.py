@@ -160,7 +160,7 @@ def test_with_nothing_feasible_the_answer_is_empty_with_near_misses_and_what_to_
     # A miss on several rules names each and what would relax it.
     small = next(m for m in body["near_misses"] if m["gpu_model"] == "A10G")
     assert "size" in small["failed"]
-    assert "ask for at most 1 GPUs (split the job)" in small["relax"]
+    assert "ask for at most 1 GPUs per node, e.g. 8 nodes x 1 GPUs" in small["relax"]
 
 
 @pytest.mark.parametrize(
