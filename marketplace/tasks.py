@@ -169,6 +169,14 @@ def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped
         raise self.retry(exc=exc, countdown=_backoff(min(self.request.retries, 5))) from None
 
 
+@shared_task(name="marketplace.cluster_advance", bind=True, max_retries=None, **TASK_OPTIONS)
+def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyped-def]
+    """A node of the cluster changed state: run the group's rule (marketplace/orders/clusters.py)."""
+    from marketplace.orders.clusters import cluster_advance
+
+    return cluster_advance(cluster_id=cluster_id)
+
+
 @shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
 @_stops_at_soft_limit
 def orders_sweep_task() -> int:
@@ -223,6 +231,17 @@ def orders_sweep_task() -> int:
             raise
         except Exception:  # one instance's surprise must not stop the sweep for every other order
             log.exception("checking ended instance %s failed", instance_id)
+    # Multi-node jobs whose coordinator task was lost: the group's rule runs again (it is idempotent).
+    from marketplace.orders.clusters import cluster_advance, clusters_to_advance
+
+    for cluster_id in clusters_to_advance():
+        _sweep_time_check()
+        try:
+            cluster_advance(cluster_id=cluster_id)
+        except SoftTimeLimitExceeded:
+            raise
+        except Exception:  # one cluster's surprise must not stop the sweep for every other order
+            log.exception("advancing cluster %s failed", cluster_id)
     cutoff = timezone.now() - timedelta(minutes=5)
     stale = Order.objects.filter(state_changed_at__lt=cutoff)
     for order_id in stale.filter(state__in=[OrderState.PLACED, OrderState.PROVISIONING]).values_list("pk", flat=True):

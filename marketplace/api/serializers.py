@@ -15,6 +15,7 @@ from marketplace.catalog.selectors import gpu_spec
 from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
+from marketplace.matching.types import MAX_NODES
 from marketplace.models import GpuModel, Offer, Order, Quote
 from marketplace.numbers import (
     MAX_BUDGET,
@@ -158,6 +159,14 @@ class DemandInput(serializers.Serializer):
     id = serializers.CharField(required=False, allow_blank=True, max_length=64)
     profile = serializers.ChoiceField(choices=_PROFILES)
     gpu_count = IntegerSerializerField(required=False, min_value=1, max_value=64)
+    nodes = IntegerSerializerField(
+        required=False,
+        default=1,
+        min_value=1,
+        max_value=MAX_NODES,
+        help_text="machines the job spans, each with gpu_count GPUs (or total_gpu_memory_gb) of one offer; "
+        "quotes price the whole group and are ordered at /api/v1/clusters",
+    )
     total_gpu_memory_gb = IntegerSerializerField(required=False, min_value=1, max_value=16384)
     min_gpu_memory_gb = IntegerSerializerField(required=False, min_value=0, max_value=1024)
     gpu_models = serializers.ListField(
@@ -265,6 +274,7 @@ def demand_from(data: dict[str, Any]) -> Demand:
         demand_id=data.get("id", ""),
         profile=Profile(data["profile"]),
         gpu_count=data.get("gpu_count", 1),
+        nodes=data.get("nodes", 1),
         total_gpu_memory_gb=data.get("total_gpu_memory_gb"),
         min_gpu_memory_gb=data.get("min_gpu_memory_gb", 0),
         gpu_models=frozenset(data["gpu_models"]),
@@ -387,6 +397,9 @@ class OrderOutput(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id")
     gpu_model = serializers.CharField(source="gpu_model.key")
     quote = serializers.UUIDField(source="quote.public_id", allow_null=True, default=None)
+    cluster = serializers.UUIDField(
+        source="cluster.public_id", allow_null=True, default=None, help_text="the multi-node job it is a node of"
+    )
     attempts = AttemptOutput(many=True)
     instance = serializers.SerializerMethodField()
     ledger_head = serializers.SerializerMethodField()
@@ -403,6 +416,9 @@ class OrderOutput(serializers.ModelSerializer):
             "state_reason",
             "offer",
             "quote",
+            "cluster",
+            "cluster_round",
+            "cluster_node",
             "gpu_model",
             "gpu_count",
             "pricing_model",

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import launch, views, webhooks
+from marketplace.api import clusters, launch, views, webhooks
 
 app_name = "api"
 
@@ -14,6 +14,9 @@ urlpatterns = [
     path("quotes", views.QuoteCreateApi.as_view(), name="quotes"),
     path("procurements", views.ProcurementCreateApi.as_view(), name="procurements"),
     path("orders", views.OrderListCreateApi.as_view(), name="orders"),
+    path("clusters", clusters.ClusterListCreateApi.as_view(), name="clusters"),
+    path("clusters/<str:cluster_id>", clusters.ClusterDetailApi.as_view(), name="cluster"),
+    path("clusters/<str:cluster_id>/terminate", clusters.ClusterTerminateApi.as_view(), name="cluster-terminate"),
     path("budget", views.BudgetApi.as_view(), name="budget"),
     path("invoice", views.InvoiceApi.as_view(), name="invoice"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),

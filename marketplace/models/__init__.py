@@ -11,6 +11,8 @@ from marketplace.models.launch import (
 from marketplace.models.orders import (
     Attempt,
     AttemptOutcome,
+    Cluster,
+    ClusterState,
     GpuHold,
     GpuSlot,
     Instance,
@@ -35,6 +37,8 @@ __all__ = [
     "ApiToken",
     "Attempt",
     "AttemptOutcome",
+    "Cluster",
+    "ClusterState",
     "DeliveryState",
     "FxRate",
     "GpuHold",

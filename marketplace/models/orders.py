@@ -58,6 +58,75 @@ class OrderState(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
+class ClusterState(models.TextChoices):
+    PROVISIONING = "provisioning", "provisioning"
+    RUNNING = "running", "running"
+    TERMINATING = "terminating", "terminating"
+    TERMINATED = "terminated", "terminated"
+    FAILED = "failed", "failed"
+
+
+class Cluster(models.Model):
+    """A job that spans machines: ``nodes`` instances of one offer (one instance type in one zone), bought,
+    launched and ended as one unit.
+
+    Each node is an order of its own (``Order.cluster``), so launching, booting, metering and terminating a
+    node is what it is for any order. A round is one try on one offer: ``nodes`` orders that may not fail
+    over alone. The cluster runs when every order of its round runs; when one fails, the round's others are
+    terminated and the whole group is tried again on the next offer (``marketplace/orders/clusters.py``).
+    """
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        ClusterState.PROVISIONING: frozenset({ClusterState.RUNNING, ClusterState.FAILED, ClusterState.TERMINATING}),
+        # A running group that loses a node is tried again whole (failover), or fails.
+        ClusterState.RUNNING: frozenset({ClusterState.PROVISIONING, ClusterState.TERMINATING, ClusterState.FAILED}),
+        ClusterState.TERMINATING: frozenset({ClusterState.TERMINATED}),
+        ClusterState.TERMINATED: frozenset(),
+        ClusterState.FAILED: frozenset(),
+    }
+    FINAL_STATES = frozenset({ClusterState.TERMINATED, ClusterState.FAILED})
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="clusters")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="clusters")
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="clusters", help_text="this round's")
+    quote = models.OneToOneField(Quote, null=True, blank=True, on_delete=models.PROTECT, related_name="cluster")
+    nodes = models.PositiveSmallIntegerField()
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT)
+    gpu_count = models.PositiveSmallIntegerField(help_text="GPUs per node")
+    pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)
+    regions = models.JSONField(default=list, blank=True, help_text="allowed regions; empty means any")
+    needs_rdma = models.BooleanField(default=False, help_text="InfiniBand/EFA/RDMA between the nodes")
+    max_price_per_node_hour = models.DecimalField(max_digits=14, decimal_places=6)
+    allow_failover = models.BooleanField(default=True)
+    duration_hours = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)
+    launch_config = models.ForeignKey(
+        "marketplace.LaunchConfiguration", on_delete=models.PROTECT, related_name="clusters"
+    )
+    round = models.PositiveSmallIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=ClusterState.choices, default=ClusterState.PROVISIONING)
+    state_reason = models.TextField(blank=True, default="")
+    state_changed_at = models.DateTimeField()
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="cluster_idempotency_key_unique",
+            ),
+            models.CheckConstraint(condition=models.Q(nodes__gte=2), name="cluster_at_least_two_nodes"),
+        ]
+        indexes = [models.Index(fields=["state"], name="cluster_state")]
+
+    def __str__(self) -> str:
+        return f"cluster {self.public_id} ({self.state})"
+
+
 class Order(models.Model):
     """A buyer's purchase. The demand (GPU model, count, regions, pricing, cap) is kept so failover can
     choose another offer that satisfies it; ``offer`` is the one being tried or running.
@@ -119,6 +188,10 @@ class Order(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # A node of a multi-node job: its cluster, the round (one try on one offer) and its place in it.
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="orders")
+    cluster_round = models.PositiveSmallIntegerField(null=True, blank=True)
+    cluster_node = models.PositiveSmallIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -127,6 +200,12 @@ class Order(models.Model):
                 fields=["organization", "idempotency_key"],
                 condition=models.Q(idempotency_key__isnull=False),
                 name="order_idempotency_key_unique",
+            ),
+            # One order per node of a round: two coordinators starting the same round cannot double a node.
+            models.UniqueConstraint(
+                fields=["cluster", "cluster_round", "cluster_node"],
+                condition=models.Q(cluster__isnull=False),
+                name="order_one_per_cluster_node",
             ),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="order_gpu_count_positive"),
         ]

@@ -385,6 +385,10 @@ def _launch_price(order: Order, attempt: Attempt) -> Decimal:
     bidder pays its bid on an interruptible offer of an independent machine (the offer's price, the machine's
     minimum, if that is higher: a failover to a machine whose minimum is above the bid)."""
     offer = attempt.offer
+    if order.cluster_id is not None:
+        # A node of a cluster never fails over alone: it runs on the offer it was placed on, at the price its
+        # cluster set for the round (a quote's locked share, or the listing's price then).
+        return order.price_per_hour
     if order.bid_per_gpu_hour is not None and offer.pricing_model == PricingModel.SPOT and machine_of(offer):
         return max(order.bid_per_gpu_hour * offer.gpu_count, offer.price_usd)
     if order.quote_id is not None and order.quote is not None and order.quote.offer_id == attempt.offer_id:

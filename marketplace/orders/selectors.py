@@ -93,7 +93,7 @@ def buyer_organization(user: AbstractBaseUser | AnonymousUser, *, active: int | 
 def order_list(*, organization: Organization) -> QuerySet[Order]:
     return (
         Order.objects.filter(organization=organization)
-        .select_related("gpu_model", "offer", "launch_config")
+        .select_related("gpu_model", "offer", "launch_config", "cluster")
         .prefetch_related("attempts__offer", "instances", "leases")
     )
 

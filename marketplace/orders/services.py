@@ -103,6 +103,11 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
             ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
         _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
         order_event_emit(order=order, previous=current, now=now)
+        if order.cluster_id is not None:
+            # A node of a multi-node job: its cluster decides what the group does next (orders/clusters.py).
+            from marketplace.tasks import cluster_advance_task
+
+            cluster_advance_task.delay_on_commit(order.cluster_id)
     order.state, order.state_reason, order.state_changed_at = to, reason, now
     return order
 
@@ -208,6 +213,11 @@ def order_place(
     duration = request.duration_hours
     # A quote for a fixed duration stops the order at it. One for fixed work only estimates the hours on this
     # card from datasheets: stopping there could cut the job short, so the buyer's own limits stop it.
+    if quote is not None and int((quote.demand or {}).get("nodes", 1)) > 1:
+        raise OfferNotOrderable(
+            f"quote {quote.public_id} is for {quote.demand['nodes']} nodes: "
+            "order it as a cluster (POST /api/v1/clusters)"
+        )
     if duration is None and quote is not None and (quote.demand or {}).get("amount") != Amount.WORK:
         duration = quote.duration_hours
     if price > cap:
