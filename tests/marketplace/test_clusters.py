@@ -253,25 +253,7 @@ def test_two_coordinators_racing_on_a_failed_round_start_the_next_round_once(acm
     the cluster's row lock makes one of them start round 2 and the other find it started."""
     if connection.vendor != "postgresql":
         pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
-    from django.utils import timezone
-
-    from marketplace.launch.config import launch_configuration_create
-
-    offer = _offers(aws_account)[0]
-    now = timezone.now()
-    config = launch_configuration_create(organization=acme, user=alice, choice=LAUNCH)
-    cluster = Cluster.objects.create(
-        organization=acme, created_by=alice, offer=offer, nodes=2, gpu_model=offer.gpu_model, gpu_count=4,
-        pricing_model="on_demand", max_price_per_node_hour=offer.price_usd * 2, launch_config=config,
-        state_changed_at=now,
-    )  # fmt: skip
-    for node, state in ((1, OrderState.FAILED), (2, OrderState.PLACED)):
-        Order.objects.create(
-            organization=acme, created_by=alice, offer=offer, gpu_model=offer.gpu_model, gpu_count=4,
-            pricing_model="on_demand", max_price_per_hour=offer.price_usd, allow_failover=False,
-            price_per_hour=offer.price_usd, state=state, state_reason="launch refused", state_changed_at=now,
-            launch_config=config, cluster=cluster, cluster_round=1, cluster_node=node,
-        )  # fmt: skip
+    cluster = _cluster_with_a_failed_node(acme, alice, aws_account)
     barrier = threading.Barrier(2)
     answers: list[str] = []
     errors: list[BaseException] = []
@@ -297,3 +279,47 @@ def test_two_coordinators_racing_on_a_failed_round_start_the_next_round_once(acm
     assert cluster.round == 2
     assert Order.objects.filter(cluster=cluster, cluster_round=2).count() == 2
     assert Order.objects.get(cluster=cluster, cluster_round=1, cluster_node=2).state == OrderState.CANCELLED
+
+
+def _cluster_with_a_failed_node(acme, alice, aws_account) -> Cluster:
+    """A 2-node cluster in round 1 whose node 1 failed and whose coordinator has not run yet (its task lost,
+    or two of them about to run): the rows as the order machinery leaves them."""
+    from django.utils import timezone
+
+    from marketplace.launch.config import launch_configuration_create
+
+    offer = _offers(aws_account)[0]
+    now = timezone.now()
+    config = launch_configuration_create(organization=acme, user=alice, choice=LAUNCH)
+    cluster = Cluster.objects.create(
+        organization=acme, created_by=alice, offer=offer, nodes=2, gpu_model=offer.gpu_model, gpu_count=4,
+        pricing_model="on_demand", max_price_per_node_hour=offer.price_usd * 2, launch_config=config,
+        state_changed_at=now,
+    )  # fmt: skip
+    for node, state in ((1, OrderState.FAILED), (2, OrderState.PLACED)):
+        Order.objects.create(
+            organization=acme, created_by=alice, offer=offer, gpu_model=offer.gpu_model, gpu_count=4,
+            pricing_model="on_demand", max_price_per_hour=offer.price_usd, allow_failover=False,
+            price_per_hour=offer.price_usd, state=state, state_reason="launch refused", state_changed_at=now,
+            launch_config=config, cluster=cluster, cluster_round=1, cluster_node=node,
+        )  # fmt: skip
+    return cluster
+
+
+def test_the_minute_sweep_moves_on_a_cluster_whose_coordinator_task_was_lost(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    from marketplace.tasks import orders_sweep_task
+
+    cluster = _cluster_with_a_failed_node(acme, alice, aws_account)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        orders_sweep_task()
+
+    cluster.refresh_from_db()
+    assert cluster.round == 2 and cluster.state == ClusterState.PROVISIONING
+    assert Order.objects.get(cluster=cluster, cluster_round=1, cluster_node=2).state == OrderState.CANCELLED
+    assert sorted(Order.objects.filter(cluster=cluster, cluster_round=2).values_list("cluster_node", flat=True)) == [
+        1,
+        2,
+    ]
