@@ -11,7 +11,15 @@ import numpy as np
 
 from marketplace.matching.interruptions import MAX_SLOWDOWN
 from marketplace.matching.profiles import defaults_for
-from marketplace.matching.scoring import RULES, OfferBook, ScoreVectors, as_book, best_indices, score_vectors
+from marketplace.matching.scoring import (
+    RULES,
+    OfferBook,
+    ScoreVectors,
+    as_book,
+    best_indices,
+    expected_price_cost,
+    score_vectors,
+)
 from marketplace.matching.types import (
     Demand,
     Exclusion,
@@ -104,7 +112,8 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
     if rule == "price cap":
         return f"raise the hourly cap to ${math.ceil(vectors.price_per_hour[index] * 100) / 100:.2f}"
     if rule == "job price cap":
-        return f"raise the job cap to ${math.ceil(vectors.price_cost[index] * 100) / 100:.2f}"
+        expected = expected_price_cost(vectors.price_per_hour, vectors.job_hours, vectors.expected_hours)[index]
+        return f"raise the job cap to ${math.ceil(expected * 100) / 100:.2f}"
     if rule == "region":
         return f"allow region {offer.region}"
     if rule == "jurisdiction":

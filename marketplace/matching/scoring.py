@@ -244,6 +244,12 @@ def _expected_hours(demand: Demand, rates: FloatArray, hours: FloatArray) -> Flo
     return out
 
 
+def expected_price_cost(price_per_hour: FloatArray, hours: FloatArray, expected_hours: FloatArray) -> FloatArray:
+    """The price of the hours a job is expected to run (interruptions and restarts included); the plain hours
+    where it would never finish (those offers are dropped by the "deadline" rule)."""
+    return price_per_hour * np.where(expected_hours <= hours * MAX_SLOWDOWN, expected_hours, hours)
+
+
 def score_vectors(
     demand: Demand,
     book: OfferBook,
@@ -341,7 +347,12 @@ def score_vectors(
     if d.max_price_per_hour is not None:
         rule("price cap", price_per_hour > float(d.max_price_per_hour) + 1e-9)
     if d.max_price_per_job is not None:
-        rule("job price cap", price_cost > float(d.max_price_per_job) + 1e-9)
+        # What the job is expected to cost there, the hours interruptions add included: a cap met only if
+        # nothing interrupts it would stop the job before it finishes.
+        rule(
+            "job price cap",
+            expected_price_cost(price_per_hour, hours, expected_hours) > float(d.max_price_per_job) + 1e-9,
+        )
     rule("capacity", (units > c["capacity"]) | (pool_units > c["pool_free"]))
 
     feasible: BoolArray = np.logical_not(failures.any(axis=0))

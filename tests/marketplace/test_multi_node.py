@@ -8,6 +8,7 @@ Datasheet figures come from bench/market.py's spec table (NVIDIA's data sheets);
 from __future__ import annotations
 
 import dataclasses
+import math
 from decimal import Decimal
 
 import pytest
@@ -125,3 +126,22 @@ def test_the_batch_places_a_group_whole_on_one_offer() -> None:
 def test_node_counts_outside_one_to_sixty_four_are_refused(nodes: int) -> None:
     with pytest.raises(ValueError, match="nodes must be from 1 to 64"):
         Demand(nodes=nodes)
+
+
+def test_a_job_cap_counts_the_hours_interruptions_are_expected_to_add() -> None:
+    # 10 hours at $10/h is $100 on paper; at one interruption an hour with hourly checkpoints the job is
+    # expected to run longer, so a $105 cap would stop it before it finishes.
+    spot = offer(1, g.A100_80_SXM, 1, "10.00", pricing_model="spot", interruption_rate_per_hour=1.0)
+    demand = Demand(duration_hours=10, checkpoint_interval_hours=1, max_price_per_job=Decimal("105"))
+    expected = expected_completion_hours(demand, [1.0], 10.0)[0]
+    assert 10.5 < expected < 10.0 * 3
+
+    ranking = rank(demand, [spot], now=NOW)
+
+    assert not ranking.quotes
+    miss = ranking.near_misses[0]
+    assert miss.failed == ("job price cap",)
+    assert miss.relax == f"raise the job cap to ${math.ceil(expected * 10 * 100) / 100:.2f}"
+    assert ids(
+        rank(dataclasses.replace(demand, max_price_per_job=Decimal(str(expected * 10 + 0.01))), [spot], now=NOW)
+    ) == [1]
