@@ -68,6 +68,7 @@ def breakdown(vectors: ScoreVectors, index: int, offer: OfferView, metric: str) 
         job_hours=float(vectors.job_hours[index]),
         job_cost=job_cost,
         unit_cost=float(vectors.unit_cost[index]),
+        expected_hours=float(vectors.expected_hours[index]),
     )
 
 
@@ -101,7 +102,7 @@ def quote_reason(
         idle = b.gpus_paid - b.gpus_used
         notes.append(f"pays for {idle:g} idle GPU(s), ${b.wasted_cost:.2f}")
     if b.interruption_cost > 0:
-        notes.append(f"interruption risk ${b.interruption_cost:.2f}")
+        notes.append(f"interruption risk ${b.interruption_cost:.2f}, expected to finish in {b.expected_hours:.3g} h")
     if b.reliability_cost >= Decimal("0.01"):
         notes.append(f"provider reliability ${b.reliability_cost:.2f}")
     return head + " (" + "; ".join(notes) + ")"

@@ -280,6 +280,7 @@ class ScoreBreakdown:
     job_hours: float = 0.0
     job_cost: Decimal = Decimal(0)
     unit_cost: float = 0.0
+    expected_hours: float = 0.0  # wall-clock hours to finish, interruptions and restarts included
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,3 +145,14 @@ def test_a_job_cap_counts_the_hours_interruptions_are_expected_to_add() -> None:
     assert ids(
         rank(dataclasses.replace(demand, max_price_per_job=Decimal(str(expected * 10 + 0.01))), [spot], now=NOW)
     ) == [1]
+
+
+def test_a_spot_quote_says_when_the_job_is_expected_to_finish() -> None:
+    spot = offer(1, g.A100_80_SXM, 1, "10.00", pricing_model="spot", interruption_rate_per_hour=0.5)
+    demand = Demand(duration_hours=10, checkpoint_interval_hours=1)
+
+    quote = rank(demand, [spot], now=NOW).quotes[0]
+
+    expected = expected_completion_hours(demand, [0.5], 10.0)[0]
+    assert quote.breakdown.expected_hours == pytest.approx(expected)
+    assert f"expected to finish in {expected:.3g} h" in quote.reason
