@@ -10,7 +10,8 @@ from django import forms
 
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.launch.config import DISK_GB_MAX, DISK_GB_MIN, SPEND_CAP_MAX
-from marketplace.matching import PROFILES, Profile, Tolerance
+from marketplace.matching import PROFILES, Amount, Profile, Tolerance
+from marketplace.matching.types import MAX_NODES
 from marketplace.models import GpuModel, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.numbers import MAX_BUDGET, MAX_PRICE_PER_HOUR, DecimalFormField, FloatFormField, IntegerFormField
@@ -45,6 +46,13 @@ class WorkloadForm(forms.Form):
     total_gpu_memory_gb = IntegerFormField(
         required=False, min_value=1, max_value=16384, label="or total GPU memory (GB)"
     )
+    nodes = IntegerFormField(
+        required=False,
+        min_value=1,
+        max_value=MAX_NODES,
+        label="Machines",
+        help_text="a job bigger than one machine: the GPUs above are per machine, all in one zone",
+    )
     duration_hours = FloatFormField(
         initial=8,
         min_value=0.01,
@@ -63,6 +71,13 @@ class WorkloadForm(forms.Form):
     interruption_tolerance = forms.ChoiceField(
         choices=[(t.value, t.value) for t in Tolerance], initial=Tolerance.CHECKPOINTED.value, label="Interruptions"
     )
+    deadline_hours = FloatFormField(
+        required=False,
+        min_value=0.01,
+        max_value=8760,
+        label="Finish within (hours)",
+        help_text="offers not expected to finish by then, interruptions included, are left out",
+    )
     max_price_per_hour = DecimalFormField(
         required=False, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR, decimal_places=6, label="Max $/h"
     )
@@ -72,6 +87,11 @@ class WorkloadForm(forms.Form):
         data = super().clean() or {}
         if data.get("gpu_count") and data.get("total_gpu_memory_gb"):
             self.add_error("total_gpu_memory_gb", "give GPUs or total memory, not both")
+        profile = data.get("profile")
+        deadline, duration = data.get("deadline_hours"), data.get("duration_hours")
+        fixed_hours = profile and PROFILES[Profile(profile)].amount != Amount.WORK
+        if deadline is not None and duration is not None and fixed_hours and deadline < duration:
+            self.add_error("deadline_hours", f"at least the {duration:g} hours asked for: no offer runs them faster")
         return data
 
     def demand_data(self) -> dict[str, object]:
@@ -88,7 +108,7 @@ class WorkloadForm(forms.Form):
             "pricing_models": [d["pricing"]] if d["pricing"] else [],
             "fractions": bool(d.get("fractions")),
         }
-        for key in ("gpu_count", "total_gpu_memory_gb", "max_price_per_hour"):
+        for key in ("gpu_count", "total_gpu_memory_gb", "nodes", "deadline_hours", "max_price_per_hour"):
             if d.get(key) is not None:
                 data[key] = d[key]
         return data

@@ -40,8 +40,10 @@ from marketplace.launch.config import (
 )
 from marketplace.launch.keys import SshKeyRefused, ssh_key_add, ssh_key_delete, ssh_key_get, ssh_key_list
 from marketplace.launch.selectors import launch_template_list
+from marketplace.matching import Amount
 from marketplace.models import LaunchTemplate, Offer, Organization, Quote
 from marketplace.orders.bids import offer_bidding
+from marketplace.orders.clusters import ClusterRequest, cluster_place
 from marketplace.orders.quoting import quote_get
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
 from marketplace.orders.services import OrderError, PlaceRequest, order_place
@@ -169,7 +171,8 @@ def _template(organization: Organization, template_id: str) -> LaunchTemplate | 
 
 @dataclass(frozen=True)
 class Target:
-    """What is being ordered: an offer at its current price, or a quote at the price it locked."""
+    """What is being ordered: an offer at its current price, or a quote at the price it locked. A quote for
+    several machines (``nodes``) is placed as a cluster, and its price is the whole group's."""
 
     offer: Offer
     quote: Quote | None
@@ -178,6 +181,10 @@ class Target:
     @property
     def query(self) -> str:
         return f"quote={self.quote.public_id}" if self.quote else f"offer={self.offer.pk}"
+
+    @property
+    def nodes(self) -> int:
+        return int((self.quote.demand or {}).get("nodes", 1)) if self.quote is not None else 1
 
 
 def _target(organization: Organization, offer_id: Any, quote_id: Any) -> Target | None:
@@ -403,7 +410,9 @@ def _configure_get(
     if start is not None:
         initial, rows = _initial_from_spec(start.configuration.spec, _caller_cidr(request), {k for k, _ in choices})
         registry_kept = bool((start.configuration.spec.get("workload") or {}).get("registry"))
-    if target.quote is not None:
+    # A fixed-duration quote runs for its hours; a fixed-work quote's hours are only an estimate from
+    # datasheets, and stopping there could cut the job short: the buyer sets a run time or a spend cap.
+    if target.quote is not None and (target.quote.demand or {}).get("amount") != Amount.WORK:
         initial["duration_hours"] = target.quote.duration_hours
     form = LaunchForm(initial=initial, keys=choices)
     return _configure_page(request, organization, target, form, rows, nonce=nonce, start=start,
@@ -508,7 +517,7 @@ def order_confirm(request: HttpRequest) -> HttpResponse:
     organization = buyer_access(request, BuyerPermission.ORDER).organization
     draft = draft_load(request, request.GET.get("draft", ""), organization=organization.pk)
     if draft is not None and draft.placed:
-        return redirect("storefront:order-detail", order_id=draft.placed)
+        return _placed(draft)
     if draft is None or draft.launch is None:
         messages.error(request, "That order form has expired or was not finished; configure the order again.")
         return redirect("storefront:offers")
@@ -556,10 +565,13 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
     draft = draft_load(request, request.POST.get("nonce", ""), organization=organization.pk)
     if draft is not None and draft.placed:
         messages.info(request, f"Order {draft.placed} was already placed from this form.")
-        return redirect("storefront:order-detail", order_id=draft.placed)
+        return _placed(draft)
     if draft is None or draft.launch is None:
         messages.error(request, "That order form has expired or was not finished; configure the order again.")
         return redirect("storefront:offers")
+    target = _target(organization, draft.offer, draft.quote)
+    if target is not None and target.nodes > 1:
+        return _cluster_place(request, organization, draft)
     try:
         result = order_place(
             organization=organization,
@@ -604,3 +616,42 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
     for warning in result.warnings:
         messages.warning(request, warning)
     return redirect("storefront:order-detail", order_id=order.public_id)
+
+
+def _placed(draft: Draft) -> HttpResponse:
+    """Where a draft placed before leads: its order, or its cluster."""
+    if draft.placed.startswith(_CLUSTER):
+        return redirect("storefront:cluster-detail", cluster_id=draft.placed.removeprefix(_CLUSTER))
+    return redirect("storefront:order-detail", order_id=draft.placed)
+
+
+_CLUSTER = "cluster:"
+
+
+def _cluster_place(request: HttpRequest, organization: Organization, draft: Draft) -> HttpResponse:
+    """Place a multi-node quote's confirmed draft as a cluster (marketplace/orders/clusters.py), idempotent on
+    the draft's nonce like an order. The hourly cap the form took is per machine."""
+    try:
+        placed = cluster_place(
+            organization=organization,
+            user=request.user,  # type: ignore[arg-type]
+            request=ClusterRequest(
+                quote_id=draft.quote,
+                duration_hours=None if draft.duration_hours is None else Decimal(draft.duration_hours),
+                allow_failover=draft.allow_failover,
+                max_price_per_node_hour=None if draft.max_price_per_hour is None else Decimal(draft.max_price_per_hour),
+                launch=LaunchChoice(data=draft.launch, caller_address=_caller(request)),
+            ),
+            idempotency_key=draft.nonce,
+        )
+    except (OrderError, LaunchConfigInvalid) as exc:
+        messages.error(request, f"Could not place the cluster: {exc}")
+        return redirect(f"{reverse('storefront:order-confirm')}?draft={draft.nonce}")
+    cluster = placed.cluster
+    draft.placed, draft.launch, draft.secrets = f"{_CLUSTER}{cluster.public_id}", None, {}
+    draft_save(request, draft)
+    if placed.created:
+        messages.success(
+            request, f"Cluster {cluster.public_id} placed; its {cluster.nodes} machines are being started."
+        )
+    return redirect("storefront:cluster-detail", cluster_id=cluster.public_id)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import launch, team, views, webhooks
+from marketplace.web import clusters, launch, team, views, webhooks
 
 app_name = "storefront"
 
@@ -42,4 +42,6 @@ urlpatterns = [
     path("templates/<str:template_id>/delete", launch.template_delete, name="template-delete"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
+    path("clusters/<str:cluster_id>/", clusters.cluster_detail, name="cluster-detail"),
+    path("clusters/<str:cluster_id>/terminate", clusters.cluster_terminate_view, name="cluster-terminate"),
 ]

@@ -127,6 +127,8 @@ ROUTES = {
     "templates/<str:template_id>/delete": "object",
     "orders/<str:order_id>/terminate": "object",
     "orders/<str:order_id>/receipt": "object",
+    "clusters/<str:cluster_id>/": "tests/marketplace/test_storefront_clusters.py (another organisation's: 404)",
+    "clusters/<str:cluster_id>/terminate": "tests/marketplace/test_storefront_clusters.py (another's: 404)",
 }
 
 

@@ -150,12 +150,12 @@ def test_bad_input_shows_the_form_error_and_quotes_nothing(browser, book, fields
     assert Quote.objects.count() == 0
 
 
-def _configure_quote(browser: Client, quote: Quote) -> str:
-    """The quote's configure step (its duration filled in; just the machine, the organisation's keys) sent; the
-    confirmation's nonce."""
+def _configure_quote(browser: Client, quote: Quote, hours: str | None = None) -> str:
+    """The quote's configure step (the duration it fills in, or ``hours``; just the machine, the organisation's
+    keys) sent; the confirmation's nonce."""
     page = browser.get(f"/orders/new?quote={quote.public_id}").content.decode()
     nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
-    duration = re.search(r'name="duration_hours" id="id_duration_hours" [^>]*value="([^"]*)"', page).group(1)
+    duration = hours or re.search(r'name="duration_hours" id="id_duration_hours" [^>]*value="([^"]*)"', page).group(1)
     keys = re.findall(r'name="ssh_keys" value="([^"]+)" checked', page)
     configured = browser.post(
         "/orders/new",
@@ -173,7 +173,8 @@ def test_an_order_placed_from_a_quote_pays_the_quoted_price_and_shows_on_my_orde
     browser.post("/workload/", _form(profile="training", gpu_count="8"))
     quote = Quote.objects.get(rank=2)
     assert quote.offer.instance_type == "p4de.24xlarge"
-    nonce = _configure_quote(browser, quote)
+    # Training fixes the work: the quote's hours are an estimate, not filled in as the run time; the buyer sets it.
+    nonce = _configure_quote(browser, quote, hours="10")
 
     # The sandbox is not running here: the provisioning task is enqueued on commit and not run.
     with django_capture_on_commit_callbacks(execute=False):
@@ -184,7 +185,7 @@ def test_an_order_placed_from_a_quote_pays_the_quoted_price_and_shows_on_my_orde
     assert (response.status_code, response["Location"]) == (302, f"/orders/{order.public_id}/")
     assert (order.quote_id, order.offer_id) == (quote.pk, quote.offer_id)
     assert order.price_per_hour == Decimal("27.44705")
-    assert order.duration_hours == Decimal("8.00")  # the quote's
+    assert order.duration_hours == Decimal("10.00")  # the buyer's, not the quote's estimate
     # The double submit replayed the first order and says so.
     assert f"Order {order.public_id} was already placed from this form." in again.content.decode()
     page = browser.get("/orders/").content.decode()
