@@ -75,6 +75,12 @@ def test_a_buyer_asks_for_two_machines_orders_the_group_and_follows_its_nodes(
     text = _text(shown)
     assert f"Cluster {str(cluster.public_id)[:8]} running" in text and "2 \u00d7 4\u00d7 A10G" in text
     assert len(re.findall(r'href="/orders/[0-9a-f-]+/"', shown)) == 2
+    # Each node's own page, and the orders list, lead back to the cluster
+    node = Order.objects.get(cluster=cluster, cluster_node=2)
+    cluster_link = f'href="/clusters/{cluster.public_id}/"'
+    assert cluster_link in browser.get(f"/orders/{node.public_id}/").content.decode()
+    assert "Node 2 of a 2-machine job" in _text(browser.get(f"/orders/{node.public_id}/").content.decode())
+    assert browser.get("/orders/").content.decode().count(cluster_link) == 2
     assert Cluster.objects.get().state == ClusterState.RUNNING
 
     with django_capture_on_commit_callbacks(execute=True):
