@@ -32,6 +32,9 @@ class ProviderAdapter(abc.ABC):
         source="the broker's default limit",
     )
     login_user: ClassVar[str] = "ubuntu"  # who the buyer's keys log in as on the default image
+    # The cloud can launch instances into a cluster placement group (``LaunchSpec.placement_group``): packed
+    # close together in one zone's network. Where False, a launch never names a group.
+    placement_groups: ClassVar[bool] = False
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         self.credentials = credentials
@@ -141,6 +144,14 @@ class ProviderAdapter(abc.ABC):
         the provider cannot be asked. The default, for providers whose launches create nothing else, does
         nothing."""
         return []
+
+    def delete_placement_group(self, region: str, name: str) -> None:
+        """Delete the placement group ``name`` in ``region`` that launches made for ``LaunchSpec.placement_group``.
+
+        Idempotent: a group that does not exist counts as deleted. Raises ``TransientProviderError`` while
+        instances still hold the group (the caller tries again once they are gone), or
+        ``CredentialsRejected``. The default, for clouds without placement groups, has nothing to delete."""
+        return None
 
     def list_order_resources(self) -> list[OrderResource]:
         """Every resource besides instances tagged with a broker order in the account's regions: what the

@@ -81,7 +81,9 @@ class LaunchSpec:
     (0 and empty when unknown), so a quota pre-check needs no second catalogue read. ``gpu_indexes`` are the
     GPUs the broker reserved on an independent machine (empty elsewhere). ``boot`` is what makes
     the machine usable (keys, firewall, disk, image, the boot script; ``providers.launch``); None launches
-    a bare machine, as the reconciler's tests and the quota pre-check do."""
+    a bare machine, as the reconciler's tests and the quota pre-check do. ``placement_group`` names a
+    cluster placement group to launch into (made by the adapter if missing; only where the adapter's
+    ``placement_groups`` is True); None launches without one."""
 
     region: str
     zone: str
@@ -97,6 +99,7 @@ class LaunchSpec:
     offer_extra: dict[str, Any] = field(default_factory=dict)
     boot: BootSpec | None = None
     gpu_indexes: tuple[int, ...] = ()  # the GPUs the broker holds for this launch on a listed machine
+    placement_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,11 @@ class ClusterPlaceInput(serializers.Serializer):
     needs_rdma = serializers.BooleanField(
         required=False, default=False, help_text="InfiniBand/EFA/RDMA between the nodes, here and on failover"
     )
+    placement_group = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="each round's nodes in one cluster placement group, packed close together (AWS offers only)",
+    )
     duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
@@ -118,6 +123,7 @@ def cluster_output(cluster: Cluster, heads: dict[str, str] | None = None) -> dic
         "pricing_model": cluster.pricing_model,
         "regions": cluster.regions,
         "needs_rdma": cluster.needs_rdma,
+        "placement_group": cluster.placement_group,
         "max_price_per_node_hour": format(cluster.max_price_per_node_hour, "f"),
         "price_per_hour": format(sum((o.price_per_hour for o in current), Decimal(0)), "f"),
         "allow_failover": cluster.allow_failover,
@@ -166,6 +172,7 @@ class ClusterListCreateApi(APIView):
                 allow_failover=data["allow_failover"],
                 regions=tuple(data["regions"]),
                 needs_rdma=data["needs_rdma"],
+                placement_group=data["placement_group"],
                 duration_hours=data.get("duration_hours"),
                 launch=launch_choice(request, data),
                 caller_address=client_address(request),

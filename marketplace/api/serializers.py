@@ -168,6 +168,12 @@ class DemandInput(serializers.Serializer):
         "quotes price the whole group and are ordered at /api/v1/clusters",
     )
     total_gpu_memory_gb = IntegerSerializerField(required=False, min_value=1, max_value=16384)
+    placement_group = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="with nodes > 1: the nodes go into one cluster placement group, packed close in the zone's "
+        "network (offers whose provider cannot do that are left out)",
+    )
     min_gpu_memory_gb = IntegerSerializerField(required=False, min_value=0, max_value=1024)
     gpu_models = serializers.ListField(
         child=serializers.ChoiceField(choices=gpu_names.SORTED), required=False, default=list, max_length=30
@@ -275,6 +281,7 @@ def demand_from(data: dict[str, Any]) -> Demand:
         profile=Profile(data["profile"]),
         gpu_count=data.get("gpu_count", 1),
         nodes=data.get("nodes", 1),
+        placement_group=data.get("placement_group", False),
         total_gpu_memory_gb=data.get("total_gpu_memory_gb"),
         min_gpu_memory_gb=data.get("min_gpu_memory_gb", 0),
         gpu_models=frozenset(data["gpu_models"]),

@@ -19,6 +19,7 @@ from marketplace.models import Attempt, AttemptOutcome, GpuModel, Instance, Offe
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
 from providers.models import Machine, MachineHeartbeat, ProviderKind
+from providers.registry import ADAPTERS, adapter_class
 from providers.types import GPU_FRACTION, PricingModel
 
 
@@ -271,6 +272,10 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
         machine_rows = Machine.objects.filter(account_id__in={account for account, _ in zones})
         listed = zones & set(machine_rows.values_list("account_id", "name"))
     free = machine_free_gpus(o for o in offers if (o.account_id, o.zone) in listed)
+    # What each provider kind can do is its adapter's to say; asked once per kind on sale, not per offer.
+    packs = {
+        kind: kind in ADAPTERS and adapter_class(kind).placement_groups for kind in {o.account.kind for o in offers}
+    }
     for offer in offers:
         spec = specs.get(offer.gpu_model_id)
         if spec is None:
@@ -281,6 +286,7 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
                 spec=spec,
                 jurisdiction=jurisdiction_of(offer.account.kind, offer.region),
                 rdma=bool((offer.extra or {}).get("rdma")) or offer.interconnect in ("efa", "infiniband", "rdma"),
+                placement_groups=packs[offer.account.kind],
                 reliability=machines[(offer.account_id, offer.zone)]
                 if (offer.account_id, offer.zone) in machines
                 else reliability.get(offer.account_id, _PRIOR_OK / _PRIOR_ALL),

@@ -140,6 +140,8 @@ def _relax(rule: str, vectors: ScoreVectors, index: int, offer: OfferView) -> st
         return f"accept {link} GB/s between GPUs"
     if rule == "rdma":
         return "drop the RDMA requirement"
+    if rule == "placement group":
+        return "drop the placement-group requirement (this provider cannot pack nodes)"
     if rule == "fp64":
         fp64 = 0.0 if offer.spec is None else offer.spec.fp64_tflops * offer.gpu_fraction
         return f"accept FP64 of {fp64:g} TFLOPS"

@@ -44,6 +44,7 @@ RULES = (
     "pricing model",
     "interconnect",
     "rdma",
+    "placement group",
     "fp64",
     "ecc",
     "video encoders",
@@ -128,6 +129,7 @@ class OfferBook:
             "jurisdiction": np.array([vocab["jurisdiction"].code(v.jurisdiction) for v in views], dtype=np.int64),
             "pricing": np.array([vocab["pricing"].code(v.pricing_model) for v in views], dtype=np.int64),
             "rdma": np.array([v.rdma for v in views], dtype=np.bool_),
+            "placement_groups": np.array([v.placement_groups for v in views], dtype=np.bool_),
             "reliability": floats(min(max(v.reliability, 1e-3), 1.0) for v in views),
             "interruption": floats(v.interruption_rate_per_hour for v in views),
             "has_spec": np.array([v.spec is not None for v in views], dtype=np.bool_),
@@ -332,6 +334,8 @@ def score_vectors(
         rule("interconnect", (gpus > 1) & (link < d.min_interconnect_gbs))
     if d.needs_rdma:
         rule("rdma", ~c["rdma"])
+    if d.nodes > 1 and d.placement_group:
+        rule("placement group", ~c["placement_groups"])
     if d.min_fp64_tflops:
         rule("fp64", c["fp64_tflops"] * fraction < d.min_fp64_tflops)
     if d.needs_ecc:

@@ -108,6 +108,8 @@ class OfferView:
     divisible: bool = False
     jurisdiction: str = ""  # "US", "EU", "CN", "APAC", ... from the region
     rdma: bool = False  # InfiniBand / EFA / RDMA between machines
+    # The provider can launch this offer's instances into a cluster placement group (packed close together).
+    placement_groups: bool = False
     reliability: float = 1.0
     interruption_rate_per_hour: float = 0.0
     capacity_pool: str | None = None  # offers sharing one stock of GPUs, e.g. one machine's lease sizes
@@ -138,7 +140,10 @@ class Demand:
     one zone, so every node shares the zone's network), each with the size above, priced and placed as one
     unit. The caps then apply to the whole group, its work is spread over every node's GPUs, and any node's
     interruption interrupts the group. An independent host is one machine and never serves more than one
-    node; ``needs_rdma`` asks for InfiniBand/EFA/RDMA between the nodes.
+    node; ``needs_rdma`` asks for InfiniBand/EFA/RDMA between the nodes, and ``placement_group`` for nodes
+    packed close together in the zone's network (a cluster placement group: one hop apart, the lowest
+    latency the provider offers), which only offers whose provider makes such groups serve. One node needs
+    no group, so a single-node demand ignores it.
     """
 
     gpu_count: int = 1
@@ -170,6 +175,7 @@ class Demand:
     work_hours: float | None = None
     work_reference_gpu: str | None = None
     nodes: int = 1  # machines of one offer the job spans (``gpu_count`` GPUs each)
+    placement_group: bool = False  # the nodes in one cluster placement group (see above)
 
     def __post_init__(self) -> None:
         if self.gpu_count < 1:

@@ -74,6 +74,8 @@ class Cluster(models.Model):
     node is what it is for any order. A round is one try on one offer: ``nodes`` orders that may not fail
     over alone. The cluster runs when every order of its round runs; when one fails, the round's others are
     terminated and the whole group is tried again on the next offer (``marketplace/orders/clusters.py``).
+    With ``placement_group`` each round's nodes launch into one cluster placement group of their own, deleted
+    once the round is over (``placement_groups_released`` counts the rounds whose group is gone).
     """
 
     TRANSITIONS: dict[str, frozenset[str]] = {
@@ -97,6 +99,12 @@ class Cluster(models.Model):
     pricing_model = models.CharField(max_length=16, choices=PRICING_CHOICES)
     regions = models.JSONField(default=list, blank=True, help_text="allowed regions; empty means any")
     needs_rdma = models.BooleanField(default=False, help_text="InfiniBand/EFA/RDMA between the nodes")
+    placement_group = models.BooleanField(
+        default=False, help_text="each round's nodes in one cluster placement group (packed close together)"
+    )
+    placement_groups_released = models.PositiveSmallIntegerField(
+        default=0, help_text="rounds 1..this have had their placement group deleted"
+    )
     max_price_per_node_hour = models.DecimalField(max_digits=14, decimal_places=6)
     allow_failover = models.BooleanField(default=True)
     duration_hours = models.DecimalField(max_digits=8, decimal_places=2, null=True, blank=True)

@@ -16,6 +16,11 @@ terminated by the order machinery. What this module adds is the group's rule, al
 transition enqueues it) and from the minute sweep, under a lock on the cluster's row, and it is
 idempotent: a round's node orders are unique per (cluster, round, node), so two coordinators can never
 start a node twice.
+
+A cluster that asks for a placement group (``Cluster.placement_group``) launches each round's nodes into
+one cluster placement group of the round's provider account, named by ``placement_group_name`` (a round
+may be another zone, and a cluster group is bound to one zone, so each round has its own). The groups
+are deleted by ``cluster_placement_groups_release``, see its docstring.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.services import ledger_append
@@ -62,6 +68,8 @@ from marketplace.orders.services import (
     order_terminate,
 )
 from marketplace.webhooks.services import order_event_emit
+from providers.errors import ProviderError
+from providers.services import adapter_for_account
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,7 @@ class ClusterRequest:
     allow_failover: bool = True
     regions: tuple[str, ...] = ()
     needs_rdma: bool = False
+    placement_group: bool = False
     duration_hours: Decimal | None = None
     launch: LaunchChoice | None = None
     caller_address: str | None = None
@@ -103,6 +112,9 @@ class ClusterRequest:
             "duration_hours": None if self.duration_hours is None else format(self.duration_hours, "f"),
             "launch": None if self.launch is None else {"data": self.launch.data, "template": self.launch.template},
         }
+        if self.placement_group:
+            # Only when asked, so every fingerprint stored before the field existed still matches its request.
+            body["placement_group"] = True
         message = json.dumps(body, sort_keys=True, default=str).encode()
         return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
 
@@ -131,7 +143,13 @@ def _group_demand(cluster: Cluster, *, cap_per_node: Decimal | None) -> Demand:
         pricing_models=frozenset({cluster.pricing_model}),
         max_price_per_hour=None if cap_per_node is None else cap_per_node * cluster.nodes,
         needs_rdma=cluster.needs_rdma,
+        placement_group=cluster.placement_group,
     )
+
+
+def placement_group_name(cluster: Cluster, round_: int) -> str:
+    """The cluster placement group of one round of ``cluster`` (unique per cluster and round)."""
+    return f"gb-{cluster.public_id.hex}-r{round_}"
 
 
 def _view(offer_id: int, now: dt.datetime) -> OfferView | None:
@@ -148,9 +166,10 @@ def cluster_place(
     now: dt.datetime | None = None,
 ) -> ClusterPlaced:
     """Place a cluster: check that the offer serves every node (enough instances left, one instance type in
-    one zone, RDMA if asked, within the cap), then store it and its first round's node orders in one
-    transaction and start provisioning them. Refusals (``OrderError`` subclasses, ``LaunchConfigInvalid``,
-    ``BudgetExceeded``) write nothing. Idempotent on (organization, ``idempotency_key``) like orders."""
+    one zone, RDMA and a placement group if asked, within the cap), then store it and its first round's node
+    orders in one transaction and start provisioning them. Refusals (``OrderError`` subclasses,
+    ``LaunchConfigInvalid``, ``BudgetExceeded``) write nothing. Idempotent on (organization,
+    ``idempotency_key``) like orders."""
     fingerprint = request.fingerprint()
     if idempotency_key:
         existing = Cluster.objects.filter(organization=organization, idempotency_key=idempotency_key).first()
@@ -168,9 +187,12 @@ def cluster_place(
             raise ClusterRefused(f"the quote is for {quoted_nodes} node(s), not {nodes}")
         nodes = quoted_nodes
         price = (group_price / nodes).quantize(Decimal("0.000001"))
+        # A quote asked for a placement group holds the cluster to one, as its price was ranked with it.
+        placement_group = request.placement_group or bool((quote.demand or {}).get("placement_group"))
     else:
         offer = _offer_on_sale(request.offer_id)
         price = offer.price_usd
+        placement_group = request.placement_group
     if nodes is None or nodes < 2:
         raise ClusterRefused("a cluster has at least 2 nodes; order one machine as an order")
     cap = request.max_price_per_node_hour if request.max_price_per_node_hour is not None else price
@@ -183,6 +205,7 @@ def cluster_place(
         pricing_model=offer.pricing_model,
         regions=list(request.regions),
         needs_rdma=request.needs_rdma,
+        placement_group=placement_group,
     )
     view = _view(offer.pk, now)
     if view is None:
@@ -221,6 +244,7 @@ def cluster_place(
                 pricing_model=offer.pricing_model,
                 regions=list(request.regions),
                 needs_rdma=request.needs_rdma,
+                placement_group=placement_group,
                 max_price_per_node_hour=cap,
                 allow_failover=request.allow_failover,
                 duration_hours=request.duration_hours,
@@ -240,6 +264,7 @@ def cluster_place(
                 max_price_per_node_hour=cap,
                 quote=None if quote is None else str(quote.public_id),
                 launch_sha256=config.sha256,
+                placement_group=placement_group,
             )
             _round_start(cluster, offer, price, now)
     except IntegrityError:
@@ -352,10 +377,16 @@ def _next_offer(cluster: Cluster, now: dt.datetime) -> tuple[Offer, Decimal] | N
 
 
 def cluster_advance(*, cluster_id: int, now: dt.datetime | None = None) -> str:
-    """Move the cluster on from what its current round's node orders are doing (module docstring). Returns
-    what it did, for the log and the tests: "running", "waiting", "failed-over", "failed", "ending",
-    "terminated" or "ended" (already final)."""
-    now = now or timezone.now()
+    """Move the cluster on from what its current round's node orders are doing (module docstring), then
+    delete the placement groups of its rounds that are over (``cluster_placement_groups_release``, after the
+    lock is let go: it calls the provider). Returns what it did, for the log and the tests: "running",
+    "waiting", "failed-over", "failed", "ending", "terminated" or "ended" (already final)."""
+    outcome = _advance(cluster_id, now or timezone.now())
+    cluster_placement_groups_release(cluster_id=cluster_id)
+    return outcome
+
+
+def _advance(cluster_id: int, now: dt.datetime) -> str:
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update().select_related("gpu_model", "launch_config").get(pk=cluster_id)
         if cluster.state in Cluster.FINAL_STATES:
@@ -433,6 +464,52 @@ def cluster_terminate(*, cluster: Cluster, reason: str = "terminated by buyer") 
     return locked
 
 
+def cluster_placement_groups_release(*, cluster_id: int) -> list[str]:
+    """Delete the placement groups of the cluster's rounds that are over, oldest first; returns the names
+    deleted now.
+
+    A round is over once a later round started or the cluster ended, and its group can go once every node
+    order of the round is final: before that its machines may still be stopping, and AWS refuses to delete
+    a group that holds an instance not yet terminated (``InvalidPlacementGroup.InUse``). Each node's last
+    transition enqueues ``cluster_advance``, which calls this, so the group goes as soon as it can; a delete
+    the provider still refuses, or cannot be asked, is left for the next call, and the minute sweep calls
+    again for every cluster with a group left (``clusters_to_advance``). Rounds are released in order and
+    counted in ``Cluster.placement_groups_released`` with a conditional update, so a racing call deletes
+    nothing twice (and a group already gone counts as deleted). Best effort: never raises a provider error."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if not cluster.placement_group:
+        return []
+    last_over = cluster.round if cluster.state in Cluster.FINAL_STATES else cluster.round - 1
+    deleted: list[str] = []
+    for round_ in range(cluster.placement_groups_released + 1, last_over + 1):
+        members = list(cluster.orders.filter(cluster_round=round_).select_related("offer__account"))
+        if any(o.state not in Order.FINAL_STATES for o in members):
+            break
+        name = placement_group_name(cluster, round_)
+        if members:
+            offer = members[0].offer
+            try:
+                adapter_for_account(offer.account).delete_placement_group(offer.region, name)
+            except ProviderError as exc:
+                log.info("cluster %s: placement group %s not deleted yet: %s", cluster.public_id, name, exc)
+                break
+        with transaction.atomic():
+            claimed = Cluster.objects.filter(pk=cluster.pk, placement_groups_released=round_ - 1).update(
+                placement_groups_released=round_
+            )
+            if claimed != 1:
+                break  # another call released it meanwhile
+            _ledger(cluster, "cluster.placement_group_deleted", round=round_, placement_group=name)
+        deleted.append(name)
+    return deleted
+
+
 def clusters_to_advance() -> list[int]:
-    """Clusters not ended yet, for the minute sweep: a coordinator task lost with a worker is made up here."""
-    return list(Cluster.objects.exclude(state__in=Cluster.FINAL_STATES).values_list("pk", flat=True))
+    """Clusters for the minute sweep: those not ended yet (a coordinator task lost with a worker is made up
+    here), and those whose rounds' placement groups are not all deleted yet."""
+    groups_left = Q(placement_group=True, placement_groups_released__lt=F("round"))
+    return list(
+        Cluster.objects.filter(~Q(state__in=Cluster.FINAL_STATES) | groups_left)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )

@@ -28,6 +28,7 @@ from marketplace.matching import Demand, rank_offers
 from marketplace.models import (
     Attempt,
     AttemptOutcome,
+    Cluster,
     Instance,
     Lease,
     LeaseState,
@@ -39,6 +40,7 @@ from marketplace.models import (
 from marketplace.orders.bids import machine_of, outbid_possible, preemption_pending
 from marketplace.orders.blocks import order_exclusion
 from marketplace.orders.budgets import budget_room_per_hour
+from marketplace.orders.clusters import placement_group_name
 from marketplace.orders.reservations import gpu_indexes_held, reservation_release, reservation_take
 from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
@@ -315,7 +317,16 @@ def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
         image=(order.launch_config.spec.get("image") if order.launch_config is not None else None),
         boot=boot_spec(order=order, attempt=attempt),
         gpu_indexes=gpu_indexes_held(attempt_id=attempt.pk),
+        placement_group=_placement_group(order),
     )
+
+
+def _placement_group(order: Order) -> str | None:
+    """The placement group a cluster's node launches into: its round's, when the cluster asks for one."""
+    if order.cluster_id is None or order.cluster_round is None:
+        return None
+    cluster = Cluster.objects.only("public_id", "placement_group").get(pk=order.cluster_id)
+    return placement_group_name(cluster, order.cluster_round) if cluster.placement_group else None
 
 
 def _launch_acceptable(adapter: ProviderAdapter, attempt: Attempt, spec: LaunchSpec) -> bool:

@@ -17,7 +17,7 @@ from providers.aws.client import (
     ClientSettings,
 )
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected, TransientProviderError
 from providers.launch import IngressRule, LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.options import option_number
 from providers.sshkeys import SshPublicKey
@@ -83,7 +83,8 @@ class AwsAdapter(ProviderAdapter):
     A booted launch (``spec.boot``) imports the buyer's first importable key as the order's key pair, opens the
     boot's (port, CIDR) pairs in the order's security group, sizes the image's root volume and carries the boot
     script as user data; key pair and group are named ``broker-<order>``, tagged ``broker:order`` and made once
-    per order and region.
+    per order and region. A launch naming ``spec.placement_group`` goes into that cluster placement group, made
+    (tagged ``broker:placement-group``) by the first launch that names it.
     """
 
     kind = "aws"
@@ -104,6 +105,7 @@ class AwsAdapter(ProviderAdapter):
         native_key_types=mapping.NATIVE_KEY_TYPES,
     )
     login_user: ClassVar[str] = mapping.DLAMI_LOGIN_USER
+    placement_groups: ClassVar[bool] = True
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -309,6 +311,11 @@ class AwsAdapter(ProviderAdapter):
         missing, then finds or creates the order's key pair and security group (a repeat creates neither again)
         and launches with them, the boot script as ``UserData`` and the root volume sized. Without it the request
         is the bare launch it always was.
+
+        With ``spec.placement_group``: makes the cluster placement group unless it exists, then launches into it
+        in ``spec.zone``. A group holding instances in another zone refuses the launch
+        (``ProviderRequestRejected``, ``InvalidPlacementGroup.InUse``); no room for the group in the zone is
+        ``CapacityUnavailable`` (``InsufficientInstanceCapacity``), as for any launch.
         """
         mapping.validate_client_token(spec.client_token)
         if spec.pricing_model is PricingModel.RESERVED:
@@ -333,12 +340,48 @@ class AwsAdapter(ProviderAdapter):
                 spot_options["MaxPrice"] = str(spec.max_price)
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
         params.update(boot_params)
+        if spec.placement_group is not None:
+            self._placement_group(spec.region, spec.placement_group)
+            params["Placement"]["GroupName"] = spec.placement_group
         # The no-retry client: a retried 500 could hide a capacity error behind a second, different answer.
         reservation = self._client.launch(spec.region, **params)
         handles = mapping.handles_from_reservations([reservation], spec.region)
         if len(handles) != 1:
             raise mapping.malformed(f"run_instances returned {len(handles)} instances for MaxCount=1")
         return handles[0]
+
+    def _placement_group(self, region: str, name: str) -> None:
+        """The cluster placement group ``name`` in ``region``, created unless it exists: a repeated or racing
+        launch is answered ``InvalidPlacementGroup.Duplicate``, which means the group is there."""
+        try:
+            self._client.call(
+                region,
+                "create_placement_group",
+                GroupName=name,
+                Strategy=mapping.CLUSTER_STRATEGY,
+                TagSpecifications=mapping.placement_group_tags(name),
+            )
+        except ProviderRequestRejected as exc:
+            if exc.code != mapping.PLACEMENT_GROUP_DUPLICATE:
+                raise
+
+    def delete_placement_group(self, region: str, name: str) -> None:
+        """``delete_placement_group``; a group AWS does not know (``InvalidPlacementGroup.Unknown``) is already
+        deleted. One that still holds instances (``InvalidPlacementGroup.InUse``: they are not all terminated
+        yet) raises ``TransientProviderError``, for the caller to try again once they are."""
+        try:
+            self._client.call(region, "delete_placement_group", GroupName=name)
+        except ProviderRequestRejected as exc:
+            if exc.code == mapping.PLACEMENT_GROUP_UNKNOWN:
+                return
+            if exc.code == mapping.PLACEMENT_GROUP_IN_USE:
+                raise TransientProviderError(
+                    f"placement group {name} in {region} still holds instances; delete it once they are terminated",
+                    code=exc.code,
+                    provider=mapping.PROVIDER,
+                    http_status=exc.http_status,
+                ) from exc
+            raise
 
     def _default_image(self, region: str) -> str:
         cached = self._images.get(region)

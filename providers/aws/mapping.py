@@ -573,6 +573,16 @@ RESOURCE_PREFIX = "broker-"
 IN_USE = "DependencyViolation"
 GROUP_GONE = frozenset({"InvalidGroup.NotFound", "InvalidGroupId.NotFound"})
 ALREADY_THERE = frozenset({"InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate", "InvalidPermission.Duplicate"})
+# Placement groups ("Error codes for the Amazon EC2 API", same page): a name taken in the Region, a name the
+# Region does not know, and a group that still holds instances (DeletePlacementGroup) or holds them in another
+# Availability Zone (RunInstances into a cluster group).
+PLACEMENT_GROUP_DUPLICATE = "InvalidPlacementGroup.Duplicate"
+PLACEMENT_GROUP_UNKNOWN = "InvalidPlacementGroup.Unknown"
+PLACEMENT_GROUP_IN_USE = "InvalidPlacementGroup.InUse"
+# "cluster: packs instances close together inside an Availability Zone" (CreatePlacementGroup's Strategy,
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html).
+CLUSTER_STRATEGY = "cluster"
+PLACEMENT_GROUP_TAG = "broker:placement-group"
 
 
 def resource_name(order_ref: str) -> str:
@@ -584,6 +594,11 @@ def resource_name(order_ref: str) -> str:
 def order_tags(resource_type: str, order_ref: str) -> list[dict[str, Any]]:
     """``TagSpecifications`` marking one created resource with the broker's order."""
     return [{"ResourceType": resource_type, "Tags": [{"Key": ORDER_TAG, "Value": order_ref}]}]
+
+
+def placement_group_tags(name: str) -> list[dict[str, Any]]:
+    """``TagSpecifications`` marking a placement group as the broker's, so it can be found by tag."""
+    return [{"ResourceType": "placement-group", "Tags": [{"Key": PLACEMENT_GROUP_TAG, "Value": name}]}]
 
 
 def order_filter(order_ref: str | None = None) -> list[dict[str, Any]]:

@@ -17,7 +17,10 @@ What the layer adds (everything else is moto):
   through (user data over 16 KB, unknown AMI or key pair, root volume sizes, 60 inbound rules per address
   family, a security group still in use), Systems Manager's public parameter naming the region's Deep
   Learning AMI, ``image_missing`` faults on every image lookup, and booting each launched instance from its
-  user data (``self.booter``), halting it when it is terminated.
+  user data (``self.booter``), halting it when it is terminated;
+- placement groups (``providers/sandbox/aws_placement.py``): ``CreatePlacementGroup``,
+  ``DescribePlacementGroups``, ``DeletePlacementGroup``, and ``RunInstances`` into ``Placement.GroupName`` under
+  EC2's rules (an unknown group, a cluster group in use in another zone).
 
 Use in-process: ``sandbox = start_aws_sandbox()``; point boto3 (or ``AwsAdapter``) at ``sandbox.url`` for
 ``ec2``, ``ssm`` and ``pricing``; ``sandbox.reset()`` between tests. Standalone: ``python -m providers.sandbox
@@ -53,6 +56,8 @@ from werkzeug.wrappers import Request, Response
 
 from providers.sandbox import aws_launch
 from providers.sandbox.aws_keys import KNOWN_KEYS
+from providers.sandbox.aws_placement import ACTIONS as PLACEMENT_ACTIONS
+from providers.sandbox.aws_placement import PlacementGroups
 from providers.sandbox.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from providers.sandbox.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
@@ -452,6 +457,7 @@ class AwsSandbox(SandboxApp):
         self._dirty_regions: set[str] = set()
         self._valid_keys: frozenset[str] | None = None
         self._restated: dict[tuple[str, str], tuple[str, str]] = {}
+        self.placement_groups = PlacementGroups()
 
     def _seed_spot_prices(self) -> dict[tuple[str, str, str], Decimal]:
         prices: dict[tuple[str, str, str], Decimal] = {}
@@ -528,6 +534,7 @@ class AwsSandbox(SandboxApp):
     def reset(self) -> None:
         self.faults.clear()
         self.booter.reset()
+        self.placement_groups.reset()
         with self._lock:
             self._tokens.clear()
             self._token_locks.clear()
@@ -651,6 +658,11 @@ class AwsSandbox(SandboxApp):
             return self._spot_history(request)
         if request.action == "RunInstances":
             return self._run_instances(environ, request)
+        if request.action in PLACEMENT_ACTIONS:
+            answer = self.placement_groups.answer(request.action, request.region, request.params)
+            if len(answer) == 3:
+                return _ec2_error(*answer)
+            return Response(answer[0], status=answer[1], mimetype="text/xml")
         refusal = self._boot_refusal(request)
         if refusal is not None:
             return _ec2_error(*refusal)
@@ -752,9 +764,14 @@ class AwsSandbox(SandboxApp):
             return self._booted(request, response)
 
     def _booted(self, request: _Request, response: Response) -> Response:
-        """moto's instances run as soon as they exist: boot each from the user data its launch carried."""
+        """moto's instances run as soon as they exist: each joins the placement group its launch named, and
+        boots from the user data its launch carried."""
         if response.status_code != 200:
             return response
+        group = request.params.get("Placement.GroupName")
+        if group:
+            launched = aws_launch.launched_instance_ids(response.get_data())
+            self.placement_groups.joined(request.region, group, launched)
         user_data = aws_launch.decoded_user_data(request.params)
         instance_type = request.params.get("InstanceType", "")
         for instance_id in aws_launch.launched_instance_ids(response.get_data()):
@@ -772,6 +789,7 @@ class AwsSandbox(SandboxApp):
         accepting the request."""
         image_missing = bool(request.params.get("ImageId")) and self._image_missing(request)
         refusal = aws_launch.run_instances_refusal(request.region, request.params, image_missing)
+        refusal = refusal or self.placement_groups.launch_refusal(request.region, request.params)
         if refusal is not None:
             return _ec2_error(*refusal)
         fault = self.faults.take(request.action, request.instance_types, request.zone, kinds=OUTCOME_KINDS)

@@ -323,3 +323,229 @@ def test_the_minute_sweep_moves_on_a_cluster_whose_coordinator_task_was_lost(
         1,
         2,
     ]
+
+
+# --- Cluster placement groups ------------------------------------------------------------------------------
+# A cluster asking for one launches each round's nodes into a cluster placement group of that round (EC2 API
+# reference, RunInstances Placement.GroupName:
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Placement.html), deleted once the round's
+# machines are terminated (DeletePlacementGroup, "You must terminate all instances in the placement group
+# before you can delete the placement group":
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DeletePlacementGroup.html).
+
+
+def _placement_groups_at_aws(sandbox, region="us-east-1") -> list[str]:
+    ec2 = boto3.client("ec2", region_name=region, endpoint_url=sandbox.url, **_boto_keys())
+    return sorted(g["GroupName"] for g in ec2.describe_placement_groups()["PlacementGroups"])
+
+
+def _groups_of_instances(sandbox, cluster, round_no) -> dict[str, str]:
+    """Each live node instance of the round -> the placement group AWS says it is in."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=sandbox.url, **_boto_keys())
+    ids = [
+        i.provider_instance_id for i in Instance.objects.filter(order__cluster=cluster, order__cluster_round=round_no)
+    ]
+    found = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    return {i["InstanceId"]: i["Placement"]["GroupName"] for r in found for i in r["Instances"]}
+
+
+def _cluster_kinds(cluster) -> list[str]:
+    entries = LedgerEntry.objects.filter(subject=f"cluster:{cluster.public_id}").order_by("sequence")
+    return list(entries.values_list("kind", flat=True))
+
+
+def test_a_placement_group_cluster_launches_every_node_into_its_group_and_deletes_it_once_ended(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    from marketplace.orders.clusters import clusters_to_advance
+
+    offer = _offers(aws_account)[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster = _place(acme, alice, offer, nodes=3, placement_group=True, max_price_per_node_hour=offer.price_usd * 2)
+    _boot_all(cluster, aws_sandbox, django_capture_on_commit_callbacks)
+
+    # Every node runs in the round's group, which exists at AWS as a cluster group tagged as the broker's
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+    group = f"gb-{cluster.public_id.hex}-r1"
+    placed = _groups_of_instances(aws_sandbox, cluster, 1)
+    assert len(placed) == 3 and set(placed.values()) == {group}
+    assert _placement_groups_at_aws(aws_sandbox) == [group]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_terminate(cluster=cluster)
+
+    # Then the group is gone with the machines, and the sweep has nothing left to do for the cluster
+    cluster.refresh_from_db()
+    assert (cluster.state, cluster.placement_groups_released) == (ClusterState.TERMINATED, 1)
+    assert _placement_groups_at_aws(aws_sandbox) == []
+    assert cluster.pk not in clusters_to_advance()
+    assert _cluster_kinds(cluster)[-2:] == ["cluster.terminated", "cluster.placement_group_deleted"]
+    assert len(aws_sandbox.calls("DeletePlacementGroup")) == 1
+    # Advancing it again deletes nothing twice
+    assert cluster_advance(cluster_id=cluster.pk) == "ended"
+    assert len(aws_sandbox.calls("DeletePlacementGroup")) == 1
+    assert ledger_verify().ok
+
+
+def test_a_failed_round_loses_its_group_and_the_next_round_gets_its_own(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    first, *_ = _offers(aws_account)
+    with django_capture_on_commit_callbacks(execute=False):
+        cluster = _place(acme, alice, first, nodes=2, placement_group=True, max_price_per_node_hour=first.price_usd * 2)
+    node1, node2 = _members(cluster)
+    with django_capture_on_commit_callbacks(execute=False):
+        order_provision(order_id=node1.pk)
+    round1 = f"gb-{cluster.public_id.hex}-r1"
+    assert _placement_groups_at_aws(aws_sandbox) == [round1]
+
+    # Node 2 cannot launch: round 1 fails, node 1 is stopped and the group goes to another zone
+    aws_sandbox.faults.inject("capacity", instance_type=INSTANCE_TYPE, zone=first.zone)
+    with django_capture_on_commit_callbacks(execute=True):
+        order_provision(order_id=node2.pk)
+
+    cluster.refresh_from_db()
+    assert cluster.round == 2 and cluster.offer.zone != first.zone
+    round2 = f"gb-{cluster.public_id.hex}-r2"
+    # Round 1's group went once node 1's machine was terminated; round 2's nodes are in a group of their own
+    assert _placement_groups_at_aws(aws_sandbox) == [round2]
+    assert cluster.placement_groups_released == 1
+    assert set(_groups_of_instances(aws_sandbox, cluster, 2).values()) == {round2}
+    assert {i.zone for i in Instance.objects.filter(order__cluster=cluster, order__cluster_round=2)} == {
+        cluster.offer.zone
+    }
+
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_terminate(cluster=cluster)
+    cluster.refresh_from_db()
+    assert (cluster.state, cluster.placement_groups_released) == (ClusterState.TERMINATED, 2)
+    assert _placement_groups_at_aws(aws_sandbox) == []
+    assert ledger_verify().ok
+
+
+def test_a_group_still_in_use_when_the_cluster_ends_is_deleted_by_the_minute_sweep(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    from marketplace.orders.clusters import clusters_to_advance
+    from marketplace.tasks import orders_sweep_task
+
+    offer = _offers(aws_account)[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster = _place(acme, alice, offer, nodes=2, placement_group=True, max_price_per_node_hour=offer.price_usd * 2)
+    _boot_all(cluster, aws_sandbox, django_capture_on_commit_callbacks)
+    group = f"gb-{cluster.public_id.hex}-r1"
+    # Something else still holds the group when the nodes stop (as a machine still shutting down would)
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_sandbox.url, **_boto_keys())
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    straggler = ec2.run_instances(
+        ImageId=image, InstanceType=INSTANCE_TYPE, MinCount=1, MaxCount=1,
+        Placement={"AvailabilityZone": offer.zone, "GroupName": group},
+    )["Instances"][0]["InstanceId"]  # fmt: skip
+
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_terminate(cluster=cluster)
+
+    # The cluster ended, but AWS refused to delete the group in use: it is kept for the sweep
+    cluster.refresh_from_db()
+    assert (cluster.state, cluster.placement_groups_released) == (ClusterState.TERMINATED, 0)
+    assert _placement_groups_at_aws(aws_sandbox) == [group]
+    assert cluster.pk in clusters_to_advance()
+
+    ec2.terminate_instances(InstanceIds=[straggler])
+    with django_capture_on_commit_callbacks(execute=True):
+        orders_sweep_task()
+
+    cluster.refresh_from_db()
+    assert cluster.placement_groups_released == 1
+    assert _placement_groups_at_aws(aws_sandbox) == []
+    assert cluster.pk not in clusters_to_advance()
+    assert _cluster_kinds(cluster).count("cluster.placement_group_deleted") == 1
+
+
+def test_a_cluster_without_a_placement_group_launches_outside_any(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offers(aws_account)[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster = _place(acme, alice, offer, nodes=2, max_price_per_node_hour=offer.price_usd * 2)
+
+    assert set(_groups_of_instances(aws_sandbox, cluster, 1).values()) == {""}
+    assert aws_sandbox.calls("CreatePlacementGroup") == []
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_terminate(cluster=cluster)
+    assert aws_sandbox.calls("DeletePlacementGroup") == []
+
+
+def test_a_placement_group_on_an_offer_whose_provider_cannot_pack_nodes_is_refused(acme, alice, tencent_account):
+    offer = tencent_account.offers.filter(pricing_model="on_demand").order_by("price_usd", "id").first()
+    entries = LedgerEntry.objects.count()
+
+    with pytest.raises(OfferNotOrderable, match="drop the placement-group requirement"):
+        cluster_place(
+            organization=acme,
+            user=alice,
+            request=ClusterRequest(offer_id=offer.pk, nodes=2, placement_group=True, launch=LAUNCH),
+        )
+
+    assert (Cluster.objects.count(), Order.objects.count(), LedgerEntry.objects.count()) == (0, 0, entries)
+
+
+def test_the_fingerprint_of_a_request_without_a_placement_group_is_what_it_was_before():
+    """Clusters stored before placement groups keep matching a retry of their request (Idempotency-Key)."""
+    import hashlib
+    import hmac
+    import json
+
+    from django.conf import settings
+
+    request = ClusterRequest(offer_id=7, nodes=2, regions=("us-east-1",))
+    before = {
+        "offer": 7, "quote": None, "nodes": 2, "cap": None, "allow_failover": True, "regions": ["us-east-1"],
+        "needs_rdma": False, "duration_hours": None, "launch": None,
+    }  # fmt: skip
+    message = json.dumps(before, sort_keys=True, default=str).encode()
+
+    assert request.fingerprint() == hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
+    packed = ClusterRequest(offer_id=7, nodes=2, regions=("us-east-1",), placement_group=True)
+    assert packed.fingerprint() != request.fingerprint()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_calls_racing_to_release_a_group_delete_it_and_record_it_once(acme, alice, aws_account, aws_sandbox):
+    """The sweep and a node's last transition may both release an ended cluster's group at once: the
+    conditional update on ``placement_groups_released`` lets one of them record it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
+    from marketplace.orders.clusters import cluster_placement_groups_release
+
+    cluster = _cluster_with_a_failed_node(acme, alice, aws_account)
+    Cluster.objects.filter(pk=cluster.pk).update(placement_group=True, state=ClusterState.FAILED)
+    Order.objects.filter(cluster=cluster).update(state=OrderState.CANCELLED)
+    group = f"gb-{cluster.public_id.hex}-r1"
+    ec2 = boto3.client("ec2", region_name=cluster.offer.region, endpoint_url=aws_sandbox.url, **_boto_keys())
+    ec2.create_placement_group(GroupName=group, Strategy="cluster")
+    barrier = threading.Barrier(2)
+    released: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            barrier.wait()
+            released.append(cluster_placement_groups_release(cluster_id=cluster.pk))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=release) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert sorted(released) == [[], [group]]
+    assert Cluster.objects.get(pk=cluster.pk).placement_groups_released == 1
+    assert _placement_groups_at_aws(aws_sandbox, cluster.offer.region) == []
+    assert _cluster_kinds(cluster) == ["cluster.placement_group_deleted"]

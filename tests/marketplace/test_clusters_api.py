@@ -112,3 +112,45 @@ def test_a_quote_for_two_nodes_prices_the_group_and_is_ordered_as_a_cluster_at_i
     assert all(o.state in (OrderState.PROVISIONING, OrderState.RUNNING) for o in nodes)
     # A quote orders one cluster only
     assert api.post("/api/v1/clusters", {"quote": best["id"]}, format="json").status_code == 409
+
+
+def test_a_placement_group_is_asked_for_shown_and_refused_where_the_provider_cannot_pack_nodes(
+    acme, alice, aws_account, aws_sandbox, tencent_account, django_capture_on_commit_callbacks
+):
+    api = _api(alice)
+    tencent = tencent_account.offers.filter(pricing_model="on_demand").order_by("price_usd", "id").first()
+
+    # On a provider that makes no placement groups (Tencent Cloud here) the cluster is refused, naming the rule
+    refused = api.post("/api/v1/clusters", {"offer": tencent.pk, "nodes": 2, "placement_group": True}, format="json")
+
+    assert refused.status_code == 409, refused.json()
+    assert "drop the placement-group requirement" in refused.json()["error"]["message"]
+    assert Cluster.objects.count() == 0 and Order.objects.count() == 0
+
+    # On AWS it is placed, and the cluster says it asked for one
+    offer = _offers(aws_account)[0]
+    body = {"offer": offer.pk, "nodes": 2, "placement_group": True, "launch": {"allowed_cidrs": ["127.0.0.1/32"]}}
+    with django_capture_on_commit_callbacks(execute=True):
+        placed = api.post("/api/v1/clusters", body, format="json")
+    assert placed.status_code == 201, placed.json()
+    assert placed.json()["placement_group"] is True
+    assert Cluster.objects.get(public_id=placed.json()["id"]).placement_group is True
+    listed = api.get("/api/v1/clusters").json()["results"][0]
+    assert listed["placement_group"] is True
+
+
+def test_a_quote_asking_for_a_placement_group_leaves_out_providers_that_cannot_pack_nodes(
+    acme, alice, aws_account, tencent_account, django_capture_on_commit_callbacks
+):
+    api = _api(alice)
+    demand = {"profile": "inference", "gpu_count": 1, "nodes": 2, "duration_hours": 1, "limit": 50}
+
+    anywhere = api.post("/api/v1/quotes", demand, format="json").json()
+    packed = api.post("/api/v1/quotes", {**demand, "placement_group": True}, format="json").json()
+
+    assert {q["offer"]["provider"] for q in anywhere["quotes"]} >= {"aws", "tencent"}
+    assert {q["offer"]["provider"] for q in packed["quotes"]} == {"aws"}
+    assert packed["rejected"]["placement group"] > 0
+    with django_capture_on_commit_callbacks(execute=False):
+        placed = api.post("/api/v1/clusters", {"quote": packed["quotes"][0]["id"]}, format="json")
+    assert placed.status_code == 201 and placed.json()["placement_group"] is True

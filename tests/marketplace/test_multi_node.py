@@ -122,6 +122,46 @@ def test_the_batch_places_a_group_whole_on_one_offer() -> None:
     assert result.optimal
 
 
+def test_a_group_asking_for_a_placement_group_goes_only_where_the_provider_packs_nodes() -> None:
+    # Given the same listing from a provider that makes cluster placement groups and from one that does not
+    packs = offer(1, g.H100_SXM, 8, "98.32", capacity=4, placement_groups=True)
+    cannot = offer(2, g.H100_SXM, 8, "90.00", capacity=4, provider_kind="tencent")
+    packed = Demand(gpu_count=8, nodes=2, placement_group=True)
+
+    ranking = rank(packed, [packs, cannot], now=NOW)
+
+    # Then only the packing provider serves the group, and the cheaper one is turned away by that rule alone
+    assert ids(ranking) == [1]
+    assert ranking.rejected == {"placement group": 1}
+    miss = rank(packed, [cannot], now=NOW).near_misses[0]
+    assert miss.failed == ("placement group",)
+    assert miss.relax == "drop the placement-group requirement (this provider cannot pack nodes)"
+    # Without the requirement the cheaper listing wins again
+    assert ids(rank(dataclasses.replace(packed, placement_group=False), [packs, cannot], now=NOW)) == [2, 1]
+
+
+def test_one_node_needs_no_placement_group() -> None:
+    cannot = offer(2, g.H100_SXM, 8, "90.00", capacity=4, provider_kind="tencent")
+
+    ranking = rank(Demand(gpu_count=8, placement_group=True), [cannot], now=NOW)
+
+    assert ids(ranking) == [2]
+    assert ranking.rejected == {}
+
+
+def test_the_batch_keeps_a_packed_group_off_providers_that_cannot_pack() -> None:
+    offers = [
+        offer(1, g.A100_80_SXM, 8, "10.00", capacity=4, provider_kind="tencent"),
+        offer(2, g.A100_80_SXM, 8, "12.00", capacity=4, placement_groups=True),
+    ]
+    jobs = [Demand(gpu_count=8, nodes=3, demand_id="packed", placement_group=True), Demand(gpu_count=8, nodes=3)]
+
+    result = assign(jobs, offers, now=NOW, time_limit=5)
+
+    placed = {d.demand.demand_id: d.quote.offer.offer_id for d in result.demands if d.quote is not None}
+    assert placed == {"packed": 2, "": 1}
+
+
 @pytest.mark.parametrize("nodes", [0, -1, 65])
 def test_node_counts_outside_one_to_sixty_four_are_refused(nodes: int) -> None:
     with pytest.raises(ValueError, match="nodes must be from 1 to 64"):
