@@ -92,6 +92,30 @@ def _manage(*args: str) -> None:
     subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
 
 
+def banner(port: int, sandbox_url: str, chain_line: str) -> str:
+    """What the run command prints last, once everything is up: where the broker is and who to sign in as."""
+    from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
+
+    url = f"http://127.0.0.1:{port}/"
+    rule = "=" * 78
+    logins = [
+        (DEMO_BUYER, "buyer: search, find GPUs for a workload, order", url),
+        (DEMO_PROVIDER_ADMIN, "provider (cloud reseller): accounts, earnings", f"{url}provider/"),
+        ("helga", "provider (three independent machines)", f"{url}provider/"),
+        (DEMO_STAFF, "marketplace staff: verify providers, machines", f"{url}admin/"),
+    ]
+    people = "".join(f"    {name:<6} {what:<48} {where}\n" for name, what, where in logins)
+    return (
+        f"\n{rule}\n"
+        f"  The broker is running at {url}\n\n"
+        f"  Sign in with password {DEMO_PASSWORD} as:\n{people}\n"
+        f"  API: {url}api/v1/offers (docs {url}api/v1/docs)\n"
+        f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
+        f"{chain_line}"
+        f"  Press Ctrl-C to stop everything.\n{rule}\n"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("BROKER_PORT", "8000")))
@@ -101,6 +125,8 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
     os.environ.setdefault("BROKER_LOG_LEVEL", "WARNING")
+    # Only failed requests are logged (4xx, 5xx): a line per agent heartbeat would scroll the banner away.
+    os.environ.setdefault("BROKER_REQUEST_LOG_LEVEL", "WARNING")
     # The web app's public URL (what a rented machine's lease agent phones home to) follows --port.
     os.environ["BROKER_PORT"] = str(args.port)
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -171,17 +197,7 @@ def main() -> int:
                         "--hosts", str(hosts)])  # fmt: skip
         time.sleep(3)
         _manage("offers", "sync")
-        from marketplace.demo import DEMO_PASSWORD
-
-        print(
-            f"\n  The broker is running at http://127.0.0.1:{args.port}/\n"
-            f"  Sign in as alice / {DEMO_PASSWORD} (buyer). API: http://127.0.0.1:{args.port}/api/v1/offers\n"
-            f"  Providers: petra (cloud reseller) and helga (three independent machines), same password.\n"
-            f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
-            f"{chain_line}"
-            "  Press Ctrl-C to stop everything.\n",
-            flush=True,
-        )
+        print(banner(args.port, sandbox_url, chain_line), flush=True)
         while True:
             for name, proc in children:
                 if proc.poll() is not None:

@@ -403,5 +403,7 @@ LOGGING = {
         "botocore": {"level": "WARNING"},
         "urllib3": {"level": "WARNING"},
         "werkzeug": {"level": "WARNING"},
+        # runserver's line per request; the run command sets WARNING, so its sign-in banner stays in view.
+        "django.server": {"level": env_str("BROKER_REQUEST_LOG_LEVEL", "INFO")},
     },
 }

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from marketplace.catalog.services import offers_sync
-from marketplace.models import Offer, OfferStatus, PricePoint
+from marketplace.models import Offer, OfferStatus, PricePoint, QuarantinedOffer
 from providers.models import ProviderAccount, SyncStatus
 from providers.sandbox.aws_keys import BOB
 from providers.services import provider_account_connect
@@ -172,3 +172,24 @@ def test_a_misconfigured_account_fails_its_sync_with_the_reason(aws_sandbox):
     assert not outcome.ok
     assert "misconfigured: options.read_timeout: 'soon' is not a number" in outcome.error
     assert ProviderAccount.objects.get(pk=account.pk).sync_status == SyncStatus.FAILED
+
+
+def test_the_sync_command_says_what_quarantined_means_and_why(aws_sandbox):
+    from django.utils import timezone
+
+    from marketplace.catalog.services import offers_ingest
+    from marketplace.management.commands.offers import _quarantine_note
+    from providers.types import PricingModel
+    from tests.factories import listed_quotes
+
+    account = _connect(aws_sandbox)
+    rows = [("x9.large", "GTX-9999", 1, 24, "1.00", "us-east-1", PricingModel.ON_DEMAND),
+            ("x9.xlarge", "GTX-9999", 2, 24, "2.00", "us-east-1", PricingModel.ON_DEMAND),
+            ("g5.xlarge", "A10G", 1, 24, "0", "us-east-1", PricingModel.ON_DEMAND)]  # fmt: skip
+    offers_ingest(account=account, quotes=listed_quotes(rows), now=timezone.now())
+    assert QuarantinedOffer.objects.filter(account=account).count() == 3
+
+    note = _quarantine_note(account)
+
+    assert "rows the provider listed that the broker will not sell" in note
+    assert "2 x unknown GPU model 'GTX-9999' (no spec sheet); 1 x price 0 is zero or negative" in note

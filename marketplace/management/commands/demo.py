@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from marketplace.demo import DEMO_PASSWORD
+from marketplace.demo import DEMO_PASSWORD, DEMO_STAFF
 from marketplace.launch.keys import ssh_key_add
 from marketplace.models import Membership, Organization, OrganizationKind, Role, SshKey
 from providers.sandbox.demo import read_manifest
@@ -22,7 +22,10 @@ from providers.services import provider_account_connect
 
 
 class Command(BaseCommand):
-    help = "Seed the demo buyer (alice), provider admin (petra) and one account per running sandbox cloud."
+    help = (
+        "Seed the demo buyer (alice), provider admin (petra), marketplace staff (sam) and one account per running "
+        "sandbox cloud."
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -63,11 +66,58 @@ class Command(BaseCommand):
             name="Petra Cloud Resale", defaults={"kind": OrganizationKind.PROVIDER, "provider": account.provider}
         )
         Membership.objects.get_or_create(user=petra, organization=seller, defaults={"role": Role.OWNER})
+        _seed_onboarded(seller, petra, "Petra Cloud Resale GmbH", "DE", "Beispielstrasse 1\n10115 Berlin")
         if options.get("community_hosts"):
-            accounts.append(_seed_community(users, Path(options["community_hosts"])))
+            fleet = _seed_community(users, Path(options["community_hosts"]))
+            accounts.append(fleet)
+            helga_org = Organization.objects.get(provider=fleet.provider)
+            helga = helga_org.memberships.get(role=Role.OWNER).user
+            _seed_onboarded(helga_org, helga, "Helga's GPU Farm Ltd", "IE", "1 Example Quay\nDublin 2")
+        _seed_staff(users)
         self.stdout.write(
-            json.dumps({"buyer": "alice", "provider_admin": "petra", "accounts": {a.kind: a.pk for a in accounts}})
+            json.dumps(
+                {
+                    "buyer": "alice",
+                    "provider_admin": "petra",
+                    "staff": DEMO_STAFF,
+                    "accounts": {a.kind: a.pk for a in accounts},
+                }
+            )
         )
+
+
+def _seed_onboarded(organization: Organization, owner: Any, legal_name: str, country: str, address: str) -> None:
+    """A demo provider that has done its onboarding: business details filled in and the current terms accepted
+    (its profile is verified, as a provider whose accounts already sell), so its checklist is all done."""
+    from marketplace.portal.services import (
+        TERMS_VERSION,
+        BusinessDetails,
+        provider_details_update,
+        provider_profile_ensure,
+        provider_terms_accept,
+    )
+
+    profile = provider_profile_ensure(organization=organization)
+    if not profile.details_complete:
+        details = BusinessDetails(
+            legal_name=legal_name,
+            country=country,
+            registered_address=address,
+            tax_id=f"{country}000000000",
+            contact_email=owner.email or f"{owner.username}@example.com",
+        )
+        provider_details_update(organization=organization, details=details)
+    provider_terms_accept(organization=organization, user=owner, version=TERMS_VERSION)
+
+
+def _seed_staff(users: Any) -> None:
+    """The marketplace's operator: staff with every admin permission, who verifies providers that sign up
+    (admin, Provider profiles, action "verify") and independent machines."""
+    staff, created = users.objects.get_or_create(username=DEMO_STAFF, defaults={"email": "sam@example.com"})
+    if created:
+        staff.set_password(DEMO_PASSWORD)
+    staff.is_staff = staff.is_superuser = True
+    staff.save()
 
 
 def _seed_ssh_key(organization: Organization, user: Any) -> None:

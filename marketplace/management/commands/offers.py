@@ -8,11 +8,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count
 from django.utils import timezone
 
 from marketplace.api.serializers import OfferOutput
 from marketplace.catalog.selectors import OfferFilters, offer_list
 from marketplace.catalog.services import offers_sync
+from marketplace.models import QuarantinedOffer
 from providers.models import ProviderAccount
 
 
@@ -52,6 +54,8 @@ class Command(BaseCommand):
                     f"account {account.pk} ({account}): {r.upserted} offers, {r.quarantined} quarantined, "
                     f"{r.vanished} no longer listed, {r.price_changes} price changes"
                 )
+                if r.quarantined:
+                    self.stdout.write(_quarantine_note(account))
             else:
                 failed += 1
                 self.stderr.write(f"account {account.pk} ({account}): sync FAILED: {outcome.error}")
@@ -68,3 +72,18 @@ class Command(BaseCommand):
         )
         offers = offer_list(filters=filters, now=timezone.now())[: options["limit"]]
         self.stdout.write(json.dumps(OfferOutput(offers, many=True).data, indent=2, default=str))
+
+
+def _quarantine_note(account: ProviderAccount) -> str:
+    """What "quarantined" means for this account: rows it listed that cannot be sold, and the commonest reasons."""
+    reasons = (
+        QuarantinedOffer.objects.filter(account=account)
+        .values("reason")
+        .annotate(rows=Count("id"))
+        .order_by("-rows", "reason")[:3]
+    )
+    said = "; ".join(f"{r['rows']} x {r['reason']}" for r in reasons)
+    return (
+        f"  quarantined: rows the provider listed that the broker will not sell (kept with the reason for the "
+        f"provider and staff: admin > Quarantined offers): {said}"
+    )

@@ -1,0 +1,19 @@
+"""The run command's last words (issue 21, point 4): where the broker is and every demo login with its page."""
+
+from __future__ import annotations
+
+from broker.devrun import banner
+from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
+
+
+def test_the_banner_names_the_url_and_each_demo_login_with_where_to_go():
+    text = banner(8123, "http://127.0.0.1:8701", "  anchors: local chain\n")
+
+    lines = text.splitlines()
+    assert "The broker is running at http://127.0.0.1:8123/" in text
+    assert f"password {DEMO_PASSWORD}" in text
+    for name, page in ((DEMO_BUYER, "/"), (DEMO_PROVIDER_ADMIN, "/provider/"), ("helga", "/provider/"),
+                       (DEMO_STAFF, "/admin/")):  # fmt: skip
+        line = next(line for line in lines if line.strip().startswith(name + " "))
+        assert line.endswith(f"http://127.0.0.1:8123{page}")
+    assert lines[-1].startswith("=")  # the last line closes the box: nothing of it scrolls off below
