@@ -66,33 +66,3 @@ def spot_savings(offers: Iterable[Offer]) -> dict[int, int]:
         if reference and reference > offer.price_usd:
             savings[offer.pk] = int((1 - offer.price_usd / reference) * 100)
     return savings
-
-
-def chart(
-    series: list[Series], *, since: dt.datetime, until: dt.datetime, width: int = 860, height: int = 260
-) -> dict[str, object]:
-    """SVG geometry for ``series``: step-line point strings per series, and the price axis' top and bottom."""
-    prices = [price for s in series for _, price in s.points]
-    if not prices:
-        return {"lines": [], "top": None, "bottom": None, "width": width, "height": height}
-    top, bottom = max(prices) * Decimal("1.1"), Decimal(0)
-    span = (until - since).total_seconds() or 1.0
-
-    def x(moment: dt.datetime) -> float:
-        return (moment - since).total_seconds() / span * width
-
-    def y(price: Decimal) -> float:
-        return float(height - (price - bottom) / (top - bottom) * height)
-
-    lines = []
-    for s in series:
-        coords: list[str] = []
-        for i, (moment, price) in enumerate(s.points):
-            if i:
-                coords.append(f"{x(moment):.1f},{y(s.points[i - 1][1]):.1f}")  # hold the last price until now
-            coords.append(f"{x(moment):.1f},{y(price):.1f}")
-        if s.points:
-            coords.append(f"{width:.1f},{y(s.points[-1][1]):.1f}")
-        lines.append({"zone": s.zone, "pricing_model": s.pricing_model, "points": " ".join(coords),
-                      "latest": s.points[-1][1] if s.points else None})  # fmt: skip
-    return {"lines": lines, "top": top.quantize(Decimal("0.01")), "bottom": bottom, "width": width, "height": height}

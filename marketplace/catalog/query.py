@@ -44,7 +44,7 @@ _NUMERIC = {
 _TEXT = ("gpu", "region", "pricing", "provider")
 FIELDS = (*_TEXT, *_NUMERIC)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
-_PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
+PROVIDERS = _PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
 _LOOKUP = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
 # What a numeric term may compare with: beyond every offer there is (GPUs per machine, GB per GPU, USD per hour).
 _RANGES = {
@@ -274,6 +274,6 @@ def rows_in_order(queryset: QuerySet[Offer], partitions: list[Q], limit: int) ->
 
 
 __all__ = [
-    "FIELDS", "SORTS", "QueryError", "Term", "apply", "gpu_partitions", "offers_query", "offers_search", "parse",
-    "rows_in_order",
+    "FIELDS", "PROVIDERS", "SORTS", "QueryError", "Term", "apply", "gpu_partitions", "offers_query", "offers_search",
+    "parse", "rows_in_order",
 ]  # fmt: skip

@@ -10,7 +10,23 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, DurationField, Exists, ExpressionWrapper, F, Max, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce, Greatest, Least
 
 from marketplace.catalog.regions import jurisdiction_of
@@ -57,6 +73,73 @@ def offers_filter(qs: QuerySet[Offer], f: OfferFilters) -> QuerySet[Offer]:
     if f.max_price_per_hour is not None:
         qs = qs.filter(price_usd__lte=f.max_price_per_hour)
     return qs
+
+
+@dataclass(frozen=True)
+class OfferGroup:
+    """One row of the offers page: the offers of one account's instance type in one region at one pricing model,
+    one per zone, in the search's order (so ``offers[0]``, the lead, is the cheapest zone's). An independent
+    machine is a group of its own: its "zone" names the machine, a different host with its own record, not an
+    interchangeable placement."""
+
+    offers: tuple[Offer, ...]
+
+    @property
+    def lead(self) -> Offer:
+        return self.offers[0]
+
+    @property
+    def zones(self) -> list[str]:
+        return [o.zone for o in self.offers]
+
+    @property
+    def price_max(self) -> Decimal:
+        return max(o.price_usd for o in self.offers)
+
+    @property
+    def price_per_gpu_max(self) -> float:
+        return max(o.price_per_gpu_usd for o in self.offers)
+
+
+@dataclass(frozen=True)
+class OfferGroupPage:
+    """A page of ``offer_groups``: its rows, and how many rows and offers the whole search has."""
+
+    groups: list[OfferGroup]
+    group_total: int
+    offer_total: int
+
+
+_GROUP_FIELDS = ("account_id", "instance_type", "region", "pricing_model", "group_zone")
+
+
+def offer_groups(queryset: QuerySet[Offer], *, offset: int, limit: int) -> OfferGroupPage:
+    """``queryset`` (annotated with ``sort_key`` and ordered by it, then id, as ``query.offers_query`` returns it)
+    folded into ``OfferGroup`` rows, rows ``offset`` to ``offset + limit``. Rows are ordered by their lead's sort
+    key, then by their key, so the order is total and a page holds the same rows on every visit while the
+    catalogue is unchanged. Grouping, counting and the slice run in the database: four queries whatever the size
+    of the catalogue."""
+    keyed = queryset.annotate(
+        group_zone=Case(
+            When(account__kind=ProviderKind.COMMUNITY, then=F("zone")), default=Value(""), output_field=CharField()
+        )
+    )
+    grouped = keyed.order_by().values(*_GROUP_FIELDS).annotate(best=Min("sort_key"))
+    offer_total = queryset.count()
+    group_total = grouped.count() if offer_total else 0
+    keys = [
+        tuple(row[f] for f in _GROUP_FIELDS)
+        for row in grouped.order_by("best", *_GROUP_FIELDS)[offset : offset + limit]
+    ]
+    if not keys:
+        return OfferGroupPage([], group_total, offer_total)
+    wanted = Q(pk__in=[])
+    for key in keys:
+        wanted |= Q(**dict(zip(_GROUP_FIELDS, key, strict=True)))
+    members: dict[tuple[object, ...], list[Offer]] = {key: [] for key in keys}
+    for offer in keyed.filter(wanted).order_by("sort_key", "id"):
+        members[tuple(getattr(offer, f) for f in _GROUP_FIELDS)].append(offer)
+    return OfferGroupPage([OfferGroup(tuple(members[key])) for key in keys], group_total, offer_total)
 
 
 def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:

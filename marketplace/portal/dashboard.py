@@ -213,14 +213,6 @@ def gpu_days(series: list[GpuHour]) -> list[GpuDay]:
     return [GpuDay(day=day, listed_gpu_hours=listed[day], rented_gpu_hours=rented[day]) for day in sorted(listed)]
 
 
-def gpu_chart(series: list[GpuHour]) -> list[tuple[dt.datetime, Decimal, Decimal]]:
-    """(hour, rented %, idle %) of the most GPUs listed in any hour of the series, for a 0-100 chart."""
-    top = max((hour.listed for hour in series), default=Decimal(0))
-    if not top:
-        return [(hour.start, Decimal(0), Decimal(0)) for hour in series]
-    return [(hour.start, hour.rented / top * 100, hour.idle / top * 100) for hour in series]
-
-
 def provider_revenue_by_day(*, provider: Provider, today: dt.date, days: int) -> list[RevenueDay]:
     """Gross, commission and net per UTC day (by when each order ended), newest first, over the ``days`` days up
     to ``today``; days without an ended order show zero. The figures are the payout statements' lines, summed."""

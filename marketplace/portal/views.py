@@ -53,7 +53,7 @@ from marketplace.portal.services import (
     provider_terms_accept,
 )
 from marketplace.portal.team_actions import form_error, invitation_revoke_action, invite_action, member_update_action
-from marketplace.web.charts import sparkline
+from marketplace.web.charts import gpu_hours_chart, telemetry_chart
 from providers.community.selectors import machines_latest_unverified, machines_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
@@ -378,9 +378,8 @@ def machines(request: HttpRequest) -> HttpResponse:
         score = scores.get((machine.account_id, machine.name))
         latest = series[-1][1] if series else None
         flagged = unverified.get(machine.pk)
-        rows.append(
-            (machine, sparkline(series), flagged[1] if flagged else latest, score, flagged[0] if flagged else "")
-        )
+        chart = _utilization_chart(machine.name, series, since=since, until=now)
+        rows.append((machine, chart, flagged[1] if flagged else latest, score, flagged[0] if flagged else ""))
     known = [score for _, _, _, score, _ in rows if score is not None]
     overall = sum(known) / len(known) if known else None
     return _page(request, "portal/machines.html", membership, "machines", machines=rows, reliability=overall)
@@ -440,20 +439,24 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     statement = payout_statement(provider=provider, month=now.strftime("%Y-%m"))
     return _page(
         request, "portal/dashboard.html", membership, "dashboard", now=now, currency=board.CURRENCY,
-        day=day, day_chart=_gpu_chart(day), week_days=board.gpu_days(week), week_chart=_gpu_chart(week),
+        day=day, day_chart=_gpu_chart(day, "last 24 hours"), week_days=board.gpu_days(week),
+        week_chart=_gpu_chart(week, "last 7 days"),
         revenue=board.provider_revenue_by_day(provider=provider, today=now.date(), days=14), leases=leases,
         bids=board.provider_machine_bids(provider=provider, leases=leases), statement=statement,
     )  # fmt: skip
 
 
-def _gpu_chart(series: list[board.GpuHour]) -> dict[str, object]:
-    """SVG points of the rented and idle lines on the dashboard's 640x80 chart, whose top is ``peak`` GPUs."""
-    chart = board.gpu_chart(series)
-    return {
-        "peak": max((hour.listed for hour in series), default=0),
-        "rented": sparkline([(at, rented) for at, rented, _ in chart], width=640, height=80),
-        "idle": sparkline([(at, idle) for at, _, idle in chart], width=640, height=80),
-    }
+def _gpu_chart(series: list[board.GpuHour], period: str) -> str:
+    """The dashboard's chart of GPUs rented and idle per hour over ``period``."""
+    return gpu_hours_chart([(hour.start, hour.rented, hour.idle) for hour in series], period=period)
+
+
+def _utilization_chart(name: str, series: list[Any], *, since: dt.datetime, until: dt.datetime) -> str:
+    """A machine row's small chart of its GPUs' mean utilization (``series`` of (moment, %)) since ``since``."""
+    return telemetry_chart(
+        series, title=f"GPU utilization of {name}, last hour", unit="%", label="%", since=since, until=until,
+        small=True,
+    )  # fmt: skip
 
 
 @login_required

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.core.validators import RegexValidator
 
+from marketplace.catalog.query import PROVIDERS as QUERY_PROVIDERS
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.launch.config import DISK_GB_MAX, DISK_GB_MIN, SPEND_CAP_MAX
 from marketplace.matching import PROFILES, Amount, Profile, Tolerance
@@ -16,24 +19,50 @@ from marketplace.models import GpuModel, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.numbers import MAX_BUDGET, MAX_PRICE_PER_HOUR, DecimalFormField, FloatFormField, IntegerFormField
 from marketplace.portal.forms import SignupForm
+from providers.models import ProviderKind
 from providers.sshkeys import MAX_KEY_TEXT, MAX_NAME
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
 
 
 class OfferFilterForm(forms.Form):
+    """The offers page's filter controls. Each writes one term of the search language
+    (``marketplace.web.search.CONTROLS``), so its bounds are the language's: nothing here can say what a query
+    cannot."""
+
     gpu = forms.ChoiceField(required=False, label="GPU")
     count = IntegerFormField(required=False, min_value=1, max_value=64, label="GPUs at least")
-    region = forms.CharField(required=False, max_length=64)
+    region = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Region",
+        validators=[
+            RegexValidator(r"^[A-Za-z0-9_.-]*$", "a region (us-east-1) or a jurisdiction (eu, us, apac), no spaces")
+        ],
+        widget=forms.TextInput(attrs={"placeholder": "eu or us-east-1", "size": 12}),
+    )
     pricing = forms.ChoiceField(required=False, choices=PRICING)
+    provider = forms.ChoiceField(
+        required=False, choices=[("", "any"), *((k, ProviderKind(k).label) for k in QUERY_PROVIDERS)]
+    )
+    # The search language's bound on a price, which is below the storefront's bound on a budget.
     max_price = DecimalFormField(
-        required=False, min_value=Decimal("0"), max_value=MAX_PRICE_PER_HOUR, decimal_places=4, label="Max $/h"
+        required=False, min_value=Decimal("0"), max_value=Decimal(1_000_000), decimal_places=4, label="Max USD/h"
     )
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        keys = GpuModel.objects.filter(offers__isnull=False).values_list("key", flat=True).distinct().order_by("key")
-        self.fields["gpu"].choices = [("", "any"), *((k, k) for k in keys)]  # type: ignore[attr-defined]
+        keys = list(
+            GpuModel.objects.filter(offers__isnull=False).values_list("key", flat=True).distinct().order_by("key")
+        )
+        # A family (H100) is a choice when it has several variants on sale: gpu=H100 matches every one of them.
+        variants = Counter(k.split("-")[0] for k in keys if "-" in k)
+        families = sorted(f for f, n in variants.items() if n > 1 and f not in keys)
+        self.fields["gpu"].choices = [  # type: ignore[attr-defined]
+            ("", "any"),
+            *((f, f"{f} (any variant)") for f in families),
+            *((k, k) for k in keys),
+        ]
 
 
 class WorkloadForm(forms.Form):

@@ -26,9 +26,7 @@ from ledger.receipts import receipt_for_buyer
 from marketplace.api.idempotency import idempotency_claim
 from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
-from marketplace.catalog.history import chart, price_history, spot_savings
-from marketplace.catalog.query import QueryError, offers_search
-from marketplace.catalog.selectors import OfferFilters, offer_list
+from marketplace.catalog.history import price_history, spot_savings
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
@@ -49,11 +47,13 @@ from marketplace.orders.selectors import (
     order_usage,
 )
 from marketplace.orders.services import OrderError, order_terminate
-from marketplace.web.charts import sparkline
+from marketplace.web.charts import price_chart, telemetry_chart
 from marketplace.web.compare import CompareError, compare_ids, comparison
-from marketplace.web.forms import ApiTokenForm, BudgetForm, OfferFilterForm, WorkloadForm
+from marketplace.web.forms import ApiTokenForm, BudgetForm, WorkloadForm
 from marketplace.web.launchview import launch_shown
 from marketplace.web.orgs import buyer_access
+from marketplace.web.search import PAGE_SIZE as OFFERS_PAGE_SIZE
+from marketplace.web.search import SORT_LABELS, display_form, relaxations, search_request, search_run, search_url
 
 PAGE_SIZE = 200
 
@@ -64,45 +64,28 @@ def _org_or_404(request: HttpRequest, permission: BuyerPermission = BuyerPermiss
 
 
 def offers(request: HttpRequest) -> HttpResponse:
-    """Offers for sale, by the filter fields or by a search in the query language (marketplace/catalog/query.py)."""
-    form = OfferFilterForm(request.GET or None)
-    search = request.GET.get("q", "").strip()
-    sort = request.GET.get("sort", "price")
+    """Offers for sale, one row per account, instance type, region and pricing model, found by one search in the
+    query language (marketplace/catalog/query.py) that the box and the filter controls both edit
+    (marketplace/web/search.py); ``?q=&sort=&page=`` is the address of a result page."""
+    asked = search_request(request.GET)
+    if asked.redirect is not None:
+        return redirect(reverse("storefront:offers") + asked.redirect)
     now = timezone.now()
-    if search or sort != "price":
-        try:
-            found = offers_search(search, now=now, sort=sort, limit=PAGE_SIZE + 1)
-        except QueryError as exc:
-            form.is_valid()
-            return render(
-                request, "storefront/offers.html",
-                {"form": form, "offers": [], "total": 0, "page_size": PAGE_SIZE, "q": search, "sort": sort,
-                 "query_error": exc},
-            )  # fmt: skip
-        return render(
-            request, "storefront/offers.html",
-            {"form": form, "offers": found[:PAGE_SIZE], "total": len(found), "page_size": PAGE_SIZE, "q": search,
-             "sort": sort, "savings": spot_savings(found[:PAGE_SIZE]), "bids": offers_winning_bids(found[:PAGE_SIZE])},
-        )  # fmt: skip
-    filters = OfferFilters()
-    if form.is_bound and form.is_valid():
-        data = form.cleaned_data
-        filters = OfferFilters(
-            gpu_model=data["gpu"] or "",
-            min_gpu_count=data["count"],
-            region=(data["region"] or "").strip(),
-            pricing_model=data["pricing"] or "",
-            max_price_per_hour=data["max_price"],
-        )
-    qs = offer_list(filters=filters, now=now)
-    total = qs.count()
-    page = list(qs[:PAGE_SIZE])
-    return render(
-        request,
-        "storefront/offers.html",
-        {"form": form, "offers": page, "total": total, "page_size": PAGE_SIZE, "q": "", "sort": "price",
-         "savings": spot_savings(page), "bids": offers_winning_bids(page)},
-    )  # fmt: skip
+    result = search_run(asked.q, sort=asked.sort, page=asked.page, now=now)
+    leads = [group.lead for group in result.rows.groups] if result.rows else []
+    empty = result.rows is not None and not result.rows.offer_total
+    context = {
+        "form": asked.form or display_form(result.terms), "q": asked.q, "sort": asked.sort,
+        "query_error": result.error, "rows": result.rows, "offers": leads, "page": result.page,
+        "pages": result.pages, "page_size": OFFERS_PAGE_SIZE, "savings": spot_savings(leads),
+        "bids": offers_winning_bids(leads),
+        "relaxations": relaxations(result.terms, now=now, sort=asked.sort) if empty and result.terms else [],
+        "previous_url": search_url(asked.q, asked.sort, result.page - 1) if result.page > 1 else "",
+        "next_url": search_url(asked.q, asked.sort, result.page + 1) if result.page < result.pages else "",
+        "sorts": SORT_LABELS, "first_row": (result.page - 1) * OFFERS_PAGE_SIZE + 1,
+        "last_row": (result.page - 1) * OFFERS_PAGE_SIZE + len(leads),
+    }  # fmt: skip
+    return render(request, "storefront/offers.html", context)
 
 
 DAYS = {"1": 1, "7": 7, "30": 30, "90": 90}
@@ -123,7 +106,7 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
     if seen and min(seen) > since:
         # A young listing: draw from its first recorded price, not from an empty month.
         since = min(seen) - max((until - min(seen)) / 20, dt.timedelta(minutes=1))
-    geometry = chart(series, since=since, until=until)
+    drawing = price_chart(series, instance_type=offer.instance_type, since=since, until=until)
     now_prices = {(s.pricing_model, s.zone): s.points[-1][1] for s in series if s.points}
     on_demand = [p for (model, _), p in now_prices.items() if model == "on_demand"]
     spot = [p for (model, _), p in now_prices.items() if model == "spot"]
@@ -131,8 +114,9 @@ def prices(request: HttpRequest, offer_id: int) -> HttpResponse:
     return render(
         request,
         "storefront/prices.html",
-        {"offer": offer, "chart": geometry, "days": days, "since": since, "until": until, "saving": saving,
-         "points": sum(len(s.points) for s in series), "bidding": offer_bidding(offer)},
+        {"offer": offer, "chart": drawing, "series": [s for s in series if s.points], "days": days,
+         "since": since, "until": until, "saving": saving, "points": sum(len(s.points) for s in series),
+         "bidding": offer_bidding(offer)},
     )  # fmt: skip
 
 
@@ -429,13 +413,20 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
     telemetry = order_telemetry(order, since=now - TELEMETRY_WINDOW, now=now)
     charts = {}
     if telemetry is not None and telemetry.minutes:
-        minutes = telemetry.minutes
-        charts["utilization"] = sparkline([(m, u) for m, u, _, _ in minutes], width=320, height=64)
-        # The chart helper draws 0-100; a GPU hotter than 100 C sits on the top edge rather than above it.
-        charts["temperature"] = sparkline([(m, min(t, Decimal(100))) for m, _, t, _ in minutes], width=320, height=64)
-        if telemetry.tdp_w:
-            share = [(m, min(p / telemetry.tdp_w * 100, Decimal(100))) for m, _, _, p in minutes]
-            charts["power"] = sparkline(share, width=320, height=64)
+        minutes, since = telemetry.minutes, now - TELEMETRY_WINDOW
+        charts["utilization"] = telemetry_chart(
+            [(m, u) for m, u, _, _ in minutes], title="GPU utilization, mean of the GPUs", unit="%",
+            label="Utilization (%)", since=since, until=now,
+        )  # fmt: skip
+        charts["temperature"] = telemetry_chart(
+            [(m, t) for m, _, t, _ in minutes], title="Temperature of the hottest GPU", unit="°C",
+            label="Temperature (°C)", since=since, until=now,
+        )  # fmt: skip
+        rated = (float(telemetry.tdp_w), f"rated {telemetry.tdp_w} W") if telemetry.tdp_w else None
+        charts["power"] = telemetry_chart(
+            [(m, p) for m, _, _, p in minutes], title="Power draw, all GPUs", unit="W", label="Power (W)",
+            since=since, until=now, top=rated[0] if rated else 100, reference=rated,
+        )  # fmt: skip
     boot = order_boot(order)
     instance = order.instance
     return render(

@@ -104,7 +104,7 @@ def test_sign_up_connect_list_a_machine_and_see_it_earn(
         page.goto(f"{base}/provider/machines")
         row = page.locator("tr[data-machine=ham-l40s-1]")
         assert all(word in row.inner_text() for word in ("verified", "online", "passed"))
-        assert row.locator("svg.spark polyline").count() == 1
+        assert row.locator("svg.chart[role=img]").count() == 1
 
         # A buyer orders it; it runs on Helga's machine once the lease agent there reports ready.
         order = order_place(organization=acme, user=alice, request=PlaceRequest(

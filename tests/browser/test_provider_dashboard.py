@@ -30,7 +30,16 @@ def test_a_provider_sees_its_business_on_the_dashboard(page, live_server, gpu_mo
     page.goto(f"{live_server.url}/provider/dashboard")
 
     assert page.locator("nav.subnav a.active").inner_text() == "Dashboard"
-    assert page.locator("#gpus svg polyline").count() == 4  # rented and idle, over 24 hours and 7 days
+    # Over 24 hours and 7 days, each drawn wide and narrow: only the wide one shows on a desktop screen.
+    assert page.locator("#gpus svg.chart").count() == 4
+    assert page.locator("#gpus svg.chart.wide").evaluate_all(
+        "s => s.map(e => e.getBoundingClientRect().width > 500)"
+    ) == [True, True]
+    assert page.locator("#gpus svg.chart.narrow").evaluate_all("s => s.map(e => e.getBoundingClientRect().width)") == [
+        0,
+        0,
+    ]
+    assert "GPUs" in page.locator("#gpus svg.chart.wide").first.text_content()
     running = page.locator(f'tr[data-order="{str(business["running"].public_id)[:8]}"] td.gpus')
     assert running.inner_text() == "GPU 2, GPU 3, GPU 4, GPU 5"
     assert str(business["q_busy"].public_id)[:8] not in page.content()

@@ -165,7 +165,9 @@ def test_the_portal_shows_a_flagged_latest_report_as_unverified_and_charts_only_
 
     assert "telemetry-unverified" not in honest and "0.0 %" in honest
     assert "40.0 % unverified: GPU 0 40 % busy with no lease running" in flagged
-    assert flagged.count("<polyline") == honest.count("<polyline") == 1  # the chart still has only the fact
+    # The chart still has only the fact: one minute at 0 %.
+    assert flagged.count('aria-labelledby="chart-') == honest.count('aria-labelledby="chart-') == 1
+    assert "between 0 and 0 %, latest 0 %" in flagged
 
 
 # --- Reliability of a new machine ----------------------------------------------------------------------------------
