@@ -69,13 +69,13 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     page.click("nav a:has-text('Spending')")
     page.wait_for_url(f"{base}/spending")
     assert line.description in page.inner_text("#invoice-lines")
-    assert page.inner_text("#month-total") == f"${line.amount_usd:.2f}"
+    assert page.inner_text("#month-total") == f"${line.amount_usd:.2f} USD"
     assert str(order.public_id)[:8] in page.inner_text("#live-orders")
     page.fill("input[name=budget_per_hour]", "40")
     page.fill("input[name=budget_monthly]", "5000")
     page.click("#budgets button[type=submit]")
     page.locator("text=Budgets saved.").wait_for()
-    assert "of $40.00/h budget" in page.inner_text("#hourly")
+    assert "of $40.00 USD/h budget" in page.inner_text("#hourly")
     shoot(page, "storefront-spending")
 
     # The order on the independent machine: telemetry, then terminated while the page is open.
@@ -84,7 +84,7 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     page.wait_for_url(f"{base}/orders/{order.public_id}/")
     assert page.inner_text("#order-state") == "running"
     assert page.inner_text("#latest-utilization") == "93.0 %"
-    assert page.locator("#telemetry svg polyline").count() == 3
+    assert page.locator("#telemetry svg.chart[role=img]").count() == 3
     page.locator("#live-note >> text=live · updated").wait_for()  # the script polled the API
     shoot(page, "storefront-order-telemetry")
     # A heartbeat arrives while the page is open: the charts and latest values follow without a reload.

@@ -303,7 +303,7 @@ def test_hours_or_a_spend_cap_sets_the_most_it_can_cost(browser, offer):
 
     text = _text(browser.get(configured["Location"]).content.decode())
 
-    assert "Stops once it has cost $7.60: about 0.5 h at this price." in text
+    assert "Stops once it has cost $7.60 USD: about 0.5 h at this price." in text
     assert "At most $7.60" in text
 
 

@@ -77,10 +77,10 @@ def test_the_page_shows_the_months_lines_total_and_live_orders_of_my_organisatio
 
     assert str(ended.order.public_id)[:8] in page
     assert ended.description in page
-    assert f'id="month-total">${ended.amount_usd:.2f}<' in page
+    assert f'id="month-total">${ended.amount_usd:.2f} USD<' in page
     # The running order is not invoiced yet; its hour so far shows under live orders.
     assert str(live.public_id)[:8] in page
-    live_total = Decimal(re.search(r'id="live-total">\$([0-9.]+)<', page).group(1))
+    live_total = Decimal(re.search(r'id="live-total">\$([0-9.]+) USD<', page).group(1))
     assert live.price_per_hour - Decimal("0.005") <= live_total <= live.price_per_hour + Decimal("0.01")  # an hour
     assert str(strangers.order.public_id)[:8] not in page
     assert "Charlie Labs" not in page
@@ -98,7 +98,7 @@ def test_another_month_shows_its_own_lines(month_of_orders, alice):
     assert "Invoice for March 2025" in march and ended.description in march
     assert 'href="?month=2025-02"' in march and 'href="?month=2025-04"' in march
     assert ended.description not in this_month
-    assert 'id="month-total">$0.00<' in this_month
+    assert 'id="month-total">$0.00 USD<' in this_month
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_an_owner_sets_the_budgets_on_the_record(db, alice, acme):
     assert entry.subject == f"organization:{acme.pk}"
     page = client.get(response["Location"]).content.decode()
     assert "Budgets saved." in page
-    assert "of $40.00/h budget" in page and "of $12000.50 budget" in page
+    assert "of $40.00 USD/h budget" in page and "of $12,000.50 USD budget" in page
 
 
 def test_an_owner_clears_a_budget_with_an_empty_field(db, alice, acme):
