@@ -80,14 +80,14 @@ class WorkloadForm(forms.Form):
         min_value=1,
         max_value=MAX_NODES,
         label="Machines",
-        help_text="a job bigger than one machine: the GPUs above are per machine, all in one zone",
+        help_text="GPUs are per machine",
     )
     duration_hours = FloatFormField(
         initial=8,
         min_value=0.01,
         max_value=8760,
         label="Hours",
-        help_text="training-like profiles fix the work: hours on the profile's reference GPU",
+        help_text="for fixed work: hours on the reference GPU",
     )
     jurisdiction = forms.ChoiceField(
         required=False, choices=[("", "anywhere"), *((j, j) for j in JURISDICTIONS)], label="Data must stay in"
@@ -105,10 +105,10 @@ class WorkloadForm(forms.Form):
         min_value=0.01,
         max_value=8760,
         label="Finish within (hours)",
-        help_text="offers not expected to finish by then, interruptions included, are left out",
+        help_text="interruptions included",
     )
     max_price_per_hour = DecimalFormField(
-        required=False, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR, decimal_places=6, label="Max $/h"
+        required=False, min_value=Decimal("0.000001"), max_value=MAX_PRICE_PER_HOUR, decimal_places=6, label="Max USD/h"
     )
     fractions = forms.BooleanField(required=False, label="Slices of a card (MIG) will do")
 

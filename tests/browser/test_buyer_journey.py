@@ -35,9 +35,9 @@ def test_search_quote_order_run_terminate_and_verify(page, live_server, alice, a
     page.select_option("select[name=profile]", "inference")
     page.fill("input[name=gpu_count]", "1")
     page.click("#workload-form button[type=submit]")
-    page.locator("a:has-text('Order at this price')").first.wait_for()
+    page.locator("a[aria-label^='Order at this price']").first.wait_for()
     shoot(page, "journey-2-quotes")
-    page.locator("a:has-text('Order at this price')").first.click()
+    page.locator("a[aria-label^='Order at this price']").first.click()
     # The configure step has the quote's 8 hours; the confirmation its locked price.
     assert page.input_value("#id_duration_hours") == "8.00"
     page.click("#launch-form button[type=submit]")
