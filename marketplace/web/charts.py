@@ -246,8 +246,9 @@ def telemetry_chart(
     until: dt.datetime, top: float = 100, reference: tuple[float, str] | None = None, small: bool = False,
 ) -> SafeString:  # fmt: skip
     """One telemetry measure over time: ``points`` (moment, value in ``unit``) as a line, the y axis ``label``
-    from 0 to ``top`` (or above, when a value exceeds it), time in UTC along x, and an optional dashed
-    ``reference`` level (value, name) with a legend. ``small`` draws it for a table cell. "" without points."""
+    from 0 to ``top`` (or above, when a value exceeds it), time in UTC along x, an optional dashed
+    ``reference`` level (value, name) with a legend, and a tooltip on each reported minute ("2026-12-01 14:05
+    UTC: 93 %"). ``small`` draws it for a table cell. "" without points."""
     if not points:
         return mark_safe("")
     values = [float(v) for _, v in points]
@@ -259,6 +260,12 @@ def telemetry_chart(
         moments = [m for m, _ in points]
         ax.plot(mdates.date2num(moments), values, color=ACCENT, linewidth=2, marker="o" if len(points) == 1 else None,
                 label=title.split(",")[0])  # fmt: skip
+        # A tooltip per reported minute, over the span to the next report (the last: a minute).
+        ends = [*moments[1:], moments[-1] + dt.timedelta(minutes=1)]
+        hovers = [
+            Hover(start=moment, end=min(end, until), value=value, text=f"{_stamp(moment)}: {value:g} {unit}")
+            for moment, end, value in zip(moments, ends, values, strict=True)
+        ]
         if reference:
             ax.axhline(reference[0], color=IDLE, linewidth=1.5, linestyle=(0, (4, 3)), label=reference[1])
             fig.legend(loc="outside lower center", ncols=2)  # below the plot, never over the line
@@ -271,7 +278,7 @@ def telemetry_chart(
             ax.set_xlabel("")
             ax.xaxis.set_major_locator(mdates.AutoDateLocator(tz=dt.UTC, minticks=2, maxticks=3))
             ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=dt.UTC))
-        return ax, []
+        return ax, hovers
 
     low, high = min(values), max(values)
     desc = (
@@ -285,8 +292,8 @@ def telemetry_chart(
 
 def gpu_hours_chart(hours: Sequence[tuple[dt.datetime, Decimal, Decimal]], *, period: str) -> SafeString:
     """GPUs rented and idle per whole hour, ``hours`` being (hour start, rented, idle) oldest first: two step
-    lines (rented solid, idle dashed) with a legend, GPUs up the side, UTC hours along the bottom. "" when
-    empty."""
+    lines (rented solid, idle dashed) with a legend, GPUs up the side, UTC hours along the bottom, and a tooltip
+    on each hour with both figures. "" when empty."""
     if not hours:
         return mark_safe("")
     since, until = hours[0][0], hours[-1][0] + dt.timedelta(hours=1)
@@ -305,7 +312,12 @@ def gpu_hours_chart(hours: Sequence[tuple[dt.datetime, Decimal, Decimal]], *, pe
         ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         ax.set_ylabel("GPUs")
         fig.legend(loc="outside upper right", ncols=2)  # above the plot, never over the lines
-        return ax, []
+        hovers = [
+            Hover(start=hour, end=hour + dt.timedelta(hours=1), value=float(max(r, i)),
+                  text=f"{_stamp(hour)}: {float(r):g} GPUs rented, {float(i):g} idle")
+            for hour, r, i in hours
+        ]  # fmt: skip
+        return ax, hovers
 
     last = hours[-1]
     desc = (

@@ -4,6 +4,7 @@ agent on the machine reports, for the order's own organisation only."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pytest
@@ -111,6 +112,11 @@ def test_the_order_page_draws_the_machines_telemetry_and_its_latest_values(runni
     assert 'id="latest-power">5376 W' in page
     assert page.count('aria-labelledby="chart-') == 3
     assert "does not report GPU telemetry" not in page
+    # Each reported minute has a tooltip with its value, in each chart's unit
+    assert len(re.findall(r"<title>\d{4}-\d\d-\d\d \d\d:\d\d UTC: 93 %</title>", page)) == 1
+    assert len(re.findall(r"<title>[^<]* UTC: \d+ °C</title>", page)) == 10
+    assert len(re.findall(r"<title>[^<]* UTC: 75 °C</title>", page)) == 4  # utilization 90-93: 50 + 18 + 7 C
+    assert len(re.findall(r"<title>[^<]* UTC: \d+ %</title>", page)) == 10
 
 
 def test_telemetry_counts_only_the_heartbeats_of_the_orders_own_run(running):

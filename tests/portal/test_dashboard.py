@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import re
 from decimal import Decimal
 
 import pytest
@@ -223,6 +224,8 @@ def test_the_page_shows_the_business_and_nothing_of_another_provider(business, p
     assert "0.5000" not in html  # Quentin's minimum bid
     assert "GPU 6, GPU 7" not in html  # Quentin's lease holds all eight
     assert 'href="/provider/dashboard"' in html  # the portal's nav links it
+    # The rented/idle charts have a tooltip per hour with both figures
+    assert re.search(r"<title>\d{4}-\d\d-\d\d \d\d:00 UTC: \d+ GPUs rented, \d+ idle</title>", html)
     # Quentin's own dashboard shows his lease and none of Petra's; a buyer has no dashboard.
     theirs = client_for(quentin).get("/provider/dashboard").content.decode()
     assert str(business["q_busy"].public_id)[:8] in theirs and running not in theirs
