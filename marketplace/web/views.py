@@ -28,7 +28,7 @@ from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import price_history, spot_savings
 from marketplace.launch.selectors import order_boot, order_connection
-from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization
+from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import quote_request
@@ -136,11 +136,39 @@ def workload(request: HttpRequest) -> HttpResponse:
         requirements = result.ranking.demand
         context.update(
             result=result,
+            rows=quote_rows(result.quotes),
             requirements=requirements,
             # A set prints in hash order, different on every run; the page lists the models sorted.
             allowed_models=sorted(requirements.gpu_models),
         )
     return render(request, "storefront/workload.html", context)
+
+
+@dataclass(frozen=True)
+class QuoteRow:
+    """One line of the workload page: a quote, and the quotes for the same instance type, region, pricing and
+    job cost in other zones of the same account (the same choice in another zone, each orderable)."""
+
+    quote: Quote
+    zones: tuple[Quote, ...]
+
+
+def quote_rows(quotes: list[Quote]) -> list[QuoteRow]:
+    """``quotes`` (best first) with each one that only repeats an earlier quote in another zone folded into its
+    row, so ten quotes are not six copies of one offer."""
+    rows: list[QuoteRow] = []
+    index: dict[tuple[object, ...], int] = {}
+    for quote in quotes:
+        offer = quote.offer
+        key = (offer.account_id, offer.instance_type, offer.region, offer.pricing_model, quote.price_per_hour,
+               round(Decimal(str(quote.breakdown.get("job_cost", quote.score))), 2))  # fmt: skip
+        if key in index:
+            row = rows[index[key]]
+            rows[index[key]] = QuoteRow(quote=row.quote, zones=(*row.zones, quote))
+        else:
+            index[key] = len(rows)
+            rows.append(QuoteRow(quote=quote, zones=()))
+    return rows
 
 
 @login_required

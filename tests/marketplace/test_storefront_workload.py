@@ -213,3 +213,23 @@ def test_an_expired_or_foreign_quote_is_refused_with_a_message(
     assert f"Could not place the order: quote {expired.public_id} expired at" in late.content.decode()
     assert foreign.status_code == 404
     assert Order.objects.count() == 0
+
+
+def test_the_same_offer_in_several_zones_shares_one_row_with_each_zone_orderable(browser, aws_account):
+    page = browser.post("/workload/", _form(profile="training", gpu_count="1")).content.decode()
+
+    quotes = list(Quote.objects.order_by("rank"))
+    first = quotes[0]
+
+    def kind(q: Quote) -> tuple[object, ...]:
+        return q.offer.instance_type, q.offer.region, q.offer.pricing_model, q.price_per_hour
+
+    same = [q for q in quotes[1:] if kind(q) == kind(first)]
+    assert same, "the sandbox sells the best offer in more than one zone"
+    # One row for them: its own order button, and a link per other zone to that zone's quote
+    assert page.count(f"<code>{first.offer.instance_type}</code>") == 1
+    assert f"same in {len(same)} more zone" in page
+    for q in same:
+        assert f'href="/orders/new?quote={q.public_id}" aria-label="Order the same in {q.offer.zone}"' in page
+    rows = page.count('aria-label="Order at this price: quote ')
+    assert rows < len(quotes) and f"{len(quotes)} quotes in {rows} rows" in _text(page)
