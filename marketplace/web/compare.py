@@ -100,10 +100,10 @@ def comparison(ids: list[int], *, now: dt.datetime) -> tuple[list[Column], list[
               note=lambda o: o.interconnect and f"network: {o.interconnect}"),
         _numeric("vCPUs", columns, lambda o: o.vcpus, str, higher=True),
         _numeric("RAM", columns, lambda o: o.memory_gib, lambda v: f"{v.normalize():f} GiB", higher=True),
-        _numeric("Price per hour", columns, lambda o: o.price_usd, lambda v: f"${v:.4f}",
+        _numeric("Price per hour", columns, lambda o: o.price_usd, lambda v: f"${v:.4f} USD",
                  note=lambda o: "" if o.currency == "USD" else f"{o.price:.2f} {o.currency}"),
-        _numeric("Price per GPU-hour", columns, lambda o: o.price_per_gpu_hour_usd, lambda v: f"${v:.4f}"),
-        _numeric("Price per FP16 TFLOP-hour", columns, per_tflop, lambda v: f"${v:.5f}"),
+        _numeric("Price per GPU-hour", columns, lambda o: o.price_per_gpu_hour_usd, lambda v: f"${v:.4f} USD"),
+        _numeric("Price per FP16 TFLOP-hour", columns, per_tflop, lambda v: f"${v:.5f} USD"),
         _numeric("Reliability", columns, reliability, lambda v: f"{v:.1%}", higher=True, missing="no launches yet"),
         _numeric("Spot saving", columns, lambda o: savings.get(o.pk), lambda v: f"{v} % vs on-demand", higher=True),
     ]  # fmt: skip
