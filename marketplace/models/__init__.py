@@ -1,3 +1,4 @@
+from marketplace.models.billing import BookAccount, BookAccountKind, BookEntry, BookLine
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.idempotency import IdempotentResponse
 from marketplace.models.launch import (
@@ -37,6 +38,10 @@ __all__ = [
     "ApiToken",
     "Attempt",
     "AttemptOutcome",
+    "BookAccount",
+    "BookAccountKind",
+    "BookEntry",
+    "BookLine",
     "Cluster",
     "ClusterState",
     "DeliveryState",
