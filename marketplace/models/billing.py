@@ -28,7 +28,7 @@ class BookAccountKind(models.TextChoices):
     REFUNDS = "refunds", "refunded to buyers"
 
 
-class BookAccount(models.Model):  # type: ignore[django-manager-missing]  # BookLine.lines: append-only manager
+class BookAccount(models.Model):
     """One account of the book in one currency, of an organisation or of the house (``organization`` NULL)."""
 
     kind = models.CharField(max_length=24, choices=BookAccountKind.choices)
@@ -58,7 +58,7 @@ class BookAccount(models.Model):  # type: ignore[django-manager-missing]  # Book
         return f"{self.kind}/{owner}/{self.currency}"
 
 
-class BookEntry(AppendOnlyModel):  # type: ignore[django-manager-missing]  # BookLine.lines: append-only manager
+class BookEntry(AppendOnlyModel):
     """One balanced movement of money; ``key`` makes posting it idempotent (a webhook's event id, an order's)."""
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
