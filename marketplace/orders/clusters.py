@@ -25,7 +25,6 @@ are deleted by ``cluster_placement_groups_release``, see its docstring.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -43,8 +42,7 @@ from django.utils import timezone
 
 from ledger.services import ledger_append
 from marketplace.catalog.selectors import offer_book
-from marketplace.launch.config import LaunchChoice, launch_configuration_create
-from marketplace.launch.leases import launch_problems_for
+from marketplace.launch.config import LaunchChoice
 from marketplace.matching import Demand, Exclusion, OfferView, rank
 from marketplace.models import (
     Cluster,
@@ -65,6 +63,7 @@ from marketplace.orders.services import (
     TransitionRefused,
     _offer_on_sale,
     _quoted_offer,
+    launch_config_for,
     order_terminate,
 )
 from marketplace.webhooks.services import order_event_emit
@@ -221,18 +220,14 @@ def cluster_place(
         with transaction.atomic():
             locked = Organization.objects.select_for_update().get(pk=organization.pk)
             budget_check(locked, adding_per_hour=price * nodes, now=now)
-            if request.launch is None and quote is not None and quote.launch_config is not None:
-                config = quote.launch_config
-            else:
-                choice = request.launch or LaunchChoice()
-                if choice.caller_address is None:
-                    choice = dataclasses.replace(choice, caller_address=request.caller_address)
-                config = launch_configuration_create(organization=organization, user=user, choice=choice)
-            problems = launch_problems_for(offer=offer, config=config)
-            if problems:
-                from marketplace.launch.config import LaunchConfigInvalid
-
-                raise LaunchConfigInvalid({p.field: p.message for p in problems})
+            config = launch_config_for(
+                organization=organization,
+                user=user,
+                offer=offer,
+                quote=quote,
+                launch=request.launch,
+                caller_address=request.caller_address,
+            )
             cluster = Cluster.objects.create(
                 organization=organization,
                 created_by=user,

@@ -23,7 +23,16 @@ from ledger.services import ledger_append
 from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.launch.leases import launch_problems_for
 from marketplace.matching import Amount
-from marketplace.models import InvoiceLine, Offer, OfferStatus, Order, OrderState, Organization, Quote
+from marketplace.models import (
+    InvoiceLine,
+    LaunchConfiguration,
+    Offer,
+    OfferStatus,
+    Order,
+    OrderState,
+    Organization,
+    Quote,
+)
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
 from marketplace.orders.reservations import reservations_release_for_order
 from marketplace.webhooks.services import order_event_emit
@@ -229,16 +238,14 @@ def order_place(
             # The organisation's row is the lock that makes the budget check and the insert one step.
             locked = Organization.objects.select_for_update().get(pk=organization.pk)
             warnings = budget_check(locked, adding_per_hour=price, now=now)
-            if request.launch is None and quote is not None and quote.launch_config is not None:
-                config = quote.launch_config
-            else:
-                choice = request.launch or LaunchChoice()
-                if choice.caller_address is None:
-                    choice = dataclasses.replace(choice, caller_address=request.caller_address)
-                config = launch_configuration_create(organization=organization, user=user, choice=choice)
-            problems = launch_problems_for(offer=offer, config=config)
-            if problems:
-                raise LaunchConfigInvalid({p.field: p.message for p in problems})
+            config = launch_config_for(
+                organization=organization,
+                user=user,
+                offer=offer,
+                quote=quote,
+                launch=request.launch,
+                caller_address=request.caller_address,
+            )
             spend_cap = config.spec.get("spend_cap_usd")
             order = Order.objects.create(
                 launch_config=config,
@@ -292,6 +299,31 @@ def order_place(
         existing = Order.objects.get(organization=organization, idempotency_key=idempotency_key)
         return _replay(existing, fingerprint)
     return PlaceResult(order=order, created=True, warnings=tuple(warnings))
+
+
+def launch_config_for(
+    *,
+    organization: Organization,
+    user: AbstractBaseUser,
+    offer: Offer,
+    quote: Quote | None,
+    launch: LaunchChoice | None,
+    caller_address: str | None,
+) -> LaunchConfiguration:
+    """What a placement launches: ``launch`` (stored now), else the quote's configuration, else the defaults, with
+    SSH open to ``caller_address``. ``LaunchConfigInvalid`` when it is wrong or ``offer``'s provider would refuse
+    it (its documented limits). Runs inside the placement's transaction."""
+    if launch is None and quote is not None and quote.launch_config is not None:
+        config = quote.launch_config
+    else:
+        choice = launch or LaunchChoice()
+        if choice.caller_address is None:
+            choice = dataclasses.replace(choice, caller_address=caller_address)
+        config = launch_configuration_create(organization=organization, user=user, choice=choice)
+    problems = launch_problems_for(offer=offer, config=config)
+    if problems:
+        raise LaunchConfigInvalid({p.field: p.message for p in problems})
+    return config
 
 
 def _offer_on_sale(offer_id: int | None) -> Offer:
