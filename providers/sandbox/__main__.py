@@ -25,6 +25,7 @@ SANDBOXES: dict[str, str] = {
     "tencent": "providers.sandbox.tencent:TencentSandbox",
     "alibaba": "providers.sandbox.alibaba:AlibabaSandbox",
     "gcp": "providers.sandbox.gcp:GcpSandbox",
+    "stripe": "providers.sandbox.stripe_api:StripeSandbox",
 }
 
 

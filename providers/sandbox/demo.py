@@ -112,12 +112,24 @@ def start_all(kinds: list[str] | None = None) -> dict[str, Any]:
 
 
 def write_manifest(path: Path, sandboxes: dict[str, Any]) -> None:
-    """Record how to reach each running sandbox, for a process that did not start them."""
-    manifest = {kind: asdict(SANDBOX_ACCOUNTS[kind](sandbox)) for kind, sandbox in sandboxes.items()}
+    """Record how to reach each running sandbox, for a process that did not start them: each cloud's demo
+    account, and other services (the Stripe sandbox) under ``_services`` with their URL."""
+    manifest: dict[str, Any] = {
+        kind: asdict(SANDBOX_ACCOUNTS[kind](sandbox)) for kind, sandbox in sandboxes.items() if kind in SANDBOX_ACCOUNTS
+    }
+    manifest["_services"] = {kind: sandbox.url for kind, sandbox in sandboxes.items() if kind not in SANDBOX_ACCOUNTS}
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(manifest, indent=2))
     partial.replace(path)  # atomic: a reader never sees half a file
 
 
 def read_manifest(path: Path) -> list[SandboxAccount]:
-    return [SandboxAccount(**entry) for entry in json.loads(path.read_text()).values()]
+    """The cloud accounts of a manifest (``write_manifest``)."""
+    return [SandboxAccount(**entry) for kind, entry in json.loads(path.read_text()).items() if kind != "_services"]
+
+
+def manifest_service_url(path: Path, kind: str) -> str | None:
+    """The URL of a non-cloud sandbox (``"stripe"``) in a manifest, None when it was not served."""
+    services = json.loads(path.read_text()).get("_services", {})
+    url = services.get(kind) if isinstance(services, dict) else None
+    return url if isinstance(url, str) else None
