@@ -7,15 +7,20 @@ from django.template.response import TemplateResponse
 
 from marketplace.models import (
     Attempt,
+    BookEntry,
     GpuModel,
     Instance,
+    Invoice,
     Membership,
     Offer,
     Order,
     Organization,
+    Payout,
     ProviderProfile,
     ProviderState,
     QuarantinedOffer,
+    StripeEvent,
+    TopUp,
 )
 from marketplace.portal.services import PortalError, provider_state_change
 
@@ -100,3 +105,44 @@ class ProviderProfileAdmin(admin.ModelAdmin):
 
 
 admin.site.register([GpuModel, QuarantinedOffer, Attempt, Instance, Organization, Membership])
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Money records change through their services only (marketplace/billing): staff read them here."""
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(TopUp)
+class TopUpAdmin(_ReadOnlyAdmin):
+    list_display = ["public_id", "organization", "amount_minor", "currency", "state", "automatic", "created_at"]
+    list_filter = ["state", "automatic"]
+
+
+@admin.register(Payout)
+class PayoutAdmin(_ReadOnlyAdmin):
+    list_display = ["public_id", "organization", "amount_minor", "currency", "state", "failure_code", "created_at"]
+    list_filter = ["state"]
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(_ReadOnlyAdmin):
+    list_display = ["number", "organization", "month", "currency", "total_minor", "issued_at"]
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(_ReadOnlyAdmin):
+    list_display = ["event_id", "type", "account", "received_at", "outcome"]
+
+
+@admin.register(BookEntry)
+class BookEntryAdmin(_ReadOnlyAdmin):
+    list_display = ["public_id", "kind", "key", "memo", "created_at"]
+    list_filter = ["kind"]

@@ -60,6 +60,24 @@ def _ledger_wipe_after_transactional_tests(request):
     ledger_allow_wipe(True)
 
 
+@pytest.fixture(autouse=True)
+def _book_balances_after_test(request):
+    """Issue 22: after every test that used the database, the double-entry book sums to zero in each currency
+    (every entry balanced), whatever the test did to money."""
+    uses_db = request.node.get_closest_marker("django_db") is not None or any(
+        name in request.fixturenames for name in ("db", "transactional_db", "django_db_reset_sequences")
+    )
+    if not uses_db:
+        yield
+        return
+    request.getfixturevalue("_django_db_helper")  # set up first, so the database is still there at teardown
+    yield
+    from marketplace.billing.book import book_check
+
+    unbalanced = {currency: total for currency, total in book_check().items() if total}
+    assert not unbalanced, f"the book does not balance after this test: {unbalanced} (minor units)"
+
+
 @pytest.fixture
 def migrate_to(transactional_db):
     """``migrate_to([(app, migration)])`` takes the test database back to that state and returns its historical
@@ -298,3 +316,25 @@ def held_hosts(fleet):
     assert offers_sync(account_id=fleet.pk).ok
     yield agents
     stop_hosts(agents)
+
+
+@pytest.fixture(scope="session")
+def _stripe_server():
+    """One Stripe sandbox for the session (providers/sandbox/stripe_api.py); each test resets it."""
+    from providers.sandbox.stripe_api import start_stripe_sandbox
+
+    server = start_stripe_sandbox()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stripe_sandbox(_stripe_server, settings):
+    """The Stripe sandbox, reset, with the broker's settings pointing the real SDK at it."""
+    _stripe_server.reset()
+    settings.STRIPE_API_BASE = _stripe_server.url
+    settings.STRIPE_API_KEY = "sk_test_sandbox"
+    settings.STRIPE_WEBHOOK_SECRET = _stripe_server.set_webhook_endpoint(secret="whsec_test_broker")
+    settings.STRIPE_TIMEOUT_SECONDS = 5.0
+    yield _stripe_server
+    _stripe_server.reset()

@@ -31,6 +31,9 @@ class OrganizationFactory(factory.django.DjangoModelFactory):
 
     name = factory.Sequence(lambda n: f"Org {n}")
     kind = OrganizationKind.BUYER
+    # Most tests are about what orders do, not how they are paid: invoiced terms let them order without a
+    # top-up. The payment tests (tests/marketplace/test_prepaid*.py) make prepaid organisations, as sign-up does.
+    payment_terms = "invoiced"
 
 
 class MembershipFactory(factory.django.DjangoModelFactory):

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ledger.checkpoints import ProofUnavailable
+from marketplace.billing.credit import PaymentRequired
 from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.services import (
@@ -52,6 +53,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return error_response(exc.code, "the launch configuration has invalid fields", 400, fields)
     if isinstance(exc, ProofUnavailable):
         return error_response("proof_unavailable", str(exc), status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, PaymentRequired):
+        response = error_response(exc.code, str(exc), status.HTTP_402_PAYMENT_REQUIRED)
+        response.data["error"].update(
+            currency="USD",
+            needed=f"{exc.needed_minor / 100:.2f}",
+            available=f"{exc.available_minor / 100:.2f}",
+            add=f"{exc.shortfall_minor / 100:.2f}",
+            top_up="/api/v1/billing/topups",
+        )
+        return response
     if isinstance(exc, OrderError):
         return error_response(exc.code, str(exc), _STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST))
     response = drf_exception_handler(exc, context)

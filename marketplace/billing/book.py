@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ledger.canonical import canonical_bytes, sha256_hex
 from ledger.services import ledger_append
-from marketplace.models import BookAccount, BookEntry, BookLine, Organization
+from marketplace.models import BookAccount, BookAccountKind, BookEntry, BookLine, Order, Organization
 
 # Ten trillion minor units (a hundred billion dollars): above any real movement, far inside a 64-bit column.
 MAX_MINOR = 10**13
@@ -47,7 +47,13 @@ def book_account(*, kind: str, currency: str, organization: Organization | None 
 
 
 def book_post(
-    *, kind: str, key: str, lines: Sequence[Line], memo: str = "", now: dt.datetime | None = None
+    *,
+    kind: str,
+    key: str,
+    lines: Sequence[Line],
+    memo: str = "",
+    now: dt.datetime | None = None,
+    order: Order | None = None,
 ) -> BookEntry:
     """Post one entry. ``key`` makes it idempotent: posting the same key again returns the first entry (and
     refuses different lines under it). Raises ``BookError`` naming what is wrong (fewer than two lines, an
@@ -78,7 +84,7 @@ def book_post(
     digest = _lines_digest(lines)
     try:
         with transaction.atomic():
-            entry = BookEntry.objects.create(kind=kind, key=key, memo=memo[:255], created_at=now)
+            entry = BookEntry.objects.create(kind=kind, key=key, memo=memo[:255], created_at=now, order=order)
             BookLine.objects.bulk_create(
                 [BookLine(entry=entry, account=line.account, amount_minor=line.amount_minor) for line in lines]
             )
@@ -110,6 +116,22 @@ def _same(entry: BookEntry, lines: Sequence[Line]) -> BookEntry:
 def book_balance(account: BookAccount) -> int:
     """The account's balance in minor units: the sum of its lines (debits positive)."""
     return int(BookLine.objects.filter(account=account).aggregate(total=Sum("amount_minor"))["total"] or 0)
+
+
+def book_account_balance(*, kind: str, currency: str, organization: Organization | None = None) -> int:
+    """``book_balance`` of the account, 0 when it was never used (without making it)."""
+    return int(
+        BookLine.objects.filter(
+            account__kind=kind, account__currency=currency, account__organization=organization
+        ).aggregate(total=Sum("amount_minor"))["total"]
+        or 0
+    )
+
+
+def credit_available(organization: Organization, currency: str = "USD") -> int:
+    """The organisation's prepaid credit not held by running orders, in minor units (the buyer-credit account
+    is a liability: credits make it negative, so what the buyer has is its negation)."""
+    return -book_account_balance(kind=BookAccountKind.BUYER_CREDIT, currency=currency, organization=organization)
 
 
 def book_check() -> dict[str, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 from ledger.models import AppendOnlyModel
@@ -26,6 +27,8 @@ class BookAccountKind(models.TextChoices):
     PROVIDER_PAYABLE = "provider_payable", "owed to a provider"
     PAYOUTS = "payouts", "paid out to providers"
     REFUNDS = "refunds", "refunded to buyers"
+    TAX_PAYABLE = "tax_payable", "tax collected, owed to tax authorities"
+    GRANTS = "grants", "credit granted by the marketplace"
 
 
 class BookAccount(models.Model):
@@ -66,6 +69,10 @@ class BookEntry(AppendOnlyModel):
     memo = models.CharField(max_length=255, blank=True, default="")
     key = models.CharField(max_length=128, unique=True)
     created_at = models.DateTimeField()
+    # The order an entry is about (its holds, its charge), so an order's hold is the sum of its entries' lines.
+    order = models.ForeignKey(
+        "marketplace.Order", null=True, blank=True, on_delete=models.PROTECT, related_name="book_entries"
+    )
 
     def __str__(self) -> str:
         return f"book entry {self.public_id} ({self.kind})"
@@ -81,3 +88,160 @@ class BookLine(AppendOnlyModel):
     class Meta:
         constraints = [models.CheckConstraint(condition=~models.Q(amount_minor=0), name="book_line_not_zero")]
         indexes = [models.Index(fields=["account"], name="book_line_account")]
+
+
+class PaymentTerms(models.TextChoices):
+    """How an organisation pays: prepaid credit (every sign-up), or invoiced monthly (staff grant it)."""
+
+    PREPAID = "prepaid", "prepaid credit"
+    INVOICED = "invoiced", "invoiced monthly"
+
+
+class BillingProfile(models.Model):
+    """An organisation's payment details: its Stripe customer, saved card, country (for tax) and auto top-up."""
+
+    organization = models.OneToOneField(Organization, on_delete=models.CASCADE, related_name="billing_profile")
+    stripe_customer = models.CharField(max_length=64, blank=True, default="")
+    payment_method = models.CharField(max_length=64, blank=True, default="", help_text="saved card (Stripe id)")
+    country = models.CharField(max_length=2, blank=True, default="", help_text="ISO 3166-1 alpha-2, for tax")
+    tax_id = models.CharField(max_length=32, blank=True, default="")
+    auto_topup_below_minor = models.BigIntegerField(null=True, blank=True)
+    auto_topup_amount_minor = models.BigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"billing profile of organization {self.organization_id}"
+
+
+class TopUpState(models.TextChoices):
+    PENDING = "pending", "waiting for the card"
+    REQUIRES_ACTION = "requires_action", "waiting for the card holder (3-D Secure)"
+    SUCCEEDED = "succeeded", "credited"
+    FAILED = "failed", "failed"
+
+
+class TopUp(models.Model):
+    """One card payment into prepaid credit. The row is committed before Stripe is called, so a webhook that
+    arrives before the call's answer finds it (by ``public_id`` in the PaymentIntent's metadata)."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="topups")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    amount_minor = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    automatic = models.BooleanField(default=False)
+    idempotency_key = models.CharField(max_length=128)
+    payment_intent = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    state = models.CharField(max_length=16, choices=TopUpState.choices, default=TopUpState.PENDING)
+    next_action_url = models.URLField(max_length=500, blank=True, default="")
+    failure = models.CharField(max_length=255, blank=True, default="")
+    refunded_minor = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "idempotency_key"], name="topup_idempotency"),
+            models.CheckConstraint(condition=models.Q(amount_minor__gt=0), name="topup_amount_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"top-up {self.public_id} ({self.state})"
+
+
+class StripeEvent(models.Model):
+    """A webhook event taken in: its id is unique, so a replayed event is recognised and changes nothing."""
+
+    event_id = models.CharField(max_length=64, unique=True)
+    type = models.CharField(max_length=64)
+    account = models.CharField(max_length=64, blank=True, default="")
+    received_at = models.DateTimeField(auto_now_add=True)
+    outcome = models.CharField(max_length=255, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.event_id} ({self.type})"
+
+
+class ConnectAccount(models.Model):
+    """A provider organisation's Stripe Connect account, where its payouts go."""
+
+    organization = models.OneToOneField(Organization, on_delete=models.PROTECT, related_name="connect_account")
+    stripe_account = models.CharField(max_length=64, unique=True)
+    country = models.CharField(max_length=2)
+    payouts_enabled = models.BooleanField(default=False)
+    details_submitted = models.BooleanField(default=False)
+    requirements_due = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.stripe_account} (organization {self.organization_id})"
+
+
+class PayoutState(models.TextChoices):
+    CREATED = "created", "created"
+    IN_TRANSIT = "in_transit", "on its way to the bank"
+    PAID = "paid", "paid"
+    FAILED = "failed", "failed (the money is payable again)"
+
+
+class Payout(models.Model):
+    """Payables paid to a provider: a Stripe transfer to its Connect account, then a payout to its bank."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="payouts")
+    amount_minor = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    stripe_transfer = models.CharField(max_length=64, blank=True, default="")
+    stripe_payout = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    state = models.CharField(max_length=16, choices=PayoutState.choices, default=PayoutState.CREATED)
+    failure_code = models.CharField(max_length=64, blank=True, default="")
+    failure_message = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(amount_minor__gt=0), name="payout_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"payout {self.public_id} ({self.state})"
+
+
+class Invoice(models.Model):
+    """A month's invoice for an organisation, issued once and never changed; its lines are kept as issued and
+    its hash is ledgered."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="invoices")
+    number = models.CharField(max_length=32, unique=True)
+    month = models.CharField(max_length=7, help_text="YYYY-MM (UTC)")
+    currency = models.CharField(max_length=3)
+    subtotal_minor = models.BigIntegerField()
+    tax_minor = models.BigIntegerField()
+    total_minor = models.BigIntegerField()
+    lines = models.JSONField()
+    tax_lines = models.JSONField(default=list)
+    issued_at = models.DateTimeField()
+    sha256 = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "month", "currency"], name="invoice_one_per_month")
+        ]
+
+    def __str__(self) -> str:
+        return f"invoice {self.number}"
+
+
+class EmailVerification(models.Model):
+    """An address a person has proved they read: the first top-up waits for one."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="email_verifications")
+    email = models.EmailField()
+    verified_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "email"], name="email_verified_once")]
+
+    def __str__(self) -> str:
+        return f"verified address of user {self.user_id}"

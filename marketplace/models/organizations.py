@@ -38,6 +38,10 @@ class Organization(models.Model):
     # ``budget_monthly``; placing an order warns from ``BUDGET_WARN_SHARE`` of either.
     budget_per_hour = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     budget_monthly = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    # Prepaid: orders hold credit before they launch. Invoiced (granted by staff): usage is billed monthly.
+    payment_terms = models.CharField(
+        max_length=8, choices=[("prepaid", "prepaid credit"), ("invoiced", "invoiced monthly")], default="prepaid"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ class TokenScope(models.TextChoices):
     LEDGER_READ = "ledger:read", "read ledger receipts"
     WEBHOOKS_MANAGE = "webhooks:manage", "create, list and delete webhooks and read their deliveries"
     KEYS_MANAGE = "keys:manage", "add, list and remove SSH keys; save launch templates"
+    BILLING_MANAGE = "billing:manage", "read credit, top-ups and invoices; top up credit"
 
 
 class ApiToken(models.Model):

@@ -20,6 +20,7 @@ class WebhookEventType(models.TextChoices):
     ORDER_FAILED = "order.failed", "order failed"
     ORDER_CANCELLED = "order.cancelled", "order cancelled"
     ORDER_PREEMPTION_NOTICE = "order.preemption_notice", "order outbid: its machine is taken at the notice's end"
+    ORDER_CREDIT_LOW = "order.credit_low", "prepaid credit running out: the order stops when its hold is used"
     INSTANCE_LAUNCHED = "instance.launched", "instance launched"
     INSTANCE_RUNNING = "instance.running", "instance running"
     INSTANCE_READY = "instance.ready", "instance ready: GPUs checked, workload started, SSH answering"

@@ -52,6 +52,7 @@ from marketplace.models import (
     Order,
     OrderState,
     Organization,
+    PaymentTerms,
     Quote,
 )
 from marketplace.orders.blocks import provider_blocks
@@ -284,6 +285,8 @@ def _round_start(cluster: Cluster, offer: Offer, price: Decimal, now: dt.datetim
     node_cap = None if spend_cap is None else (Decimal(spend_cap) / cluster.nodes).quantize(Decimal("0.01"))
     from marketplace.tasks import order_provision_task
 
+    # The organisation's row lock makes the nodes' holds and a concurrent order's one step.
+    organization = Organization.objects.select_for_update().get(pk=cluster.organization_id)
     for node in range(1, cluster.nodes + 1):
         order = Order.objects.create(
             launch_config=config,
@@ -305,6 +308,10 @@ def _round_start(cluster: Cluster, offer: Offer, price: Decimal, now: dt.datetim
             cluster_round=cluster.round,
             cluster_node=node,
         )
+        if organization.payment_terms == PaymentTerms.PREPAID:
+            from marketplace.billing.credit import order_hold_place
+
+            order_hold_place(order, organization, now=now)  # each node holds its own hour
         ledger_append(
             kind="order.placed",
             subject=f"order:{order.public_id}",
@@ -437,10 +444,18 @@ def _round_failed(cluster: Cluster, members: list[Order], failed: Order, now: dt
     offer, price = following
     if cluster.state == ClusterState.RUNNING:
         _transition(cluster, ClusterState.PROVISIONING, f"{why}; the whole group is provisioned again")
-    cluster.round += 1
-    cluster.offer = offer
-    Cluster.objects.filter(pk=cluster.pk).update(round=cluster.round, offer=offer, state_reason=why)
-    _round_start(cluster, offer, price, now)
+    from marketplace.billing.credit import PaymentRequired
+
+    try:
+        with transaction.atomic():
+            cluster.round += 1
+            cluster.offer = offer
+            Cluster.objects.filter(pk=cluster.pk).update(round=cluster.round, offer=offer, state_reason=why)
+            _round_start(cluster, offer, price, now)
+    except PaymentRequired as exc:
+        cluster.round -= 1
+        _transition(cluster, ClusterState.FAILED, f"{why}; the next offer was not tried: {exc}")
+        return "failed"
     return "failed-over"
 
 

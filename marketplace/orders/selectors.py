@@ -41,11 +41,12 @@ class BuyerPermission(enum.Enum):
     WEBHOOKS = "webhooks"  # everything about webhooks, their deliveries included
     BUDGETS = "budgets"  # change the spending limits
     TEAM = "team"  # invite, revoke invitations, change roles, remove members
+    PAY = "pay"  # top up credit, set the card, the billing country and the auto top-up
 
 
 BUYER_ROLE_PERMISSIONS: dict[str, frozenset[BuyerPermission]] = {
     Role.OWNER: frozenset(BuyerPermission),
-    Role.MEMBER: frozenset(BuyerPermission) - {BuyerPermission.BUDGETS, BuyerPermission.TEAM},
+    Role.MEMBER: frozenset(BuyerPermission) - {BuyerPermission.BUDGETS, BuyerPermission.TEAM, BuyerPermission.PAY},
     Role.VIEWER: frozenset({BuyerPermission.READ}),
 }
 

@@ -31,6 +31,7 @@ from marketplace.models import (
     Order,
     OrderState,
     Organization,
+    PaymentTerms,
     Quote,
 )
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
@@ -106,8 +107,11 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
             raise TransitionRefused(f"order {order.public_id} is no longer {current}")
         line = None
         if to in Order.FINAL_STATES:
+            from marketplace.billing.credit import order_settle
+
             line = _invoice_line(order, now)
             reservations_release_for_order(order_id=order.pk)
+            order_settle(order, line, now=now)  # its hold released, its cost charged, in this transaction
         if line is not None:
             ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
         _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
@@ -284,6 +288,11 @@ def order_place(
                 spend_cap_usd=spend_cap,
                 launch_sha256=config.sha256,
             )
+            if locked.payment_terms == PaymentTerms.PREPAID:
+                from marketplace.billing.credit import order_hold_place
+
+                # Before anything launches; PaymentRequired rolls the order back with the rest.
+                order_hold_place(order, locked, now=now)
             order_event_emit(order=order, previous=None, now=now)
             from marketplace.tasks import order_provision_task
 

@@ -27,3 +27,16 @@ def usd(value: Any, places: int = 2) -> str:
     if not amount.is_finite():
         return str(value)
     return f"${amount:,.{int(places)}f} USD"
+
+
+@register.filter
+def cents_usd(value: Any) -> str:
+    """Minor units (cents) as money, "$12.34 USD"; negative amounts keep their sign."""
+    if value is None or value == "":
+        return ""
+    try:
+        cents = int(value)
+    except (TypeError, ValueError):
+        return str(value)
+    sign = "-" if cents < 0 else ""
+    return f"{sign}${abs(cents) / 100:,.2f} USD"

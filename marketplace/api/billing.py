@@ -1,0 +1,257 @@
+"""The billing API: prepaid credit and its holds, card top-ups, billing details, and Stripe's webhook."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace.api import idempotency, pagination
+from marketplace.api.errors import error_response
+from marketplace.api.tokens import request_organization
+from marketplace.billing.book import book_account_balance, credit_available
+from marketplace.billing.credit import CURRENCY
+from marketplace.billing.payments import (
+    MAX_TOPUP_MINOR,
+    MIN_TOPUP_MINOR,
+    TopUpRefused,
+    TopUpRequest,
+    billing_profile,
+    email_verified,
+    stripe_event_receive,
+    topup_refresh,
+    topup_start,
+)
+from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable, WebhookRejected
+from marketplace.models import BookAccountKind, Organization
+from marketplace.models.billing import TopUp, TopUpState
+from marketplace.orders.selectors import BuyerPermission
+
+OBJECT = OpenApiTypes.OBJECT
+ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
+_SCOPES_READ = ("billing:manage",)
+_MIN, _MAX = Decimal(MIN_TOPUP_MINOR) / 100, Decimal(MAX_TOPUP_MINOR) / 100
+# Stripe's events are a few KB; anything much larger is not one.
+WEBHOOK_MAX_BYTES = 256 * 1024
+
+
+def _cents(minor: int) -> str:
+    return f"{minor / 100:.2f}"
+
+
+def billing_body(organization: Organization, user: Any) -> dict[str, Any]:
+    profile = billing_profile(organization)
+    held = -book_account_balance(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
+    return {
+        "currency": CURRENCY,
+        "payment_terms": organization.payment_terms,
+        "credit_available": _cents(credit_available(organization, CURRENCY)),
+        "held_for_running_orders": _cents(held),
+        "country": profile.country or None,
+        "tax_id": profile.tax_id or None,
+        "payment_method": profile.payment_method or None,
+        "auto_topup": None
+        if profile.auto_topup_below_minor is None
+        else {"below": _cents(profile.auto_topup_below_minor), "amount": _cents(profile.auto_topup_amount_minor or 0)},
+        "email_verified": email_verified(user) if getattr(user, "is_authenticated", False) else None,
+        "top_up": {"min": _cents(MIN_TOPUP_MINOR), "max": _cents(MAX_TOPUP_MINOR)},
+    }
+
+
+def topup_body(topup: TopUp) -> dict[str, Any]:
+    return {
+        "id": str(topup.public_id),
+        "amount": _cents(topup.amount_minor),
+        "currency": topup.currency,
+        "state": topup.state,
+        "automatic": topup.automatic,
+        "next_action_url": topup.next_action_url or None,
+        "failure": topup.failure or None,
+        "refunded": _cents(topup.refunded_minor),
+        "created_at": topup.created_at.isoformat(),
+    }
+
+
+class _Money(serializers.DecimalField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_digits=10, decimal_places=2, **kwargs)
+
+
+class TopUpInput(serializers.Serializer):
+    amount = _Money(min_value=_MIN, max_value=_MAX)
+    payment_method = serializers.RegexField(r"^pm_[A-Za-z0-9_]{1,60}$", required=False)
+    save_payment_method = serializers.BooleanField(required=False, default=False)
+    return_url = serializers.URLField(required=False, max_length=400)
+
+
+class ProfileInput(serializers.Serializer):
+    country = serializers.RegexField(r"^[A-Z]{2}$", required=False)
+    tax_id = serializers.CharField(required=False, allow_blank=True, max_length=32)
+    auto_topup_below = _Money(required=False, allow_null=True, min_value=Decimal(0), max_value=_MAX)
+    auto_topup_amount = _Money(required=False, allow_null=True, min_value=_MIN, max_value=_MAX)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        below, amount = attrs.get("auto_topup_below"), attrs.get("auto_topup_amount")
+        if ("auto_topup_below" in attrs) != ("auto_topup_amount" in attrs) or (below is None) != (amount is None):
+            raise serializers.ValidationError("give auto_topup_below and auto_topup_amount together (null: off)")
+        return attrs
+
+
+class BillingApi(APIView):
+    """GET /api/v1/billing: credit, holds and billing details; PUT sets the country, tax id and auto top-up."""
+
+    required_scopes = {"GET": _SCOPES_READ}  # changing them needs an owner's session, never a token
+
+    @extend_schema(responses={200: OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(billing_body(request_organization(request), request.user))
+
+    @extend_schema(request=ProfileInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
+    def put(self, request: Request) -> Response:
+        organization = request_organization(request, BuyerPermission.PAY)
+        body = ProfileInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        profile = billing_profile(organization)
+        if "country" in data:
+            profile.country = data["country"]
+        if "tax_id" in data:
+            profile.tax_id = data["tax_id"].strip()
+        if "auto_topup_below" in data:
+            below, amount = data["auto_topup_below"], data["auto_topup_amount"]
+            profile.auto_topup_below_minor = None if below is None else int(below * 100)
+            profile.auto_topup_amount_minor = None if amount is None else int(amount * 100)
+            if below is not None and not profile.payment_method:
+                return error_response(
+                    "payment_method_required", "auto top-up charges a saved card: save one with a top-up first", 400
+                )
+        profile.save()
+        return Response(billing_body(organization, request.user))
+
+
+class TopUpListCreateApi(APIView):
+    """GET lists the organisation's top-ups; POST charges a card into its credit (``Idempotency-Key`` needed)."""
+
+    required_scopes = {"GET": _SCOPES_READ, "POST": _SCOPES_READ}
+
+    @extend_schema(operation_id="topups_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
+    def get(self, request: Request) -> Response:
+        organization = request_organization(request)
+        rows = TopUp.objects.filter(organization=organization).order_by("-id")
+        page = pagination.paginate(
+            request, rows, keys=[pagination.Key("id", descending=True)], tag=pagination.listing_tag("topups")
+        )
+        return Response(page.body(request, [topup_body(t) for t in page.rows]))
+
+    @extend_schema(
+        request=TopUpInput,
+        parameters=[idempotency.PARAMETER],
+        responses={200: OBJECT, 201: OBJECT, 202: OBJECT, 400: ERROR, 402: ERROR, 403: ERROR, 503: ERROR},
+    )
+    def post(self, request: Request) -> Response:
+        organization = request_organization(request, BuyerPermission.PAY)
+        key = idempotency.idempotency_key(request)
+        if not key:
+            return error_response("idempotency_key_required", "send an Idempotency-Key header with a top-up", 400)
+        body = TopUpInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        profile = billing_profile(organization)
+        method = data.get("payment_method") or profile.payment_method
+        if not method:
+            return error_response("payment_method_required", "give a payment_method (no card is saved)", 400)
+        existed = TopUp.objects.filter(organization=organization, idempotency_key=key).exists()
+        try:
+            topup = topup_start(
+                organization=organization,
+                user=request.user,
+                request=TopUpRequest(
+                    amount_minor=int(data["amount"] * 100),
+                    payment_method=method,
+                    return_url=data.get("return_url") or request.build_absolute_uri("/billing/"),
+                    idempotency_key=key,
+                ),
+            )
+        except TopUpRefused as exc:
+            declined = exc.code not in {
+                "email_unverified",
+                "country_required",
+                "invalid_amount",
+                "invalid_payment_method",
+                "idempotency_conflict",
+            }
+            http = 402 if declined else (409 if exc.code == "idempotency_conflict" else 400)
+            return error_response(exc.code, str(exc), http)
+        except PaymentError as exc:
+            return error_response(exc.code or "payment_error", exc.message, 502)
+        if data["save_payment_method"] and topup.state == TopUpState.SUCCEEDED:
+            type(profile).objects.filter(pk=profile.pk).update(payment_method=method)
+        if topup.state == TopUpState.PENDING:
+            response = error_response(
+                "payment_unavailable", topup.failure or "the payment platform did not answer: retry with this key", 503
+            )
+            response["Retry-After"] = "5"
+            return response
+        code = status.HTTP_202_ACCEPTED if topup.state == TopUpState.REQUIRES_ACTION else status.HTTP_201_CREATED
+        response = Response(topup_body(topup), status=200 if existed else code)
+        if existed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class TopUpDetailApi(APIView):
+    """GET /api/v1/billing/topups/<id>: one top-up, read back from Stripe while it waits for the card holder."""
+
+    required_scopes = {"GET": _SCOPES_READ}
+
+    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    def get(self, request: Request, topup_id: str) -> Response:
+        organization = request_organization(request)
+        topup = TopUp.objects.filter(organization=organization, public_id=_uuid(topup_id)).first()
+        if topup is None:
+            raise NotFound("no such top-up")
+        if topup.state in (TopUpState.REQUIRES_ACTION, TopUpState.PENDING):
+            try:
+                topup = topup_refresh(topup)
+            except PaymentUnavailable:
+                pass  # shown as it was; the webhook settles it
+        return Response(topup_body(topup))
+
+
+def _uuid(raw: str) -> str | None:
+    import uuid
+
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError:
+        return None
+
+
+class StripeWebhookApi(APIView):
+    """POST /api/v1/stripe/webhook: Stripe's events, verified by their signature (no session, no token)."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+    throttle_classes: list[type] = []
+
+    @extend_schema(exclude=True)
+    def post(self, request: Request) -> Response:
+        raw = request._request.body  # the exact bytes: the signature is over them
+        if len(raw) > WEBHOOK_MAX_BYTES:
+            return error_response("too_large", f"an event is at most {WEBHOOK_MAX_BYTES} bytes", 413)
+        try:
+            outcome = stripe_event_receive(raw, request.headers.get("Stripe-Signature", ""))
+        except WebhookRejected as exc:
+            return error_response("signature_invalid", str(exc), 400)
+        except PaymentUnavailable as exc:
+            # Stripe retries a failed delivery: nothing was recorded, so the retry applies it.
+            return error_response("unavailable", f"could not read the payment back: {exc.message}", 503)
+        return Response({"received": True, "outcome": outcome})

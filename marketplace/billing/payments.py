@@ -1,0 +1,403 @@
+"""Money in: card top-ups into prepaid credit (Stripe PaymentIntents), refunds, and Stripe's webhook events.
+
+A top-up is stored (committed) before Stripe is called, keyed by the buyer's Idempotency-Key, and the
+PaymentIntent is created with an idempotency key derived from it, so a retry after a lost answer never charges
+twice. Whatever tells us first that a PaymentIntent succeeded, the call's answer, the 3-D Secure return or the
+webhook, credits the book under one key per PaymentIntent, so it is credited once. Webhook events are verified
+by signature and taken once by event id; a payment event is applied from the PaymentIntent as Stripe has it now
+(read back), so events arriving in any order cannot undo a success.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+
+from marketplace.billing.book import BookError, Line, book_account, book_post, credit_available
+from marketplace.billing.credit import CURRENCY, money
+from marketplace.billing.stripe_gateway import (
+    EventView,
+    PaymentError,
+    PaymentIntentView,
+    PaymentUnavailable,
+    stripe_gateway,
+)
+from marketplace.models import BookAccountKind, BookLine, Order, Organization
+from marketplace.models.billing import BillingProfile, EmailVerification, StripeEvent, TopUp, TopUpState
+
+log = logging.getLogger(__name__)
+
+MIN_TOPUP_MINOR = 500  # $5: below it the card fee eats the top-up
+MAX_TOPUP_MINOR = 1_000_000  # $10,000 per payment; larger accounts are invoiced
+_PAYMENT_METHOD = re.compile(r"^pm_[A-Za-z0-9_]{1,60}$")
+
+
+class TopUpRefused(ValueError):
+    """A top-up not attempted, or declined; ``code`` says which (the API's error code)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class TopUpRequest:
+    amount_minor: int
+    payment_method: str
+    return_url: str
+    idempotency_key: str
+
+
+def email_verified(user: AbstractBaseUser) -> bool:
+    """Whether the user has proved they read their current address."""
+    email = getattr(user, "email", "")
+    return bool(email) and EmailVerification.objects.filter(user=user, email=email.lower()).exists()
+
+
+def billing_profile(organization: Organization) -> BillingProfile:
+    profile, _ = BillingProfile.objects.get_or_create(organization=organization)
+    return profile
+
+
+def topup_start(*, organization: Organization, user: AbstractBaseUser | None, request: TopUpRequest) -> TopUp:
+    """Charge a card into the organisation's credit. Returns the top-up as the payment left it: succeeded
+    (credited), requires_action (the card holder must pass 3-D Secure at ``next_action_url``), pending (Stripe
+    could not be reached: retry with the same key, or it is settled by its webhook). Raises ``TopUpRefused`` for
+    a request not attempted (bad amount or card, email not verified, a key reused with another body) and for a
+    declined card (the top-up is stored as failed, with the reason)."""
+    _validate(request)
+    automatic = user is None
+    if not automatic and not email_verified(user):  # type: ignore[arg-type]
+        raise TopUpRefused(
+            "email_unverified", "verify your email address before the first top-up (we sent a link; send it again)"
+        )
+    profile = billing_profile(organization)
+    if not profile.country:
+        raise TopUpRefused("country_required", "set the organisation's billing country first (it decides the tax)")
+    topup = _topup_row(organization, user, request, automatic=automatic)
+    if topup.state != TopUpState.PENDING or topup.payment_intent:
+        return topup_refresh(topup) if topup.state == TopUpState.REQUIRES_ACTION else topup
+    gateway = stripe_gateway()
+    try:
+        customer = _customer(organization, profile)
+        intent = gateway.payment_intent_create(
+            customer=customer,
+            amount_minor=topup.amount_minor,
+            currency=topup.currency,
+            payment_method=request.payment_method,
+            return_url=request.return_url,
+            idempotency_key=f"topup:{topup.public_id}",
+            metadata={"topup": str(topup.public_id), "organization": str(organization.pk)},
+            off_session=automatic,
+        )
+    except PaymentUnavailable as exc:
+        TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING).update(
+            failure=f"the payment platform did not answer ({exc.code}); retry with the same Idempotency-Key"
+        )
+        topup.refresh_from_db()
+        return topup
+    except PaymentError as exc:
+        with transaction.atomic():
+            locked = TopUp.objects.select_for_update().get(pk=topup.pk)
+            if locked.state != TopUpState.SUCCEEDED:  # a webhook may have settled it meanwhile
+                locked.state, locked.failure = TopUpState.FAILED, _decline_message(exc)
+                locked.save(update_fields=["state", "failure", "updated_at"])
+        raise TopUpRefused(exc.code or "card_error", _decline_message(exc)) from None
+    return topup_apply(topup, intent)
+
+
+def _validate(request: TopUpRequest) -> None:
+    amount = request.amount_minor
+    if type(amount) is not int or not MIN_TOPUP_MINOR <= amount <= MAX_TOPUP_MINOR:
+        raise TopUpRefused(
+            "invalid_amount", f"a top-up is between {money(MIN_TOPUP_MINOR)} and {money(MAX_TOPUP_MINOR)}"
+        )
+    if not _PAYMENT_METHOD.match(request.payment_method or ""):
+        raise TopUpRefused("invalid_payment_method", "payment_method must be a Stripe PaymentMethod id (pm_...)")
+    if not request.idempotency_key or len(request.idempotency_key) > 128:
+        raise TopUpRefused("idempotency_key_required", "a top-up needs an Idempotency-Key of 1 to 128 characters")
+
+
+def _topup_row(
+    organization: Organization, user: AbstractBaseUser | None, request: TopUpRequest, *, automatic: bool
+) -> TopUp:
+    try:
+        with transaction.atomic():
+            return TopUp.objects.create(
+                organization=organization,
+                created_by=user,
+                amount_minor=request.amount_minor,
+                currency=CURRENCY,
+                automatic=automatic,
+                idempotency_key=request.idempotency_key,
+            )
+    except IntegrityError:
+        existing = TopUp.objects.get(organization=organization, idempotency_key=request.idempotency_key)
+        if existing.amount_minor != request.amount_minor:
+            raise TopUpRefused(
+                "idempotency_conflict", "this Idempotency-Key was already used for a top-up of another amount"
+            ) from None
+        return existing
+
+
+def _customer(organization: Organization, profile: BillingProfile) -> str:
+    if profile.stripe_customer:
+        return profile.stripe_customer
+    owner = organization.memberships.filter(role="owner").select_related("user").order_by("pk").first()
+    customer = stripe_gateway().customer_create(
+        email=owner.user.email if owner else "",
+        name=organization.name,
+        idempotency_key=f"customer:{organization.pk}",
+    )
+    BillingProfile.objects.filter(pk=profile.pk, stripe_customer="").update(stripe_customer=customer.id)
+    profile.refresh_from_db()
+    return profile.stripe_customer
+
+
+def _decline_message(exc: PaymentError) -> str:
+    reason = exc.decline_code or exc.code
+    return f"the card was declined ({reason}): {exc.message}"[:255]
+
+
+def topup_apply(topup: TopUp, intent: PaymentIntentView) -> TopUp:
+    """Bring the top-up to the PaymentIntent's state. Credits the book once when it succeeded; a succeeded
+    top-up never goes back. A PaymentIntent that is not this top-up's (amount, currency, metadata) is refused."""
+    if intent.metadata.get("topup") != str(topup.public_id) or intent.amount_minor != topup.amount_minor:
+        raise BookError(f"PaymentIntent {intent.id} does not match top-up {topup.public_id}")
+    if intent.currency != topup.currency:
+        raise BookError(f"PaymentIntent {intent.id} is in {intent.currency}, the top-up in {topup.currency}")
+    with transaction.atomic():
+        locked = TopUp.objects.select_for_update().select_related("organization").get(pk=topup.pk)
+        if locked.payment_intent is None:
+            locked.payment_intent = intent.id
+        if locked.state == TopUpState.SUCCEEDED:
+            return locked
+        if intent.status == "succeeded":
+            cash = book_account(kind=BookAccountKind.CASH, currency=locked.currency)
+            credit = book_account(
+                kind=BookAccountKind.BUYER_CREDIT, currency=locked.currency, organization=locked.organization
+            )
+            book_post(
+                kind="topup",
+                key=f"stripe:{intent.id}:succeeded",
+                lines=[Line(cash, locked.amount_minor), Line(credit, -locked.amount_minor)],
+                memo=f"top-up {locked.public_id}",
+            )
+            locked.state, locked.failure, locked.next_action_url = TopUpState.SUCCEEDED, "", ""
+        elif intent.status == "requires_action":
+            locked.state, locked.next_action_url = TopUpState.REQUIRES_ACTION, intent.next_action_url or ""
+        elif intent.status in ("requires_payment_method", "canceled"):
+            locked.state = TopUpState.FAILED
+            locked.failure = (intent.error_message or f"the payment ended {intent.status}")[:255]
+            locked.next_action_url = ""
+        locked.save()
+    return locked
+
+
+def topup_refresh(topup: TopUp) -> TopUp:
+    """Read the top-up's PaymentIntent back from Stripe and apply it (after 3-D Secure, or a lost answer)."""
+    if not topup.payment_intent:
+        return topup
+    return topup_apply(topup, stripe_gateway().payment_intent_retrieve(topup.payment_intent))
+
+
+def topup_refund(*, topup: TopUp, amount_minor: int, by: AbstractBaseUser) -> int:
+    """Refund part of a succeeded top-up to its card: at most what is left of it and what the organisation has
+    not spent or held. The book moves after Stripe confirms; the refund's key is the top-up's refunded total,
+    so a retry after a lost answer is the same refund."""
+    if topup.state != TopUpState.SUCCEEDED or not topup.payment_intent:
+        raise TopUpRefused("not_refundable", f"top-up {topup.public_id} is {topup.state}; only a paid one is refunded")
+    with transaction.atomic():
+        locked = TopUp.objects.select_for_update().get(pk=topup.pk)
+        organization = Organization.objects.select_for_update().get(pk=locked.organization_id)
+        left = min(locked.amount_minor - locked.refunded_minor, credit_available(organization, locked.currency))
+        if type(amount_minor) is not int or not 0 < amount_minor <= left:
+            raise TopUpRefused(
+                "invalid_amount", f"a refund of this top-up is between {money(1)} and {money(max(left, 0))}"
+            )
+        key = f"topup:{locked.public_id}:refund:{locked.refunded_minor}"
+        refund = stripe_gateway().refund_create(
+            payment_intent=locked.payment_intent,
+            amount_minor=amount_minor,
+            idempotency_key=key,
+            metadata={"topup": str(locked.public_id)},
+        )
+        credit = book_account(kind=BookAccountKind.BUYER_CREDIT, currency=locked.currency, organization=organization)
+        cash = book_account(kind=BookAccountKind.CASH, currency=locked.currency)
+        book_post(
+            kind="topup.refund",
+            key=f"stripe:{refund.id}:refund",
+            lines=[Line(credit, amount_minor), Line(cash, -amount_minor)],
+            memo=f"refund of top-up {locked.public_id}",
+        )
+        TopUp.objects.filter(pk=locked.pk).update(refunded_minor=locked.refunded_minor + amount_minor)
+    return amount_minor
+
+
+def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> int:
+    """Give back part of a finished order's charge as credit (the marketplace bears it: the provider keeps its
+    payable). Refused for an order that has not ended or was not charged, and beyond what it was charged less
+    earlier refunds. ``key`` makes a retry harmless."""
+    if order.state not in Order.FINAL_STATES:
+        raise TopUpRefused("order_not_finished", f"order {order.public_id} is {order.state}: end it before a refund")
+    charged = _order_lines_total(order, "order.charge", BookAccountKind.BUYER_CREDIT)
+    if charged <= 0:
+        raise TopUpRefused("not_charged", f"order {order.public_id} was not charged: there is nothing to refund")
+    with transaction.atomic():
+        Organization.objects.select_for_update().get(pk=order.organization_id)
+        refunded = -_order_lines_total(order, "order.refund", BookAccountKind.BUYER_CREDIT)
+        if type(amount_minor) is not int or not 0 < amount_minor <= charged - refunded:
+            raise TopUpRefused(
+                "invalid_amount",
+                f"order {order.public_id} was charged {money(charged)} and refunded {money(refunded)}: "
+                f"a refund is at most {money(charged - refunded)}",
+            )
+        organization = Organization.objects.get(pk=order.organization_id)
+        book_post(
+            kind="order.refund",
+            key=f"order:{order.pk}:refund:{key}"[:128],
+            lines=[
+                Line(book_account(kind=BookAccountKind.REFUNDS, currency=CURRENCY), amount_minor),
+                Line(
+                    book_account(kind=BookAccountKind.BUYER_CREDIT, currency=CURRENCY, organization=organization),
+                    -amount_minor,
+                ),
+            ],
+            memo=reason[:255],
+            order=order,
+        )
+    return amount_minor
+
+
+def _order_lines_total(order: Order, kind: str, account_kind: str) -> int:
+    total = BookLine.objects.filter(entry__order=order, entry__kind=kind, account__kind=account_kind).aggregate(
+        total=Sum("amount_minor")
+    )["total"]
+    return int(total or 0)
+
+
+def stripe_event_receive(payload: bytes, signature_header: str) -> str:
+    """Take one webhook event: verified (``WebhookRejected`` otherwise), taken once by its id, applied. Returns
+    what was done. Raises ``PaymentUnavailable`` when Stripe cannot be read back, so nothing is recorded and
+    Stripe sends the event again."""
+    gateway = stripe_gateway()
+    event = gateway.event_verify(payload, signature_header)
+    if StripeEvent.objects.filter(event_id=event.id).exists():
+        return "duplicate: already taken"
+    intent = None
+    if event.type.startswith("payment_intent.") and isinstance(event.object.get("id"), str):
+        intent = gateway.payment_intent_retrieve(event.object["id"])  # the state now, whatever the order
+    try:
+        with transaction.atomic():
+            record = StripeEvent.objects.create(event_id=event.id, type=event.type[:64], account=event.account or "")
+            outcome = _event_apply(event, intent)
+            StripeEvent.objects.filter(pk=record.pk).update(outcome=outcome[:255])
+    except IntegrityError:
+        return "duplicate: already taken"
+    return outcome
+
+
+def _event_apply(event: EventView, intent: PaymentIntentView | None) -> str:
+    if intent is not None:
+        topup_id = intent.metadata.get("topup", "")
+        topup = TopUp.objects.filter(public_id=topup_id).first() if re.fullmatch(r"[0-9a-f-]{36}", topup_id) else None
+        if topup is None:
+            return f"ignored: PaymentIntent {intent.id} is no top-up of ours"
+        return f"top-up {topup.public_id}: {topup_apply(topup, intent).state}"
+    if event.type.startswith(("payout.", "transfer.")) or event.type == "account.updated":
+        from marketplace.billing.payouts import payout_event_handle
+
+        return payout_event_handle(event)
+    return f"ignored: {event.type}"
+
+
+def auto_topups_due(*, before_each: Callable[[], None] | None = None) -> int:
+    """Charge the saved card of every prepaid organisation whose credit fell below its auto top-up threshold;
+    one organisation's decline is logged and the others go on. Keyed by the credit entries so far, so one dip
+    makes one payment."""
+    started = 0
+    profiles = BillingProfile.objects.filter(
+        auto_topup_below_minor__isnull=False,
+        auto_topup_amount_minor__isnull=False,
+        organization__payment_terms="prepaid",
+    ).exclude(payment_method="")
+    for profile in profiles.select_related("organization"):
+        if before_each is not None:
+            before_each()  # the sweep's time check: stops between organisations, never inside a payment
+        organization = profile.organization
+        try:
+            if credit_available(organization, CURRENCY) >= (profile.auto_topup_below_minor or 0):
+                continue
+            if TopUp.objects.filter(
+                organization=organization, automatic=True, state__in=[TopUpState.PENDING, TopUpState.REQUIRES_ACTION]
+            ).exists():
+                continue
+            last = TopUp.objects.filter(organization=organization, automatic=True).order_by("-pk").first()
+            if last is not None and last.state == TopUpState.FAILED:
+                # A declined saved card is not charged again every minute: a top-up by hand re-arms it.
+                if not TopUp.objects.filter(organization=organization, state=TopUpState.SUCCEEDED, pk__gt=last.pk):
+                    continue
+            dips = TopUp.objects.filter(organization=organization, automatic=True).count()
+            topup_start(
+                organization=organization,
+                user=None,
+                request=TopUpRequest(
+                    amount_minor=int(profile.auto_topup_amount_minor or 0),
+                    payment_method=profile.payment_method,
+                    return_url="",
+                    idempotency_key=f"auto:{dips + 1}",
+                ),
+            )
+            started += 1
+        except (TopUpRefused, PaymentError, BookError) as exc:
+            log.warning("auto top-up of organisation %s failed: %s", organization.pk, exc)
+        except Exception:
+            log.exception("auto top-up of organisation %s failed", organization.pk)
+    return started
+
+
+# Stripe keeps a PaymentIntent that waits for 3-D Secure; after a day the buyer has walked away.
+STALE_ACTION = dt.timedelta(hours=24)
+# A top-up Stripe never answered for (no PaymentIntent id) after this long was not charged, or its webhook
+# credits it still: a failed top-up is credited when a success is reported for it.
+STALE_PENDING = dt.timedelta(hours=1)
+
+
+def topups_settle_stale(*, now: dt.datetime | None = None) -> dict[str, int]:
+    """Read back top-ups still waiting: those with a PaymentIntent from Stripe (a lost webhook), failing the
+    ones abandoned at 3-D Secure; those without one are failed after ``STALE_PENDING``. One top-up's error is
+    logged and the others go on."""
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    counts = {"refreshed": 0, "expired": 0}
+    waiting = TopUp.objects.filter(
+        state__in=[TopUpState.PENDING, TopUpState.REQUIRES_ACTION], updated_at__lt=now - dt.timedelta(minutes=2)
+    ).order_by("pk")[:200]
+    for topup in waiting:
+        try:
+            if topup.payment_intent:
+                topup = topup_refresh(topup)
+                counts["refreshed"] += 1
+                if topup.state == TopUpState.REQUIRES_ACTION and topup.created_at < now - STALE_ACTION:
+                    TopUp.objects.filter(pk=topup.pk, state=TopUpState.REQUIRES_ACTION).update(
+                        state=TopUpState.FAILED, failure="3-D Secure was not completed within a day", next_action_url=""
+                    )
+                    counts["expired"] += 1
+            elif topup.created_at < now - STALE_PENDING:
+                TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING, payment_intent__isnull=True).update(
+                    state=TopUpState.FAILED, failure="the payment platform never confirmed this payment"
+                )
+                counts["expired"] += 1
+        except PaymentError as exc:
+            log.warning("top-up %s could not be read back: %s", topup.public_id, exc)
+        except Exception:
+            log.exception("settling top-up %s failed", topup.public_id)
+    return counts

@@ -1,0 +1,247 @@
+"""The storefront's Billing page: prepaid credit and what running orders hold, card top-ups (3-D Secure's
+extra step included), the billing country and auto top-up, and email verification."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from marketplace.billing.book import book_account_balance, credit_available
+from marketplace.billing.credit import CURRENCY
+from marketplace.billing.payments import (
+    MAX_TOPUP_MINOR,
+    MIN_TOPUP_MINOR,
+    TopUpRefused,
+    TopUpRequest,
+    billing_profile,
+    email_verified,
+    topup_refresh,
+    topup_start,
+)
+from marketplace.billing.stripe_gateway import PaymentError
+from marketplace.billing.verification import (
+    VerificationFailed,
+    email_verification_send,
+    email_verification_token,
+    email_verify,
+)
+from marketplace.models import BookAccountKind
+from marketplace.models.billing import TopUp, TopUpState
+from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
+from marketplace.portal.countries import COUNTRIES
+from marketplace.web.orgs import buyer_access
+
+# Stripe's test PaymentMethods (https://docs.stripe.com/testing): offered while payments go to a sandbox, where no
+# real card can be typed. Against live Stripe the page takes a PaymentMethod id made by Stripe.js instead.
+TEST_CARDS = [
+    ("pm_card_visa", "Visa ending 4242 (succeeds)"),
+    ("pm_card_authenticationRequired", "Visa ending 3184 (asks for 3-D Secure)"),
+    ("pm_card_chargeDeclined", "Visa ending 0002 (declined)"),
+    ("pm_card_chargeDeclinedInsufficientFunds", "Visa ending 9995 (declined: insufficient funds)"),
+]
+
+
+def _sandbox_payments() -> bool:
+    return "api.stripe.com" not in settings.STRIPE_API_BASE
+
+
+class TopUpForm(forms.Form):
+    amount = forms.DecimalField(
+        label="Amount (USD)",
+        min_value=Decimal(MIN_TOPUP_MINOR) / 100,
+        max_value=Decimal(MAX_TOPUP_MINOR) / 100,
+        max_digits=10,
+        decimal_places=2,
+        initial=Decimal(50),
+    )
+    payment_method = forms.RegexField(regex=r"^pm_[A-Za-z0-9_]{1,60}$", label="Card", max_length=63)
+    save_card = forms.BooleanField(label="Save this card for auto top-up", required=False)
+
+    def __init__(self, *args, saved: str = "", **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        if _sandbox_payments():
+            choices = list(TEST_CARDS)
+            if saved and saved not in dict(choices):
+                choices.insert(0, (saved, f"Saved card ({saved})"))
+            self.fields["payment_method"] = forms.ChoiceField(label="Card", choices=choices, initial=saved or None)
+
+
+class ProfileForm(forms.Form):
+    country = forms.ChoiceField(
+        label="Billing country", choices=[("", "choose…"), *sorted(COUNTRIES.items(), key=lambda kv: kv[1])]
+    )
+    tax_id = forms.CharField(label="Tax id (VAT number)", required=False, max_length=32)
+    auto_topup_below = forms.DecimalField(
+        label="Auto top-up when credit falls below (USD)",
+        required=False,
+        min_value=Decimal(0),
+        max_value=Decimal(MAX_TOPUP_MINOR) / 100,
+        decimal_places=2,
+    )
+    auto_topup_amount = forms.DecimalField(
+        label="Auto top-up amount (USD)",
+        required=False,
+        min_value=Decimal(MIN_TOPUP_MINOR) / 100,
+        max_value=Decimal(MAX_TOPUP_MINOR) / 100,
+        decimal_places=2,
+    )
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        data = super().clean()
+        if (data.get("auto_topup_below") is None) != (data.get("auto_topup_amount") is None):
+            raise forms.ValidationError("Give both auto top-up figures, or neither to turn it off.")
+        return data
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def billing(request: HttpRequest) -> HttpResponse:
+    """Credit, holds, top-ups and billing details; owners top up and change the details."""
+    membership = buyer_access(request, BuyerPermission.PAY if request.method == "POST" else BuyerPermission.READ)
+    organization = membership.organization
+    can_pay = buyer_role_allows(membership.role, BuyerPermission.PAY)
+    profile = billing_profile(organization)
+    topup_form = TopUpForm(saved=profile.payment_method)
+    profile_form = ProfileForm(
+        initial={
+            "country": profile.country,
+            "tax_id": profile.tax_id,
+            "auto_topup_below": None
+            if profile.auto_topup_below_minor is None
+            else Decimal(profile.auto_topup_below_minor) / 100,
+            "auto_topup_amount": None
+            if profile.auto_topup_amount_minor is None
+            else Decimal(profile.auto_topup_amount_minor) / 100,
+        }
+    )
+    status = 200
+    if request.method == "POST" and request.POST.get("action") == "topup":
+        topup_form = TopUpForm(request.POST, saved=profile.payment_method)
+        if topup_form.is_valid():
+            return _topup(request, organization, profile, topup_form)
+        status = 400
+    elif request.method == "POST" and request.POST.get("action") == "profile":
+        profile_form = ProfileForm(request.POST)
+        if profile_form.is_valid():
+            data = profile_form.cleaned_data
+            if data["auto_topup_below"] is not None and not profile.payment_method:
+                profile_form.add_error(None, "Auto top-up charges a saved card: top up once with “Save this card”.")
+                status = 400
+            else:
+                profile.country, profile.tax_id = data["country"], data["tax_id"].strip()
+                below, amount = data["auto_topup_below"], data["auto_topup_amount"]
+                profile.auto_topup_below_minor = None if below is None else int(below * 100)
+                profile.auto_topup_amount_minor = None if amount is None else int(amount * 100)
+                profile.save()
+                messages.success(request, "Billing details saved.")
+                return redirect("storefront:billing")
+        else:
+            status = 400
+    held = -book_account_balance(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
+    return render(
+        request,
+        "storefront/billing.html",
+        {
+            "organization": organization,
+            "can_pay": can_pay,
+            "profile": profile,
+            "country_name": COUNTRIES.get(profile.country, ""),
+            "available": Decimal(credit_available(organization, CURRENCY)) / 100,
+            "held": Decimal(held) / 100,
+            "topups": TopUp.objects.filter(organization=organization).order_by("-id")[:50],
+            "topup_form": topup_form,
+            "profile_form": profile_form,
+            "email_verified": email_verified(request.user),  # type: ignore[arg-type]
+            "sandbox": _sandbox_payments(),
+        },
+        status=status,
+    )
+
+
+def _topup(request: HttpRequest, organization, profile, form: TopUpForm) -> HttpResponse:  # type: ignore[no-untyped-def]
+    data = form.cleaned_data
+    # The form's nonce makes a double submit one payment.
+    key = request.POST.get("nonce", "")[:64] or uuid.uuid4().hex
+    try:
+        topup = topup_start(
+            organization=organization,
+            user=request.user,  # type: ignore[arg-type]
+            request=TopUpRequest(
+                amount_minor=int(data["amount"] * 100),
+                payment_method=data["payment_method"],
+                # Stripe sends the card holder back here with ?payment_intent=pi_... after 3-D Secure.
+                return_url=request.build_absolute_uri(reverse("storefront:topup-return")),
+                idempotency_key=f"web:{key}",
+            ),
+        )
+    except TopUpRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("storefront:billing")
+    except PaymentError as exc:
+        messages.error(request, f"The payment platform refused the payment: {exc.message}")
+        return redirect("storefront:billing")
+    if data.get("save_card") and topup.state == TopUpState.SUCCEEDED:
+        type(profile).objects.filter(pk=profile.pk).update(payment_method=data["payment_method"])
+    if topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url:
+        return redirect(topup.next_action_url)
+    if topup.state == TopUpState.SUCCEEDED:
+        messages.success(request, f"Added ${topup.amount_minor / 100:,.2f} USD to your credit.")
+    elif topup.state == TopUpState.FAILED:
+        messages.error(request, f"The top-up failed: {topup.failure}")
+    else:
+        messages.warning(request, "The payment platform has not answered yet; the top-up is credited when it does.")
+    return redirect("storefront:billing")
+
+
+@login_required
+def topup_return(request: HttpRequest) -> HttpResponse:
+    """Where the card holder comes back after 3-D Secure (``?payment_intent=``): read the payment back and say
+    how it went."""
+    organization = buyer_access(request).organization
+    intent = request.GET.get("payment_intent", "")[:64]
+    topup = TopUp.objects.filter(organization=organization, payment_intent=intent).first() if intent else None
+    if topup is None:
+        raise Http404("no such top-up")
+    try:
+        topup = topup_refresh(topup)
+    except PaymentError as exc:
+        messages.warning(request, f"Could not read the payment back yet ({exc.message}); it is credited when it is.")
+        return redirect("storefront:billing")
+    if topup.state == TopUpState.SUCCEEDED:
+        messages.success(request, f"Added ${topup.amount_minor / 100:,.2f} USD to your credit.")
+    elif topup.state == TopUpState.FAILED:
+        messages.error(request, f"The top-up failed: {topup.failure}")
+    else:
+        messages.warning(request, "The card's bank has not confirmed the payment yet.")
+    return redirect("storefront:billing")
+
+
+@login_required
+@require_POST
+def email_verification_request(request: HttpRequest) -> HttpResponse:
+    """Send (again) the link that verifies the signed-in person's address."""
+    token = email_verification_token(request.user)  # type: ignore[arg-type]
+    link = request.build_absolute_uri(reverse("storefront:email-verify", args=[token]))
+    if email_verification_send(user=request.user, link=link):  # type: ignore[arg-type]
+        messages.success(request, f"We sent a link to {request.user.email}: open it to verify the address.")  # type: ignore[union-attr]
+    else:
+        messages.error(request, "The email could not be sent: check the address on your account, or try later.")
+    return redirect("storefront:billing")
+
+
+def email_verify_view(request: HttpRequest, token: str) -> HttpResponse:
+    """The link in the email: records the address as verified."""
+    try:
+        user = email_verify(token)
+    except VerificationFailed as exc:
+        return render(request, "storefront/email_verify.html", {"error": str(exc)}, status=400)
+    return render(request, "storefront/email_verify.html", {"email": user.email})  # type: ignore[attr-defined]
