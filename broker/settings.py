@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from broker.env import (
@@ -270,6 +271,15 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
 # The marketplace's commission on what buyers pay, deducted in providers' payout statements.
 COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
+# Payments (issue 22). The defaults reach the Stripe sandbox that the run command starts on 127.0.0.1
+# (providers/sandbox/stripe_api.py); live payments set STRIPE_API_BASE=https://api.stripe.com and real keys.
+STRIPE_API_BASE = env_str("STRIPE_API_BASE", "http://127.0.0.1:8706")
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_sandbox")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")
+STRIPE_TIMEOUT_SECONDS = env_float("STRIPE_TIMEOUT_SECONDS", 10.0, minimum=1.0, maximum=60.0)
+# A provider's payable is paid out once it reaches this many minor units (cents): smaller payouts cost more in
+# fees than they are worth.
+PAYOUT_MINIMUM_MINOR = env_int("BROKER_PAYOUT_MINIMUM_MINOR", 1000, minimum=1)
 # An independent provider's machine whose agent is silent this long is withdrawn from sale.
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)
 # An interruptible lease outbid (by a higher bid or an on-demand order) keeps its GPUs this long after notice.
@@ -290,6 +300,13 @@ CELERY_BEAT_SCHEDULE = {
     "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
     "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
+    # Last month's invoices, on the 1st at 02:00 UTC (entries of orders that ended just before midnight are in).
+    "invoices-issue-due": {
+        "task": "marketplace.invoices_issue_due",
+        "schedule": crontab(minute="0", hour="2", day_of_month="1"),
+    },
+    "payouts-due": {"task": "marketplace.payouts_due", "schedule": 86400.0},
+    "billing-sweep": {"task": "marketplace.billing_sweep", "schedule": 60.0},
 }
 # Task modules outside an app's tasks.py, which autodiscovery does not find.
 CELERY_IMPORTS = ["marketplace.webhooks.tasks"]

@@ -189,6 +189,10 @@ def orders_sweep_task() -> int:
     from marketplace.orders.services import orders_end_scheduled
 
     count = orders_end_scheduled()
+    # Prepaid orders' holds follow their usage; an order whose credit ran out stops here.
+    from marketplace.billing.credit import credit_sweep
+
+    count += credit_sweep()["stopped"]
     # Outbid interruptible orders whose notice is over leave their machine; the order that outbid them launches.
     for order_id in orders_preemption_due(now=timezone.now()):
         _sweep_time_check()
@@ -297,3 +301,35 @@ def idempotency_expire_task() -> int:
     from marketplace.api.idempotency import idempotent_responses_expire
 
     return idempotent_responses_expire()
+
+
+@shared_task(name="marketplace.payouts_due", **TASK_OPTIONS)
+@_stops_at_soft_limit
+def payouts_due_task() -> dict[str, int]:
+    """Pay out every provider owed at least ``PAYOUT_MINIMUM_MINOR`` (daily, ``CELERY_BEAT_SCHEDULE``). Safe to
+    run twice: a payout is keyed by its id at Stripe, and an organisation's row lock makes one payout at a time."""
+    from marketplace.billing.payouts import payouts_due
+
+    return payouts_due(before_each=_sweep_time_check)
+
+
+@shared_task(name="marketplace.invoices_issue_due", **TASK_OPTIONS)
+@_stops_at_soft_limit
+def invoices_issue_due_task() -> int:
+    """Issue last month's invoices (marketplace.billing.invoices); safe to run again: an issued invoice is
+    returned as it is, and a run cut short by its time limit is finished by the next."""
+    from django.utils import timezone
+
+    from marketplace.billing.invoices import invoices_issue_due
+
+    return len(invoices_issue_due(timezone.now(), before_each=_sweep_time_check))
+
+
+@shared_task(name="marketplace.billing_sweep", **TASK_OPTIONS)
+@_stops_at_soft_limit
+def billing_sweep_task() -> dict[str, int]:
+    """Every minute: charge the saved card of organisations whose credit fell below their auto top-up, and
+    settle top-ups whose answer or webhook never came (marketplace.billing.payments)."""
+    from marketplace.billing.payments import auto_topups_due, topups_settle_stale
+
+    return {"auto_topups": auto_topups_due(before_each=_sweep_time_check), **topups_settle_stale()}

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import clusters, launch, views, webhooks
+from marketplace.api import billing, clusters, invoices, launch, views, webhooks
 
 app_name = "api"
 
@@ -18,7 +18,16 @@ urlpatterns = [
     path("clusters/<str:cluster_id>", clusters.ClusterDetailApi.as_view(), name="cluster"),
     path("clusters/<str:cluster_id>/terminate", clusters.ClusterTerminateApi.as_view(), name="cluster-terminate"),
     path("budget", views.BudgetApi.as_view(), name="budget"),
+    path("billing", billing.BillingApi.as_view(), name="billing"),
+    path("billing/topups", billing.TopUpListCreateApi.as_view(), name="topups"),
+    path("billing/topups/<str:topup_id>", billing.TopUpDetailApi.as_view(), name="topup"),
+    path("stripe/webhook", billing.StripeWebhookApi.as_view(), name="stripe-webhook"),
     path("invoice", views.InvoiceApi.as_view(), name="invoice"),
+    path("invoices", invoices.InvoiceListApi.as_view(), name="invoices"),
+    # The file routes first: "<str:number>" would match "INV-2026-000001.pdf" too.
+    path("invoices/<str:number>.pdf", invoices.InvoicePdfApi.as_view(), name="invoice-pdf"),
+    path("invoices/<str:number>.csv", invoices.InvoiceCsvApi.as_view(), name="invoice-csv"),
+    path("invoices/<str:number>", invoices.InvoiceDetailApi.as_view(), name="invoice-issued"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.OrderReceiptApi.as_view(), name="order-receipt"),

@@ -31,6 +31,7 @@ class PayoutLine:
     gross_usd: Decimal
     commission_usd: Decimal
     net_usd: Decimal
+    currency: str = "USD"
 
     @property
     def hours(self) -> Decimal:
@@ -43,6 +44,7 @@ class PayoutStatement:
     month: str
     commission_share: Decimal
     lines: list[PayoutLine]
+    currency: str = "USD"  # every amount of the statement is in it (the buyer's locked price is in USD)
 
     @property
     def gross_usd(self) -> Decimal:

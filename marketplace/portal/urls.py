@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.portal import views
+from marketplace.portal import payouts, views
 
 app_name = "portal"
 
@@ -22,4 +22,8 @@ urlpatterns = [
     path("dashboard", views.dashboard, name="dashboard"),
     path("earnings", views.earnings, name="earnings"),
     path("orders/<uuid:order_id>/receipt", views.order_receipt, name="order-receipt"),
+    path("payouts", payouts.payouts, name="payouts"),
+    path("payouts/onboard", payouts.payouts_onboard, name="payouts-onboard"),
+    path("payouts/connect/return", payouts.payouts_connect_return, name="payouts-connect-return"),
+    path("payouts/run", payouts.payouts_run, name="payouts-run"),
 ]

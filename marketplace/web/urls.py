@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import clusters, launch, team, views, webhooks
+from marketplace.web import billing, clusters, invoices, launch, team, views, webhooks
 
 app_name = "storefront"
 
@@ -11,6 +11,14 @@ urlpatterns = [
     path("compare", views.compare, name="compare"),
     path("spending", views.spending, name="spending"),
     path("spending.csv", views.spending_csv, name="spending-csv"),
+    path("billing/", billing.billing, name="billing"),
+    path("billing/topups/return", billing.topup_return, name="topup-return"),
+    path("billing/verify-email", billing.email_verification_request, name="email-verify-send"),
+    path("account/verify-email/<str:token>", billing.email_verify_view, name="email-verify"),
+    path("billing/invoices/", invoices.invoices, name="invoices"),
+    path("billing/invoices/<str:number>/", invoices.invoice_detail, name="invoice-detail"),
+    path("billing/invoices/<str:number>.pdf", invoices.invoice_pdf_view, name="invoice-pdf"),
+    path("billing/invoices/<str:number>.csv", invoices.invoice_csv_view, name="invoice-csv"),
     path("orders/", views.orders, name="orders"),
     path("orders/<str:order_id>/", views.order_detail, name="order-detail"),
     path("tokens/", views.tokens, name="tokens"),
