@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE
+from providers.sandbox.demo import manifest_service_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -43,6 +44,14 @@ def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], timeout: floa
         except OSError:
             time.sleep(0.3)
     raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def _post_json(url: str, body: dict[str, str]) -> None:
+    request = urllib.request.Request(  # noqa: S310 - a 127.0.0.1 sandbox URL from its own manifest
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10):  # noqa: S310
+        pass
 
 
 def _wait_file(path: Path, what: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
@@ -184,6 +193,12 @@ def main() -> int:
             )
         _manage("migrate", "--verbosity", "0")
         _wait_file(manifest, "the sandbox", sandbox)
+        # Payments go to the Stripe sandbox served with the clouds, unless pointed elsewhere (real keys).
+        stripe_url = manifest_service_url(manifest, "stripe")
+        if stripe_url and "STRIPE_API_BASE" not in os.environ:
+            os.environ["STRIPE_API_BASE"] = stripe_url
+            os.environ.setdefault("STRIPE_API_KEY", "sk_test_sandbox")
+            os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")
         hosts = ROOT / "var" / "community-hosts.json"
         _manage("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts))
         _manage("offers", "sync")
@@ -192,6 +207,16 @@ def main() -> int:
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
         web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
         _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)
+        if stripe_url and os.environ.get("STRIPE_API_BASE") == stripe_url:
+            # The sandbox POSTs its signed events to the broker's webhook as they happen, as Stripe does.
+            _post_json(
+                f"{stripe_url}/_sandbox/stripe/webhook_endpoint",
+                {
+                    "url": f"http://127.0.0.1:{args.port}/api/v1/stripe/webhook",
+                    "secret": os.environ["STRIPE_WEBHOOK_SECRET"],
+                    "deliver": "auto",
+                },
+            )
         # Independent providers' machines: simulated hosts whose agents register with the broker just started.
         start("hosts", [PY, "-m", "providers.sandbox.community", "--broker", f"http://127.0.0.1:{args.port}",
                         "--hosts", str(hosts)])  # fmt: skip

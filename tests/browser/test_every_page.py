@@ -11,6 +11,7 @@ axe-core's rule and impact reference: https://github.com/dequelabs/axe-core/blob
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from marketplace.api.tokens import api_token_create
+from marketplace.billing.book import Line, book_account, book_post
+from marketplace.billing.invoices import invoice_issue
+from marketplace.billing.verification import email_verification_token
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import (
+    BookAccountKind,
     Cluster,
     Offer,
     Order,
@@ -62,6 +67,8 @@ NOT_PAGES = {
     for route, _ in ROUTES.items()
     if route.startswith(("api/", "agent/"))
     or route in {"metrics", "logout/", "spending.csv", "organizations/switch", "team/leave", "orders/place"}
+    or route in {"billing/topups/return", "billing/verify-email", "provider/payouts/connect/return"}
+    or route.endswith((".pdf", ".csv", "/onboard", "/run"))
     or route.endswith(("/revoke", "/delete", "/ping", "/active", "/secret", "/redeliver", "/terminate", "/sync"))
     or route.startswith(("team/members/", "provider/team/members/"))
     or route == "provider/orders/<uuid:order_id>/receipt"  # JSON, for programs
@@ -92,6 +99,10 @@ PAGES = [
     Page("prices", "offers/<int:offer_id>/prices", "buyer", "/offers/{offer}/prices"),
     Page("compare", "compare", "buyer", "/compare?ids={offer}&ids={offer2}"),
     Page("spending", "spending", "buyer", "/spending"),
+    Page("billing", "billing/", "buyer", "/billing/"),
+    Page("invoices", "billing/invoices/", "buyer", "/billing/invoices/"),
+    Page("invoice", "billing/invoices/<str:number>/", "buyer", "/billing/invoices/{invoice}/"),
+    Page("email-verified", "account/verify-email/<str:token>", "nobody", "/account/verify-email/{email_token}"),
     Page("orders", "orders/", "buyer", "/orders/"),
     Page("order-running", "orders/<str:order_id>/", "buyer", "/orders/{running}/"),
     Page("order-ended", "orders/<str:order_id>/", "buyer", "/orders/{ended}/"),
@@ -124,6 +135,7 @@ PAGES = [
     Page("portal-machine-new", "provider/machines/new", "provider", "/provider/machines/new"),
     Page("portal-dashboard", "provider/dashboard", "provider", "/provider/dashboard"),
     Page("portal-earnings", "provider/earnings", "provider", "/provider/earnings"),
+    Page("portal-payouts", "provider/payouts", "provider", "/provider/payouts"),
 ]
 
 
@@ -183,6 +195,20 @@ def world(aws_sandbox, _aws_quotes, gpu_models, acme, alice, django_capture_on_c
     api_token_create(organization=acme, user=alice, name="alice-ci", scopes=["offers:read"])
     _, buyer_invitation = invitation_create(organization=acme, email="bob@acme.example", role=Role.MEMBER, by=alice)
     assert Order.objects.get(pk=running.pk).state == OrderState.RUNNING
+    # Last month Acme bought credit and was charged for an order: its invoice is issued.
+    last_month = timezone.now().replace(day=1) - dt.timedelta(days=2)
+    credit = book_account(kind=BookAccountKind.BUYER_CREDIT, currency="USD", organization=acme)
+    book_post(
+        kind="topup",
+        key="every-page-topup",
+        now=last_month,
+        lines=[Line(book_account(kind=BookAccountKind.CASH, currency="USD"), 5000), Line(credit, -5000)],
+    )
+    book_post(kind="order.charge", key="every-page-charge", now=last_month, order=ended, memo="tax GB VAT 0.20",
+              lines=[Line(credit, 1200), Line(book_account(kind=BookAccountKind.COMMISSION, currency="USD"), -120),
+                     Line(book_account(kind=BookAccountKind.PROVIDER_PAYABLE, currency="USD"), -880),
+                     Line(book_account(kind=BookAccountKind.TAX_PAYABLE, currency="USD"), -200)])  # fmt: skip
+    invoice = invoice_issue(acme, last_month.strftime("%Y-%m"))
     return {
         "users": {"buyer": alice, "provider": petra},
         "ids": {
@@ -196,6 +222,8 @@ def world(aws_sandbox, _aws_quotes, gpu_models, acme, alice, django_capture_on_c
             "account": account.pk,
             "invitation": invitation,
             "buyer_invitation": buyer_invitation,
+            "invoice": invoice.number,
+            "email_token": email_verification_token(alice),
         },
     }
 

@@ -74,6 +74,7 @@ class Command(BaseCommand):
             helga = helga_org.memberships.get(role=Role.OWNER).user
             _seed_onboarded(helga_org, helga, "Helga's GPU Farm Ltd", "IE", "1 Example Quay\nDublin 2")
         _seed_staff(users)
+        _seed_credit(buyer, alice)
         self.stdout.write(
             json.dumps(
                 {
@@ -118,6 +119,34 @@ def _seed_staff(users: Any) -> None:
         staff.set_password(DEMO_PASSWORD)
     staff.is_staff = staff.is_superuser = True
     staff.save()
+
+
+def _seed_credit(organization: Organization, owner: Any) -> None:
+    """Alice has verified her address and bought $500 of credit with Stripe's test Visa through the Stripe
+    sandbox (a real PaymentIntent), so the demo buyer can order at once, as a paying customer would."""
+    from django.utils import timezone
+
+    from marketplace.billing.payments import TopUpRequest, billing_profile, topup_start
+    from marketplace.billing.stripe_gateway import PaymentError
+    from marketplace.models.billing import EmailVerification
+
+    EmailVerification.objects.get_or_create(
+        user=owner, email=owner.email.lower(), defaults={"verified_at": timezone.now()}
+    )
+    profile = billing_profile(organization)
+    if not profile.country:
+        profile.country = "GB"
+        profile.save()
+    try:
+        topup_start(
+            organization=organization,
+            user=owner,
+            request=TopUpRequest(
+                amount_minor=50_000, payment_method="pm_card_visa", return_url="", idempotency_key="demo-seed"
+            ),
+        )
+    except PaymentError as exc:  # the demo still starts; Billing shows the balance and how to top up
+        print(f"demo credit not bought: {exc.message}")
 
 
 def _seed_ssh_key(organization: Organization, user: Any) -> None:
