@@ -101,14 +101,14 @@ def _manage(*args: str) -> None:
     subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
 
 
-def banner(port: int, sandbox_url: str, chain_line: str) -> str:
+def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None = None) -> str:
     """What the run command prints last, once everything is up: where the broker is and who to sign in as."""
     from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 
     url = f"http://127.0.0.1:{port}/"
     rule = "=" * 78
     logins = [
-        (DEMO_BUYER, "buyer: search, find GPUs for a workload, order", url),
+        (DEMO_BUYER, "buyer ($500 credit): find GPUs, order, top up", url),
         (DEMO_PROVIDER_ADMIN, "provider (cloud reseller): accounts, earnings", f"{url}provider/"),
         ("helga", "provider (three independent machines)", f"{url}provider/"),
         (DEMO_STAFF, "marketplace staff: verify providers, machines", f"{url}admin/"),
@@ -120,7 +120,12 @@ def banner(port: int, sandbox_url: str, chain_line: str) -> str:
         f"  Sign in with password {DEMO_PASSWORD} as:\n{people}\n"
         f"  API: {url}api/v1/offers (docs {url}api/v1/docs)\n"
         f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
-        f"{chain_line}"
+        + (
+            f"  Payments go to the Stripe sandbox at {stripe_url}: pay with its test cards at {url}billing/\n"
+            if stripe_url
+            else ""
+        )
+        + f"{chain_line}"
         f"  Press Ctrl-C to stop everything.\n{rule}\n"
     )
 
@@ -222,7 +227,8 @@ def main() -> int:
                         "--hosts", str(hosts)])  # fmt: skip
         time.sleep(3)
         _manage("offers", "sync")
-        print(banner(args.port, sandbox_url, chain_line), flush=True)
+        paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
+        print(banner(args.port, sandbox_url, chain_line, paying), flush=True)
         while True:
             for name, proc in children:
                 if proc.poll() is not None:

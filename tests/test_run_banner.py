@@ -17,3 +17,9 @@ def test_the_banner_names_the_url_and_each_demo_login_with_where_to_go():
         line = next(line for line in lines if line.strip().startswith(name + " "))
         assert line.endswith(f"http://127.0.0.1:8123{page}")
     assert lines[-1].startswith("=")  # the last line closes the box: nothing of it scrolls off below
+    assert "Stripe" not in text  # payments pointed elsewhere (real keys): no sandbox to name
+
+
+def test_the_banner_says_where_payments_go_when_it_is_the_stripe_sandbox():
+    text = banner(8123, "http://127.0.0.1:8701", "", "http://127.0.0.1:8706")
+    assert "Stripe sandbox at http://127.0.0.1:8706" in text and "http://127.0.0.1:8123/billing/" in text

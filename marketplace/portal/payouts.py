@@ -34,6 +34,8 @@ from marketplace.portal.views import _membership, _page
 HISTORY = 50  # payouts listed, newest first
 STATEMENT_MONTHS = 12
 
+ONBOARDING_LINK = "portal.connect_onboarding_link"  # the session key of the link just made
+
 
 def _major(amount_minor: int) -> Decimal:
     """Minor units (cents) as an amount to show, two decimals (USD's minor unit)."""
@@ -63,8 +65,10 @@ def payouts(request: HttpRequest) -> HttpResponse:
     ]
     if request.GET.get("onboarding") == "expired":
         messages.info(request, "The onboarding link expired. Continue onboarding for a new one.")
+    onboarding_link = request.session.pop(ONBOARDING_LINK, None)
     return _page(
         request, "portal/payouts.html", membership, "payouts", connect=connect, currency=CURRENCY,
+        onboarding_link=onboarding_link if isinstance(onboarding_link, str) else None,
         payable=_major(payable_minor(organization)), history=history, states=PayoutState,
         months=_months(timezone.now().date(), STATEMENT_MONTHS),
         can_onboard=bool(organization.provider_profile.country),
@@ -93,7 +97,10 @@ def payouts_onboard(request: HttpRequest) -> HttpResponse:
     except PaymentError as exc:
         messages.error(request, f"Stripe could not start the onboarding: {exc.message}")
         return redirect("portal:payouts")
-    return redirect(url)
+    # Shown as a link on the page, not redirected to: the site's CSP (form-action 'self') rightly stops a form's
+    # answer from sending the browser to another site. Stripe's link is short-lived, so it is shown once.
+    request.session[ONBOARDING_LINK] = url
+    return redirect("portal:payouts")
 
 
 @login_required

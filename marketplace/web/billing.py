@@ -147,6 +147,15 @@ def billing(request: HttpRequest) -> HttpResponse:
         else:
             status = 400
     held = -book_account_balance(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
+    authenticate = None
+    try:
+        wanted = uuid.UUID(request.GET.get("authenticate", ""))
+    except ValueError:
+        wanted = None
+    if wanted is not None:
+        authenticate = TopUp.objects.filter(
+            organization=organization, public_id=wanted, state=TopUpState.REQUIRES_ACTION
+        ).first()
     return render(
         request,
         "storefront/billing.html",
@@ -162,6 +171,7 @@ def billing(request: HttpRequest) -> HttpResponse:
             "profile_form": profile_form,
             "email_verified": email_verified(request.user),  # type: ignore[arg-type]
             "sandbox": _sandbox_payments(),
+            "authenticate": authenticate,
         },
         status=status,
     )
@@ -192,7 +202,9 @@ def _topup(request: HttpRequest, organization, profile, form: TopUpForm) -> Http
     if data.get("save_card") and topup.state == TopUpState.SUCCEEDED:
         type(profile).objects.filter(pk=profile.pk).update(payment_method=data["payment_method"])
     if topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url:
-        return redirect(topup.next_action_url)
+        # A link, not a redirect: the site's CSP (form-action 'self') rightly stops a form's answer from sending
+        # the browser to another site, so the page offers the bank's check as a link the person follows.
+        return redirect(f"{reverse('storefront:billing')}?authenticate={topup.public_id}")
     if topup.state == TopUpState.SUCCEEDED:
         messages.success(request, f"Added ${topup.amount_minor / 100:,.2f} USD to your credit.")
     elif topup.state == TopUpState.FAILED:

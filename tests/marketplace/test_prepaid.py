@@ -412,10 +412,13 @@ def test_the_billing_page_tops_up_through_3d_secure_and_comes_back_credited(alic
         "/billing/",
         {"action": "topup", "amount": "25.00", "payment_method": "pm_card_authenticationRequired", "nonce": "n1"},
     )
-    # Off to the card's bank (the sandbox's 3-D Secure page), as Stripe's next_action says.
-    assert sent.status_code == 302 and "/_sandbox/stripe/authenticate/" in sent["Location"]
+    # The page offers the card's bank (the sandbox's 3-D Secure page) as a link: the site's CSP keeps a form's
+    # answer from redirecting off the site.
     topup = TopUp.objects.get()
     assert topup.state == TopUpState.REQUIRES_ACTION
+    assert sent.status_code == 302 and sent["Location"] == f"/billing/?authenticate={topup.public_id}"
+    notice = browser.get(sent["Location"]).content.decode()
+    assert f'href="{topup.next_action_url}"' in notice and "/_sandbox/stripe/authenticate/" in topup.next_action_url
     # The person approves on the bank's page, which sends them back with ?payment_intent=...&redirect_status=...
     form = urllib.parse.urlencode({"outcome": "approve"}).encode()
 
@@ -425,7 +428,7 @@ def test_the_billing_page_tops_up_through_3d_secure_and_comes_back_credited(alic
 
     opener = urllib.request.build_opener(NoRedirect)
     with pytest.raises(urllib.error.HTTPError) as answer:
-        opener.open(urllib.request.Request(sent["Location"], data=form, method="POST"), timeout=5)  # noqa: S310
+        opener.open(urllib.request.Request(topup.next_action_url, data=form, method="POST"), timeout=5)  # noqa: S310
     assert answer.value.code == 303
     back = answer.value.headers["Location"]
     assert back.startswith("http://testserver/billing/topups/return?") and "redirect_status=succeeded" in back
