@@ -3,6 +3,7 @@ extra step included), the billing country and auto top-up, and email verificatio
 
 from __future__ import annotations
 
+import re
 import uuid
 from decimal import Decimal
 
@@ -156,6 +157,10 @@ def billing(request: HttpRequest) -> HttpResponse:
         authenticate = TopUp.objects.filter(
             organization=organization, public_id=wanted, state=TopUpState.REQUIRES_ACTION
         ).first()
+    resume = request.GET.get("resume", "")
+    resume_url = (
+        f"{reverse('storefront:order-confirm')}?draft={resume}" if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", resume) else ""
+    )
     return render(
         request,
         "storefront/billing.html",
@@ -172,6 +177,7 @@ def billing(request: HttpRequest) -> HttpResponse:
             "email_verified": email_verified(request.user),  # type: ignore[arg-type]
             "sandbox": _sandbox_payments(),
             "authenticate": authenticate,
+            "resume_url": resume_url,
         },
         status=status,
     )

@@ -27,6 +27,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from broker.security import client_address
+from marketplace.billing.credit import PaymentRequired, money
 from marketplace.catalog.selectors import offer_list
 from marketplace.launch.config import (
     LaunchChoice,
@@ -602,6 +603,10 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
         start = _template(organization, draft.start) if draft.start else None
         return _configure_page(request, organization, target, form, rows, nonce=draft.nonce, start=start,
                                registry_kept=bool(draft.secrets.get("registry_password")), status=400)  # fmt: skip
+    except PaymentRequired as exc:
+        # To Billing, with the way back to this order once the credit is there.
+        messages.error(request, f"Not placed yet: add at least {money(exc.shortfall_minor)} of credit first.")
+        return redirect(f"{reverse('storefront:billing')}?resume={draft.nonce}")
     except OrderError as exc:
         messages.error(request, f"Could not place the order: {exc}")
         if draft.quote:

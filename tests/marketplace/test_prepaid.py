@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import threading
 import urllib.error
 import urllib.parse
@@ -41,6 +42,7 @@ from marketplace.billing.payments import (
 from marketplace.models import BookAccountKind, BookEntry, Instance, Order, OrderState, Organization
 from marketplace.models.billing import BillingProfile, EmailVerification, StripeEvent, TopUp, TopUpState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from tests.factories import SshKeyFactory
 from tests.leases import LAUNCH, boot
 
 pytestmark = pytest.mark.django_db
@@ -502,3 +504,53 @@ def test_top_ups_left_waiting_are_read_back_or_expired(api, ready_to_pay, stripe
     never.refresh_from_db()
     assert waiting.state == TopUpState.SUCCEEDED and credit_available(ready_to_pay) == 3000
     assert never.state == TopUpState.FAILED and "never confirmed" in never.failure
+
+
+def test_a_new_sign_up_ordering_in_the_storefront_is_sent_to_billing_with_the_way_back(t4, stripe_sandbox):
+    browser = Client()
+    signed = browser.post(
+        "/signup",
+        {"username": "nadia", "email": "nadia@new.example", "password1": "a-long-Passphrase-7",
+         "password2": "a-long-Passphrase-7", "organization_name": "Nadia Labs"},
+    )  # fmt: skip
+    assert signed.status_code == 302
+    organization = Organization.objects.get(name="Nadia Labs")
+    assert organization.payment_terms == "prepaid"  # every sign-up pays first
+    key = SshKeyFactory(organization=organization, created_by=organization.memberships.get().user)
+    page = browser.get(f"/orders/new?offer={t4.pk}").content.decode()
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
+    configured = browser.post(
+        "/orders/new",
+        {"offer": t4.pk, "nonce": nonce, "duration_hours": "1", "workload_kind": "none", "access": "mine",
+         "env_rows": "0", "ssh_keys": [str(key.public_id)]},
+    )  # fmt: skip
+    assert configured.status_code == 302, configured.content.decode()[:500]
+    confirm = browser.get(configured["Location"]).content.decode()
+    draft = re.search(r'name="nonce" value="([^"]+)"', confirm).group(1)
+    placed = browser.post("/orders/place", {"nonce": draft})
+    assert placed.status_code == 302 and placed["Location"] == f"/billing/?resume={draft}"
+    assert not Order.objects.filter(organization=organization).exists()
+    billing = browser.get(placed["Location"]).content.decode()
+    hour = int((t4.price_usd * 100).to_integral_value(rounding="ROUND_CEILING"))  # no country yet: no tax
+    assert f"Not placed yet: add at least ${hour / 100:.2f} USD of credit first." in billing
+    assert f'href="/orders/new/confirm?draft={draft}"' in billing
+    assert "Verify your email address" in billing  # and the top-up waits for that
+
+
+def test_a_cluster_holds_an_hour_for_every_node_or_is_refused_whole(api, ready_to_pay, aws_account, stripe_sandbox):
+    from marketplace.models import Cluster, Offer
+
+    pair = Offer.objects.filter(
+        account=aws_account, instance_type="g5.12xlarge", pricing_model="on_demand", region="us-east-1"
+    ).order_by("price_usd", "zone")[0]
+    node_hour = _hour_with_tax(pair.price_usd)
+    _topup(api, f"{(node_hour + node_hour // 2) / 100:.2f}")  # one node's hour and a half: not two
+    refused = _post(api, "/api/v1/clusters", {"offer": pair.pk, "nodes": 2})
+    assert refused.status_code == 402 and refused.json()["error"]["code"] == "payment_required"
+    assert not Cluster.objects.exists() and not Order.objects.exists()
+    _topup(api, f"{node_hour / 100:.2f}", key="k2")
+    placed = _post(api, "/api/v1/clusters", {"offer": pair.pk, "nodes": 2})
+    assert placed.status_code == 201, placed.json()
+    nodes = list(Order.objects.filter(cluster__isnull=False))
+    assert len(nodes) == 2 and all(order_held_minor(node) == node_hour for node in nodes)
+    assert credit_available(ready_to_pay) == node_hour // 2
