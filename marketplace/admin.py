@@ -31,11 +31,58 @@ class OfferAdmin(admin.ModelAdmin):
     list_filter = ["status", "pricing_model", "gpu_model"]
 
 
+class RefundReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=255,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
+        help_text="Shown to the buyer on the invoice's credit line and kept on the book entry. No personal data.",
+    )
+
+
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
     list_display = ["public_id", "organization", "state", "gpu_model", "gpu_count", "price_per_hour", "created_at"]
     list_filter = ["state"]
     readonly_fields = [f.name for f in Order._meta.fields]
+    actions = ["refund_to_credit"]
+
+    @admin.action(
+        description="Refund what is left of the selected ended orders' charges as credit", permissions=["change"]
+    )
+    def refund_to_credit(self, request: HttpRequest, queryset: QuerySet[Order]) -> object:
+        """The intermediate page asks for the reason; then one refund (and transaction) per order, so one
+        refused order (still running, never charged) does not hold back the others."""
+        from marketplace.billing.credit import money
+        from marketplace.billing.payments import TopUpRefused, order_refund, order_refundable_minor
+
+        form = RefundReasonForm(request.POST if "apply" in request.POST else None)
+        orders = list(queryset.select_related("organization").order_by("pk"))
+        if form.is_bound and form.is_valid():
+            done = 0
+            for order in orders:
+                left = order_refundable_minor(order)
+                try:
+                    # Keyed by what was refunded before: submitting the page twice refunds once.
+                    order_refund(order=order, amount_minor=left, key=f"left:{left}", reason=form.cleaned_data["reason"])
+                except TopUpRefused as error:
+                    self.message_user(request, f"{order.public_id}: {error}", messages.ERROR)
+                else:
+                    done += 1
+            if done:
+                self.message_user(request, f"{done} order{'s' if done != 1 else ''} refunded.", messages.SUCCESS)
+            return None
+        return TemplateResponse(
+            request,
+            "admin/order_refund.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Refund orders to credit",
+                "opts": self.model._meta,
+                "orders": [(order, money(order_refundable_minor(order))) for order in orders],
+                "form": form,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            },
+        )
 
 
 class StateReasonForm(forms.Form):

@@ -276,6 +276,13 @@ def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> i
     return amount_minor
 
 
+def order_refundable_minor(order: Order) -> int:
+    """What is left of the order's charge to refund (0 when it was not charged)."""
+    charged = _order_lines_total(order, "order.charge", BookAccountKind.BUYER_CREDIT)
+    refunded = -_order_lines_total(order, "order.refund", BookAccountKind.BUYER_CREDIT)
+    return max(0, charged - refunded)
+
+
 def _order_lines_total(order: Order, kind: str, account_kind: str) -> int:
     total = BookLine.objects.filter(entry__order=order, entry__kind=kind, account__kind=account_kind).aggregate(
         total=Sum("amount_minor")

@@ -554,3 +554,39 @@ def test_a_cluster_holds_an_hour_for_every_node_or_is_refused_whole(api, ready_t
     nodes = list(Order.objects.filter(cluster__isnull=False))
     assert len(nodes) == 2 and all(order_held_minor(node) == node_hour for node in nodes)
     assert credit_available(ready_to_pay) == node_hour // 2
+
+
+def test_staff_refund_ended_orders_to_credit_from_the_admin_once(
+    api, ready_to_pay, t4, stripe_sandbox, django_capture_on_commit_callbacks
+):
+    from django.contrib.auth import get_user_model
+
+    from marketplace.billing.payments import order_refundable_minor
+
+    _topup(api, "50.00")
+    with django_capture_on_commit_callbacks(execute=True):
+        _post(api, "/api/v1/orders", {"offer": t4.pk})
+        _post(api, "/api/v1/orders", {"offer": t4.pk}, HTTP_IDEMPOTENCY_KEY="second")
+    ended, running = Order.objects.order_by("pk")
+    Instance.objects.filter(order=ended).update(ready_at=timezone.now() - dt.timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=ended)
+    charged = order_refundable_minor(ended)
+    assert charged > 0
+    staff = get_user_model().objects.create_superuser("sam", "sam@example.com", "pw")
+    admin = Client()
+    admin.force_login(staff)
+    selected = {"action": "refund_to_credit", "_selected_action": [str(ended.pk), str(running.pk)]}
+    asked = admin.post("/admin/marketplace/order/", selected)
+    assert asked.status_code == 200 and "Refund orders to credit" in asked.content.decode()
+    before = credit_available(ready_to_pay)
+    for _ in range(2):  # the page submitted twice refunds once
+        done = admin.post("/admin/marketplace/order/", {**selected, "apply": "1", "reason": "slow disk"}, follow=True)
+        assert done.status_code == 200
+    text = done.content.decode()
+    assert f"order {running.public_id} is {running.state}: end it before a refund" in text
+    assert f"order {ended.public_id} was charged" in text  # the second submit found nothing left
+    assert credit_available(ready_to_pay) == before + charged
+    assert order_refundable_minor(ended) == 0
+    refund = BookEntry.objects.get(kind="order.refund", order=ended)
+    assert refund.memo == "slow disk"
