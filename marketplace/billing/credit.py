@@ -271,7 +271,13 @@ def _credit_low_warn(order: Order, *, held: int, used: int, now: dt.datetime) ->
         ledger_append(
             kind="order.credit_low",
             subject=subject,
-            payload={"order": str(order.public_id), "organization": order.organization_id, "held_minor": held},
+            # The reason is what the order page's history shows.
+            payload={
+                "order": str(order.public_id),
+                "organization": order.organization_id,
+                "held_minor": held,
+                "reason": message,
+            },
         )
         webhook_event_emit(
             organization_id=order.organization_id,
@@ -285,3 +291,30 @@ def _credit_low_warn(order: Order, *, held: int, used: int, now: dt.datetime) ->
             },
             now=now,
         )
+        transaction.on_commit(lambda: _credit_low_email(order, message))
+
+
+def _credit_low_email(order: Order, message: str) -> None:
+    """The warning by email to the organisation's owners with a verified address (best effort: the webhook
+    event and the order page say it too)."""
+    import smtplib
+
+    from django.core.mail import send_mail
+
+    from marketplace.models.billing import EmailVerification
+
+    owners = EmailVerification.objects.filter(
+        user__memberships__organization_id=order.organization_id, user__memberships__role="owner"
+    ).values_list("email", flat=True)
+    to = sorted(set(owners))
+    if not to:
+        return
+    try:
+        send_mail(
+            f"Order {order.public_id} stops soon: prepaid credit is running out",
+            f"{message}.\n\nTop up in Billing to keep it running.",
+            settings.DEFAULT_FROM_EMAIL,
+            to,
+        )
+    except (smtplib.SMTPException, OSError) as exc:
+        log.warning("order %s: the low-credit email was not sent: %s", order.public_id, exc)

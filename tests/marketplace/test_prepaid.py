@@ -272,7 +272,7 @@ def test_an_ended_order_releases_its_hold_and_is_charged_with_commission_and_tax
 
 
 def test_credit_running_out_warns_the_buyer_then_stops_the_order(
-    api, ready_to_pay, a100s, stripe_sandbox, aws_sandbox, django_capture_on_commit_callbacks
+    api, ready_to_pay, a100s, stripe_sandbox, aws_sandbox, django_capture_on_commit_callbacks, mailoutbox
 ):
     hour = _hour_with_tax(a100s.price_usd)
     _topup(api, f"{(hour + 100) / 100:.2f}")  # an hour and a dollar: the hold cannot follow for long
@@ -283,7 +283,13 @@ def test_credit_running_out_warns_the_buyer_then_stops_the_order(
     start = timezone.now()
     Instance.objects.filter(order=order).update(ready_at=start)
     # Ten minutes in: the hold should reach an hour past usage, the credit left cannot: warned, still running.
-    assert credit_sweep(now=start + dt.timedelta(minutes=10))["warned"] == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert credit_sweep(now=start + dt.timedelta(minutes=10))["warned"] == 1
+    (mail,) = mailoutbox  # to the owner's verified address
+    assert mail.to == [order.created_by.email.lower()] and "running out" in mail.subject
+    browser = Client()
+    browser.force_login(order.created_by)
+    assert "prepaid credit is running out" in browser.get(f"/orders/{order.public_id}/").content.decode()
     assert LedgerEntry.objects.filter(kind="order.credit_low", subject=f"order:{order.public_id}").count() == 1
     assert credit_sweep(now=start + dt.timedelta(minutes=11))["warned"] == 1  # counted, not sent again
     assert LedgerEntry.objects.filter(kind="order.credit_low").count() == 1
