@@ -23,6 +23,7 @@ from broker.env import (
     env_str,
 )
 from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE, WEBHOOK_TASKS
+from marketplace.jobs import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BROKER_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -292,7 +293,7 @@ UNVERIFIED_HEARTBEAT_RETENTION_S = env_float("BROKER_UNVERIFIED_HEARTBEAT_RETENT
 AGENT_HEARTBEATS_PER_MINUTE = env_int("BROKER_AGENT_HEARTBEATS_PER_MINUTE", 12, minimum=1)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
-CELERY_BEAT_SCHEDULE = {
+_PERIODIC = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
@@ -308,6 +309,8 @@ CELERY_BEAT_SCHEDULE = {
     "payouts-due": {"task": "marketplace.payouts_due", "schedule": 86400.0},
     "billing-sweep": {"task": "marketplace.billing_sweep", "schedule": 60.0},
 }
+# Each interval run is told its interval, so that two beats make one run per interval (marketplace/jobs.py).
+CELERY_BEAT_SCHEDULE = beat_schedule(_PERIODIC)
 # Task modules outside an app's tasks.py, which autodiscovery does not find.
 CELERY_IMPORTS = ["marketplace.webhooks.tasks"]
 

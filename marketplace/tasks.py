@@ -14,6 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from marketplace.catalog.services import offers_sync
+from marketplace.jobs import one_at_a_time
 from marketplace.models import Order, OrderState
 from marketplace.orders.bids import orders_preemption_due
 from marketplace.orders.provisioning import (
@@ -85,6 +86,7 @@ def offers_sync_account_task(account_id: int) -> bool:
 
 
 @shared_task(name="marketplace.offers_sync_all", **TASK_OPTIONS)
+@one_at_a_time("offers-sync-all")
 def offers_sync_all_task() -> int:
     """Enqueue one sync task per enabled account, so one slow or failing cloud blocks no other."""
     ids = list(ProviderAccount.objects.filter(enabled=True).values_list("pk", flat=True))
@@ -179,6 +181,7 @@ def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyp
 
 @shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
 @_stops_at_soft_limit
+@one_at_a_time("orders-sweep")
 def orders_sweep_task() -> int:
     """Stop orders whose requested duration is over, and re-enqueue orders whose task was lost (placed or
     provisioning, or terminating, untouched for a while). Runs every minute (``CELERY_BEAT_SCHEDULE``)."""
@@ -259,6 +262,7 @@ def orders_sweep_task() -> int:
 
 @shared_task(name="marketplace.orders_reconcile", **TASK_OPTIONS)
 @_stops_at_soft_limit
+@one_at_a_time("orders-reconcile")
 def orders_reconcile_task() -> dict[str, int]:
     """Compare stuck and recently ended orders with the providers and fix drift (marketplace.orders.reconcile)."""
     from django.utils import timezone
@@ -297,6 +301,7 @@ def orders_reconcile_task() -> dict[str, int]:
 
 
 @shared_task(name="marketplace.idempotency_expire", **TASK_OPTIONS)
+@one_at_a_time("idempotency-expire")
 def idempotency_expire_task() -> int:
     from marketplace.api.idempotency import idempotent_responses_expire
 
@@ -305,6 +310,7 @@ def idempotency_expire_task() -> int:
 
 @shared_task(name="marketplace.payouts_due", **TASK_OPTIONS)
 @_stops_at_soft_limit
+@one_at_a_time("payouts-due")
 def payouts_due_task() -> dict[str, int]:
     """Pay out every provider owed at least ``PAYOUT_MINIMUM_MINOR`` (daily, ``CELERY_BEAT_SCHEDULE``). Safe to
     run twice: a payout is keyed by its id at Stripe, and an organisation's row lock makes one payout at a time."""
@@ -315,6 +321,7 @@ def payouts_due_task() -> dict[str, int]:
 
 @shared_task(name="marketplace.invoices_issue_due", **TASK_OPTIONS)
 @_stops_at_soft_limit
+@one_at_a_time("invoices-issue-due")
 def invoices_issue_due_task() -> int:
     """Issue last month's invoices (marketplace.billing.invoices); safe to run again: an issued invoice is
     returned as it is, and a run cut short by its time limit is finished by the next."""
@@ -327,6 +334,7 @@ def invoices_issue_due_task() -> int:
 
 @shared_task(name="marketplace.billing_sweep", **TASK_OPTIONS)
 @_stops_at_soft_limit
+@one_at_a_time("billing-sweep")
 def billing_sweep_task() -> dict[str, int]:
     """Every minute: charge the saved card of organisations whose credit fell below their auto top-up, and
     settle top-ups whose answer or webhook never came (marketplace.billing.payments)."""

@@ -16,6 +16,7 @@ from marketplace.models.billing import (
 )
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.idempotency import IdempotentResponse
+from marketplace.models.jobs import PeriodicRun
 from marketplace.models.launch import (
     LaunchConfiguration,
     LaunchTemplate,
@@ -88,6 +89,7 @@ __all__ = [
     "PaymentTerms",
     "Payout",
     "PayoutState",
+    "PeriodicRun",
     "PricePoint",
     "ProviderProfile",
     "ProviderState",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.conf import settings
 
+from marketplace.jobs import one_at_a_time
 from marketplace.webhooks.services import webhook_deliver, webhook_deliveries_due
 
 # Both run on the webhook queue (broker/queues.py), consumed by a worker of its own.
@@ -23,6 +24,7 @@ def webhook_deliver_task(delivery_id: int) -> str:
 
 
 @shared_task(name="marketplace.webhooks_sweep", **TASK_OPTIONS)
+@one_at_a_time("webhooks-sweep")
 def webhooks_sweep_task() -> int:
     """Enqueue one delivery task per due delivery (retries, and any whose task was lost); how many."""
     ids = webhook_deliveries_due()

@@ -1,0 +1,55 @@
+"""Two beats against one broker and one worker make one run of each periodic job per interval (issue 23, point
+3): real ``celery beat`` and ``celery worker`` processes on the configured broker (RabbitMQ in CI)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from broker.celery import app as celery_app
+from marketplace.models import PeriodicRun
+from tests.test_worker import queues_purge, worker_env, worker_start, worker_stop
+
+INTERVAL_S = 10  # the shortest offer-sync interval the settings accept
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.25)
+    raise AssertionError("the periodic runs did not come within the time allowed")
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_two_beats_make_one_run_per_interval(tmp_path):
+    celery_app.conf.task_always_eager = False
+    queues_purge()
+    env = worker_env(BROKER_OFFER_SYNC_INTERVAL_S=str(INTERVAL_S), BROKER_VAR_DIR=str(tmp_path))
+    worker = worker_start([sys.executable, "-m", "celery", "-A", "broker", "worker", "--pool", "solo",
+                           "--loglevel", "WARNING"], env)  # fmt: skip
+    beat = [sys.executable, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING", "--schedule"]
+    beats = [worker_start([*beat, str(tmp_path / f"beat-{n}")], env) for n in (1, 2)]
+    started = time.monotonic()
+    try:
+        job = PeriodicRun.objects.filter(name="offers-sync-all")
+
+        def enough() -> bool:
+            row = job.first()
+            return row is not None and row.runs >= 2 and row.skipped >= 2
+
+        _wait_for(enough)
+        elapsed = time.monotonic() - started
+    finally:
+        for proc in [*beats, worker]:
+            worker_stop(proc)
+        queues_purge()
+    row = job.get()
+    # Each interval both beats sent the job: one message ran it, the other found it had just run.
+    assert row.runs <= elapsed / INTERVAL_S + 1, (row.runs, row.skipped, elapsed)
+    assert row.skipped >= row.runs - 1
+    assert row.holder == ""  # no run left holding it
