@@ -34,6 +34,7 @@ from ledger.models import Anchor, Checkpoint, LedgerHead
 from marketplace.models import (
     Attempt,
     AttemptOutcome,
+    BookLine,
     Instance,
     LeaseHeartbeat,
     LeaseState,
@@ -41,6 +42,11 @@ from marketplace.models import (
     OfferStatus,
     Order,
     OrderState,
+    Payout,
+    PayoutState,
+    PeriodicRun,
+    TopUp,
+    TopUpState,
 )
 from providers.models import Machine, MachineHeartbeat, ProviderAccount, SyncStatus
 
@@ -67,6 +73,8 @@ class BrokerCollector:
         yield from self._ledger(now)
         yield from self._machines()
         yield from self._leases()
+        yield from self._jobs(now)
+        yield from self._money()
 
     # --- Catalogue and accounts ------------------------------------------------------------------------------
 
@@ -275,6 +283,63 @@ class BrokerCollector:
             for field, family in families.items():
                 family.add_metric(values, float(row[field]))
         yield from families.values()
+
+    # --- Periodic jobs (issue 23) ----------------------------------------------------------------------------
+
+    def _jobs(self, now: dt.datetime) -> Iterator[Metric]:
+        runs = CounterMetricFamily(
+            "broker_periodic_runs", "Runs of each periodic job that did its work.", labels=["job"]
+        )
+        skipped = CounterMetricFamily(
+            "broker_periodic_skipped",
+            "Runs of each periodic job that skipped: another run held it or had just run (a second beat).",
+            labels=["job"],
+        )
+        running = GaugeMetricFamily(
+            "broker_periodic_running", "1 while a run of the job holds its lease.", labels=["job"]
+        )
+        age = GaugeMetricFamily(
+            "broker_periodic_last_start_age_seconds", "Seconds since the job's latest run began.", labels=["job"]
+        )
+        for job in PeriodicRun.objects.order_by("name"):
+            runs.add_metric([job.name], job.runs)
+            skipped.add_metric([job.name], job.skipped)
+            holding = bool(job.holder) and job.lease_until is not None and job.lease_until > now
+            running.add_metric([job.name], 1.0 if holding else 0.0)
+            if job.last_started_at is not None:
+                age.add_metric([job.name], max(0.0, (now - job.last_started_at).total_seconds()))
+        yield from (runs, skipped, running, age)
+
+    # --- Money (issue 22) ------------------------------------------------------------------------------------
+
+    def _money(self) -> Iterator[Metric]:
+        topups = GaugeMetricFamily("broker_topups", "Card top-ups by state.", labels=["state"])
+        counted = dict(TopUp.objects.order_by().values_list("state").annotate(n=Count("pk")))
+        for state in TopUpState.values:
+            topups.add_metric([state], counted.get(state, 0))
+        payouts = GaugeMetricFamily("broker_payouts", "Provider payouts by state.", labels=["state"])
+        counted = dict(Payout.objects.order_by().values_list("state").annotate(n=Count("pk")))
+        for state in PayoutState.values:
+            payouts.add_metric([state], counted.get(state, 0))
+        balances = GaugeMetricFamily(
+            "broker_book_balance",
+            "Sum of the book's accounts of each kind, in major units (credit accounts are negative).",
+            labels=["kind", "currency"],
+        )
+        imbalance = GaugeMetricFamily(
+            "broker_book_imbalance",
+            "Sum of the whole book per currency, in minor units: 0 unless broken.",
+            labels=["currency"],
+        )
+        totals: dict[str, int] = {}
+        for row in (
+            BookLine.objects.order_by().values("account__kind", "account__currency").annotate(total=Sum("amount_minor"))
+        ):
+            balances.add_metric([row["account__kind"], row["account__currency"]], int(row["total"]) / 100)
+            totals[row["account__currency"]] = totals.get(row["account__currency"], 0) + int(row["total"])
+        for currency, total in sorted(totals.items()):
+            imbalance.add_metric([currency], total)
+        yield from (topups, payouts, balances, imbalance)
 
 
 registry = CollectorRegistry(auto_describe=False)

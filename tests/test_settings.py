@@ -62,3 +62,17 @@ def test_embedded_defaults_start_with_no_settings(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "started"
+
+
+def test_a_connection_pool_is_configured_for_postgresql_when_asked(tmp_path):
+    # Issue 23: many processes share PostgreSQL through small per-process pools (psycopg_pool).
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DJANGO_SETTINGS_MODULE="broker.settings", BROKER_VAR_DIR=str(tmp_path),
+               DATABASE_URL="postgres://u@127.0.0.1:5432/x", BROKER_DB_POOL_MAX="8")  # fmt: skip
+    started = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+         "d = settings.DATABASES['default']; print(d['OPTIONS']['pool'], d.get('CONN_MAX_AGE'))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert "'max_size': 8" in started.stdout and "'min_size': 2" in started.stdout

@@ -34,6 +34,8 @@ pytestmark = pytest.mark.django_db
 # on the caller's own organisation only, below; "public": nothing private; the rest name their tests.
 ROUTES = {
     "metrics": "public (aggregates only; loopback or a metrics token: tests/test_metrics.py)",
+    "healthz": "public (says the process answers, nothing more: tests/test_health.py)",
+    "readyz": "public (each dependency ok or the kind of failure, no address: tests/test_health.py)",
     "login/": "public",
     "logout/": "public",
     "api/v1/schema": "public",

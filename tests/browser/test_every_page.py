@@ -66,7 +66,8 @@ NOT_PAGES = {
     route
     for route, _ in ROUTES.items()
     if route.startswith(("api/", "agent/"))
-    or route in {"metrics", "logout/", "spending.csv", "organizations/switch", "team/leave", "orders/place"}
+    or route
+    in {"metrics", "healthz", "readyz", "logout/", "spending.csv", "organizations/switch", "team/leave", "orders/place"}
     or route in {"billing/topups/return", "billing/verify-email", "provider/payouts/connect/return"}
     or route.endswith((".pdf", ".csv", "/onboard", "/run"))
     or route.endswith(("/revoke", "/delete", "/ping", "/active", "/secret", "/redeliver", "/terminate", "/sync"))
