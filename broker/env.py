@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from marketplace.api.rates import rate_parse
+
 T = TypeVar("T")
 
 
@@ -24,17 +26,6 @@ def _parse(name: str, default: T, parser: Callable[[str], T], expected: str) -> 
 
 def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, "") or default
-
-
-RATE_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
-
-
-def rate_parse(rate: str) -> tuple[int, int]:
-    """``"600/min"`` -> (600, 60): requests per period of seconds. Raises ValueError."""
-    count, _, period = rate.partition("/")
-    if not (count.isascii() and count.isdigit()) or period not in RATE_PERIODS:
-        raise ValueError(f"{rate!r} is not a rate like 600/min")
-    return int(count), RATE_PERIODS[period]
 
 
 def env_rate(name: str, default: str) -> str:

@@ -17,6 +17,8 @@ from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from marketplace.clients import client_address
+
 # Scripts only from this site (no inline code: the receipt page's data is a JSON block, not executed);
 # inline style attributes are allowed, the admin's widgets use them.
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -43,26 +45,6 @@ class ContentSecurityPolicyMiddleware:
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         response.headers.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
         return response
-
-
-def client_address(request: HttpRequest) -> str:
-    """The address of whoever sent ``request``: ``REMOTE_ADDR``, or with ``TRUSTED_PROXY_HOPS`` = N proxies in
-    front of the broker, the Nth address from the right of ``X-Forwarded-For`` (each proxy appends the address
-    it heard from, so the entries left of those are whatever the client chose to send). A header that is
-    missing, too short or holds anything but IP addresses falls back to ``REMOTE_ADDR``: never an address a
-    client can choose."""
-    remote = str(request.META.get("REMOTE_ADDR") or "")
-    hops = settings.TRUSTED_PROXY_HOPS
-    if hops <= 0:
-        return remote
-    forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR") or "")
-    entries = forwarded.rsplit(",", hops)  # only the last few are ever read, however long the header
-    if not forwarded or len(entries) < hops:
-        return remote
-    try:
-        return str(ipaddress.ip_address(entries[-hops].strip()))
-    except ValueError:
-        return remote
 
 
 def _address_key(address: str) -> str:

@@ -142,6 +142,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so a real worker process started by a test sees the test database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Many web and worker processes: each keeps a small pool of connections (psycopg's) instead of opening one
+    # per request or task; without a pool, connections may be kept open between requests instead.
+    _POOL_MAX = env_int("BROKER_DB_POOL_MAX", 0, minimum=0)
+    if _POOL_MAX:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(2, _POOL_MAX),
+            "max_size": _POOL_MAX,
+            "timeout": env_float("BROKER_DB_POOL_TIMEOUT_S", 10.0, minimum=1.0),
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = env_int("BROKER_DB_CONN_MAX_AGE", 60, minimum=0)
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _REDIS_URL = env_str("REDIS_URL")

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from broker.addresses import is_loopback, is_public
+from providers.addresses import is_loopback, is_public
 from providers.community.protocol import bounded_json
 from providers.types import Credentials
 

@@ -13,10 +13,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.security import client_address as request_address
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
 from marketplace.api.tokens import request_organization
+from marketplace.clients import client_address as request_address
 from marketplace.launch.config import (
     LaunchChoice,
     TemplateInvalid,

@@ -19,8 +19,8 @@ from django.core.cache import cache
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from broker.env import rate_parse
-from broker.security import client_address
+from marketplace.api.rates import rate_parse
+from marketplace.clients import client_address
 from marketplace.models import ApiToken
 
 _SAFE = ("GET", "HEAD", "OPTIONS")

@@ -26,9 +26,9 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from broker.text import name_problem
 from marketplace.models import ApiToken, Membership, Organization, Role, TokenScope
 from marketplace.orders.selectors import BuyerPermission, buyer_membership, buyer_refusal, buyer_role_allows
+from providers.text import name_problem
 
 PREFIX = "brk_"
 LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
@@ -59,7 +59,7 @@ def api_token_create(
     """A new token of ``user`` for ``organization``; the raw token is in the answer only. Raises
     ``PermissionError`` when the user is not in the organisation or their role may not create tokens, and
     ``ValueError`` (``"field: why"``) for unknown scopes, scopes beyond the role's (``ROLE_SCOPES``) or a name
-    people could not read as written (``broker.text.name_problem``: control or invisible formatting
+    people could not read as written (``providers.text.name_problem``: control or invisible formatting
     characters)."""
     role = Membership.objects.filter(user=user, organization=organization).values_list("role", flat=True).first()
     if role is None:

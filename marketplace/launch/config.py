@@ -35,7 +35,6 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from broker.text import name_problem, storable_problem
 from ledger.canonical import canonical_bytes, sha256_hex
 from marketplace.launch.keys import ssh_key_list
 from marketplace.models import LaunchConfiguration, LaunchTemplate, Organization, SshKey
@@ -43,6 +42,7 @@ from providers.community.protocol import bounded_json
 from providers.launch import IngressRule, WorkloadKind
 from providers.secrets import decrypt_secret, encrypt_secret
 from providers.sshkeys import SshKeyInvalid, SshPublicKey, ssh_key_parse
+from providers.text import name_problem, storable_problem
 
 SSH_PORT = 22
 MAX_PORTS = 16

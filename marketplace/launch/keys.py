@@ -9,9 +9,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from broker.text import name_problem
 from marketplace.models import Organization, SshKey
 from providers.sshkeys import MAX_NAME, SshKeyInvalid, ssh_key_parse
+from providers.text import name_problem
 
 MAX_KEYS_PER_ORGANIZATION = 200
 

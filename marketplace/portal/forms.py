@@ -10,13 +10,13 @@ from django import forms
 from django.contrib.auth import get_user_model, password_validation
 from django.core.validators import RegexValidator, URLValidator
 
-from broker.text import name_problem
 from marketplace.models import PROVIDER_ROLES, ProviderProfile
 from marketplace.numbers import DecimalFormField, IntegerFormField, number_problem
 from marketplace.portal.clouds import Cloud, CloudField
 from marketplace.portal.countries import COUNTRIES
 from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
 from providers.community.mig import mig_profiles_problem
+from providers.text import name_problem
 
 
 def _label(choice: tuple[str, str]) -> str:
@@ -25,7 +25,7 @@ def _label(choice: tuple[str, str]) -> str:
 
 def readable_name(value: str) -> None:
     """Refuse a name other people read that holds control or invisible formatting characters
-    (``broker.text.name_problem``)."""
+    (``providers.text.name_problem``)."""
     if problem := name_problem(value):
         raise forms.ValidationError(problem)
 

@@ -19,7 +19,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from broker.text import name_problem
 from ledger.services import ledger_append, user_commitment
 from marketplace.models import (
     Invitation,
@@ -43,6 +42,7 @@ from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import build_adapter
 from providers.secrets import SecretUnreadable
 from providers.services import AccountInvalid, provider_account_connect
+from providers.text import name_problem
 from providers.types import Credentials
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class PortalError(Exception):
 
 def _readable(field: str, value: str, *, lines: bool = False) -> None:
     """Refuse (``PortalError`` on ``field``) a name other people read that holds control or invisible
-    formatting characters, NUL or lone surrogates (``broker.text.name_problem``); with ``lines``, each line
+    formatting characters, NUL or lone surrogates (``providers.text.name_problem``); with ``lines``, each line
     on its own (an address). The forms check the same; this keeps every other caller to it."""
     for line in value.split("\n") if lines else [value]:
         if problem := name_problem(line):

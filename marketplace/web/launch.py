@@ -26,9 +26,9 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from broker.security import client_address
 from marketplace.billing.credit import PaymentRequired, money
 from marketplace.catalog.selectors import offer_list
+from marketplace.clients import client_address
 from marketplace.launch.config import (
     LaunchChoice,
     LaunchConfigInvalid,

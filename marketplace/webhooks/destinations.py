@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from broker.addresses import LOOPBACK_HOSTS, is_public
+from providers.addresses import LOOPBACK_HOSTS, is_public
 
 MAX_URL_LENGTH = 2000
 

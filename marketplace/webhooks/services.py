@@ -21,7 +21,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from broker.text import name_problem
 from marketplace.launch.selectors import order_connection
 from marketplace.models import (
     DeliveryState,
@@ -38,6 +37,7 @@ from marketplace.webhooks.sending import SendResult, http_post
 from marketplace.webhooks.signing import HEADER as SIGNATURE_HEADER
 from marketplace.webhooks.signing import signature_header
 from providers.secrets import SecretUnreadable, decrypt_secret, encrypt_secret
+from providers.text import name_problem
 
 MAX_ATTEMPTS = 8
 # Waits after the 1st, 2nd, ... failed attempt; 8 attempts span about a day and a half.

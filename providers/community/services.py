@@ -14,13 +14,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from broker.text import name_problem
 from providers.community import protocol
 from providers.community.mig import mig_profiles_problem
 from providers.community.plausibility import CardLimits, reason_text, telemetry_problems
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.gpu_names import reported_model_matches
 from providers.models import AgentNonce, Machine, MachineHeartbeat, MachineState, ProviderAccount, ProviderKind
+from providers.text import name_problem
 
 log = logging.getLogger("providers.community.security")
 
@@ -57,7 +57,7 @@ class ListedMachine:
 def machine_list(*, account: ProviderAccount, name: str, listing: dict[str, Any]) -> ListedMachine:
     """List a machine on a community account, pending verification, with a fresh agent key and secret.
     Raises ``MachineInvalid`` naming the field: another account, a name that is not a readable name
-    (``broker.text.name_problem``) or one the account already uses, a minimum GPUs per lease outside 1 to the
+    (``providers.text.name_problem``) or one the account already uses, a minimum GPUs per lease outside 1 to the
     GPU count, MIG profiles its GPU model does not offer. Without ``min_gpus_per_lease`` it is sold whole."""
     if account.kind != ProviderKind.COMMUNITY:
         raise MachineInvalid("account: machines are listed on an independent-provider (community) account")
@@ -111,7 +111,7 @@ def machine_register(
 
     ``agent_url`` must be one the broker may connect to (``providers.endpoints``, as for a cloud account's
     endpoint), else ``MachineInvalid`` names it and nothing changes; so does any text in the URL, hardware or
-    self-test that is not a readable name (``broker.text.name_problem``: control, format, private-use
+    self-test that is not a readable name (``providers.text.name_problem``: control, format, private-use
     characters, NUL, lone surrogates). A verified machine that comes back at a different URL (or at a URL
     after being outbound-only) leaves sale until staff verify it again (``machine.pending``, ledgered): the
     broker would otherwise send buyers to a host nobody checked. Its orders carry on; the broker still reaches
@@ -173,7 +173,7 @@ def machine_register(
 def _unreadable(where: str, value: Any) -> str | None:
     """``"field: why"`` for the first text in an agent's report (keys too) that is not a name people may read,
     else None. Staff read the hardware and self-test, and the provider reads the self-test's error: the same
-    rule as for any name (``broker.text``), which also keeps NUL and lone surrogates out of the JSON column."""
+    rule as for any name (``providers.text``), which also keeps NUL and lone surrogates out of the JSON column."""
     if isinstance(value, str):
         problem = name_problem(value)
         return f"{where}: {problem}" if problem else None

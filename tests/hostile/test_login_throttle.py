@@ -13,7 +13,7 @@ from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from rest_framework.test import APIClient
 
-from broker.security import client_address
+from marketplace.clients import client_address
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """Behind the TLS proxy, a launch's default access rule is the buyer's address, not the proxy's: the API and
-the storefront read where a request came from through ``broker.security.client_address`` (the
+the storefront read where a request came from through ``marketplace.clients.client_address`` (the
 ``X-Forwarded-For`` entry of the outermost trusted proxy, ``BROKER_TRUSTED_PROXY_HOPS``), never from the
 connection alone, and never from an entry the client wrote itself."""
 

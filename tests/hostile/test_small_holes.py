@@ -18,7 +18,6 @@ from django.db import connection
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
-from broker.addresses import is_public
 from ledger.services import ledger_verify
 from marketplace.api.tokens import api_token_create
 from marketplace.models import AttemptOutcome, Instance, Lease, LeaseHeartbeat, LeaseState, Order, OrderState, Quote
@@ -26,6 +25,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from marketplace.portal.forms import InvitationSignupForm
 from marketplace.portal.services import invitation_create
 from marketplace.webhooks.destinations import WebhookUrlRefused, destination_check
+from providers.addresses import is_public
 from providers.community import protocol
 from providers.community.services import machine_list
 from providers.endpoints import EndpointRefused, endpoint_check
