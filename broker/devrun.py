@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE
+from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, SYNC_QUEUE, WEBHOOK_QUEUE
 from providers.sandbox.demo import manifest_service_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,14 +86,21 @@ def chain_node_command(*, data: Path, port: int, fund: str, ready_file: Path) ->
 
 
 def worker_commands(*options: str, concurrency: int = 2) -> dict[str, list[str]]:
-    """The Celery workers the broker needs, by name: one for provisioning and every other task, one for webhook
-    deliveries. Separate processes with separate pools, so deliveries to slow receivers can take every slot of
-    theirs and an order is still provisioned at once; the prefork pool (the default) enforces the tasks' time
-    limits. ``options`` are added to each command (tests pass ``--pool solo``)."""
-    base = [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", str(concurrency)]
+    """The Celery workers the broker needs, by name: a pool per queue (broker/queues.py), so a flood on one
+    (thousands of offer syncs, slow webhook receivers, a slow chain) never takes a slot a buyer's launch needs;
+    the prefork pool (the default) enforces the tasks' time limits. ``options`` are added to each command
+    (tests pass ``--pool solo``)."""
+    base = [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING"]
+    pools = {
+        "worker": (DEFAULT_QUEUE, "default", concurrency),
+        "provisioning-worker": (PROVISIONING_QUEUE, "provisioning", concurrency),
+        "sync-worker": (SYNC_QUEUE, "sync", concurrency),
+        "ledger-worker": (LEDGER_QUEUE, "ledger", 1),
+        "webhook-worker": (WEBHOOK_QUEUE, "webhooks", concurrency),
+    }
     return {
-        "worker": [*base, "--queues", DEFAULT_QUEUE, "--hostname", "provisioning@%h", *options],
-        "webhook-worker": [*base, "--queues", WEBHOOK_QUEUE, "--hostname", "webhooks@%h", *options],
+        name: [*base, "--concurrency", str(size), "--queues", queue, "--hostname", f"{host}@%h", *options]
+        for name, (queue, host, size) in pools.items()
     }
 
 

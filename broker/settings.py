@@ -11,6 +11,7 @@ from pathlib import Path
 
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 from broker.env import (
     env_bool,
@@ -22,7 +23,7 @@ from broker.env import (
     env_rate,
     env_str,
 )
-from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE, WEBHOOK_TASKS
+from broker.queues import DEFAULT_QUEUE, QUEUES, ROUTES
 from marketplace.jobs import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -281,7 +282,10 @@ if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
     )
 # Webhook deliveries on a queue of their own, consumed by a worker of their own (broker/queues.py).
 CELERY_TASK_DEFAULT_QUEUE = DEFAULT_QUEUE
-CELERY_TASK_ROUTES = {name: {"queue": WEBHOOK_QUEUE} for name in WEBHOOK_TASKS}
+# Each queue on a direct exchange of its own name, as Celery makes a missing queue: queues declared before
+# this list existed stay the same queues.
+CELERY_TASK_QUEUES = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
+CELERY_TASK_ROUTES = {name: {"queue": queue} for name, queue in ROUTES.items()}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
 # The marketplace's commission on what buyers pay, deducted in providers' payout statements.

@@ -15,7 +15,19 @@ import pytest
 
 from broker.celery import app as celery_app
 from broker.devrun import worker_commands
-from broker.queues import DEFAULT_QUEUE, WEBHOOK_QUEUE, WEBHOOK_TASKS
+from broker.queues import (
+    DEFAULT_QUEUE,
+    LEDGER_QUEUE,
+    LEDGER_TASKS,
+    PROVISIONING_QUEUE,
+    PROVISIONING_TASKS,
+    QUEUES,
+    ROUTES,
+    SYNC_QUEUE,
+    SYNC_TASKS,
+    WEBHOOK_QUEUE,
+    WEBHOOK_TASKS,
+)
 from marketplace.models import OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from tests.leases import LAUNCH, boot_if_launched
@@ -70,7 +82,7 @@ def test_a_delivery_is_limited_to_its_send_deadline_not_the_apps_limit(settings)
     assert task.time_limit < celery_app.conf.task_soft_time_limit
 
 
-def test_webhook_tasks_go_to_their_own_queue_and_every_other_task_to_the_default_one():
+def test_each_concern_has_its_queue_and_every_other_task_goes_to_the_default_one():
     queues = {
         name: celery_app.amqp.router.route({}, name, (), {})["queue"].name
         for name in _registered()
@@ -78,8 +90,13 @@ def test_webhook_tasks_go_to_their_own_queue_and_every_other_task_to_the_default
     }
 
     assert {n for n, q in queues.items() if q == WEBHOOK_QUEUE} == set(WEBHOOK_TASKS)
-    assert {n for n, q in queues.items() if q != WEBHOOK_QUEUE} == {n for n in queues if n not in WEBHOOK_TASKS}
-    assert {q for n, q in queues.items() if n not in WEBHOOK_TASKS} == {DEFAULT_QUEUE}
+    assert {n for n, q in queues.items() if q == PROVISIONING_QUEUE} == set(PROVISIONING_TASKS)
+    assert {n for n, q in queues.items() if q == SYNC_QUEUE} == set(SYNC_TASKS)
+    assert {n for n, q in queues.items() if q == LEDGER_QUEUE} == set(LEDGER_TASKS)
+    assert {n for n, q in queues.items() if n not in ROUTES} == {n for n, q in queues.items() if q == DEFAULT_QUEUE}
+    # A worker started without -Q consumes every queue; bin/run starts a pool for each.
+    assert {q.name for q in celery_app.conf.task_queues} == set(QUEUES)
+    assert sorted(command[command.index("--queues") + 1] for command in worker_commands().values()) == sorted(QUEUES)
 
 
 def _running(acme, alice, offer, sandbox):
