@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
 from decimal import Decimal
 
 import pytest
@@ -18,6 +17,7 @@ from marketplace.models import Instance, Order, Organization
 from marketplace.orders.budgets import BudgetExceeded, budget_set, budget_status
 from marketplace.orders.services import PlaceRequest, order_place
 from tests.leases import LAUNCH
+from tests.races import race_same
 
 pytestmark = pytest.mark.django_db
 
@@ -97,25 +97,11 @@ def test_concurrent_orders_cannot_both_take_the_last_room(acme, alice, t4):
         pytest.skip("row locks need PostgreSQL; SQLite serialises every write anyway")
     # Room for three orders at this price; eight buyers race for it.
     budget_set(acme, per_hour=t4.price_usd * 3, monthly=None, by=alice)
-    barrier = threading.Barrier(8)
-    outcomes: list[str] = []
-
-    def buy() -> None:
-        try:
-            barrier.wait()
-            order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=t4.pk))
-            outcomes.append("placed")
-        except BudgetExceeded:
-            outcomes.append("refused")
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=buy) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(outcomes) == ["placed"] * 3 + ["refused"] * 5
+    placed, refused = race_same(
+        8, lambda: order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=t4.pk))
+    )
+    assert len(placed) == 3 and len(refused) == 5
+    assert all(isinstance(error, BudgetExceeded) for error in refused), refused
     assert Order.objects.filter(organization=acme).count() == 3
     assert sum(o.price_per_hour for o in Order.objects.all()) <= Organization.objects.get(pk=acme.pk).budget_per_hour
     assert ledger_verify().ok

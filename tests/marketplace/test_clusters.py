@@ -8,7 +8,6 @@ reference, "Error codes": https://docs.aws.amazon.com/AWSEC2/latest/APIReference
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 
 import boto3
@@ -24,6 +23,7 @@ from marketplace.orders.services import OfferNotOrderable
 from providers.services import adapter_for_account
 from tests.conftest import AWS_TEST_CREDENTIALS
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race_same
 
 pytestmark = pytest.mark.django_db
 
@@ -254,24 +254,7 @@ def test_two_coordinators_racing_on_a_failed_round_start_the_next_round_once(acm
     if connection.vendor != "postgresql":
         pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
     cluster = _cluster_with_a_failed_node(acme, alice, aws_account)
-    barrier = threading.Barrier(2)
-    answers: list[str] = []
-    errors: list[BaseException] = []
-
-    def advance() -> None:
-        try:
-            barrier.wait()
-            answers.append(cluster_advance(cluster_id=cluster.pk))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=advance) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers, errors = race_same(2, lambda: cluster_advance(cluster_id=cluster.pk))
 
     assert errors == []
     assert "failed-over" in answers and answers.count("failed-over") == 1
@@ -525,24 +508,7 @@ def test_two_calls_racing_to_release_a_group_delete_it_and_record_it_once(acme, 
     group = f"gb-{cluster.public_id.hex}-r1"
     ec2 = boto3.client("ec2", region_name=cluster.offer.region, endpoint_url=aws_sandbox.url, **_boto_keys())
     ec2.create_placement_group(GroupName=group, Strategy="cluster")
-    barrier = threading.Barrier(2)
-    released: list[list[str]] = []
-    errors: list[BaseException] = []
-
-    def release() -> None:
-        try:
-            barrier.wait()
-            released.append(cluster_placement_groups_release(cluster_id=cluster.pk))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=release) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    released, errors = race_same(2, lambda: cluster_placement_groups_release(cluster_id=cluster.pk))
 
     assert errors == []
     assert sorted(released) == [[], [group]]

@@ -22,6 +22,7 @@ from providers.models import Machine
 from providers.services import adapter_for_account
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race_same
 
 # Eight H100s rented two at a time or more, at 1.90 a GPU-hour.
 DIVISIBLE = {**LISTING, "min_gpus_per_lease": 2}
@@ -199,25 +200,8 @@ def test_eight_gpus_sold_in_pairs_take_exactly_four_concurrent_orders(fleet, div
     assert offers_sync(account_id=fleet.pk).ok
     pair = _offer(fleet, 2)
     buyers = 6
-    barrier = threading.Barrier(buyers)
-    placed: list[int] = []
-    errors: list[BaseException] = []
-
-    def buy() -> None:
-        try:
-            barrier.wait()
-            # Committed at once; the eager task then provisions in this thread, racing the others.
-            placed.append(_place(acme, alice, pair).pk)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=buy) for _ in range(buyers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # Each committed at once; the eager task then provisions in its thread, racing the others.
+    placed, errors = race_same(buyers, lambda: _place(acme, alice, pair).pk)
 
     assert errors == []
     orders = [boot_if_launched(o, divisible_host) for o in Order.objects.filter(pk__in=placed)]

@@ -3,10 +3,7 @@ gives one key, and a ready report racing the poll moves the order to running onc
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
@@ -15,44 +12,18 @@ from marketplace.models import Lease, LeaseState, Order, OrderState
 from marketplace.orders.provisioning import order_running_if_ready
 from marketplace.orders.services import PlaceRequest, order_place
 from tests.leases import LAUNCH, ClientTransport, held_agent
-
-
-def _require_postgresql() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
-
-
-def _race(count: int, work) -> tuple[list[object], list[BaseException]]:
-    barrier = threading.Barrier(count)
-    results: list[object] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            barrier.wait()
-            results.append(work())
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, errors
+from tests.races import race_same, require_postgresql
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_boot_token_claimed_by_two_agents_at_once_gives_one_key(acme, alice, aws_account, aws_sandbox):
-    _require_postgresql()
+    require_postgresql()
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
     order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
     lease = Lease.objects.get(order=order)
     token = boot_token(lease.attempt.client_token)
 
-    claimed, errors = _race(6, lambda: lease_claim(token=token)[0].key_id)
+    claimed, errors = race_same(6, lambda: lease_claim(token=token)[0].key_id)
 
     assert len(claimed) == 1, (claimed, errors)
     assert all(isinstance(e, LeaseRefused) and e.code == "spent" for e in errors) and len(errors) == 5
@@ -61,7 +32,7 @@ def test_a_boot_token_claimed_by_two_agents_at_once_gives_one_key(acme, alice, a
 
 @pytest.mark.django_db(transaction=True)
 def test_a_ready_report_racing_the_poll_runs_the_order_once(acme, alice, aws_account, aws_sandbox, client):
-    _require_postgresql()
+    require_postgresql()
     offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
     order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
     agent = held_agent(order, aws_sandbox)
@@ -71,7 +42,7 @@ def test_a_ready_report_racing_the_poll_runs_the_order_once(acme, alice, aws_acc
     # Ready is recorded, and four pollers look at once (a redelivered task, the sweep, the deadline check...).
     Lease.objects.filter(order=order).update(state=LeaseState.READY)
 
-    ran, errors = _race(4, lambda: order_running_if_ready(order_id=order.pk))
+    ran, errors = race_same(4, lambda: order_running_if_ready(order_id=order.pk))
 
     assert errors == [] and sorted(ran) == [True, True, True, True]
     assert Order.objects.get(pk=order.pk).state == OrderState.RUNNING

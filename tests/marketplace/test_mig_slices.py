@@ -11,7 +11,6 @@ https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.h
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 from fractions import Fraction
 
@@ -33,6 +32,7 @@ from providers.services import adapter_for_account
 from providers.types import GPU_FRACTION, LaunchSpec, OfferQuote, PricingModel
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race
 
 # Two H100s at 1.90 a GPU-hour, rented one or both whole, or as 1g.10gb and 3g.40gb slices.
 SLICED = {**LISTING, "gpu_count": 2, "vcpus": 28, "memory_gib": 280, "min_gpus_per_lease": 1,
@@ -273,27 +273,14 @@ def test_the_database_refuses_overlapping_slices_and_a_whole_gpu_over_a_slice(
 
 def _race(attempts: list[Attempt]) -> dict[int, bool]:
     """Every attempt's reservation at once, each in its own transaction and connection."""
-    barrier = threading.Barrier(len(attempts))
-    outcome: dict[int, bool] = {}
-    errors: list[BaseException] = []
 
-    def take(attempt: Attempt) -> None:
-        try:
-            barrier.wait()
-            with transaction.atomic():
-                outcome[attempt.pk] = reservation_take(attempt=attempt)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
+    def take(attempt: Attempt) -> tuple[int, bool]:
+        with transaction.atomic():
+            return attempt.pk, reservation_take(attempt=attempt)
 
-    threads = [threading.Thread(target=take, args=(a,)) for a in attempts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    taken, errors = race([lambda a=a: take(a) for a in attempts])
     assert errors == []
-    return outcome
+    return dict(taken)
 
 
 def _attempts(order: Order, offers: list[Offer]) -> list[Attempt]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,6 +43,7 @@ from marketplace.models.billing import BillingProfile, EmailVerification, Stripe
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from tests.factories import SshKeyFactory
 from tests.leases import LAUNCH, boot
+from tests.races import race_same
 
 pytestmark = pytest.mark.django_db
 
@@ -372,26 +372,12 @@ def test_two_orders_racing_for_one_hold_place_one(prepaid, alice, a100s, stripe_
             amount_minor=hour + hour // 2, payment_method="pm_card_visa", return_url="", idempotency_key="r"
         ),
     )
-    barrier = threading.Barrier(4)
-    outcomes: list[str] = []
-
-    def buy() -> None:
-        try:
-            barrier.wait()
-            order_place(organization=prepaid, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=a100s.pk))
-            outcomes.append("placed")
-        except PaymentRequired:
-            outcomes.append("refused")
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=buy) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    placed, refused = race_same(
+        4, lambda: order_place(organization=prepaid, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=a100s.pk))
+    )
     # Credit for an hour and a half: one order holds its hour, the others find half an hour and are refused.
-    assert sorted(outcomes) == ["placed", "refused", "refused", "refused"]
+    assert len(placed) == 1 and len(refused) == 3
+    assert all(isinstance(error, PaymentRequired) for error in refused), refused
     assert credit_available(prepaid) == hour // 2
     assert Order.objects.count() == 1
 

@@ -5,7 +5,6 @@ be ordered (the GPU holds take each one), in turn and concurrently on PostgreSQL
 from __future__ import annotations
 
 import json
-import threading
 from decimal import Decimal
 
 import pytest
@@ -25,6 +24,7 @@ from marketplace.orders.services import PlaceRequest, order_place
 from providers.types import GPU_FRACTION
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH
+from tests.races import race
 
 MACHINE = "fra-h100-1"
 # Eight H100s rented two at a time or more: offers of 2, 4 and 8 GPUs.
@@ -133,26 +133,9 @@ def test_the_quotes_of_one_procurement_ordered_at_once_all_get_their_gpus(fleet,
     quotes = list(Quote.objects.filter(batch=result.batch).select_related("offer"))
     # The plan: the four pairs, the whole machine; the quads wait.
     assert sorted((q.demand["demand_id"], q.offer.gpu_count) for q in quotes) == [(f"pair{i}", 2) for i in range(4)]
-    barrier = threading.Barrier(len(quotes))
-    placed: list[int] = []
-    errors: list[BaseException] = []
-
-    def buy(quote: Quote) -> None:
-        try:
-            barrier.wait()
-            # Committed at once; the eager task then reserves and launches in this thread, racing the others.
-            placed.append(_order(acme, alice, quote=quote).pk)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    # When every placed quote is ordered at the same moment
-    threads = [threading.Thread(target=buy, args=(q,)) for q in quotes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # When every placed quote is ordered at the same moment (each committed at once; the eager task then
+    # reserves and launches in its thread, racing the others)
+    placed, errors = race([lambda q=q: _order(acme, alice, quote=q).pk for q in quotes])
 
     # Then each order holds its lease's GPUs: the plan fits the machine, so none is refused
     assert errors == []

@@ -19,6 +19,7 @@ from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race_same
 
 
 def _listing(account, capacity: int) -> Offer:
@@ -62,25 +63,8 @@ def test_concurrent_orders_for_the_last_units_never_oversell(acme, alice, aws_ac
     _require_postgresql()
     listing = _listing(aws_account, capacity=3)
     buyers = 10
-    barrier = threading.Barrier(buyers)
-    placed: list[int] = []
-    errors: list[BaseException] = []
-
-    def buy() -> None:
-        try:
-            barrier.wait()
-            # Committed at once; the eager task then provisions in this thread, racing the others.
-            placed.append(_place(acme, alice, listing, allow_failover=False).pk)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=buy) for _ in range(buyers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # Each committed at once; the eager task then provisions in its thread, racing the others.
+    placed, errors = race_same(buyers, lambda: _place(acme, alice, listing, allow_failover=False).pk)
 
     assert errors == []
     orders = [boot_if_launched(o, aws_sandbox) for o in Order.objects.filter(pk__in=placed)]

@@ -2,50 +2,27 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Invitation, InvitationStatus, Membership, ProviderProfile, ProviderState, Role
 from marketplace.portal.services import PortalError, invitation_accept, invitation_create, provider_state_change
+from tests.races import race, require_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _require_postgresql() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
-
-
 def _race(workers: list[Callable[[], object]]) -> tuple[int, list[BaseException]]:
-    barrier = threading.Barrier(len(workers))
-    won: list[object] = []
-    refused: list[BaseException] = []
-
-    def run(work: Callable[[], object]) -> None:
-        try:
-            barrier.wait()
-            won.append(work())
-        except BaseException as exc:
-            refused.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    won, refused = race(workers)
     return len(won), refused
 
 
 def test_staff_verifying_the_same_provider_at_once_make_one_decision(ready, staff):
-    _require_postgresql()
+    require_postgresql()
 
     def verify() -> object:
         return provider_state_change(profile_id=ready.pk, to=ProviderState.VERIFIED, reason="checked", by=staff)
@@ -63,7 +40,7 @@ def test_staff_verifying_the_same_provider_at_once_make_one_decision(ready, staf
 
 
 def test_an_invitation_used_by_two_people_at_once_admits_one(petra, petra_org):
-    _require_postgresql()
+    require_postgresql()
     invitation, _ = invitation_create(organization=petra_org, email="ops@petra.example", role=Role.OPERATOR, by=petra)
     # Addresses are not unique: two users with the invited address race for the one invitation.
     users = [
