@@ -194,6 +194,8 @@ class TopUpListCreateApi(APIView):
             return error_response(exc.code or "payment_error", exc.message, 502)
         if data["save_payment_method"] and topup.state == TopUpState.SUCCEEDED:
             type(profile).objects.filter(pk=profile.pk).update(payment_method=method)
+        if topup.state == TopUpState.FAILED:  # a replay of a declined top-up answers as the first did
+            return error_response("card_declined", topup.failure or "the payment failed", 402)
         if topup.state == TopUpState.PENDING:
             response = error_response(
                 "payment_unavailable", topup.failure or "the payment platform did not answer: retry with this key", 503

@@ -173,6 +173,9 @@ def test_a_declined_card_adds_nothing_and_says_why(api, ready_to_pay, stripe_san
     topup = TopUp.objects.get()
     assert topup.state == TopUpState.FAILED and "insufficient_funds" in topup.failure
     assert credit_available(ready_to_pay) == 0 and not BookEntry.objects.exists()
+    replay = _topup(api, "20.00", card="pm_card_chargeDeclinedInsufficientFunds")  # the same key again
+    assert replay.status_code == 402 and "insufficient_funds" in replay.json()["error"]["message"]
+    assert len(stripe_sandbox.get_objects("payment_intent")) == 1
 
 
 def test_3d_secure_then_the_webhook_and_the_return_credit_once(api, ready_to_pay, stripe_sandbox):
