@@ -116,7 +116,9 @@ def _token() -> str:
     from marketplace.models import Membership, Organization, OrganizationKind, Role
 
     user, _ = get_user_model().objects.get_or_create(username="bench-buyer")
-    org, _ = Organization.objects.get_or_create(name="Bench Buyer", kind=OrganizationKind.BUYER)
+    org, _ = Organization.objects.get_or_create(
+        name="Bench Buyer", kind=OrganizationKind.BUYER, defaults={"payment_terms": "invoiced"}
+    )
     Membership.objects.get_or_create(user=user, organization=org, defaults={"role": Role.OWNER})
     return api_token_create(organization=org, user=user, name="bench", scopes=["offers:read"]).raw
 

@@ -89,7 +89,10 @@ def _bench(runs: int, spec: object) -> int:
     account.set_credentials(spec.credentials)  # type: ignore[attr-defined]
     account.save()
     offers_sync(account_id=account.pk)
-    org = Organization.objects.create(name=f"bench buyer {uuid.uuid4().hex[:6]}", kind=OrganizationKind.BUYER)
+    # Invoiced terms: the bench measures provisioning, not payment (a prepaid buyer would first need credit).
+    org = Organization.objects.create(
+        name=f"bench buyer {uuid.uuid4().hex[:6]}", kind=OrganizationKind.BUYER, payment_terms="invoiced"
+    )
     user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
     Membership.objects.create(user=user, organization=org, role=Role.OWNER)
     public_key = _public_key()
