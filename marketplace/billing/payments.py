@@ -244,25 +244,27 @@ def topup_refund(*, topup: TopUp, amount_minor: int, by: AbstractBaseUser) -> in
 def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> int:
     """Give back part of a finished order's charge as credit (the marketplace bears it: the provider keeps its
     payable). Refused for an order that has not ended or was not charged, and beyond what it was charged less
-    earlier refunds. ``key`` makes a retry harmless."""
+    earlier refunds. ``key`` makes a retry harmless: the same key returns the refund it made."""
     if order.state not in Order.FINAL_STATES:
         raise TopUpRefused("order_not_finished", f"order {order.public_id} is {order.state}: end it before a refund")
-    charged = _order_lines_total(order, "order.charge", BookAccountKind.BUYER_CREDIT)
-    if charged <= 0:
-        raise TopUpRefused("not_charged", f"order {order.public_id} was not charged: there is nothing to refund")
+    entry_key = f"order:{order.pk}:refund:{key}"[:128]
     with transaction.atomic():
-        Organization.objects.select_for_update().get(pk=order.organization_id)
-        refunded = -_order_lines_total(order, "order.refund", BookAccountKind.BUYER_CREDIT)
+        organization = Organization.objects.select_for_update().get(pk=order.organization_id)
+        done = BookLine.objects.filter(entry__key=entry_key, account__kind=BookAccountKind.REFUNDS).first()
+        if done is not None:
+            return done.amount_minor
+        charged, refunded = _order_charged_refunded(order)
+        if charged <= 0:
+            raise TopUpRefused("not_charged", f"order {order.public_id} was not charged: there is nothing to refund")
         if type(amount_minor) is not int or not 0 < amount_minor <= charged - refunded:
             raise TopUpRefused(
                 "invalid_amount",
                 f"order {order.public_id} was charged {money(charged)} and refunded {money(refunded)}: "
                 f"a refund is at most {money(charged - refunded)}",
             )
-        organization = Organization.objects.get(pk=order.organization_id)
         book_post(
             kind="order.refund",
-            key=f"order:{order.pk}:refund:{key}"[:128],
+            key=entry_key,
             lines=[
                 Line(book_account(kind=BookAccountKind.REFUNDS, currency=CURRENCY), amount_minor),
                 Line(
@@ -278,9 +280,16 @@ def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> i
 
 def order_refundable_minor(order: Order) -> int:
     """What is left of the order's charge to refund (0 when it was not charged)."""
-    charged = _order_lines_total(order, "order.charge", BookAccountKind.BUYER_CREDIT)
-    refunded = -_order_lines_total(order, "order.refund", BookAccountKind.BUYER_CREDIT)
+    charged, refunded = _order_charged_refunded(order)
     return max(0, charged - refunded)
+
+
+def _order_charged_refunded(order: Order) -> tuple[int, int]:
+    """What the order's charge took from the buyer's credit, and what refunds gave back, in minor units."""
+    return (
+        _order_lines_total(order, "order.charge", BookAccountKind.BUYER_CREDIT),
+        -_order_lines_total(order, "order.refund", BookAccountKind.BUYER_CREDIT),
+    )
 
 
 def _order_lines_total(order: Order, kind: str, account_kind: str) -> int:

@@ -330,6 +330,11 @@ def test_a_finished_order_is_refunded_as_credit_once_and_no_more_than_charged(
     with pytest.raises(TopUpRefused, match="a refund is at most"):
         order_refund(order=order, amount_minor=charged.amount_minor, key="r2", reason="too much")
     assert credit_available(ready_to_pay) == before + 10
+    rest = charged.amount_minor - 10
+    assert order_refund(order=order, amount_minor=rest, key="r3", reason="the rest") == rest
+    # Retried after a lost answer, the refund that used up the charge is the same refund, not a refusal.
+    assert order_refund(order=order, amount_minor=rest, key="r3", reason="the rest") == rest
+    assert credit_available(ready_to_pay) == before + charged.amount_minor
 
 
 def test_a_top_up_is_refunded_to_the_card_up_to_the_unspent_credit(api, alice, ready_to_pay, stripe_sandbox):
