@@ -19,6 +19,7 @@ from marketplace.api.errors import error_response
 from marketplace.api.tokens import request_organization
 from marketplace.billing.book import book_account_balance, credit_available
 from marketplace.billing.credit import CURRENCY
+from marketplace.billing.invoices import money
 from marketplace.billing.payments import (
     MAX_TOPUP_MINOR,
     MIN_TOPUP_MINOR,
@@ -43,39 +44,35 @@ _MIN, _MAX = Decimal(MIN_TOPUP_MINOR) / 100, Decimal(MAX_TOPUP_MINOR) / 100
 WEBHOOK_MAX_BYTES = 256 * 1024
 
 
-def _cents(minor: int) -> str:
-    return f"{minor / 100:.2f}"
-
-
 def billing_body(organization: Organization, user: Any) -> dict[str, Any]:
     profile = billing_profile(organization)
     held = -book_account_balance(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
     return {
         "currency": CURRENCY,
         "payment_terms": organization.payment_terms,
-        "credit_available": _cents(credit_available(organization, CURRENCY)),
-        "held_for_running_orders": _cents(held),
+        "credit_available": money(credit_available(organization, CURRENCY)),
+        "held_for_running_orders": money(held),
         "country": profile.country or None,
         "tax_id": profile.tax_id or None,
         "payment_method": profile.payment_method or None,
         "auto_topup": None
         if profile.auto_topup_below_minor is None
-        else {"below": _cents(profile.auto_topup_below_minor), "amount": _cents(profile.auto_topup_amount_minor or 0)},
+        else {"below": money(profile.auto_topup_below_minor), "amount": money(profile.auto_topup_amount_minor or 0)},
         "email_verified": email_verified(user) if getattr(user, "is_authenticated", False) else None,
-        "top_up": {"min": _cents(MIN_TOPUP_MINOR), "max": _cents(MAX_TOPUP_MINOR)},
+        "top_up": {"min": money(MIN_TOPUP_MINOR), "max": money(MAX_TOPUP_MINOR)},
     }
 
 
 def topup_body(topup: TopUp) -> dict[str, Any]:
     return {
         "id": str(topup.public_id),
-        "amount": _cents(topup.amount_minor),
+        "amount": money(topup.amount_minor),
         "currency": topup.currency,
         "state": topup.state,
         "automatic": topup.automatic,
         "next_action_url": topup.next_action_url or None,
         "failure": topup.failure or None,
-        "refunded": _cents(topup.refunded_minor),
+        "refunded": money(topup.refunded_minor),
         "created_at": topup.created_at.isoformat(),
     }
 

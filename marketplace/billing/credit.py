@@ -25,6 +25,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from marketplace.billing.book import Line, book_account, book_post, credit_available
+from marketplace.billing.tax import TaxRate, tax_memo, tax_minor, tax_rate_for
 from marketplace.models import (
     BookAccountKind,
     BookLine,
@@ -32,8 +33,9 @@ from marketplace.models import (
     Order,
     OrderState,
     Organization,
+    PaymentTerms,
 )
-from marketplace.models.billing import BillingProfile, PaymentTerms
+from marketplace.models.billing import BillingProfile
 from marketplace.orders.services import OrderError
 
 log = logging.getLogger(__name__)
@@ -68,20 +70,13 @@ def money(amount_minor: int) -> str:
     return f"{sign}${abs(amount_minor) / 100:,.2f} {CURRENCY}"
 
 
-def is_prepaid(organization: Organization) -> bool:
-    return organization.payment_terms == PaymentTerms.PREPAID
-
-
-def _tax(organization: Organization, on: dt.date):  # -> TaxRate | None
-    from marketplace.billing.tax import tax_rate_for
-
-    country = BillingProfile.objects.filter(organization=organization).values_list("country", flat=True).first()
+def tax_rate_of(organization_id: int, on: dt.date) -> TaxRate | None:
+    """The tax the organisation's billing country charges on ``on``; None without a country (or a rate)."""
+    country = BillingProfile.objects.filter(organization_id=organization_id).values_list("country", flat=True).first()
     return tax_rate_for(country, on=on) if country else None
 
 
-def _with_tax(amount_minor: int, rate) -> int:  # type: ignore[no-untyped-def]
-    from marketplace.billing.tax import tax_minor
-
+def _with_tax(amount_minor: int, rate: TaxRate | None) -> int:
     return amount_minor + tax_minor(amount_minor, rate)
 
 
@@ -99,14 +94,14 @@ def order_total_cap_minor(order: Order) -> int | None:
     return min(caps) if caps else None
 
 
-def hold_target_minor(order: Order, *, used_minor: int, on: dt.date) -> int:
+def hold_target_minor(order: Order, *, used_minor: int, rate: TaxRate | None) -> int:
     """What the order should hold with ``used_minor`` (before tax) run up: usage plus the next hour, no more
-    than its cap, with tax."""
+    than its cap, with tax at ``rate``."""
     target = used_minor + _ceil_minor(order.price_per_hour)
     cap = order_total_cap_minor(order)
     if cap is not None:
         target = min(target, max(cap, used_minor))
-    return _with_tax(target, _tax(order.organization, on))
+    return _with_tax(target, rate)
 
 
 def order_held_minor(order: Order) -> int:
@@ -120,7 +115,7 @@ def order_held_minor(order: Order) -> int:
 def order_hold_place(order: Order, organization: Organization, *, now: dt.datetime) -> int:
     """Hold the new order's first stretch against the organisation's credit, or raise ``PaymentRequired``
     saying how much to add. The caller holds the organisation's row lock and rolls the order back on error."""
-    needed = hold_target_minor(order, used_minor=0, on=now.date())
+    needed = hold_target_minor(order, used_minor=0, rate=tax_rate_of(organization.pk, now.date()))
     available = credit_available(organization, CURRENCY)
     if needed > available:
         raise PaymentRequired(
@@ -151,8 +146,6 @@ def _hold_move(order: Order, organization: Organization, amount: int, *, key: st
 def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) -> None:
     """At the order's end: release its hold and charge its invoice line (cost, commission, tax). Runs in the
     final transition's transaction; keyed by the order, so it happens once."""
-    from marketplace.billing.tax import tax_memo, tax_minor
-
     organization = Organization.objects.get(pk=order.organization_id)
     held = order_held_minor(order)
     if held:
@@ -164,7 +157,7 @@ def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) ->
         return
     share = Decimal(str(settings.COMMISSION_SHARE))
     commission = minor(Decimal(gross) / 100 * share)
-    rate = _tax(organization, now.date())
+    rate = tax_rate_of(organization.pk, now.date())
     tax = tax_minor(gross, rate)
     seller = _seller(order)
     lines = [
@@ -200,9 +193,7 @@ def credit_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
 
     now = now or timezone.now()
     counts = {"extended": 0, "warned": 0, "stopped": 0}
-    running = Order.objects.filter(
-        state=OrderState.RUNNING, organization__payment_terms=PaymentTerms.PREPAID
-    ).select_related("organization")
+    running = Order.objects.filter(state=OrderState.RUNNING, organization__payment_terms=PaymentTerms.PREPAID)
     for order in running:
         try:
             outcome = _order_credit_keep(order, used_minor=_ceil_minor(order_spent_usd(order, now=now)), now=now)
@@ -219,10 +210,11 @@ def _order_credit_keep(order: Order, *, used_minor: int, now: dt.datetime) -> st
 
     from marketplace.orders.services import TransitionRefused, order_terminate
 
+    rate = tax_rate_of(order.organization_id, now.date())  # once per order and sweep
     with transaction.atomic():
         organization = Organization.objects.select_for_update().get(pk=order.organization_id)
         held = order_held_minor(order)
-        target = hold_target_minor(order, used_minor=used_minor, on=now.date())
+        target = hold_target_minor(order, used_minor=used_minor, rate=rate)
         if held >= target:
             return ""
         available = credit_available(organization, CURRENCY)
@@ -230,9 +222,9 @@ def _order_credit_keep(order: Order, *, used_minor: int, now: dt.datetime) -> st
         if more > 0:
             _hold_move(order, organization, more, key=f"order:{order.pk}:hold:{now.isoformat()}", now=now)
             held += more
-    used_with_tax = _with_tax(used_minor, _tax(order.organization, now.date()))
+    used_with_tax = _with_tax(used_minor, rate)
     # Two sweeps' worth of running at the price: stop while the hold still covers what the sweep cannot see.
-    margin = _with_tax(_ceil_minor(order.price_per_hour * 2 / 60), _tax(order.organization, now.date()))
+    margin = _with_tax(_ceil_minor(order.price_per_hour * 2 / 60), rate)
     if held - used_with_tax <= margin:
         try:
             order_terminate(

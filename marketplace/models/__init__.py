@@ -7,7 +7,6 @@ from marketplace.models.billing import (
     ConnectAccount,
     EmailVerification,
     Invoice,
-    PaymentTerms,
     Payout,
     PayoutState,
     StripeEvent,
@@ -38,7 +37,14 @@ from marketplace.models.orders import (
     OrderState,
     Quote,
 )
-from marketplace.models.organizations import PROVIDER_ROLES, Membership, Organization, OrganizationKind, Role
+from marketplace.models.organizations import (
+    PROVIDER_ROLES,
+    Membership,
+    Organization,
+    OrganizationKind,
+    PaymentTerms,
+    Role,
+)
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
 from marketplace.models.tokens import ApiToken, TokenScope
 from marketplace.models.webhooks import (

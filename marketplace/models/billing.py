@@ -90,13 +90,6 @@ class BookLine(AppendOnlyModel):
         indexes = [models.Index(fields=["account"], name="book_line_account")]
 
 
-class PaymentTerms(models.TextChoices):
-    """How an organisation pays: prepaid credit (every sign-up), or invoiced monthly (staff grant it)."""
-
-    PREPAID = "prepaid", "prepaid credit"
-    INVOICED = "invoiced", "invoiced monthly"
-
-
 class BillingProfile(models.Model):
     """An organisation's payment details: its Stripe customer, saved card, country (for tax) and auto top-up."""
 

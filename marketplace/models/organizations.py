@@ -27,6 +27,13 @@ PROVIDER_ROLES = (Role.OWNER, Role.OPERATOR, Role.VIEWER)
 BUYER_ROLES = (Role.OWNER, Role.MEMBER, Role.VIEWER)
 
 
+class PaymentTerms(models.TextChoices):
+    """How an organisation pays: prepaid credit (every sign-up), or invoiced monthly (staff grant it)."""
+
+    PREPAID = "prepaid", "prepaid credit"
+    INVOICED = "invoiced", "invoiced monthly"
+
+
 class Organization(models.Model):
     """A buyer or provider company."""
 
@@ -39,9 +46,7 @@ class Organization(models.Model):
     budget_per_hour = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     budget_monthly = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     # Prepaid: orders hold credit before they launch. Invoiced (granted by staff): usage is billed monthly.
-    payment_terms = models.CharField(
-        max_length=8, choices=[("prepaid", "prepaid credit"), ("invoiced", "invoiced monthly")], default="prepaid"
-    )
+    payment_terms = models.CharField(max_length=8, choices=PaymentTerms.choices, default=PaymentTerms.PREPAID)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -5,6 +5,8 @@ from typing import Any
 
 from django import template
 
+from marketplace.billing.credit import money
+
 register = template.Library()
 
 
@@ -31,12 +33,11 @@ def usd(value: Any, places: int = 2) -> str:
 
 @register.filter
 def cents_usd(value: Any) -> str:
-    """Minor units (cents) as money, "$12.34 USD"; negative amounts keep their sign."""
+    """Minor units (cents) as money, "$12.34 USD" (``marketplace.billing.credit.money``)."""
     if value is None or value == "":
         return ""
     try:
         cents = int(value)
     except (TypeError, ValueError):
         return str(value)
-    sign = "-" if cents < 0 else ""
-    return f"{sign}${abs(cents) / 100:,.2f} USD"
+    return money(cents)
