@@ -26,6 +26,7 @@ from marketplace.billing.payments import (
     TopUpRefused,
     TopUpRequest,
     billing_profile,
+    billing_profile_read,
     email_verified,
     stripe_event_receive,
     topup_refresh,
@@ -33,8 +34,9 @@ from marketplace.billing.payments import (
 )
 from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable, WebhookRejected
 from marketplace.models import BookAccountKind, Organization
-from marketplace.models.billing import TopUp, TopUpState
+from marketplace.models.billing import BillingProfile, TopUp, TopUpState
 from marketplace.orders.selectors import BuyerPermission
+from providers.text import name_problem
 
 OBJECT = OpenApiTypes.OBJECT
 ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
@@ -45,7 +47,7 @@ WEBHOOK_MAX_BYTES = 256 * 1024
 
 
 def billing_body(organization: Organization, user: Any) -> dict[str, Any]:
-    profile = billing_profile(organization)
+    profile = billing_profile_read(organization)
     held = -book_account_balance(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
     return {
         "currency": CURRENCY,
@@ -94,6 +96,12 @@ class ProfileInput(serializers.Serializer):
     tax_id = serializers.CharField(required=False, allow_blank=True, max_length=32)
     auto_topup_below = _Money(required=False, allow_null=True, min_value=Decimal(0), max_value=_MAX)
     auto_topup_amount = _Money(required=False, allow_null=True, min_value=_MIN, max_value=_MAX)
+
+    def validate_tax_id(self, value: str) -> str:
+        problem = name_problem(value.strip()) if value.strip() else None
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         below, amount = attrs.get("auto_topup_below"), attrs.get("auto_topup_amount")
@@ -190,7 +198,7 @@ class TopUpListCreateApi(APIView):
         except PaymentError as exc:
             return error_response(exc.code or "payment_error", exc.message, 502)
         if data["save_payment_method"] and topup.state == TopUpState.SUCCEEDED:
-            type(profile).objects.filter(pk=profile.pk).update(payment_method=method)
+            BillingProfile.objects.filter(organization=organization).update(payment_method=method)
         if topup.state == TopUpState.FAILED:  # a replay of a declined top-up answers as the first did
             return error_response("card_declined", topup.failure or "the payment failed", 402)
         if topup.state == TopUpState.PENDING:

@@ -62,8 +62,14 @@ def email_verified(user: AbstractBaseUser) -> bool:
 
 
 def billing_profile(organization: Organization) -> BillingProfile:
+    """The organisation's billing profile, made on first use (a write: for reading, ``billing_profile_read``)."""
     profile, _ = BillingProfile.objects.get_or_create(organization=organization)
     return profile
+
+
+def billing_profile_read(organization: Organization) -> BillingProfile:
+    """The organisation's billing profile as stored, or an unsaved empty one: reading writes nothing."""
+    return BillingProfile.objects.filter(organization=organization).first() or BillingProfile(organization=organization)
 
 
 def topup_start(*, organization: Organization, user: AbstractBaseUser | None, request: TopUpRequest) -> TopUp:

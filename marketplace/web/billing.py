@@ -23,7 +23,7 @@ from marketplace.billing.payments import (
     MIN_TOPUP_MINOR,
     TopUpRefused,
     TopUpRequest,
-    billing_profile,
+    billing_profile_read,
     email_verified,
     topup_refresh,
     topup_start,
@@ -35,11 +35,12 @@ from marketplace.billing.verification import (
     email_verification_token,
     email_verify,
 )
-from marketplace.models import BookAccountKind
-from marketplace.models.billing import TopUp, TopUpState
+from marketplace.models import BookAccountKind, Organization
+from marketplace.models.billing import BillingProfile, TopUp, TopUpState
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
 from marketplace.portal.countries import COUNTRIES
 from marketplace.web.orgs import buyer_access
+from providers.text import name_problem
 
 # Stripe's test PaymentMethods (https://docs.stripe.com/testing): offered while payments go to a sandbox, where no
 # real card can be typed. Against live Stripe the page takes a PaymentMethod id made by Stripe.js instead.
@@ -81,6 +82,14 @@ class ProfileForm(forms.Form):
         label="Billing country", choices=[("", "choose…"), *sorted(COUNTRIES.items(), key=lambda kv: kv[1])]
     )
     tax_id = forms.CharField(label="Tax id (VAT number)", required=False, max_length=32)
+
+    def clean_tax_id(self) -> str:
+        value = self.cleaned_data["tax_id"].strip()
+        problem = name_problem(value) if value else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return value
+
     auto_topup_below = forms.DecimalField(
         label="Auto top-up when credit falls below (USD)",
         required=False,
@@ -110,7 +119,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     membership = buyer_access(request, BuyerPermission.PAY if request.method == "POST" else BuyerPermission.READ)
     organization = membership.organization
     can_pay = buyer_role_allows(membership.role, BuyerPermission.PAY)
-    profile = billing_profile(organization)
+    profile = billing_profile_read(organization)  # a save below makes it
     topup_form = TopUpForm(saved=profile.payment_method)
     profile_form = ProfileForm(
         initial={
@@ -128,7 +137,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and request.POST.get("action") == "topup":
         topup_form = TopUpForm(request.POST, saved=profile.payment_method)
         if topup_form.is_valid():
-            return _topup(request, organization, profile, topup_form)
+            return _topup(request, organization, topup_form)
         status = 400
     elif request.method == "POST" and request.POST.get("action") == "profile":
         profile_form = ProfileForm(request.POST)
@@ -183,7 +192,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _topup(request: HttpRequest, organization, profile, form: TopUpForm) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _topup(request: HttpRequest, organization: Organization, form: TopUpForm) -> HttpResponse:
     data = form.cleaned_data
     # The form's nonce makes a double submit one payment.
     key = request.POST.get("nonce", "")[:64] or uuid.uuid4().hex
@@ -206,7 +215,7 @@ def _topup(request: HttpRequest, organization, profile, form: TopUpForm) -> Http
         messages.error(request, f"The payment platform refused the payment: {exc.message}")
         return redirect("storefront:billing")
     if data.get("save_card") and topup.state == TopUpState.SUCCEEDED:
-        type(profile).objects.filter(pk=profile.pk).update(payment_method=data["payment_method"])
+        BillingProfile.objects.filter(organization=organization).update(payment_method=data["payment_method"])
     if topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url:
         # A link, not a redirect: the site's CSP (form-action 'self') rightly stops a form's answer from sending
         # the browser to another site, so the page offers the bank's check as a link the person follows.

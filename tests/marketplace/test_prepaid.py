@@ -590,3 +590,11 @@ def test_staff_refund_ended_orders_to_credit_from_the_admin_once(
     assert order_refundable_minor(ended) == 0
     refund = BookEntry.objects.get(kind="order.refund", order=ended)
     assert refund.memo == "slow disk"
+
+
+def test_reading_billing_writes_nothing_and_an_unreadable_tax_id_is_named(api, prepaid):
+    assert api.get("/api/v1/billing").status_code == 200
+    assert not BillingProfile.objects.exists()  # a GET makes no row
+    bad = api.put("/api/v1/billing", data=json.dumps({"tax_id": "GB\u0000123"}), content_type="application/json")
+    assert bad.status_code == 400 and "tax_id" in bad.json()["error"]["fields"]
+    assert not BillingProfile.objects.exists()
