@@ -247,6 +247,8 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "GPU Broker <no-reply@localho
 CELERY_DATA_DIR = VAR_DIR / "celery"
 CELERY_BROKER_URL = env_broker_url("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's, with each message written whole before a consumer can see it (broker/fstransport.py).
+    CELERY_BROKER_TRANSPORT = "broker.fstransport:Transport"
     for sub in ("queue", "processed", "control"):
         (CELERY_DATA_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
