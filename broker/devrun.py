@@ -204,6 +204,8 @@ def main() -> int:
                 " --state var/audit-state.json\n"
             )
         _manage("migrate", "--verbosity", "0")
+        # Chains ledger entries as their changes commit (ledger.services.ledger_sequence_follow).
+        start("sequencer", [PY, "manage.py", "ledger", "sequence", "--follow"])
         _wait_file(manifest, "the sandbox", sandbox)
         # Payments go to the Stripe sandbox served with the clouds, unless pointed elsewhere (real keys).
         stripe_url = manifest_service_url(manifest, "stripe")

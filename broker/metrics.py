@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ledger.models import Anchor, Checkpoint, LedgerHead
+from ledger.services import ledger_queued
 from marketplace.models import (
     Attempt,
     AttemptOutcome,
@@ -184,6 +185,15 @@ class BrokerCollector:
     def _ledger(self, now: dt.datetime) -> Iterator[Metric]:
         size = LedgerHead.objects.order_by().aggregate(size=Max("size"))["size"] or 0
         yield GaugeMetricFamily("broker_ledger_entries", "Entries in the append-only ledger.", value=size)
+        queued, oldest = ledger_queued()
+        yield GaugeMetricFamily(
+            "broker_ledger_queued_entries", "Entries written but not yet chained by the sequencer.", value=queued
+        )
+        yield GaugeMetricFamily(
+            "broker_ledger_queued_age_seconds",
+            "Seconds the oldest queued entry has waited for the sequencer (0 when none waits).",
+            value=0.0 if oldest is None else max(0.0, (now - oldest).total_seconds()),
+        )
 
         checkpoint = Checkpoint.objects.order_by().aggregate(size=Max("size"))["size"]
         if checkpoint is not None:

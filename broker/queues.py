@@ -25,7 +25,7 @@ PROVISIONING_TASKS = (
     "marketplace.cluster_advance",
 )
 SYNC_TASKS = ("marketplace.offers_sync_account",)
-LEDGER_TASKS = ("ledger.checkpoint", "ledger.checkpoint_sign")
+LEDGER_TASKS = ("ledger.checkpoint", "ledger.checkpoint_sign", "ledger.sequence")
 
 ROUTES: dict[str, str] = {
     **{name: WEBHOOK_QUEUE for name in WEBHOOK_TASKS},

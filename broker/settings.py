@@ -320,6 +320,7 @@ _PERIODIC = {
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
+    "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
     # Last month's invoices, on the 1st at 02:00 UTC (entries of orders that ended just before midnight are in).
     "invoices-issue-due": {

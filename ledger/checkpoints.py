@@ -31,6 +31,7 @@ from django.utils import timezone
 from ledger import merkle, note
 from ledger.chain import Web3, recursion_limit_kept, send_anchor
 from ledger.models import Anchor, Checkpoint, LedgerHead
+from ledger.services import SEQUENCE_BATCHES_PER_CALL, ledger_sequence
 from ledger.tree import ProofUnavailable, StoredTree, leaf_hashes, subtree_hashes_extend
 
 __all__ = [
@@ -233,9 +234,13 @@ def checkpoint_create(*, now: dt.datetime | None = None) -> Checkpoint | None:
     Single writer whoever calls it (the periodic task, a buyer's prompt signing, ``ledger checkpoint``):
     signers take one lock in turn and read the ledger's size and the newest checkpoint under it, so checkpoints
     are created in size order, never twice for one size, and a second signer of the same size signs nothing.
+    Entries still queued are sequenced first, under the signing lock (unless another process is sequencing them
+    at that moment: the next checkpoint covers those), so the checkpoint covers the changes committed before.
     """
+    ledger_sequence()
     with transaction.atomic():
         _signing_lock()
+        ledger_sequence(max_batches=SEQUENCE_BATCHES_PER_CALL)
         return _checkpoint_sign(now)
 
 

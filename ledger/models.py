@@ -54,32 +54,59 @@ class AppendOnlyModel(models.Model):
 class LedgerEntry(AppendOnlyModel):
     """One entry. ``entry_hash`` = SHA-256 of the canonical envelope, which includes ``prev_hash``.
 
+    An entry is written *queued* (no ``sequence``, ``prev_hash``, ``entry_hash`` or ``leaf_hash``) in the
+    transaction of the change it records, so it commits or rolls back with it; the sequencer
+    (``ledger.services.ledger_sequence``) later gives it its place in the chain, once. The database trigger
+    allows exactly that one change (a queued row's chain fields filled, nothing else touched) and refuses
+    every other UPDATE, as the model and queryset refuse all of them.
+
     The envelope (sequence, kind, subject, created_at, payload_hash, prev_hash) is the entry's Merkle leaf:
     ``leaf_hash`` = SHA-256(0x00 || envelope), kept so checkpoints and proofs need not rebuild envelopes.
     ``payload`` keeps the canonical JSON text so anyone can recompute ``payload_hash``; it never holds
     personal data, only commitments to it (``PersonalDatum``).
     """
 
-    sequence = models.PositiveBigIntegerField(unique=True)
+    sequence = models.PositiveBigIntegerField(null=True)
     kind = models.CharField(max_length=64)
-    subject = models.CharField(max_length=128, db_index=True)
+    subject = models.CharField(max_length=128)
     payload = models.TextField()
     payload_hash = models.CharField(max_length=64)
-    prev_hash = models.CharField(max_length=64)
-    entry_hash = models.CharField(max_length=64, unique=True)
-    leaf_hash = models.CharField(max_length=64, default="")  # filled by ledger_append; "" only mid-migration
+    # NULL, not "", while queued: the sequencer fills them, and unique hashes cannot share an empty value.
+    prev_hash = models.CharField(max_length=64, null=True)  # noqa: DJ001
+    entry_hash = models.CharField(max_length=64, null=True)  # noqa: DJ001
+    leaf_hash = models.CharField(max_length=64, default="")  # filled by the sequencer; "" while queued
     created_at = models.DateTimeField()
 
     class Meta:
-        ordering = ["sequence"]
-        constraints = [models.CheckConstraint(condition=models.Q(sequence__gte=1), name="ledger_sequence_positive")]
+        # Queued entries (no sequence yet) after the sequenced ones, in the order they were written.
+        ordering = [models.F("sequence").asc(nulls_last=True), "id"]
+        # Every change in the marketplace inserts a row here, so it carries only the indexes that are read: the
+        # uniques cover chained rows only (a queued row is in neither), and no pattern-matching twins.
+        constraints = [
+            models.CheckConstraint(condition=models.Q(sequence__gte=1), name="ledger_sequence_positive"),
+            models.UniqueConstraint(
+                fields=["sequence"], condition=models.Q(sequence__isnull=False), name="ledger_entry_sequence_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["entry_hash"], condition=models.Q(entry_hash__isnull=False), name="ledger_entry_hash_unique"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["id"], condition=models.Q(sequence__isnull=True), name="ledger_entry_queued"),
+            models.Index(fields=["subject"], name="ledger_entry_subject"),
+        ]
 
     def __str__(self) -> str:
-        return f"#{self.sequence} {self.kind} {self.subject}"
+        return f"{'queued' if self.queued else f'#{self.sequence}'} {self.kind} {self.subject}"
+
+    @property
+    def queued(self) -> bool:
+        return self.sequence is None
 
 
 class LedgerHead(models.Model):
-    """A single row holding the chain's size and last hash; appends lock it so sequences never gap or fork."""
+    """A single row holding the chain's size and last hash; only the sequencer locks it, so sequences never gap
+    or fork."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     size = models.PositiveBigIntegerField(default=0)

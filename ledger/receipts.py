@@ -7,7 +7,9 @@
   checkpoint that covers it, that checkpoint, and the verifier key. Entries newer than every checkpoint are
   listed as ``pending``, and the receipt's ``status`` is ``pending`` (else ``complete``) with ``first_pending``,
   the first such entry's sequence, and ``signed_size``, the newest checkpoint's size (0 before the first): the
-  next checkpoint covers them. ``receipt_for_buyer`` also has that checkpoint signed promptly, rather than at
+  next checkpoint covers them. Entries the sequencer has not yet chained are listed as ``queued`` (kind,
+  subject, time and payload, no sequence or hashes) and make the receipt ``pending`` too.
+  ``receipt_for_buyer`` also has them chained and that checkpoint signed promptly, rather than at
   the periodic one (``LEDGER_CHECKPOINT_INTERVAL_S``).
 - ``audit_bundle``: checkpoints, the consistency proofs between consecutive ones, the key history, and
   optionally every leaf hash and every entry: the input of ``python -m ledger.audit``.
@@ -39,6 +41,7 @@ from ledger.checkpoints import (
     verifier_keys,
 )
 from ledger.models import Checkpoint, LedgerEntry
+from ledger.services import SEQUENCE_BATCHES_PER_CALL, ledger_sequence
 from ledger.tasks import ledger_checkpoint_sign_task
 
 log = logging.getLogger(__name__)
@@ -124,7 +127,9 @@ def latest_checkpoint() -> Checkpoint | None:
 def receipt(subject: str) -> dict[str, Any]:
     """The receipt of ``subject``'s entries against the newest checkpoint; reads only."""
     checkpoint = latest_checkpoint()
-    entries = list(LedgerEntry.objects.filter(subject=subject).order_by("sequence"))
+    everything = list(LedgerEntry.objects.filter(subject=subject))
+    entries = [e for e in everything if not e.queued]
+    queued = [e for e in everything if e.queued]
     covered = [e for e in entries if checkpoint is not None and e.sequence <= checkpoint.size]
     proofs: dict[int, list[str]] = {}
     problem = ""
@@ -138,7 +143,7 @@ def receipt(subject: str) -> dict[str, Any]:
     return {
         "format": RECEIPT_FORMAT,
         "origin": settings.LEDGER_ORIGIN,
-        "status": PENDING if pending else COMPLETE,
+        "status": PENDING if pending or queued else COMPLETE,
         "signed_size": 0 if checkpoint is None else checkpoint.size,
         "first_pending": pending[0].sequence if pending else None,
         "verifier_key": verifier_key() if checkpoint is None else signer_key(checkpoint),
@@ -146,6 +151,7 @@ def receipt(subject: str) -> dict[str, Any]:
         "checkpoint": None if checkpoint is None else checkpoint_json(checkpoint),
         "entries": [{**entry_json(e), "inclusion_proof": proofs.get(e.sequence)} for e in covered],
         "pending": [entry_json(e) for e in pending],
+        "queued": [entry_json(e) for e in queued],
         "key_history": key_history_json(),
         **({"problem": problem} if problem else {}),
     }
@@ -155,7 +161,9 @@ def receipt_for_buyer(subject: str) -> dict[str, Any]:
     """``receipt(subject)`` for a buyer waiting on it. When entries are pending, a prompt signing is queued once
     the current transaction commits (``checkpoint_sign_soon``), so asking again after ``PENDING_RETRY_AFTER_S``
     (or a few times, within ``PROMPT_SIGNING_SPACING_S``) finds them covered. The answer is what the ledger
-    holds now: the signing never delays it."""
+    holds now: the signing never delays it. Entries still queued are sequenced first (unless another process is
+    sequencing them at this moment)."""
+    ledger_sequence(max_batches=SEQUENCE_BATCHES_PER_CALL)
     body = receipt(subject)
     if body["status"] == PENDING:
         transaction.on_commit(checkpoint_sign_soon)

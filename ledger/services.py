@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,49 +19,177 @@ from ledger.apps import wipe_allowed
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead, PersonalDatum
 
+log = logging.getLogger(__name__)
+
 
 class LedgerError(Exception):
     """Raised when an append is attempted outside a transaction or the chain head is inconsistent."""
 
 
 def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> LedgerEntry:
-    """Append one entry, chained to the previous one.
+    """Queue one entry in the caller's transaction; the sequencer chains it once that transaction commits.
 
     Must run inside the caller's ``transaction.atomic()`` block, so the entry commits or rolls back with the
-    change it records. Concurrent writers serialise on the head row (``SELECT ... FOR UPDATE`` on PostgreSQL,
-    the database write lock on SQLite), so sequences are gapless and the chain never forks.
+    change it records. No lock is taken: writers never wait for each other here. The sequencer process
+    (``manage.py ledger sequence --follow``) gives committed entries their place in the chain within moments;
+    receipts and checkpoints sequence what is queued before they read, and the periodic ``ledger.sequence``
+    task does when no sequencer process runs. The returned entry is queued (``sequence`` None).
     """
     if not connection.in_atomic_block:
         raise LedgerError("ledger_append must be called inside the transaction of the change it records")
-    head, _ = LedgerHead.objects.select_for_update().get_or_create(id=1)
     payload_text = canonical_bytes(payload).decode("utf-8")
-    payload_hash = sha256_hex(payload_text.encode("utf-8"))
-    sequence = head.size + 1
-    # Microseconds are dropped so the timestamp survives every database's datetime precision unchanged.
-    created_at = timezone.now().replace(microsecond=0)
-    envelope = entry_envelope(
-        sequence=sequence,
-        kind=kind,
-        subject=subject,
-        created_at=created_at,
-        payload_hash=payload_hash,
-        prev_hash=head.head_hash,
-    )
-    entry = LedgerEntry.objects.create(
-        sequence=sequence,
+    entry = LedgerEntry(
         kind=kind,
         subject=subject,
         payload=payload_text,
-        payload_hash=payload_hash,
-        prev_hash=head.head_hash,
-        entry_hash=sha256_hex(envelope),
-        leaf_hash=merkle.leaf_hash(envelope).hex(),
-        created_at=created_at,
+        payload_hash=sha256_hex(payload_text.encode("utf-8")),
+        # Microseconds are dropped so the timestamp survives every database's datetime precision unchanged.
+        created_at=timezone.now().replace(microsecond=0),
     )
-    updated = LedgerHead.objects.filter(id=1, size=head.size).update(size=sequence, head_hash=entry.entry_hash)
-    if updated != 1:
-        raise LedgerError("ledger head moved during append")
+    # One plain INSERT: every change in the marketplace comes through here, and the ORM's save machinery
+    # (signals, field preparation per call) costs more than the database's own work for a row this small.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {LedgerEntry._meta.db_table} (kind, subject, payload, payload_hash, created_at, leaf_hash) "  # noqa: S608 - our table
+            "VALUES (%s, %s, %s, %s, %s, '') RETURNING id",
+            [
+                kind,
+                subject,
+                payload_text,
+                entry.payload_hash,
+                connection.ops.adapt_datetimefield_value(entry.created_at),
+            ],
+        )
+        entry.pk = cursor.fetchone()[0]
+    entry._state.adding = False
     return entry
+
+
+SEQUENCE_BATCH = 2000
+# A call made on someone's behalf (a receipt, a checkpoint) sequences at most this many batches, so a steady
+# stream of new entries never holds it: the sequencer process takes the rest.
+SEQUENCE_BATCHES_PER_CALL = 8
+# Any 64-bit number of our own: the key of the sequencer's transaction-scoped advisory lock on PostgreSQL.
+SEQUENCER_LOCK_KEY = 0x1ED6E55E0
+
+
+def ledger_sequence(*, max_batches: int | None = None) -> int:
+    """Give queued entries their sequence, ``prev_hash`` and hashes, in batches; the number sequenced.
+
+    One sequencer at a time: on PostgreSQL a transaction-scoped advisory lock taken without waiting (a second
+    caller returns 0 at once; SQLite's single writer serialises the same way), then the head row's lock. Entries
+    are taken in the order they were written among those committed, so an entry written after another's change
+    committed always comes after it. Safe to call from anywhere, any number of times. Call it outside a
+    transaction or as the last step of a short one: inside one, the lock is held until that transaction ends.
+    """
+    total = 0
+    batches = 0
+    with transaction.atomic():
+        if not _sequencer_lock():
+            return 0
+        while max_batches is None or batches < max_batches:
+            count = _sequence_batch()
+            total += count
+            batches += 1
+            if count < SEQUENCE_BATCH:
+                break
+    return total
+
+
+def ledger_sequence_follow(*, stop: threading.Event, idle_s: float = 0.02) -> int:
+    """The sequencer process's loop: chain queued entries as they commit, until ``stop`` is set; the number
+    chained. Between empty looks it waits ``idle_s``, so an entry waits about that long at most; a look is one
+    query on the index of queued entries. A database error (a restart, a failover) is logged and retried after a
+    pause rather than ending the process."""
+    from django.db import DatabaseError, close_old_connections
+
+    total = 0
+    while not stop.is_set():
+        try:
+            # Looking first keeps an idle look to one read on the queued entries' index, with no transaction.
+            queued = LedgerEntry.objects.filter(sequence__isnull=True).exists()
+            count = ledger_sequence(max_batches=SEQUENCE_BATCHES_PER_CALL) if queued else 0
+        except DatabaseError as exc:
+            log.warning("ledger sequencer: %s; trying again in %.0f s", exc, 5.0)
+            close_old_connections()
+            connection.close()
+            stop.wait(5.0)
+            continue
+        total += count
+        if count == 0:
+            stop.wait(idle_s)
+    return total
+
+
+def _sequencer_lock() -> bool:
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SEQUENCER_LOCK_KEY])
+        return bool(cursor.fetchone()[0])
+
+
+def _sequence_batch() -> int:
+    head, _ = LedgerHead.objects.select_for_update().get_or_create(id=1)
+    queued = list(
+        LedgerEntry.objects.filter(sequence__isnull=True)
+        .order_by("id")
+        .values_list("id", "kind", "subject", "created_at", "payload_hash")[:SEQUENCE_BATCH]
+    )
+    if not queued:
+        return 0
+    size, prev_hash = head.size, head.head_hash
+    rows: list[tuple[int, int, str, str, str]] = []
+    for pk, kind, subject, created_at, payload_hash in queued:
+        size += 1
+        envelope = entry_envelope(
+            sequence=size,
+            kind=kind,
+            subject=subject,
+            created_at=created_at,
+            payload_hash=payload_hash,
+            prev_hash=prev_hash,
+        )
+        entry_hash = sha256_hex(envelope)
+        rows.append((pk, size, prev_hash, entry_hash, merkle.leaf_hash(envelope).hex()))
+        prev_hash = entry_hash
+    if _chain_rows(rows) != len(rows):
+        raise LedgerError("a queued entry was sequenced by someone else during this batch")
+    updated = LedgerHead.objects.filter(id=1, size=head.size).update(size=size, head_hash=prev_hash)
+    if updated != 1:
+        raise LedgerError("ledger head moved during sequencing")
+    return len(rows)
+
+
+def _chain_rows(rows: list[tuple[int, int, str, str, str]]) -> int:
+    """Fill each queued row's chain fields (id, sequence, prev_hash, entry_hash, leaf_hash); rows changed."""
+    table = LedgerEntry._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+            cursor.execute(
+                f"UPDATE {table} AS e SET sequence = v.seq, prev_hash = v.prev, entry_hash = v.hash, "  # noqa: S608 - our table, values are parameters
+                f"leaf_hash = v.leaf FROM (VALUES {values}) AS v(id, seq, prev, hash, leaf) "
+                "WHERE e.id = v.id AND e.sequence IS NULL",
+                [value for row in rows for value in row],
+            )
+            return int(cursor.rowcount)
+        changed = 0
+        for pk, sequence, prev, entry_hash, leaf in rows:
+            cursor.execute(
+                f"UPDATE {table} SET sequence = %s, prev_hash = %s, entry_hash = %s, leaf_hash = %s "  # noqa: S608 - our table
+                "WHERE id = %s AND sequence IS NULL",
+                [sequence, prev, entry_hash, leaf, pk],
+            )
+            changed += cursor.rowcount
+        return changed
+
+
+def ledger_queued() -> tuple[int, dt.datetime | None]:
+    """How many entries wait for the sequencer, and when the oldest of them was written."""
+    oldest = LedgerEntry.objects.filter(sequence__isnull=True).order_by("id").values_list("created_at", flat=True)
+    first = oldest.first()
+    return (LedgerEntry.objects.filter(sequence__isnull=True).count() if first else 0), first
 
 
 @dataclass(frozen=True)

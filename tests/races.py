@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 import pytest
@@ -45,3 +46,34 @@ def race(works: Sequence[Callable[[], T]]) -> tuple[list[T], list[BaseException]
 def race_same(count: int, work: Callable[[], T]) -> tuple[list[T], list[BaseException]]:
     """``race`` with ``count`` copies of one ``work``."""
     return race([work] * count)
+
+
+@contextmanager
+def advisory_lock_held(key: int) -> Iterator[None]:
+    """Another session holds PostgreSQL's transaction-scoped advisory lock ``key`` for the block's length, as a
+    process at work under that lock would (e.g. the ledger's sequencer)."""
+    from django.db import transaction
+
+    holding, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def holder() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+                holding.set()
+                release.wait(timeout=60)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holding.wait(timeout=60), errors
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    assert errors == []

@@ -70,7 +70,7 @@
   }
 
   const checkpoint = receipt.checkpoint;
-  const pending = (receipt.pending || []).length;
+  const pending = (receipt.pending || []).length + (receipt.queued || []).length;
   // Pending is not a failure: the broker signs a checkpoint for them now; look again in a few seconds.
   const pendingNote = pending ? ` ${pending} ${checkpoint ? "newer " : ""}entr${pending === 1 ? "y waits" : "ies wait"} for the next signed checkpoint, which the broker is signing now; this page checks again in a few seconds.` : "";
   if (pending) setTimeout(() => window.location.reload(), 5000);

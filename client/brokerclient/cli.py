@@ -347,6 +347,7 @@ def _check_remembered(client: BrokerClient, state: Path, result: VerificationRes
 def _receipt_table(receipt: dict[str, Any], out: TextIO) -> None:
     rows = [[e.get("sequence"), e.get("kind"), e.get("created_at"), "proof"] for e in receipt.get("entries", [])]
     rows += [[e.get("sequence"), e.get("kind"), e.get("created_at"), "pending"] for e in receipt.get("pending", [])]
+    rows += [["-", e.get("kind"), e.get("created_at"), "queued"] for e in receipt.get("queued", [])]
     table(rows, ["seq", "kind", "created_at", "status"], out)
     checkpoint = receipt.get("checkpoint")
     if checkpoint:

@@ -18,7 +18,8 @@ Entries newer than the newest checkpoint are *pending*: the receipt lists them w
 broker signs a checkpoint that covers them. Pending is not a failure: the result's verdict is ``pending`` when
 no check failed and some entry is still pending (everything covered was verified in full), ``verified`` when
 every entry is proven, ``failed`` otherwise. An entry listed as pending that the signed checkpoint does cover is
-a failure: the broker owes its proof.
+a failure: the broker owes its proof. Entries listed as *queued* are written but not yet sequenced into the
+chain (they have no sequence or hashes yet): they too make the verdict ``pending``.
 
 Which key is trusted matters. A receipt carries the server's verifier key, and so does
 ``GET /api/v1/ledger/key``: checking against a key from the same server only shows that whoever answered
@@ -107,6 +108,7 @@ class VerificationResult:
     verified_entries: int = 0
     pending_entries: int = 0
     first_pending: int | None = None  # the sequence of the first entry no signed checkpoint covers yet
+    queued_entries: int = 0  # entries written but not yet given their place in the chain by the sequencer
     signed_size: int = 0  # the size of the receipt's checkpoint once its signature verified (0 without one)
     checkpoint: CheckpointStatement | None = None  # the signed checkpoint, once its signature verified
 
@@ -121,7 +123,8 @@ class VerificationResult:
     @property
     def pending(self) -> bool:
         """No check failed, and some entry waits for a checkpoint: ask again later (``broker receipt --wait``)."""
-        return not self.failures and self.pending_entries > 0 and self.first_pending is not None
+        waiting = (self.pending_entries > 0 and self.first_pending is not None) or self.queued_entries > 0
+        return not self.failures and waiting
 
     @property
     def verdict(self) -> str:
@@ -130,7 +133,14 @@ class VerificationResult:
         return VERIFIED if self.ok else FAILED
 
     def pending_message(self) -> str:
-        return f"entry {self.first_pending} is not yet in a signed checkpoint (newest signed size {self.signed_size})"
+        parts = []
+        if self.first_pending is not None:
+            parts.append(
+                f"entry {self.first_pending} is not yet in a signed checkpoint (newest signed size {self.signed_size})"
+            )
+        if self.queued_entries:
+            parts.append(f"{self.queued_entries} newer entries are queued, not yet sequenced into the chain")
+        return "; ".join(parts)
 
     def summary(self) -> str:
         how = "the pinned key" if self.key_pinned else "the key the receipt carries (not pinned)"
@@ -159,6 +169,7 @@ class VerificationResult:
             "verified_entries": self.verified_entries,
             "pending_entries": self.pending_entries,
             "first_pending": self.first_pending if self.pending else None,
+            "queued_entries": self.queued_entries,
             "signed_size": self.signed_size,
             "checks": [{"name": c.name, "entry": c.entry, "ok": c.ok, "message": c.message} for c in self.checks],
             "summary": self.summary(),
@@ -624,13 +635,17 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
         return fail("format", pending)
     result.pending_entries = len(pending)
     result.first_pending = min(pending, default=None)
+    queued = receipt.get("queued", [])
+    if not isinstance(queued, list) or not all(isinstance(e, dict) and e.get("sequence") is None for e in queued):
+        return fail("format", "queued is not a list of entries without a sequence")
+    result.queued_entries = len(queued)
     entries = receipt.get("entries")
     if not isinstance(entries, list):
         return fail("format", "entries is not a list")
     if checkpoint is None:
         if entries:
             return fail("checkpoint", "the receipt lists proven entries but no checkpoint")
-        if not pending:
+        if not pending and not queued:
             return fail("checkpoint", "the receipt has neither a checkpoint nor an entry")
         checks.append(Check("pending", True, f"no checkpoint yet: {result.pending_message()}"))
         return result
@@ -655,14 +670,14 @@ def verify_receipt(receipt: Any, *, trusted_key: str | None = None, order_id: st
 
     for position, entry in enumerate(entries):
         _verify_entry(result, position, entry, subject, signed)
-    if not entries and not pending:
+    if not entries and not pending and not queued:
         fail("checkpoint", "the receipt proves no entry")
     # A server could call a changed entry "pending" to keep it from being checked: one the signed checkpoint
     # covers must come with its proof.
     owed = sorted(s for s in pending if s <= signed.size)
     for sequence in owed:
         fail("pending", f"listed as pending, but the signed checkpoint of size {signed.size} covers it", sequence)
-    if pending and not owed:
+    if (pending or queued) and not owed:
         checks.append(Check("pending", True, result.pending_message()))
     return result
 

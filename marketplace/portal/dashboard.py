@@ -123,10 +123,8 @@ def verified_spans(machines: Iterable[Machine], until: dt.datetime) -> dict[int,
     A machine with no such entry has never changed state through the broker: its current state throughout."""
     by_subject = {f"machine:{m.key_id}": m for m in machines}
     changes: dict[str, list[tuple[dt.datetime, str, str]]] = defaultdict(list)
-    rows = (
-        LedgerEntry.objects.filter(subject__in=list(by_subject), kind__in=_STATE_KINDS)
-        .order_by("sequence")
-        .values_list("subject", "kind", "created_at", "payload")
+    rows = LedgerEntry.objects.filter(subject__in=list(by_subject), kind__in=_STATE_KINDS).values_list(
+        "subject", "kind", "created_at", "payload"
     )
     for subject, kind, at, payload in rows:
         changes[subject].append((at, kind.removeprefix("machine."), str(json.loads(payload).get("previous"))))

@@ -30,8 +30,9 @@ from ledger.checkpoints import (
     verifier_key,
 )
 from ledger.models import Checkpoint, LedgerEntry
-from ledger.services import ledger_append
+from ledger.services import SEQUENCER_LOCK_KEY, ledger_append, ledger_sequence
 from tests.client.conftest import CLIENT_DIR
+from tests.races import advisory_lock_held, require_postgresql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,7 +78,10 @@ def _change(order_id: str) -> tuple[int, int]:
     newest signed size."""
     with transaction.atomic():
         entry = ledger_append(kind="test.note", subject=f"order:{order_id}", payload={"note": "changed"})
-    return entry.sequence, _newest_signed_size()
+    ledger_sequence()  # as the sequencer process does moments after the commit
+    sequence = LedgerEntry.objects.get(pk=entry.pk).sequence
+    assert sequence is not None
+    return sequence, _newest_signed_size()
 
 
 def test_the_api_says_pending_with_the_entry_and_the_signed_size_and_signs_promptly(broker, order_id):
@@ -95,6 +99,28 @@ def test_the_api_says_pending_with_the_entry_and_the_signed_size_and_signs_promp
     again = broker.request("GET", f"orders/{order_id}/receipt")
     assert (again.body["status"], again.body["first_pending"]) == ("complete", None)
     assert "Retry-After" not in again.headers
+
+
+def test_a_receipt_with_an_entry_not_yet_sequenced_exits_4_as_pending(broker_cli, order_id):
+    require_postgresql()
+    with advisory_lock_held(SEQUENCER_LOCK_KEY):  # the sequencer is busy elsewhere: the new entry stays queued
+        with transaction.atomic():
+            ledger_append(kind="test.note", subject=f"order:{order_id}", payload={"note": "queued"})
+        result = broker_cli("receipt", order_id, "--verify", "--key", verifier_key(), "--json")
+
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "1 newer entries are queued, not yet sequenced into the chain" in result.stderr
+    body = json.loads(result.stdout)
+    assert [e["kind"] for e in body["receipt"]["queued"]] == ["test.note"]
+    assert body["verification"]["queued_entries"] == 1 and body["verification"]["verdict"] == "pending"
+    assert [c["name"] for c in body["verification"]["checks"] if not c["ok"]] == []
+    # Once the sequencer is free, asking again chains it: pending now only for the next signed checkpoint (the
+    # prompt signing the first ask claimed is spaced, PROMPT_SIGNING_SPACING_S).
+    again = broker_cli("receipt", order_id, "--verify", "--key", verifier_key())
+    sequence = LedgerEntry.objects.get(subject=f"order:{order_id}", kind="test.note").sequence
+    assert again.returncode == 4 and sequence is not None
+    assert f"pending: entry {sequence} is not yet in a signed checkpoint" in again.stderr
+    assert "queued" not in again.stderr
 
 
 def test_a_receipt_of_an_unsigned_entry_exits_4_as_pending_not_3(broker_cli, order_id):

@@ -23,7 +23,7 @@ from ledger.audit import FAILED, NOT_CHECKED, OK, AuditReport, audit
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
 from ledger.checkpoints import chain, checkpoint_create, ledger_checkpoint_and_anchor, signing_key, verifier_key
 from ledger.receipts import BUNDLE_FORMAT, RECEIPT_FORMAT, audit_bundle, receipt
-from ledger.services import ledger_append
+from ledger.services import ledger_append, ledger_sequence
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +39,7 @@ def _append(n: int, start: int) -> None:
         with transaction.atomic():
             subject = SUBJECT if i % 3 == 0 else f"order:other-{i}"
             ledger_append(kind="order.event", subject=subject, payload={"i": i, "amount_usd": f"{i}.50"})
+    ledger_sequence()  # as the writer would right after its commit, which this test transaction never makes
 
 
 def _json(value: Any) -> Any:

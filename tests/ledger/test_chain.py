@@ -3,20 +3,23 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 
 from ledger.canonical import canonical_bytes
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
-from ledger.services import LedgerError, ledger_append, ledger_verify
+from ledger.services import LedgerError, ledger_append, ledger_queued, ledger_sequence, ledger_verify
 from tests.ledger.tamper import triggers_bypassed
 
 
 def _append(n: int) -> list[LedgerEntry]:
-    entries = []
+    """``n`` entries, each in its own change, then sequenced as their writers would right after committing
+    (this test's transaction never commits, so no writer's after-commit call runs)."""
+    queued = []
     for i in range(n):
         with transaction.atomic():
-            entries.append(ledger_append(kind="test.event", subject=f"thing:{i}", payload={"i": i}))
-    return entries
+            queued.append(ledger_append(kind="test.event", subject=f"thing:{i}", payload={"i": i}))
+    ledger_sequence()
+    return [LedgerEntry.objects.get(pk=entry.pk) for entry in queued]
 
 
 @pytest.mark.django_db
@@ -37,6 +40,46 @@ def test_append_outside_a_transaction_is_refused():
     with pytest.raises(LedgerError):
         ledger_append(kind="x", subject="y", payload={})
     assert LedgerEntry.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_an_entry_is_queued_in_its_change_and_chained_by_the_sequencer():
+    with transaction.atomic():
+        entry = ledger_append(kind="test.event", subject="thing:q", payload={"i": 1})
+    stored = LedgerEntry.objects.get(pk=entry.pk)
+    assert stored.queued and (stored.prev_hash, stored.entry_hash, stored.leaf_hash) == (None, None, "")
+    assert ledger_queued()[0] == 1
+    assert ledger_verify().ok  # a queued entry is not yet in the chain, and the chain is whole without it
+
+    assert ledger_sequence() == 1
+
+    stored = LedgerEntry.objects.get(pk=entry.pk)
+    assert stored.sequence == 1 and stored.prev_hash == GENESIS_HASH and len(stored.leaf_hash) == 64
+    assert ledger_queued() == (0, None)
+    assert ledger_sequence() == 0  # nothing left: a second run chains nothing twice
+
+
+@pytest.mark.django_db
+def test_the_sequencer_chains_entries_in_the_order_they_were_written():
+    for i in range(5):
+        with transaction.atomic():
+            ledger_append(kind="test.event", subject="thing:order", payload={"i": i})
+    ledger_sequence()
+    payloads = list(LedgerEntry.objects.filter(subject="thing:order").values_list("sequence", "payload"))
+    assert payloads == [(i + 1, f'{{"i":{i}}}') for i in range(5)]
+    assert ledger_verify().ok
+
+
+@pytest.mark.django_db
+def test_a_sequenced_entry_cannot_be_sequenced_again_even_by_raw_sql():
+    (entry,) = _append(1)
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_ledgerentry SET sequence = 7 WHERE id = %s", [entry.pk])
+    with transaction.atomic():
+        queued = ledger_append(kind="test.event", subject="thing:z", payload={})
+    # Only the sequencer's one change is allowed on a queued row: never its content.
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_ledgerentry SET payload = '{}', sequence = 2 WHERE id = %s", [queued.pk])
 
 
 @pytest.mark.django_db

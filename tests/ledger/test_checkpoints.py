@@ -20,7 +20,14 @@ from ledger.checkpoints import (
     verifier_key,
 )
 from ledger.models import Checkpoint, LedgerEntry, PersonalDatum
-from ledger.services import ledger_append, ledger_verify, personal_commitment, personal_erase, personal_reveal
+from ledger.services import (
+    ledger_append,
+    ledger_sequence,
+    ledger_verify,
+    personal_commitment,
+    personal_erase,
+    personal_reveal,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +36,7 @@ def _append(n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         with transaction.atomic():
             ledger_append(kind="test.event", subject=f"thing:{i}", payload={"i": i})
+    ledger_sequence()  # as the writer would right after its commit, which this test transaction never makes
 
 
 def _envelopes() -> list[bytes]:

@@ -101,6 +101,9 @@ def test_an_order_placed_from_the_page_appears_on_my_orders_with_its_ledger_hash
 
     order = Order.objects.get()
     assert (response.status_code, response["Location"]) == (302, f"/orders/{order.public_id}/")
+    from ledger.services import ledger_sequence
+
+    ledger_sequence()  # the sequencer process's turn: the order's entry gets its hash
     page = client.get("/orders/").content.decode()
     assert str(order.public_id)[:8] in page
     assert "placed" in page

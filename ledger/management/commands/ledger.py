@@ -1,9 +1,11 @@
-"""``manage.py ledger verify|checkpoint|export|erase``: check, sign, publish and erase."""
+"""``manage.py ledger verify|sequence|checkpoint|export|erase``: check, chain, sign, publish and erase."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.checkpoints import chain, ledger_checkpoint_and_anchor, verifier_key
 from ledger.receipts import audit_bundle
-from ledger.services import ledger_verify, personal_erase
+from ledger.services import ledger_sequence, ledger_sequence_follow, ledger_verify, personal_erase
 
 
 class Command(BaseCommand):
@@ -23,6 +25,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("verify", help="recompute the chain, roots, signatures and anchors; exit 1 on tampering")
+        sequence = sub.add_parser("sequence", help="chain the queued entries; with --follow, keep doing so (a process)")
+        sequence.add_argument("--follow", action="store_true", help="run as the sequencer process until stopped")
+        sequence.add_argument(
+            "--idle", type=float, default=0.02, help="seconds between looks when nothing is queued (default 0.02)"
+        )
         sub.add_parser("checkpoint", help="sign a checkpoint now if the ledger grew, and anchor pending ones")
         export = sub.add_parser("export", help="write the audit bundle (checkpoints, proofs, leaf hashes) as JSON")
         export.add_argument("--out", required=True, help="file to write")
@@ -35,6 +42,8 @@ class Command(BaseCommand):
         action = options["action"]
         if action == "verify":
             self._verify()
+        elif action == "sequence":
+            self._sequence(follow=options["follow"], idle_s=options["idle"])
         elif action == "checkpoint":
             made = ledger_checkpoint_and_anchor()
             self.stdout.write("no new entries since the last checkpoint" if made is None else f"checkpoint {made.size}")
@@ -45,6 +54,20 @@ class Command(BaseCommand):
         elif action == "erase":
             erased = personal_erase(person=options["person"], reason=options["reason"])
             self.stdout.write(f"erased {erased} personal data record(s) of {options['person']}")
+
+    def _sequence(self, *, follow: bool, idle_s: float) -> None:
+        if not follow:
+            self.stdout.write(f"chained {ledger_sequence()} queued entries")
+            return
+        if not 0.001 <= idle_s <= 60:
+            raise CommandError(f"--idle must be between 0.001 and 60 seconds, not {idle_s}")
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        self.stdout.write(f"ledger sequencer: chaining queued entries (looking every {idle_s} s when idle)")
+        self.stdout.flush()
+        chained = ledger_sequence_follow(stop=stop, idle_s=idle_s)
+        self.stdout.write(f"ledger sequencer stopped after chaining {chained} entries")
 
     def _verify(self) -> None:
         # The embedded test chain lives in the process that wrote the anchors: only a real chain can be asked.
