@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from ledger import merkle, note
@@ -186,10 +187,9 @@ def _chain_rows(rows: list[tuple[int, int, str, str, str]]) -> int:
 
 
 def ledger_queued() -> tuple[int, dt.datetime | None]:
-    """How many entries wait for the sequencer, and when the oldest of them was written."""
-    oldest = LedgerEntry.objects.filter(sequence__isnull=True).order_by("id").values_list("created_at", flat=True)
-    first = oldest.first()
-    return (LedgerEntry.objects.filter(sequence__isnull=True).count() if first else 0), first
+    """How many entries wait for the sequencer, and when the oldest of them was written (one query)."""
+    found = LedgerEntry.objects.filter(sequence__isnull=True).aggregate(count=Count("id"), oldest=Min("created_at"))
+    return int(found["count"]), found["oldest"]
 
 
 @dataclass(frozen=True)

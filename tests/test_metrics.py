@@ -79,7 +79,7 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
     ledger_checkpoint_and_anchor()
 
     # A fixed number of aggregate queries, however many offers, orders, attempts and leases there are.
-    with django_assert_max_num_queries(17):
+    with django_assert_max_num_queries(18):
         samples = _scrape(client)
 
     expected = Offer.objects.values("account__kind", "status").annotate(n=Count("pk"))
@@ -111,6 +111,7 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
         assert _one(samples, "broker_provisioning_seconds_bucket", le=str(float(bucket))) == (latency <= bucket)
 
     assert _one(samples, "broker_ledger_entries") == LedgerHead.objects.get().size > 0
+    assert (_one(samples, "broker_ledger_queued_entries"), _one(samples, "broker_ledger_queued_age_seconds")) == (0, 0)
     assert _one(samples, "broker_ledger_checkpoint_size") == Checkpoint.objects.order_by("-size")[0].size
     assert 0 <= _one(samples, "broker_ledger_last_anchor_age_seconds") < 60
 
@@ -197,3 +198,25 @@ def test_a_running_cloud_orders_gpus_are_scraped_from_its_lease_agent(
     assert _one(samples, "broker_order_gpu_utilization_percent", **labels) == float(beat.utilization_pct)
     assert _one(samples, "broker_order_gpu_temperature_celsius", **labels) == float(beat.temperature_c)
     assert _one(samples, "broker_order_gpu_power_watts", **labels) == float(beat.power_w)
+
+
+def test_entries_waiting_for_the_sequencer_are_counted_with_the_oldest_ones_wait(client):
+    from django.db import transaction
+    from django.utils import timezone
+
+    from ledger.services import ledger_append, ledger_sequence
+
+    with transaction.atomic():
+        ledger_append(kind="test.event", subject="thing:1", payload={})
+        ledger_append(kind="test.event", subject="thing:2", payload={})
+    written = timezone.now()
+
+    samples = _scrape(client)
+    assert _one(samples, "broker_ledger_queued_entries") == 2
+    waited = _one(samples, "broker_ledger_queued_age_seconds")
+    assert 0 <= waited <= (timezone.now() - written).total_seconds() + 1  # stored to the whole second
+
+    ledger_sequence()
+    samples = _scrape(client)
+    assert (_one(samples, "broker_ledger_queued_entries"), _one(samples, "broker_ledger_queued_age_seconds")) == (0, 0)
+    assert _one(samples, "broker_ledger_entries") == 2
