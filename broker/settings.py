@@ -290,6 +290,8 @@ CELERY_TASK_QUEUES = [Queue(name, Exchange(name, type="direct"), routing_key=nam
 CELERY_TASK_ROUTES = {name: {"queue": queue} for name, queue in ROUTES.items()}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 OFFER_SYNC_INTERVAL_S = env_float("BROKER_OFFER_SYNC_INTERVAL_S", 300.0, minimum=10.0)
+# At most this many account syncs queued or running at once; each that ends queues the next due account.
+OFFER_SYNC_IN_FLIGHT = env_int("BROKER_OFFER_SYNC_IN_FLIGHT", 64, minimum=1)
 # The marketplace's commission on what buyers pay, deducted in providers' payout statements.
 COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 # Payments (issue 22). The defaults reach the Stripe sandbox that the run command starts on 127.0.0.1

@@ -13,6 +13,7 @@ from celery import current_app, current_task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
+from marketplace.catalog.fanout import offers_sync_claim, offers_sync_release
 from marketplace.catalog.services import offers_sync
 from marketplace.jobs import one_at_a_time
 from marketplace.models import Order, OrderState
@@ -81,15 +82,23 @@ def _backoff(retries: int) -> float:
 
 @shared_task(name="marketplace.offers_sync_account", **TASK_OPTIONS, **SYNC_LIMITS)
 def offers_sync_account_task(account_id: int) -> bool:
-    """Sync one provider account's offers; a failure is recorded on the account, never raised."""
-    return offers_sync(account_id=account_id).ok
+    """Sync one provider account's offers; a failure is recorded on the account, never raised. Then hand the
+    next due account to the queue (marketplace/catalog/fanout.py), so a round reaches every account with at
+    most ``OFFER_SYNC_IN_FLIGHT`` syncs queued at a time."""
+    try:
+        return offers_sync(account_id=account_id).ok
+    finally:
+        offers_sync_release(account_id=account_id)
+        for next_id in offers_sync_claim():
+            offers_sync_account_task.delay(next_id)
 
 
 @shared_task(name="marketplace.offers_sync_all", **TASK_OPTIONS)
 @one_at_a_time("offers-sync-all")
 def offers_sync_all_task() -> int:
-    """Enqueue one sync task per enabled account, so one slow or failing cloud blocks no other."""
-    ids = list(ProviderAccount.objects.filter(enabled=True).values_list("pk", flat=True))
+    """Start a sync round: hand the due accounts to the queue, as many as the in-flight bound allows; each sync
+    that ends hands over the next. One task per account, so one slow or failing cloud blocks no other."""
+    ids = offers_sync_claim()
     for account_id in ids:
         offers_sync_account_task.delay(account_id)
     return len(ids)

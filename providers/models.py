@@ -51,6 +51,10 @@ class ProviderAccount(models.Model):
     sync_status = models.CharField(max_length=16, choices=SyncStatus.choices, default=SyncStatus.NEVER)
     sync_error = models.TextField(blank=True, default="")
     last_synced_at = models.DateTimeField(null=True, blank=True)
+    # The offer sync's fan-out (marketplace/catalog/fanout.py): when a sync was last handed to the queue, and
+    # when the last one ended, so only so many are queued at once and none is queued twice.
+    sync_claimed_at = models.DateTimeField(null=True, blank=True)
+    sync_done_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
