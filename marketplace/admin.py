@@ -5,6 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from marketplace.machines import machine_decide
 from marketplace.models import (
     Attempt,
     BookEntry,
@@ -23,6 +24,8 @@ from marketplace.models import (
     TopUp,
 )
 from marketplace.portal.services import PortalError, provider_state_change
+from providers.community.services import MachineInvalid
+from providers.models import Machine, MachineState
 
 
 @admin.register(Offer)
@@ -193,3 +196,34 @@ class StripeEventAdmin(_ReadOnlyAdmin):
 class BookEntryAdmin(_ReadOnlyAdmin):
     list_display = ["public_id", "kind", "key", "memo", "created_at"]
     list_filter = ["kind"]
+
+
+@admin.register(Machine)
+class MachineAdmin(admin.ModelAdmin):
+    """Staff verify independent providers' machines after reading their self-test; each decision is the market's,
+    ledgered (``marketplace.machines``)."""
+
+    list_display = ["name", "account", "gpu_count", "gpu_model", "region", "state", "online", "self_test_ok",
+                    "last_heartbeat_at"]  # fmt: skip
+    list_filter = ["state", "online", "self_test_ok"]
+    exclude = ["secret_encrypted"]
+    readonly_fields = ["key_id", "agent_url", "hardware", "self_test", "self_test_ok", "registered_at",
+                       "last_heartbeat_at", "online"]  # fmt: skip
+    actions = ["verify", "suspend"]
+
+    @admin.action(description="Verify the selected machines (their self-test passed)")
+    def verify(self, request: HttpRequest, queryset: QuerySet[Machine]) -> None:
+        for machine in queryset.order_by("pk"):
+            try:
+                machine_decide(
+                    machine=machine, state=MachineState.VERIFIED, by=request.user,
+                    reason="self-test matched the listing; verified by staff",
+                )  # fmt: skip
+            except MachineInvalid as exc:
+                # What differs from the listing, as the provider sees it on the portal.
+                self.message_user(request, f"Machine {machine.name}: {exc}", messages.ERROR)
+
+    @admin.action(description="Suspend the selected machines")
+    def suspend(self, request: HttpRequest, queryset: QuerySet[Machine]) -> None:
+        for machine in queryset:
+            machine_decide(machine=machine, state=MachineState.SUSPENDED, by=request.user, reason="suspended by staff")

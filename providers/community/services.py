@@ -17,6 +17,7 @@ from django.utils import timezone
 from providers.community import protocol
 from providers.community.mig import mig_profiles_problem
 from providers.community.plausibility import CardLimits, reason_text, telemetry_problems
+from providers.community.signals import machine_state_changed
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.gpu_names import reported_model_matches
 from providers.models import AgentNonce, Machine, MachineHeartbeat, MachineState, ProviderAccount, ProviderKind
@@ -116,8 +117,6 @@ def machine_register(
     after being outbound-only) leaves sale until staff verify it again (``machine.pending``, ledgered): the
     broker would otherwise send buyers to a host nobody checked. Its orders carry on; the broker still reaches
     them at the new URL to describe and stop them."""
-    from ledger.services import ledger_append
-
     if len(agent_url) > MAX_AGENT_URL:
         raise MachineInvalid(f"agent_url: at most {MAX_AGENT_URL} characters")
     for field, value in (("agent_url", agent_url), ("hardware", hardware), ("self_test", self_test)):
@@ -152,17 +151,15 @@ def machine_register(
             **({"state": MachineState.PENDING} if moved else {}),
         )
         if moved:
-            ledger_append(
-                kind=f"machine.{MachineState.PENDING}",
-                subject=f"machine:{machine.key_id}",
-                payload={
-                    "machine": machine.key_id,
-                    "account": machine.account_id,
-                    "previous": MachineState.VERIFIED.value,
-                    "state": MachineState.PENDING.value,
-                    "reason": "the agent registered at a new URL: staff verify the machine again",
-                    "self_test_ok": ok,
-                },
+            # In this transaction: the market's record of the change (marketplace/machines.py) commits with it.
+            machine_state_changed.send(
+                sender=Machine,
+                machine=locked,
+                previous=MachineState.VERIFIED.value,
+                state=MachineState.PENDING.value,
+                reason="the agent registered at a new URL: staff verify the machine again",
+                self_test_ok=ok,
+                by=None,
             )
     if moved:
         log.warning("machine %s moved to a new agent URL: out of sale until verified again", machine.key_id)
@@ -402,38 +399,3 @@ def machines_withdraw_silent(*, now: dt.datetime | None = None) -> int:
         at__lt=moment - dt.timedelta(seconds=settings.UNVERIFIED_HEARTBEAT_RETENTION_S)
     ).exclude(machine__state=MachineState.VERIFIED).delete()
     return withdrawn
-
-
-def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Machine:
-    """Staff verify (or suspend) a machine; ledgered with why, and who as an erasable commitment. Verifying
-    needs the agent's latest self-test to match the listing (``self_test_matches``): else ``MachineInvalid``
-    saying what differs (the reason the provider also sees on the portal), and nothing changes."""
-    from ledger.services import ledger_append, user_commitment
-
-    if state not in (MachineState.VERIFIED, MachineState.SUSPENDED):
-        raise MachineInvalid(f"state: {state!r} is not verified or suspended")
-    if not reason.strip():
-        raise MachineInvalid("reason: say why, for the record")
-    with transaction.atomic():
-        # Read under the lock: a registration racing this decision cannot slip a failing self-test past it.
-        locked = Machine.objects.select_for_update().get(pk=machine.pk)
-        previous = locked.state
-        if state == MachineState.VERIFIED and locked.self_test_ok is not True:
-            problem = (locked.self_test or {}).get("problem") or "the agent has not registered a self-test yet"
-            raise MachineInvalid(f"self_test: not verified: {problem}")
-        Machine.objects.filter(pk=machine.pk).update(state=state)
-        ledger_append(
-            kind=f"machine.{state}",
-            subject=f"machine:{machine.key_id}",
-            payload={
-                "machine": machine.key_id,
-                "account": machine.account_id,
-                "previous": previous,
-                "state": state,
-                "reason": reason,
-                "self_test_ok": machine.self_test_ok,
-                "by": user_commitment(by),
-            },
-        )
-    machine.refresh_from_db()
-    return machine

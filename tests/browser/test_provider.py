@@ -11,11 +11,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from marketplace.catalog.services import offers_sync
+from marketplace.machines import machine_decide
 from marketplace.models import Offer, Order, OrderState, ProviderProfile
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.portal.services import provider_state_change
 from providers.community.agent import Agent, parse_simulated
-from providers.community.services import machine_decide
 from providers.models import Machine, MachineState, ProviderAccount
 from tests.browser.conftest import shoot
 from tests.conftest import AWS_TEST_CREDENTIALS

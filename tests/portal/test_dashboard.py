@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.catalog.gpu_specs import gpu_models_upsert
+from marketplace.machines import machine_decide
 from marketplace.models import (
     Attempt,
     GpuHold,
@@ -34,7 +35,6 @@ from marketplace.portal.dashboard import (
     provider_revenue_by_day,
 )
 from marketplace.portal.services import machine_listing_create
-from providers.community.services import machine_decide
 from providers.models import Machine, MachineState
 from tests.hosts import LISTING
 from tests.portal.conftest import client_for

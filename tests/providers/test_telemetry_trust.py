@@ -13,13 +13,14 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.catalog.selectors import machine_reliability, machine_reliability_shown
+from marketplace.machines import machine_decide
 from marketplace.management.commands.demo import DEMO_MACHINES
 from marketplace.models import GpuModel
 from marketplace.orders.selectors import order_telemetry
 from providers.community import protocol
 from providers.community.agent import Agent, parse_simulated
 from providers.community.plausibility import CardLimits, telemetry_problems
-from providers.community.services import MachineInvalid, machine_decide, machine_heartbeat, machine_list
+from providers.community.services import MachineInvalid, machine_heartbeat, machine_list
 from providers.models import Machine, MachineHeartbeat, MachineState
 from tests.hosts import LISTING
 from tests.marketplace import test_storefront_instance as orders_on_machines
