@@ -91,7 +91,7 @@ def _held(order: Order) -> list[tuple[str, int]]:
 
 
 def _entries(order: Order, kind: str) -> list[dict]:
-    rows = LedgerEntry.objects.filter(kind=kind, subject=f"order:{order.public_id}").order_by("sequence")
+    rows = LedgerEntry.objects.filter(kind=kind, subject=f"order:{order.public_id}").order_by("id")
     return [json.loads(e.payload) for e in rows]
 
 

@@ -82,9 +82,7 @@ def test_a_cluster_runs_once_every_node_is_usable_and_all_nodes_share_one_zone(
     assert {i.zone for i in live} == {offer.zone}
     assert {i.instance_type for i in live} == {INSTANCE_TYPE}
     kinds = list(
-        LedgerEntry.objects.filter(subject=f"cluster:{cluster.public_id}")
-        .order_by("sequence")
-        .values_list("kind", flat=True)
+        LedgerEntry.objects.filter(subject=f"cluster:{cluster.public_id}").order_by("id").values_list("kind", flat=True)
     )
     assert kinds == ["cluster.placed", "cluster.round_started", "cluster.running"]
     assert ledger_verify().ok
@@ -333,7 +331,7 @@ def _groups_of_instances(sandbox, cluster, round_no) -> dict[str, str]:
 
 
 def _cluster_kinds(cluster) -> list[str]:
-    entries = LedgerEntry.objects.filter(subject=f"cluster:{cluster.public_id}").order_by("sequence")
+    entries = LedgerEntry.objects.filter(subject=f"cluster:{cluster.public_id}").order_by("id")
     return list(entries.values_list("kind", flat=True))
 
 

@@ -103,7 +103,7 @@ def _reconnect(agent: Agent, name: str) -> None:
 
 def _lost_entries(order: Order) -> list[dict]:
     rows = LedgerEntry.objects.filter(kind="order.instance_lost", subject=f"order:{order.public_id}")
-    return [json.loads(e.payload) for e in rows.order_by("sequence")]
+    return [json.loads(e.payload) for e in rows.order_by("id")]
 
 
 def _agent_states(agent: Agent) -> list[str]:
@@ -144,7 +144,7 @@ def test_a_silent_host_mid_lease_loses_the_lease_and_the_order_moves_to_the_othe
     ]
     reasons = list(
         LedgerEntry.objects.filter(kind="order.provisioning", subject=f"order:{order.public_id}")
-        .order_by("sequence")
+        .order_by("id")
         .values_list("payload", flat=True)
     )
     assert json.loads(reasons[-1])["reason"] == (

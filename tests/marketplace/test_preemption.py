@@ -63,7 +63,7 @@ def test_a_preempted_spot_order_is_provisioned_again(
     assert [h.instance_id for h in live] == [order.instance.provider_instance_id]
     payload = json.loads(LedgerEntry.objects.get(kind="order.instance_lost").payload)
     assert (payload["instance"], payload["spot"], payload["state"]) == (lost, True, "terminated")
-    states = [e.kind for e in LedgerEntry.objects.filter(subject=f"order:{order.public_id}").order_by("sequence")]
+    states = [e.kind for e in LedgerEntry.objects.filter(subject=f"order:{order.public_id}").order_by("id")]
     assert states.count("order.running") == 2 and "order.provisioning" in states[states.index("order.instance_lost") :]
     assert ledger_verify().ok
 

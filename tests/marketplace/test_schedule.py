@@ -59,7 +59,7 @@ def test_an_order_stops_at_the_end_of_its_duration(
         "terminated",
         "shutting-down",
     }
-    kinds = list(LedgerEntry.objects.order_by("sequence").values_list("kind", flat=True))
+    kinds = list(LedgerEntry.objects.order_by("id").values_list("kind", flat=True))
     assert kinds[-2:] == ["order.terminating", "order.terminated"]
     assert ledger_verify().ok
     # A second sweep finds nothing more to stop.

@@ -129,7 +129,7 @@ def test_a_suspended_provider_is_verified_again(staff, ready, petra_account, dja
 
     assert ProviderProfile.objects.get(pk=ready.pk).state == ProviderState.VERIFIED
     assert ProviderAccount.objects.get(pk=petra_account.pk).enabled is True
-    assert list(DECISIONS.order_by("sequence").values_list("kind", flat=True)) == [
+    assert list(DECISIONS.order_by("id").values_list("kind", flat=True)) == [
         "provider.verified",
         "provider.suspended",
         "provider.verified",
