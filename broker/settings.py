@@ -166,6 +166,8 @@ if _REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _REDIS_URL}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Provider request rate limits shared by every worker (providers/ratelimit.py); empty: per-process buckets.
+PROVIDER_RATE_LIMIT_REDIS_URL = env_str("PROVIDER_RATE_LIMIT_REDIS_URL", _REDIS_URL)
 
 AUTH_PASSWORD_VALIDATORS = [
     # Every form that sets a password (sign-up, invitation, admin, createsuperuser) passes the user, so a
@@ -320,9 +322,9 @@ _PERIODIC = {
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
+    "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
-    "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
     # Last month's invoices, on the 1st at 02:00 UTC (entries of orders that ended just before midnight are in).
     "invoices-issue-due": {

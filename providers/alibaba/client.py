@@ -3,14 +3,15 @@
 ``AlibabaClient`` builds one SDK client per region (explicit timeouts, the SDK's own retries off) and runs every
 call through ``_translate``: callers pass and receive plain dicts keyed by the API's own field names
 (``InstanceType``, ``Tag``, ...) and see ``ProviderError`` subclasses, never an SDK exception. Reads are
-retried here on transient errors, a bounded number of times; ``launch`` sends exactly one request.
+retried here on transient errors, a bounded number of times; ``launch`` sends exactly one request. Each request
+first draws on the account's shared rate-limit buckets (``providers.ratelimit``, in ``_once``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from alibabacloud_ecs20140526.client import Client as EcsClient
 from alibabacloud_tea_openapi import utils_models as openapi_models
 from darabonba.runtime import RuntimeOptions
 
+from providers import ratelimit
 from providers.alibaba import mapping
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected
@@ -81,6 +83,7 @@ class ClientSettings:
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this account's own figures by bucket group
 
 
 def split_endpoint(endpoint_url: str) -> tuple[str, str]:
@@ -200,12 +203,32 @@ class AlibabaClient:
             read_timeout=self._millis(self.settings.read_timeout),
         )
 
-    def _once(self, region: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
+    def _deadline(self) -> CallDeadline:
+        s = self.settings
+        return CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+
+    def _draws(self, region: str, action: str, params: dict[str, Any]) -> list[ratelimit.Draw]:
+        """The buckets one request draws on: its operation's in its region (ECS counts each operation apart) and,
+        for RunInstances, the account's instances created per minute, one token per instance."""
+
+        def draw(group: str, cost: float) -> ratelimit.Draw:
+            limit = ratelimit.resolve(group, ratelimit.alibaba_limit(group), self.settings.rate_limits)
+            return ratelimit.BucketKey(mapping.PROVIDER, self.settings.access_key_id, region, group), limit, cost
+
+        draws = [draw(action, 1)]
+        if action == "RunInstances":
+            amount = params.get("Amount") or 1
+            draws.append(draw("RunInstances/instances", float(amount) if isinstance(amount, int | float) else 1.0))
+        return draws
+
+    def _once(self, region: str, action: str, params: dict[str, Any], deadline: CallDeadline) -> dict[str, Any]:
         try:
             request_model, method_name = ACTIONS[action]
         except KeyError:
             raise ProviderRequestRejected(f"action {action} is not wired in", provider=mapping.PROVIDER) from None
         client = self._client(region)
+        # This is the one path to the wire (the SDK's own retries are off): each request is counted here.
+        ratelimit.acquire(self._draws(region, action, params), deadline)
         try:
             request = getattr(ecs_models, request_model)().from_map(params)
             response = getattr(client, method_name)(request, self._runtime())
@@ -221,13 +244,12 @@ class AlibabaClient:
         CreateSecurityGroup with its token, AuthorizeSecurityGroup of an existing rule, the deletes), with up to
         ``max_attempts`` tries, each retry only if it still ends within the call's deadline (``providers.deadline``)."""
         attempts = max(1, self.settings.max_attempts)
-        s = self.settings
-        deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+        deadline = self._deadline()
         for attempt in range(1, attempts + 1):
             try:
-                return self._once(region, action, dict(params or {}))
+                return self._once(region, action, dict(params or {}), deadline)
             except ProviderError as error:
-                if not error.retryable or attempt == attempts:
+                if not error.retryable or attempt == attempts or error.code == ratelimit.RATE_LIMITED:
                     raise
                 retry_after = getattr(error.__cause__, "retry_after", None)
                 delay = backoff_seconds(attempt, retry_after if isinstance(retry_after, int) else None)
@@ -238,7 +260,7 @@ class AlibabaClient:
 
     def launch(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
         """``RunInstances`` exactly once: the broker decides on retry (same ClientToken) or failover."""
-        return self._once(region, "RunInstances", dict(params))
+        return self._once(region, "RunInstances", dict(params), self._deadline())
 
     def pages(self, region: str, action: str, params: dict[str, Any], container: str, item: str) -> list[Any]:
         """Every ``body[container][item]`` entry across the NextToken pages of a read."""

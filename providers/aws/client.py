@@ -2,7 +2,8 @@
 
 ``AwsClient`` builds the SDK clients (explicit timeouts, retry policy per purpose) and runs every call
 through ``_translate``, so callers receive plain dicts or ``ProviderError`` subclasses and never an SDK
-exception.
+exception. Every HTTP request a client sends first draws on the account's shared rate-limit buckets
+(``providers.ratelimit``, through botocore's event hooks: ``_count_requests``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +22,9 @@ import botocore.exceptions as sdk_errors
 import botocore.session
 from botocore.parsers import ResponseParserError
 
+from providers import ratelimit
 from providers.aws import mapping
-from providers.deadline import CALL_DEADLINE_S
+from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
 
 PRICING_REGION = "us-east-1"  # the Price List API is served from us-east-1 (and ap-south-1) only
@@ -68,6 +70,42 @@ class ClientSettings:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this account's own figures by bucket group
+
+
+_RATE_PLAN = "gpu_broker_rate_plan"  # the request context's key for what each attempt of a call draws
+
+
+def _count_requests(client: Any, settings: ClientSettings, service: str, region: str) -> None:
+    """Make every HTTP request ``client`` sends (each page, each of botocore's retries) draw on the account's shared
+    buckets (``providers.ratelimit``) first. ``before-parameter-build`` runs once per API call and sees its
+    parameters (the bucket can depend on a filter or the number of instances); ``before-send`` runs before each
+    attempt and waits, bounded by the call's deadline. The rate limit's own error is no botocore error, so botocore
+    does not retry it and it reaches the caller as it is."""
+    service_id = client.meta.service_model.service_id.hyphenize()
+    attempt_s = settings.connect_timeout + settings.read_timeout
+
+    def plan(params: Mapping[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        group, default = ratelimit.aws_group(service, model.name, params)
+        draws: list[ratelimit.Draw] = [_draw(group, default, 1)]
+        instances = {"RunInstances": params.get("MaxCount"), "TerminateInstances": len(params.get("InstanceIds") or [])}
+        count = instances.get(model.name)
+        if count:  # these actions also take one token per instance from a resource bucket
+            resource = f"{model.name}/instances"
+            draws.append(_draw(resource, ratelimit.AWS_LIMITS[resource], float(count)))
+        context[_RATE_PLAN] = (draws, CallDeadline(attempt_s))
+
+    def _draw(group: str, default: ratelimit.Limit, cost: float) -> ratelimit.Draw:
+        key = ratelimit.BucketKey(mapping.PROVIDER, settings.access_key_id, region, group)
+        return key, ratelimit.resolve(group, default, settings.rate_limits), cost
+
+    def before_send(request: Any, **_: Any) -> None:
+        planned = (getattr(request, "context", None) or {}).get(_RATE_PLAN)
+        if planned is not None:
+            ratelimit.acquire(*planned)
+
+    client.meta.events.register(f"before-parameter-build.{service_id}", plan)
+    client.meta.events.register(f"before-send.{service_id}", before_send)
 
 
 def _translate(exc: Exception) -> ProviderError:
@@ -127,8 +165,9 @@ class AwsClient:
     def _cache_key(self, service: str, region: str, retries: bool) -> tuple[Any, ...]:
         s = self.settings
         secret = hashlib.sha256(f"{s.secret_access_key}\0{s.session_token or ''}".encode()).hexdigest()
+        limits = tuple(sorted((s.rate_limits or {}).items()))
         return (service, region, retries, s.access_key_id, secret, s.endpoint_url, s.connect_timeout, s.read_timeout,
-                s.max_attempts)  # fmt: skip
+                s.max_attempts, limits)  # fmt: skip
 
     def _client(self, service: str, region: str, *, retries: bool = True) -> Any:
         key = (service, region, retries)
@@ -161,6 +200,7 @@ class AwsClient:
                     raise ProviderRequestRejected(
                         f"cannot build the {service} client: {exc}", provider=mapping.PROVIDER
                     ) from exc
+                _count_requests(client, self.settings, service, region)
                 self._clients[key] = client
                 with _client_cache_lock:
                     _client_cache[shared_key] = client

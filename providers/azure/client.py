@@ -4,14 +4,16 @@
 ``NetworkManagementClient`` for the orders' network security groups (idempotent PUTs and DELETEs, so retried), a small
 client-credentials ``TokenCredential`` for Microsoft Entra ID, and a plain azure-core pipeline for the
 unauthenticated Retail Prices API. Every call runs through ``_sdk_errors`` so callers receive plain dicts
-(the models' wire shape) or ``ProviderError`` subclasses, never an SDK exception.
+(the models' wire shape) or ``ProviderError`` subclasses, never an SDK exception. Every HTTP request any of their
+pipelines sends first draws on a shared rate-limit bucket (``providers.ratelimit``, ``_RateLimitPolicy``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.core.pipeline import policies
+from azure.core.pipeline import PipelineRequest, PipelineResponse, policies
 from azure.core.pipeline.transport import RequestsTransport
 from azure.core.polling.base_polling import OperationFailed
 from azure.core.rest import HttpRequest, HttpResponse
@@ -37,9 +39,10 @@ from azure.mgmt.core.polling.arm_polling import ARMPolling
 from azure.mgmt.network import NetworkManagementClient
 from azure.mgmt.network.models import NetworkSecurityGroup
 
+from providers import ratelimit
 from providers.azure import mapping
 from providers.community.protocol import bounded_json
-from providers.deadline import CALL_DEADLINE_S
+from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, TransientProviderError
 
 # Bounds on an answer's JSON this module parses itself (the SDK parses the rest), far above a token answer or
@@ -82,6 +85,40 @@ class ClientSettings:
     read_timeout: float = DEFAULT_READ_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     polling_interval: float = DEFAULT_POLLING_INTERVAL
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this account's own figures by bucket group
+
+
+# A deadline that bounds the rate limiter's waits for every request made under it (a bounded poller's budget);
+# without one, each request (with its retries) is bounded by its own CALL_DEADLINE_S.
+_requests_deadline: contextvars.ContextVar[CallDeadline | None] = contextvars.ContextVar(
+    "azure_requests_deadline", default=None
+)
+_DEADLINE_KEY = "gpu_broker_rate_deadline"
+
+
+class _RateLimitPolicy(policies.HTTPPolicy[Any, Any]):
+    """Draws each HTTP request a pipeline sends on the account's shared bucket (``providers.ratelimit``) before it
+    goes. It sits after the ``RetryPolicy`` (a per-retry policy), so each retry and each poll of a long-running
+    operation is counted; the wait is bounded by the request's deadline, kept in the pipeline context across its
+    retries. ``group`` names the bucket from the HTTP method (ARM counts reads, writes and deletes apart)."""
+
+    def __init__(self, settings: ClientSettings, account: str, group: Callable[[str], str]):
+        super().__init__()
+        self._settings = settings
+        self._account = account
+        self._group = group
+
+    def send(self, request: PipelineRequest[Any]) -> PipelineResponse[Any, Any]:
+        settings = self._settings
+        deadline = _requests_deadline.get() or request.context.get(_DEADLINE_KEY)
+        if deadline is None:
+            deadline = CallDeadline(settings.connect_timeout + settings.read_timeout)
+            request.context[_DEADLINE_KEY] = deadline
+        group = self._group(request.http_request.method)
+        default = ratelimit.AZURE_LIMITS[group]
+        key = ratelimit.BucketKey(mapping.PROVIDER, self._account, "arm", group)
+        ratelimit.acquire([(key, ratelimit.resolve(group, default, settings.rate_limits), 1)], deadline)
+        return self.next.send(request)
 
 
 def _transport(settings: ClientSettings) -> RequestsTransport:
@@ -100,7 +137,9 @@ def _retries(settings: ClientSettings, wanted: int) -> int:
     return max(0, min(wanted, fit - 1))
 
 
-def _plain_pipeline(base_url: str, settings: ClientSettings, retries: int) -> PipelineClient[HttpRequest, HttpResponse]:
+def _plain_pipeline(
+    base_url: str, settings: ClientSettings, retries: int, rate_limit: _RateLimitPolicy
+) -> PipelineClient[HttpRequest, HttpResponse]:
     return PipelineClient(
         base_url=base_url,
         policies=[
@@ -112,6 +151,7 @@ def _plain_pipeline(base_url: str, settings: ClientSettings, retries: int) -> Pi
                 retry_backoff_max=10,
                 timeout=CALL_DEADLINE_S,
             ),
+            rate_limit,
             policies.NetworkTraceLoggingPolicy(),
         ],
         transport=_transport(settings),
@@ -161,7 +201,9 @@ class ClientSecretTokenCredential:
 
     def __init__(self, settings: ClientSettings):
         self._settings = settings
-        self._pipeline = _plain_pipeline(settings.authority_url, settings, settings.max_attempts - 1)
+        # Entra ID's token endpoint, per tenant and application.
+        limit = _RateLimitPolicy(settings, f"{settings.tenant_id}/{settings.client_id}", lambda _: "entra/token")
+        self._pipeline = _plain_pipeline(settings.authority_url, settings, settings.max_attempts - 1, limit)
         self._tokens: dict[tuple[str, ...], AccessToken] = {}
         self._lock = threading.Lock()
 
@@ -244,6 +286,14 @@ class _BoundedPolling(ARMPolling):
         self._deadline = time.monotonic() + self._budget_s
         super().initialize(client, initial_response, deserialization_callback)
 
+    def run(self) -> None:
+        # The polls' waits for rate-limit tokens come out of the same budget as the polls themselves.
+        token = _requests_deadline.set(CallDeadline(0.0, max(0.0, self._deadline - time.monotonic())))
+        try:
+            super().run()
+        finally:
+            _requests_deadline.reset(token)
+
     def _delay(self) -> None:
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
@@ -284,6 +334,10 @@ class AzureClient:
     def __init__(self, settings: ClientSettings):
         self.settings = settings
         self.credential = ClientSecretTokenCredential(settings)
+        # ARM's buckets are per subscription and per service principal.
+        self._arm_limit = _RateLimitPolicy(
+            settings, f"{settings.subscription_id}/{settings.client_id}", ratelimit.azure_group
+        )
         self._read = self._compute(retries=settings.max_attempts - 1)
         self._write = self._compute(retries=0)
         self._network = NetworkManagementClient(
@@ -297,8 +351,11 @@ class AzureClient:
             retry_backoff_max=10,
             polling_interval=settings.polling_interval,
             user_agent="gpu-broker",
+            per_retry_policies=[self._arm_limit],
         )
-        self._prices = _plain_pipeline(settings.prices_url, settings, settings.max_attempts - 1)
+        # The Retail Prices API is unauthenticated: its limit, if any, is the broker's as a caller, not an account's.
+        prices_limit = _RateLimitPolicy(settings, "retail-prices", lambda _: "prices")
+        self._prices = _plain_pipeline(settings.prices_url, settings, settings.max_attempts - 1, prices_limit)
 
     def _compute(self, *, retries: int) -> ComputeManagementClient:
         return ComputeManagementClient(
@@ -312,6 +369,7 @@ class AzureClient:
             retry_backoff_max=10,
             polling_interval=self.settings.polling_interval,
             user_agent="gpu-broker",
+            per_retry_policies=[self._arm_limit],
         )
 
     def close(self) -> None:
@@ -508,6 +566,8 @@ class AzureClient:
         try:
             poller.result()
         except _BudgetSpent:
+            return {"finished": False, "error": None}
+        except TransientProviderError:  # a poll the rate limit could not fit in the budget: Azure carries on
             return {"finished": False, "error": None}
         except HttpResponseError as exc:
             if isinstance(exc.__cause__, OperationFailed) or isinstance(exc.inner_exception, OperationFailed):

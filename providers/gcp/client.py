@@ -4,20 +4,24 @@
 a small bounded retry loop, and turns every SDK message into a plain dict (``Message.to_dict``, snake_case proto
 field names) and every SDK exception into a ``ProviderError``. Operations are polled with our own
 ``ZoneOperationsClient`` (firewall rules: ``GlobalOperationsClient``): ``ExtendedOperation.result()`` would poll the
-public endpoint whatever ``api_endpoint`` says.
+public endpoint whatever ``api_endpoint`` says. Every HTTP request a client's session sends first draws on the
+project's shared rate-limit bucket (``providers.ratelimit``, ``_RateLimitedAdapter``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
+import requests.adapters
 from google.api_core import exceptions as api_exceptions
 from google.api_core.client_options import ClientOptions
 from google.auth import exceptions as auth_exceptions
@@ -26,6 +30,7 @@ from google.oauth2 import service_account
 from google.protobuf import json_format
 from google.protobuf import message as protobuf_message
 
+from providers import ratelimit
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected, TransientProviderError
 from providers.gcp import mapping
@@ -56,6 +61,52 @@ class ClientSettings:
     page_size: int = DEFAULT_PAGE_SIZE
     retry_backoff: float = BACKOFF_SECONDS
     call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this project's own figures by bucket group
+
+
+# The deadline of the call under way in this thread (``GcpClient._read`` or ``insert``): it bounds the rate
+# limiter's waits for every request the call sends, each page of a list included.
+_call_deadline: contextvars.ContextVar[CallDeadline | None] = contextvars.ContextVar("gcp_call_deadline", default=None)
+
+
+@contextmanager
+def _deadline_of_call(deadline: CallDeadline) -> Iterator[None]:
+    token = _call_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _call_deadline.reset(token)
+
+
+class _RateLimitedAdapter(requests.adapters.BaseAdapter):
+    """The transport adapter of a GAPIC client's ``requests`` session, drawing each request it sends (every page,
+    every retry) on the project's shared bucket (``providers.ratelimit``) before handing it to the adapter it
+    wraps. The bucket follows the URL: Compute Engine reads or writes, global or in a region; Cloud Billing."""
+
+    def __init__(self, inner: requests.adapters.BaseAdapter, settings: ClientSettings):
+        super().__init__()
+        self._inner = inner
+        self._settings = settings
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        s = self._settings
+        region, group = ratelimit.gcp_group(request.method or "GET", urlsplit(request.url or "").path)
+        key = ratelimit.BucketKey(mapping.PROVIDER, s.project_id, region, group)
+        limit = ratelimit.resolve(group, ratelimit.GCP_LIMITS[group], s.rate_limits)
+        deadline = _call_deadline.get() or CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+        ratelimit.acquire([(key, limit, 1)], deadline)
+        return self._inner.send(request, *args, **kwargs)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _count_requests(client: Any, settings: ClientSettings) -> None:
+    """Mount the rate-limited adapter on the client's REST session (``transport._session``, the
+    ``AuthorizedSession`` every generated REST transport sends through), over whatever adapter it had."""
+    session = client.transport._session
+    for prefix in ("https://", "http://"):
+        session.mount(prefix, _RateLimitedAdapter(session.get_adapter(f"{prefix}x"), settings))
 
 
 class _HttpTimeout:
@@ -172,6 +223,7 @@ class GcpClient:
                 with _sdk_errors():
                     # REST only: the billing client defaults to gRPC, which a plain-HTTP endpoint cannot serve.
                     client = factories[name](credentials=self._credentials, transport="rest", client_options=options)
+                _count_requests(client, self.settings)
                 self._clients[name] = client
             return client
 
@@ -184,9 +236,11 @@ class GcpClient:
         while True:
             attempt += 1
             try:
-                with _sdk_errors():
+                with _sdk_errors(), _deadline_of_call(deadline):
                     return call()
-            except TransientProviderError:
+            except TransientProviderError as error:
+                if error.code == ratelimit.RATE_LIMITED:  # it already waited all the deadline allows
+                    raise
                 delay = min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1))
                 if attempt >= self.settings.max_attempts or not deadline.allows_retry(delay):
                     raise
@@ -349,7 +403,8 @@ class GcpClient:
     def insert(self, zone: str, resource: dict[str, Any], request_id: str) -> dict[str, Any]:
         """``instances.insert`` exactly once (``insert_unary``: the Operation as GCP returned it, not polled)."""
         client = self._client("instances")
-        with _sdk_errors():
+        s = self.settings
+        with _sdk_errors(), _deadline_of_call(CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)):
             request = compute_v1.InsertInstanceRequest(
                 project=self.project,
                 zone=zone,

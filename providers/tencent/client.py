@@ -4,7 +4,8 @@
 per region, with explicit timeouts and SDK retries off, and runs every call through the SDK's typed
 request/response models, so callers pass and receive plain dicts and see only ``ProviderError`` subclasses, never
 a ``TencentCloudSDKException``. An ``endpoint_url`` override sends both services to that one host, as a private
-endpoint or the sandbox serves them.
+endpoint or the sandbox serves them. Each request first draws on the account's shared rate-limit bucket
+(``providers.ratelimit``, in ``_once``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from tencentcloud.cvm.v20170312 import models as cvm_models
 from tencentcloud.vpc.v20170312 import models as vpc_models
 from tencentcloud.vpc.v20170312 import vpc_client
 
+from providers import ratelimit
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected, TransientProviderError
 from providers.tencent import mapping
@@ -57,6 +59,7 @@ class ClientSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
     call_deadline: float = CALL_DEADLINE_S  # one call in all, retries included
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this account's own figures by bucket group
 
 
 def split_endpoint(endpoint_url: str | None) -> tuple[str, str | None]:
@@ -125,9 +128,22 @@ class TencentClient:
                 self._clients[(service, region)] = client
             return client
 
-    def _once(self, region: str, action: str, params: dict[str, Any], service: str = CVM) -> dict[str, Any]:
+    def _deadline(self) -> CallDeadline:
+        s = self.settings
+        return CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+
+    def _once(
+        self, region: str, action: str, params: dict[str, Any], service: str = CVM, deadline: CallDeadline | None = None
+    ) -> dict[str, Any]:
         request = getattr(_SERVICES[service][1], f"{action}Request")()
         request.from_json_string(json.dumps(params))
+        # This is the one path to the wire (the SDK's retryer is off): each request is counted here. Tencent counts
+        # per API, per access region (the API server reached, the nearest one for the default endpoint, whatever
+        # region the request names) and per sub-account (the SecretId's).
+        group = f"{service}/{action}"
+        limit = ratelimit.resolve(group, ratelimit.tencent_limit(group), self.settings.rate_limits)
+        key = ratelimit.BucketKey(mapping.PROVIDER, self.settings.secret_id, self.endpoint or "nearest", group)
+        ratelimit.acquire([(key, limit, 1)], deadline or self._deadline())
         try:
             response = getattr(self._client(service, region), action)(request)
         except TencentCloudSDKException as exc:
@@ -140,13 +156,14 @@ class TencentClient:
     ) -> dict[str, Any]:
         """One read (or a safely repeatable write such as TerminateInstances), retried when transient and while a
         retry still ends within the call's deadline (``providers.deadline``)."""
-        s = self.settings
-        deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+        deadline = self._deadline()
         attempt = 1
         while True:
             try:
-                return self._once(region, action, dict(params or {}), service)
-            except TransientProviderError:
+                return self._once(region, action, dict(params or {}), service, deadline)
+            except TransientProviderError as error:
+                if error.code == ratelimit.RATE_LIMITED:  # it already waited all the deadline allows
+                    raise
                 delay = min(MAX_RETRY_SLEEP, self.settings.retry_backoff * 2 ** (attempt - 1))
                 if attempt >= self.settings.max_attempts or not deadline.allows_retry(delay):
                     raise
