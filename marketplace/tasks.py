@@ -25,12 +25,12 @@ from marketplace.orders.provisioning import (
     instances_to_settle,
     order_boot_check,
     order_boot_settle,
-    order_check_running,
     order_give_up,
     order_poll,
     order_preempt,
     order_provision,
     order_terminate_instance,
+    orders_check_running,
 )
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
@@ -218,24 +218,15 @@ def orders_sweep_task() -> int:
         if winner_id is not None:
             order_provision_task.delay(winner_id)
         count += 1
-    # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed.
-    failed: list[int] = []
-    for order_id in Order.objects.filter(state=OrderState.RUNNING).values_list("pk", flat=True):
-        _sweep_time_check()
-        try:
-            if order_check_running(order_id=order_id) == Step.PROVISION:
-                order_provision_task.delay(order_id)
-                count += 1
-        except ProviderError as exc:
-            log.warning("could not check order %s: %s", order_id, exc)
-            failed.append(order_id)
-        except SoftTimeLimitExceeded:
-            raise  # the sweep's time is up: not one order's failure
-        except Exception:  # one order's surprise must not stop the sweep for everyone else's
-            log.exception("checking running order %s failed", order_id)
-            failed.append(order_id)
-    if failed:
-        log.warning("orders sweep: %d running order(s) could not be checked: %s", len(failed), failed)
+    # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed. One
+    # batched read per account and region, not one call per order; the time is checked between those reads.
+    running = Order.objects.filter(state=OrderState.RUNNING).values_list("pk", flat=True)
+    checked = orders_check_running(
+        order_ids=list(running), before_each=_sweep_time_check, provision_again=order_provision_task.delay
+    )
+    count += len(checked.provision)
+    if checked.failed:
+        log.warning("orders sweep: %d running order(s) could not be checked: %s", len(checked.failed), checked.failed)
     # Ended machines the provider was still stopping: their state follows the provider's until it is final.
     for instance_id in instances_to_settle(now=timezone.now()):
         _sweep_time_check()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from providers.boot import render_boot_script, user_data_problems
-from providers.errors import QuotaExceeded
+from providers.errors import ProviderError, ProviderRequestRejected, QuotaExceeded
 from providers.launch import LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.types import Credentials, InstanceHandle, LaunchSpec, OfferQuote, QuotaUse
 
@@ -80,6 +80,26 @@ class ProviderAdapter(abc.ABC):
     @abc.abstractmethod
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The instance's current state. Raises ``ProviderRequestRejected`` if the provider does not know it."""
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """The current state of each of ``instance_ids`` in ``region`` that the provider still knows, keyed by
+        instance id. An id the provider does not know (it never had it, or forgot it once it ended) is absent
+        from the answer: that is how "not found" is reported, never by raising. Each id is asked once.
+
+        Read-only and safe to repeat. A cloud that reads many instances in one request answers in batches of at
+        most its documented maximum per request: ``ceil(n / max)`` requests (plus pages, where it pages). This
+        default asks ``describe`` once per id, so every adapter answers. The whole call fails, reporting none of
+        what it read: ``TransientProviderError`` when the provider cannot be asked (the caller asks again
+        later), ``CredentialsRejected``, ``MalformedProviderResponse``, or ``ProviderRequestRejected`` other
+        than "not found"."""
+        found: dict[str, InstanceHandle] = {}
+        for instance_id in dict.fromkeys(instance_ids):
+            try:
+                found[instance_id] = self.describe(region, instance_id)
+            except ProviderRequestRejected as exc:
+                if not unknown_instance(exc):
+                    raise
+        return found
 
     @abc.abstractmethod
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
@@ -157,6 +177,12 @@ class ProviderAdapter(abc.ABC):
         """Every resource besides instances tagged with a broker order in the account's regions: what the
         reconciler compares with the orders it knows. Read-only. The default lists nothing."""
         return []
+
+
+def unknown_instance(error: ProviderError) -> bool:
+    """Is this the provider saying it does not know the instance? Its not-found code in any cloud's casing
+    (``InvalidInstanceID.NotFound``, ``ResourceNotFound``, ``notFound``, the host agent's ``not_found``)."""
+    return "notfound" in error.code.replace(".", "").replace("_", "").lower()
 
 
 def quota_refuse_short(provider: str, region: str, quotas: dict[str, QuotaUse], needs: dict[str, float]) -> None:

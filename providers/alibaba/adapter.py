@@ -28,6 +28,10 @@ NETWORK_TYPE = "vpc"
 SPOT_LOOKBACK = timedelta(hours=1)
 INSTANCE_TYPES_PAGE = 100
 INSTANCES_PAGE = 100
+# DescribeInstances InstanceIds: "a JSON array that consists of up to 100 instance IDs", and MaxResults at most
+# 100 (ECS API reference, DescribeInstances,
+# https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeinstances).
+DESCRIBE_IDS_MAX = 100
 SPOT_HISTORY_PAGES = 100
 IMAGES_PAGE = 100
 KEY_PAIRS_PAGE = 50  # DescribeKeyPairs PageSize: at most 50
@@ -292,6 +296,27 @@ class AlibabaAdapter(ProviderAdapter):
                 provider=mapping.PROVIDER,
             )
         return handle
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """``DescribeInstances`` with ``InstanceIds`` of at most ``DESCRIBE_IDS_MAX`` ids per call (``ceil(n /
+        100)`` calls, one page each). ECS filters by the ids it has: one it does not list (released, or never
+        there) is simply not in the answer, which is this contract's "not found"."""
+        wanted = list(dict.fromkeys(instance_ids))
+        found: dict[str, InstanceHandle] = {}
+        for start in range(0, len(wanted), DESCRIBE_IDS_MAX):
+            ids = wanted[start : start + DESCRIBE_IDS_MAX]
+            items = self._client.pages(
+                region,
+                "DescribeInstances",
+                {"RegionId": region, "InstanceIds": json.dumps(ids), "MaxResults": INSTANCES_PAGE},
+                "Instances",
+                "Instance",
+            )
+            asked = set(ids)
+            for handle in (mapping.instance_handle(item, region) for item in items):
+                if handle.instance_id in asked:
+                    found[handle.instance_id] = handle
+        return found
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Every instance tagged ``broker:order=<order_ref>`` in every region of the account.

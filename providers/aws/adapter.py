@@ -33,6 +33,14 @@ SPOT_PRODUCT = "Linux/UNIX"
 # AWS reports, per zone, the price in effect at StartTime plus later changes: a short window is enough.
 SPOT_LOOKBACK = timedelta(hours=1)
 FILTER_VALUES_PER_CALL = 100  # EC2 caps the values of one filter; stay well below the cap
+# EC2 refuses a call with too many filter values (FilterLimitExceeded, "The request uses too many filters or too
+# many filter values": Error codes for the Amazon EC2 API,
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html). The number is in EC2's own
+# answer: "The maximum number of filter values specified on a single call is 200".
+DESCRIBE_FILTER_VALUES_MAX = 200
+# DescribeInstances' MaxResults: "You can specify a value between 5 and 1000", and not together with InstanceIds
+# (EC2 API reference, DescribeInstances, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html).
+DESCRIBE_PAGE_MAX = 1000
 PRICE_TYPES_PER_CALL = 50
 # A Price List Filter's Value is a string of 1 to 1024 characters (AWS Price List API reference, Filter,
 # https://docs.aws.amazon.com/aws-cost-management/latest/APIReference/API_pricing_Filter.html; botocore's
@@ -287,6 +295,30 @@ class AwsAdapter(ProviderAdapter):
                 provider=mapping.PROVIDER,
             )
         return handles[0]
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """``DescribeInstances`` with an ``instance-id`` filter of at most ``DESCRIBE_FILTER_VALUES_MAX`` ids per
+        call (``ceil(n / 200)`` calls; each asks for ``DESCRIBE_PAGE_MAX`` items, so one page holds them all).
+
+        A filter, not ``InstanceIds``: "If you specify an instance ID that is not valid, an error is returned"
+        (EC2 API reference, DescribeInstances), so one forgotten instance would fail the call for every other;
+        a filter value that matches nothing is simply not in the answer, which is this contract's "not found".
+        Terminated instances stay listed for a while ("usually less than one hour") before they are absent."""
+        wanted = list(dict.fromkeys(instance_ids))
+        found: dict[str, InstanceHandle] = {}
+        for ids in _chunks(wanted, DESCRIBE_FILTER_VALUES_MAX):
+            reservations = self._client.pages(
+                region,
+                "describe_instances",
+                "Reservations",
+                Filters=[{"Name": "instance-id", "Values": ids}],
+                MaxResults=DESCRIBE_PAGE_MAX,
+            )
+            asked = set(ids)
+            for handle in mapping.handles_from_reservations(reservations, region):
+                if handle.instance_id in asked:  # a filter the server ignored must not answer for strangers
+                    found[handle.instance_id] = handle
+        return found
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Every instance tagged ``broker:order=<order_ref>`` in every region of the account, in any state."""

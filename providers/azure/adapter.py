@@ -202,6 +202,11 @@ class AzureAdapter(ProviderAdapter):
         needs = mapping.quota_needs(family, spec.vcpus, spec.pricing_model is PricingModel.SPOT)
         quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
 
+    # describe_many is the base class's loop of describe. ARM lists a resource group's VMs with their instance view
+    # only for one scale set ("'instanceView' ... can only be specified if a valid $filter option is specified",
+    # the filter being 'virtualMachineScaleSet/id'; Virtual Machines - List, Compute REST API reference), so a
+    # batched read of standalone VMs' power states would be the subscription-wide List All with
+    # statusOnly=true, a call this adapter's client does not make yet.
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The VM's state from its instance view. A VM whose create failed is ``FAILED`` with ``error_class``,
         ``error_code`` and ``error_message`` in ``extra``. Raises ``ProviderRequestRejected`` (ResourceNotFound)

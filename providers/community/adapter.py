@@ -365,6 +365,9 @@ class CommunityAdapter(ProviderAdapter):
             raise CapacityUnavailable(exc.message, code=exc.code, provider=PROVIDER) from None
         return self._handle(machine, answer)
 
+    # describe_many is the base class's loop of describe: each machine is its own endpoint (its agent), and the
+    # host agent protocol (providers/community/protocol.py) lists a machine's instances only by order reference,
+    # so there is no one request for many instances to make.
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         machine, agent_id = self._split(instance_id)
         return self._handle(machine, self._client(machine).call("GET", f"/v1/instances/{quote(agent_id)}"))

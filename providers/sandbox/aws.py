@@ -18,6 +18,7 @@ What the layer adds (everything else is moto):
   family, a security group still in use), Systems Manager's public parameter naming the region's Deep
   Learning AMI, ``image_missing`` faults on every image lookup, and booting each launched instance from its
   user data (``self.booter``), halting it when it is terminated;
+- EC2's limit of 200 filter values in one call (``FilterLimitExceeded``), which moto does not enforce;
 - placement groups (``providers/sandbox/aws_placement.py``): ``CreatePlacementGroup``,
   ``DescribePlacementGroups``, ``DeletePlacementGroup``, and ``RunInstances`` into ``Placement.GroupName`` under
   EC2's rules (an unknown group, a cluster group in use in another zone).
@@ -81,6 +82,12 @@ SPOT_MAX_RESULTS = 1000
 _SCOPE = re.compile(r"Credential=([^/,\s]+)/\d{8}/([^/]+)/([^/]+)/aws4_request")
 _INDEXED = re.compile(r"^InstanceType\.\d+$")
 _FILTER_NAME = re.compile(r"^Filter\.(\d+)\.Name$")
+_FILTER_VALUE = re.compile(r"^Filter\.\d+\.Value\.\d+$")
+# EC2 refuses a call with more filter values than this, across its filters: FilterLimitExceeded ("The request
+# uses too many filters or too many filter values", Error codes for the Amazon EC2 API,
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html), in the words of EC2's answer
+# "The maximum number of filter values specified on a single call is 200". moto accepts any number.
+FILTER_VALUES_MAX = 200
 
 REGION_NAMES = {
     "us-east-1": "US East (N. Virginia)",
@@ -339,6 +346,8 @@ class Call:
     region: str
     instance_types: tuple[str, ...] = ()
     zone: str | None = None
+    # The instances the request names, as InstanceId.N or as values of an ``instance-id`` filter.
+    instance_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +416,17 @@ def _filters_refusal(filters: Any) -> str | None:
                     f"to {PRICING_FILTER_TEXT_MAX}"
                 )
     return None
+
+
+def _named_instances(params: dict[str, str]) -> tuple[str, ...]:
+    """The instance ids an EC2 query names: ``InstanceId.N`` and the values of an ``instance-id`` filter."""
+    named = [v for k, v in params.items() if k.startswith("InstanceId.")]
+    for key, name in params.items():
+        match = _FILTER_NAME.match(key)
+        if match and name == "instance-id":
+            prefix = f"Filter.{match.group(1)}.Value."
+            named.extend(v for k, v in params.items() if k.startswith(prefix))
+    return tuple(named)
 
 
 def _encode_token(offset: int, query: str) -> str:
@@ -578,8 +598,9 @@ class AwsSandbox(SandboxApp):
         body = environ["wsgi.input"].read(length) if length else b""
         request = self._parse(environ, body)
         with self._lock:
+            named = _named_instances(request.params)
             self.record_call(
-                Call(request.service, request.action, request.region, request.instance_types, request.zone)
+                Call(request.service, request.action, request.region, request.instance_types, request.zone, named)
             )
         if request.service == "pricing":
             response = self._pricing(request)
@@ -666,6 +687,10 @@ class AwsSandbox(SandboxApp):
         refusal = self._boot_refusal(request)
         if refusal is not None:
             return _ec2_error(*refusal)
+        values = sum(1 for key in request.params if _FILTER_VALUE.match(key))
+        if values > FILTER_VALUES_MAX:
+            message = f"The maximum number of filter values specified on a single call is {FILTER_VALUES_MAX}"
+            return _ec2_error("FilterLimitExceeded", message, 400)
         response = self._forward(environ, request)
         if request.action == "TerminateInstances" and response.status_code == 200:
             for instance_id in aws_launch.terminated_ids(request.params):

@@ -27,6 +27,9 @@ UBUNTU_FILTERS = [
     {"Name": "image-type", "Values": ["PUBLIC_IMAGE"]},
     {"Name": "platform", "Values": [mapping.UBUNTU_PLATFORM]},
 ]
+# DescribeInstances InstanceIds: "You can query up to 100 instances in each request", and not together with
+# Filters; Limit at most 100 (CVM API reference, DescribeInstances, https://www.tencentcloud.com/document/api/213/33258).
+DESCRIBE_IDS_MAX = 100
 KEY_PAIR = "key_pair"
 SECURITY_GROUP = "security_group"
 
@@ -159,6 +162,22 @@ class TencentAdapter(ProviderAdapter):
                 f"instance {instance_id} not found in {region}", code=mapping.NOT_FOUND_CODE, provider=mapping.PROVIDER
             )
         return found[0]
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """``DescribeInstances`` with ``InstanceIds`` of at most ``DESCRIBE_IDS_MAX`` ids per call (``ceil(n /
+        100)`` calls: the client's pages ask for ``Limit`` 100, so one page holds them). CVM answers the ids it
+        knows: one it does not (destroyed long enough ago to have left the recycle bin) is not in the answer,
+        which is this contract's "not found"."""
+        wanted = list(dict.fromkeys(instance_ids))
+        found: dict[str, InstanceHandle] = {}
+        for start in range(0, len(wanted), DESCRIBE_IDS_MAX):
+            ids = wanted[start : start + DESCRIBE_IDS_MAX]
+            items = self._client.pages(region, "DescribeInstances", "InstanceSet", {"InstanceIds": ids})
+            asked = set(ids)
+            for handle in mapping.handles(items, region):
+                if handle.instance_id in asked:
+                    found[handle.instance_id] = handle
+        return found
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Every instance tagged ``broker:order=<order_ref>`` in every region of the account, in any state."""
