@@ -23,3 +23,5 @@ class LedgerConfig(AppConfig):
 
     def ready(self) -> None:
         connection_created.connect(_register_sqlite_functions, dispatch_uid="ledger-sqlite-functions")
+        # Registered in every process: receipts queue the prompt signing by the task's name.
+        from ledger import tasks  # noqa: F401

@@ -25,6 +25,7 @@ import itertools
 import logging
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
@@ -42,7 +43,6 @@ from ledger.checkpoints import (
 )
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.services import SEQUENCE_BATCHES_PER_CALL, ledger_sequence
-from ledger.tasks import ledger_checkpoint_sign_task
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ def checkpoint_sign_soon() -> None:
     if not checkpoint_sign_claim(hold_s=PROMPT_SIGNING_SPACING_S):
         return
     try:
-        ledger_checkpoint_sign_task.delay()
+        # By name, so this module and the task module beside it do not import each other.
+        current_app.tasks["ledger.checkpoint_sign"].delay()
     except OperationalError as exc:
         checkpoint_sign_release()
         log.warning("could not queue a prompt checkpoint signing (%s); the periodic one will sign", exc)

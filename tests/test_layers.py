@@ -44,3 +44,49 @@ def test_no_app_imports_upwards_or_sideways():
                 crossings.add((str(path.relative_to(ROOT)), top))
     assert crossings - KNOWN == set(), "an app imports a package above or beside it: move the helper below"
     assert KNOWN - crossings == set(), "a known crossing is gone: take it off KNOWN"
+
+
+def _modules_imported(path: Path) -> set[str]:
+    """Every module ``path`` imports by absolute name, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_only_task_modules_import_task_modules():
+    """Tasks live beside the services they run and import them; services queue work by task name
+    (``marketplace.taskkit.enqueue``), so no service imports a task module and no import circle runs through
+    one (issue 23, point 1)."""
+    offenders = []
+    for app in ("marketplace", "providers", "ledger"):
+        for path in sorted((ROOT / app).rglob("*.py")):
+            if "migrations" in path.parts or path.name in ("tasks.py", "apps.py"):  # apps.py registers them
+                continue
+            tasks = {m for m in _modules_imported(path) if m.split(".")[-1] == "tasks" or ".tasks." in m}
+            if tasks:
+                offenders.append(f"{path.relative_to(ROOT)} imports {sorted(tasks)}")
+    assert offenders == []
+
+
+def test_every_process_knows_the_tasks_services_queue_by_name():
+    """A web process imports no task module, yet its services queue tasks by name: the apps register them at
+    start-up. A fresh interpreter, as gunicorn's worker is, finds each one."""
+    import subprocess
+    import sys
+
+    names = ["marketplace.order_provision", "marketplace.offers_sync_account", "marketplace.webhook_deliver",
+             "marketplace.cluster_advance", "ledger.checkpoint_sign"]  # fmt: skip
+    script = (
+        "import django; django.setup(); from celery import current_app; "
+        f"print(all(name in current_app.tasks for name in {names!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "broker.settings"},
+    )  # fmt: skip
+    assert done.stdout.strip() == "True", done.stderr[-2000:]

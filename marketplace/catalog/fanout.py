@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from providers.models import ProviderAccount
 
-# The sync task's hard time limit (marketplace.tasks.SYNC_LIMITS) and a margin: a claim older has no sync left.
+# The sync task's hard time limit (marketplace.taskkit.SYNC_LIMITS) and a margin: a claim older has no sync left.
 STALE_S = 960 + 60
 # An account handed over this fraction of an interval ago is not due yet: beats drift, rounds overlap a little.
 DUE_FRACTION = 0.9

@@ -42,6 +42,7 @@ from marketplace.models import (
     Order,
     OrderState,
 )
+from marketplace.taskkit import enqueue_on_commit
 from providers.community import protocol
 from providers.community.bundle import agent_bundle_sha256
 from providers.errors import ProviderError
@@ -411,9 +412,7 @@ def lease_failed(*, lease: Lease, stage: Any, reason: Any, now: dt.datetime | No
 
 
 def _settle_on_commit(order_id: int) -> None:
-    from marketplace.tasks import order_boot_settle_task
-
-    order_boot_settle_task.delay_on_commit(order_id)
+    enqueue_on_commit("marketplace.order_boot_settle", order_id)
 
 
 def lease_heartbeat(

@@ -67,6 +67,7 @@ from marketplace.orders.services import (
     launch_config_for,
     order_terminate,
 )
+from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import order_event_emit
 from providers.errors import ProviderError
 from providers.services import adapter_for_account
@@ -283,8 +284,6 @@ def _round_start(cluster: Cluster, offer: Offer, price: Decimal, now: dt.datetim
     spend_cap = config.spec.get("spend_cap_usd")
     # The launch configuration's spend cap is the whole group's: each node may spend its share.
     node_cap = None if spend_cap is None else (Decimal(spend_cap) / cluster.nodes).quantize(Decimal("0.01"))
-    from marketplace.tasks import order_provision_task
-
     # The organisation's row lock makes the nodes' holds and a concurrent order's one step.
     organization = Organization.objects.select_for_update().get(pk=cluster.organization_id)
     for node in range(1, cluster.nodes + 1):
@@ -329,7 +328,7 @@ def _round_start(cluster: Cluster, offer: Offer, price: Decimal, now: dt.datetim
             },
         )
         order_event_emit(order=order, previous=None, now=now)
-        order_provision_task.delay_on_commit(order.pk)
+        enqueue_on_commit("marketplace.order_provision", order.pk)
     _ledger(cluster, "cluster.round_started", round=cluster.round, offer=offer.pk, zone=offer.zone, nodes=cluster.nodes)
 
 
@@ -468,9 +467,7 @@ def cluster_terminate(*, cluster: Cluster, reason: str = "terminated by buyer") 
             return locked
         _transition(locked, ClusterState.TERMINATING, reason)
         _terminate_live(list(locked.orders.all()), reason)
-    from marketplace.tasks import cluster_advance_task
-
-    cluster_advance_task.delay_on_commit(locked.pk)
+    enqueue_on_commit("marketplace.cluster_advance", locked.pk)
     return locked
 
 

@@ -46,6 +46,7 @@ from marketplace.orders.clusters import placement_group_name
 from marketplace.orders.reservations import gpu_indexes_held, reservation_release, reservation_take
 from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
+from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import instance_event_emit
 from providers.base import ProviderAdapter
 from providers.community.services import machine_silent_since
@@ -385,11 +386,7 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
         )
         if booked:
             # One check at the deadline per launch (the minute sweep looks again, should this task be lost).
-            from marketplace.tasks import order_boot_deadline_task
-
-            transaction.on_commit(
-                lambda: order_boot_deadline_task.apply_async((order.pk,), countdown=settings.BOOT_TIMEOUT_S + 1)
-            )
+            enqueue_on_commit("marketplace.order_boot_deadline", order.pk, countdown=settings.BOOT_TIMEOUT_S + 1)
         extra = {"adopted": True} if adopted else {}
         _attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
         instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)
@@ -607,9 +604,7 @@ def order_give_up(*, order_id: int, reason: str) -> None:
         return
     with transaction.atomic():
         order_transition(order=order, to=OrderState.TERMINATING, reason=reason)
-        from marketplace.tasks import order_terminate_task
-
-        order_terminate_task.delay_on_commit(order.pk)
+        enqueue_on_commit("marketplace.order_terminate", order.pk)
 
 
 def order_terminate_instance(*, order_id: int) -> Step:

@@ -36,6 +36,7 @@ from marketplace.models import (
 )
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
 from marketplace.orders.reservations import reservations_release_for_order
+from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import order_event_emit
 
 
@@ -118,9 +119,7 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
         order_event_emit(order=order, previous=current, now=now)
         if order.cluster_id is not None:
             # A node of a multi-node job: its cluster decides what the group does next (orders/clusters.py).
-            from marketplace.tasks import cluster_advance_task
-
-            cluster_advance_task.delay_on_commit(order.cluster_id)
+            enqueue_on_commit("marketplace.cluster_advance", order.cluster_id)
     order.state, order.state_reason, order.state_changed_at = to, reason, now
     return order
 
@@ -294,9 +293,7 @@ def order_place(
                 # Before anything launches; PaymentRequired rolls the order back with the rest.
                 order_hold_place(order, locked, now=now)
             order_event_emit(order=order, previous=None, now=now)
-            from marketplace.tasks import order_provision_task
-
-            order_provision_task.delay_on_commit(order.pk)
+            enqueue_on_commit("marketplace.order_provision", order.pk)
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as its replay. Without a key, the
         # only unique field two requests can collide on is the quote: someone ordered it first.
@@ -382,9 +379,7 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
         raise TransitionRefused(f"order {order.public_id} is {order.state}; nothing to terminate")
     with transaction.atomic():
         order_transition(order=order, to=OrderState.TERMINATING, reason=reason)
-        from marketplace.tasks import order_terminate_task
-
-        order_terminate_task.delay_on_commit(order.pk)
+        enqueue_on_commit("marketplace.order_terminate", order.pk)
     return order
 
 

@@ -32,6 +32,7 @@ from marketplace.models import (
     WebhookEndpoint,
     WebhookEventType,
 )
+from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.destinations import WebhookUrlRefused, destination_check
 from marketplace.webhooks.sending import SendResult, http_post
 from marketplace.webhooks.signing import HEADER as SIGNATURE_HEADER
@@ -262,8 +263,6 @@ def _deliveries_create(
     event_id: uuid.UUID | None = None,
     redelivery_of: WebhookDelivery | None = None,
 ) -> list[WebhookDelivery]:
-    from marketplace.webhooks.tasks import webhook_deliver_task
-
     event_id = event_id or uuid.uuid4()
     payload = json.loads(json.dumps(data, default=str))  # what the JSON column will give back
     with transaction.atomic():
@@ -280,7 +279,7 @@ def _deliveries_create(
             for endpoint in endpoints
         ]
         for delivery in deliveries:
-            webhook_deliver_task.delay_on_commit(delivery.pk)
+            enqueue_on_commit("marketplace.webhook_deliver", delivery.pk)
     return deliveries
 
 

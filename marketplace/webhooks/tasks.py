@@ -1,4 +1,4 @@
-"""Thin Celery tasks for webhooks (listed in ``CELERY_IMPORTS``: autodiscovery reads only ``marketplace.tasks``)."""
+"""Thin Celery tasks for webhooks, beside the services they run (``marketplace/tasks.py`` imports them)."""
 
 from __future__ import annotations
 
