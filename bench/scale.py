@@ -218,12 +218,13 @@ def _p95(values: list[float]) -> float:
 
 
 def _round(size: int, env: dict[str, str], token: str, offer_ids: list[int], orders: int, seconds: float) -> dict:
-    from django.db.models import Count, Q
+    from django.db.models import Count
 
     from ledger.services import ledger_queued, ledger_verify
     from marketplace.models import Instance, Order, PeriodicRun
 
     runs_before = dict(PeriodicRun.objects.values_list("name", "runs"))
+    round_began = time.perf_counter()
     with Cluster(size, env) as cluster:
         ports = cluster.ports
         search_ms: list[float] = []
@@ -279,6 +280,7 @@ def _round(size: int, env: dict[str, str], token: str, offer_ids: list[int], ord
             time.sleep(0.5)
         while ledger_queued()[0] and time.monotonic() < deadline:
             time.sleep(0.2)
+    elapsed = time.perf_counter() - round_began
     mine = Order.objects.filter(public_id__in=placed)
     states = dict(mine.values_list("state").annotate(n=Count("pk")))
     stuck = mine.exclude(state__in=FINAL_OR_RUNNING).count()
@@ -294,7 +296,15 @@ def _round(size: int, env: dict[str, str], token: str, offer_ids: list[int], ord
         for name, runs in PeriodicRun.objects.values_list("name", "runs")
         if runs - runs_before.get(name, 0)
     }
-    overlapping = PeriodicRun.objects.filter(Q(running__gt=1)).count() if hasattr(PeriodicRun, "running") else 0
+    # Two beats send each job twice per interval: the leases must still make one run per interval at most.
+    from django.conf import settings
+
+    intervals = {
+        name: float(entry["schedule"])
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+        if isinstance(entry["schedule"], float | int)
+    }
+    too_many = {name: n for name, n in runs.items() if name in intervals and n > elapsed // intervals[name] + 1}
     verified = ledger_verify()
     result = {
         "size": size,
@@ -307,7 +317,7 @@ def _round(size: int, env: dict[str, str], token: str, offer_ids: list[int], ord
         "stuck": stuck,
         "doubled": doubled,
         "runs": runs,
-        "overlapping": overlapping,
+        "too_many_runs": too_many,
         "ledger_ok": verified.ok,
         "ledger_entries": verified.entries_checked,
     }
@@ -315,7 +325,8 @@ def _round(size: int, env: dict[str, str], token: str, offer_ids: list[int], ord
         f"{size} of each: {result['searches_per_s']:6.1f} searches/s (p95 {result['search_p95_ms']:.0f} ms), "
         f"{result['orders_per_s']:5.1f} orders/s placed (p95 {result['place_p95_ms']:.0f} ms), order to running "
         f"p95 {result['to_running_p95_s']:.1f} s; orders {states}; stuck {stuck}, double launches {doubled}; "
-        f"periodic runs {runs}; ledger {'gapless, verified' if verified.ok else 'BROKEN: ' + verified.problem} "
+        f"periodic runs {runs} in {elapsed:.0f} s (more than one per interval: {too_many or 'none'}); "
+        f"ledger {'gapless, verified' if verified.ok else 'BROKEN: ' + verified.problem} "
         f"({verified.entries_checked} entries)",
         flush=True,
     )
@@ -388,8 +399,8 @@ def main() -> int:
                        ("to_running_p95_s", "order-to-running p95")):  # fmt: skip
         ratio = two[key] / one[key] if one[key] else float("nan")
         print(f"{label}: two of each / one of each = {ratio:.2f}x")
-    sound = all(r["stuck"] == 0 and r["doubled"] == 0 and r["ledger_ok"] for r in (one, two))
-    print("no lost order, no double launch, ledger gapless: " + ("yes" if sound else "NO"))
+    sound = all(r["stuck"] == 0 and r["doubled"] == 0 and r["ledger_ok"] and not r["too_many_runs"] for r in (one, two))
+    print("no lost order, no double launch, no duplicate periodic run, ledger gapless: " + ("yes" if sound else "NO"))
     return 0 if sound else 1
 
 
