@@ -70,3 +70,27 @@ def claimed_lease(order: Order, client: Client) -> tuple[Lease, str, str]:
         "/agent/v1/lease/claim", {"boot_token": boot_token(lease.attempt.client_token)}, content_type="application/json"
     ).json()
     return Lease.objects.get(pk=lease.pk), answer["key_id"], answer["secret"]
+
+
+def running_order(acme: Any, alice: Any, offer: Any, capture: Any, source: Any, *, allow_failover: bool) -> Order:
+    """An order of ``offer`` placed by alice for acme, provisioned (its tasks run as its transaction commits)
+    and booted from ``source``: running, or the test fails saying why not."""
+    from decimal import Decimal
+
+    from marketplace.models import OrderState
+    from marketplace.orders.services import PlaceRequest, order_place
+
+    with capture(execute=True):
+        order = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH,
+                offer_id=offer.pk,
+                max_price_per_hour=offer.price_usd + Decimal("1"),
+                allow_failover=allow_failover,
+            ),
+        ).order
+    boot_if_launched(order, source)
+    assert order.state == OrderState.RUNNING, order.state_reason
+    return order

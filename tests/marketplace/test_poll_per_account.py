@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from decimal import Decimal
 
 import pytest
 from django.conf import settings
@@ -18,14 +17,13 @@ from ledger.services import ledger_verify
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Instance, Lease, Offer, Order, OrderState
 from marketplace.orders.provisioning import NOT_LISTED, orders_check_running
-from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from providers.models import Machine, ProviderAccount
 from providers.sandbox.aws_keys import CONTRACT
 from providers.services import adapter_for_account, provider_account_connect
 from providers.types import InstanceState
 from tests.conftest import TEST_AWS_REGIONS
-from tests.leases import LAUNCH, boot_if_launched
+from tests.leases import boot_if_launched, running_order
 
 pytestmark = pytest.mark.django_db
 
@@ -53,21 +51,8 @@ def _offer(account: ProviderAccount, pricing_model: str = "on_demand") -> Offer:
     )[0]
 
 
-def _running(acme, alice, offer: Offer, capture, sandbox, *, allow_failover: bool = True) -> Order:
-    with capture(execute=True):
-        order = order_place(
-            organization=acme,
-            user=alice,
-            request=PlaceRequest(
-                launch=LAUNCH,
-                offer_id=offer.pk,
-                max_price_per_hour=offer.price_usd + Decimal("1"),
-                allow_failover=allow_failover,
-            ),
-        ).order
-    boot_if_launched(order, sandbox)
-    assert order.state == OrderState.RUNNING, order.state_reason
-    return order
+def _running(acme, alice, offer, capture, sandbox, *, allow_failover: bool = True) -> Order:
+    return running_order(acme, alice, offer, capture, sandbox, allow_failover=allow_failover)
 
 
 def _take_away(order: Order) -> str:

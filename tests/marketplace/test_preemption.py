@@ -3,38 +3,23 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 
 import pytest
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
-from marketplace.models import Instance, OrderState
+from marketplace.models import Instance, Order, OrderState
 from marketplace.orders.provisioning import Step, order_check_running
-from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState
-from tests.leases import LAUNCH, boot_if_launched
+from tests.leases import boot_if_launched, running_order
 
 pytestmark = pytest.mark.django_db
 
 
-def _running(acme, alice, offer, capture, sandbox, *, allow_failover: bool):
-    with capture(execute=True):
-        order = order_place(
-            organization=acme,
-            user=alice,
-            request=PlaceRequest(
-                launch=LAUNCH,
-                offer_id=offer.pk,
-                max_price_per_hour=offer.price_usd + Decimal("1"),
-                allow_failover=allow_failover,
-            ),
-        ).order
-    boot_if_launched(order, sandbox)
-    assert order.state == OrderState.RUNNING, order.state_reason
-    return order
+def _running(acme, alice, offer, capture, sandbox, *, allow_failover: bool) -> Order:
+    return running_order(acme, alice, offer, capture, sandbox, allow_failover=allow_failover)
 
 
 def _take_away(account, order) -> str:
