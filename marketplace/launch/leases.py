@@ -353,13 +353,17 @@ class ReadyOutcome:
 
 
 def gpu_problem(order: Order, gpus: tuple[GpuReport, ...]) -> str:
-    """Why the GPUs a machine reports are not what the order bought; empty when they are."""
-    model = order.gpu_model
-    matching = [g for g in gpus if reported_gpu_matches(g.name, g.memory_gb, model.key, model.memory_gb)]
+    """Why the GPUs a machine reports are not what the order bought; empty when they are. A partition (an AWS
+    g6f's share of an L4, a MIG profile) shows as its card's model with the slice's memory, which is the
+    offer's ``gpu_memory_gb``; a whole card must show its model's full memory."""
+    model, share = order.gpu_model, order.offer.gpu_fraction
+    memory_gb = order.offer.gpu_memory_gb if share < 1 else model.memory_gb
+    matching = [g for g in gpus if reported_gpu_matches(g.name, g.memory_gb, model.key, memory_gb)]
     if len(gpus) == order.gpu_count and len(matching) == order.gpu_count:
         return ""
     seen = ", ".join(sorted({f"{sum(1 for x in gpus if x.name == g.name)}x {g.name} {g.memory_gb} GB" for g in gpus}))
-    return f"the order is for {order.gpu_count}x {model.key}; the machine has {seen or 'no GPUs'}"
+    sold = model.key if share >= 1 else f"{share} of one {model.key}"
+    return f"the order is for {order.gpu_count}x {sold}; the machine has {seen or 'no GPUs'}"
 
 
 def lease_ready(*, lease: Lease, report: ReadyReport, now: dt.datetime | None = None) -> ReadyOutcome:
@@ -368,7 +372,7 @@ def lease_ready(*, lease: Lease, report: ReadyReport, now: dt.datetime | None = 
     is refused and the machine is terminated and failed over. Safe to receive twice: a settled lease answers
     what it answered."""
     now = now or timezone.now()
-    order = Order.objects.select_related("gpu_model").get(pk=lease.order_id)
+    order = Order.objects.select_related("gpu_model", "offer").get(pk=lease.order_id)
     problem = gpu_problem(order, report.gpus)
     with transaction.atomic():
         locked = Lease.objects.select_for_update().get(pk=lease.pk)

@@ -31,6 +31,7 @@ from providers.sandbox.aws import AwsSandbox
 from providers.sandbox.aws_keys import PETRA
 from providers.services import provider_account_connect
 from providers.types import GPU_FRACTION, OfferQuote, PricingModel
+from tests.leases import running_order
 
 AdapterFactory = Callable[..., AwsAdapter]
 REGION = "eu-central-1"
@@ -163,3 +164,34 @@ def test_a_quote_for_one_l4_gets_whole_cards_unless_it_asks_for_slices(frankfurt
     g6f = Offer.objects.filter(account=frankfurt, instance_type__startswith="g6f.", pricing_model="on_demand")
     assert whole["rejected"]["whole cards"] == g6f.count() > 0  # every g6f size in every zone
     assert any(q["offer"]["instance_type"].startswith("g6f.") for q in sliced["quotes"])
+
+
+def test_an_order_for_a_slice_runs_on_the_slice_its_machine_shows(
+    frankfurt, acme, alice, aws_sandbox: AwsSandbox, django_capture_on_commit_callbacks
+) -> None:
+    """What a buyer of an eighth of an L4 gets is a machine whose one GPU is an L4 with an eighth of its memory
+    (GpuDeviceInfo's ``memoryInfo`` is the slice's): the lease check takes that as the order, not as a short
+    whole card."""
+    assert offers_sync(account_id=frankfurt.pk).ok
+    eighth = Offer.objects.get(
+        account=frankfurt, instance_type="g6f.large", pricing_model="on_demand", zone="eu-central-1a"
+    )
+
+    order = running_order(acme, alice, eighth, django_capture_on_commit_callbacks, aws_sandbox, allow_failover=False)
+
+    (seen,) = order.leases.get(state="ready").gpus
+    assert (seen["name"], seen["memory_gb"]) == ("NVIDIA L4", 3)
+
+
+def test_a_machine_with_a_smaller_slice_than_sold_is_refused(frankfurt, acme, alice) -> None:
+    """A quarter of an L4 sold and an eighth delivered is not the order: the problem names the share."""
+    from marketplace.launch.leases import GpuReport, gpu_problem
+    from marketplace.models import Order
+
+    assert offers_sync(account_id=frankfurt.pk).ok
+    quarter = Offer.objects.filter(account=frankfurt, instance_type="g6f.2xlarge")[0]
+    order = Order(offer=quarter, gpu_model=quarter.gpu_model, gpu_count=1)
+
+    assert gpu_problem(order, (GpuReport(index=0, name="NVIDIA L4", memory_gb=6),)) == ""
+    problem = gpu_problem(order, (GpuReport(index=0, name="NVIDIA L4", memory_gb=3),))
+    assert problem == "the order is for 1x 1/4 of one L4; the machine has 1x NVIDIA L4 3 GB"
