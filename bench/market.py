@@ -18,10 +18,10 @@ import random
 from decimal import Decimal
 from pathlib import Path
 
-from marketplace.catalog.gpu_specs import GPU_SPECS
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import Demand, GpuSpec, OfferView, Profile, Tolerance
 from providers import gpu_names as g
+from providers.gpu_specs import GPU_SPECS
 
 DATA = Path(__file__).resolve().parent.parent / "providers" / "sandbox" / "data"
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

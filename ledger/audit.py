@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger import merkle, note
 from ledger.canonical import entry_envelope, sha256_hex
-from providers.community.protocol import bounded_json  # standard library only, as this tool is
+from untrusted.jsonbody import bounded_json  # standard library only, as this tool is
 
 if TYPE_CHECKING:
     from web3 import Web3

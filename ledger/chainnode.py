@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.chain import recursion_limit_kept
-from providers.community.protocol import bounded_json
+from untrusted.jsonbody import bounded_json
 
 with recursion_limit_kept():
     from eth.exceptions import TransactionNotFound as UnknownTransaction

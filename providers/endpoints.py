@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from providers.addresses import is_loopback, is_public
-from providers.community.protocol import bounded_json
 from providers.types import Credentials
+from untrusted.jsonbody import bounded_json
 
 # The options that name an endpoint (Azure's, for sovereign clouds).
 _URL_OPTIONS = ("authority_url", "prices_url")

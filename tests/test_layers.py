@@ -1,9 +1,11 @@
 """The direction of imports between the top-level packages (issue 23, point 7): broker -> marketplace ->
-providers, ledger; providers and ledger import neither marketplace nor each other; no app imports broker."""
+providers, ledger -> untrusted; providers and ledger import neither marketplace nor each other; no app imports
+broker; untrusted imports only the standard library."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -13,14 +15,10 @@ FORBIDDEN = {
     "marketplace": {"broker"},
     "providers": {"broker", "marketplace", "ledger"},
     "ledger": {"broker", "marketplace", "providers"},
+    "untrusted": {"broker", "marketplace", "providers", "ledger"},
 }
-# Known crossings still to be moved below (issue 23, point 7); a new one fails the test, and one that is fixed
-# must leave this list.
-KNOWN = {
-    ("providers/community/services.py", "marketplace"),  # the GPU spec table
-    ("ledger/chainnode.py", "providers"),  # bounded_json
-    ("ledger/audit.py", "providers"),  # bounded_json
-}
+# Crossings not yet moved below; a new one fails the test, and one that is fixed must leave this list.
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _imports(path: Path) -> set[str]:
@@ -44,6 +42,12 @@ def test_no_app_imports_upwards_or_sideways():
                 crossings.add((str(path.relative_to(ROOT)), top))
     assert crossings - KNOWN == set(), "an app imports a package above or beside it: move the helper below"
     assert KNOWN - crossings == set(), "a known crossing is gone: take it off KNOWN"
+
+
+def test_the_bottom_package_needs_only_the_standard_library():
+    """``untrusted`` travels in the lease agent's bundle to machines that have only Python."""
+    for path in sorted((ROOT / "untrusted").rglob("*.py")):
+        assert _imports(path) - set(sys.stdlib_module_names) - {"__future__"} == set(), path
 
 
 def _modules_imported(path: Path) -> set[str]:

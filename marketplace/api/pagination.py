@@ -25,7 +25,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 
-from providers.community.protocol import bounded_json
+from untrusted.jsonbody import bounded_json
 
 M = TypeVar("M", bound=Model)
 

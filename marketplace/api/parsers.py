@@ -8,7 +8,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser, get_encoding
 
-from providers.community.protocol import bounded_json
+from untrusted.jsonbody import bounded_json
 
 # The deepest request the API documents is a procurement: demands -> a demand -> launch -> ingress -> a rule
 # (five levels). Eight times that leaves room for any launch configuration and none for a stack overflow.

@@ -32,6 +32,7 @@ from marketplace.launch.leases import (
 from marketplace.models import Lease
 from providers.community import protocol
 from providers.community.bundle import agent_bundle, agent_bundle_sha256
+from untrusted import jsonbody
 
 MAX_BODY = 64 * 1024
 
@@ -46,7 +47,7 @@ def _body(request: HttpRequest) -> Any:
     if not declared.isdigit() or len(declared) > 9 or int(declared) > MAX_BODY:
         raise LeaseRefused("too_large", f"the body is larger than {MAX_BODY} bytes", status=413)
     try:
-        return protocol.bounded_json(request.body, max_bytes=MAX_BODY)
+        return jsonbody.bounded_json(request.body, max_bytes=MAX_BODY)
     except ValueError as exc:
         raise LeaseRefused("invalid", f"the body is not acceptable JSON: {exc}") from None
 

@@ -38,11 +38,11 @@ from django.db import transaction
 from ledger.canonical import canonical_bytes, sha256_hex
 from marketplace.launch.keys import ssh_key_list
 from marketplace.models import LaunchConfiguration, LaunchTemplate, Organization, SshKey
-from providers.community.protocol import bounded_json
 from providers.launch import IngressRule, WorkloadKind
 from providers.secrets import decrypt_secret, encrypt_secret
 from providers.sshkeys import SshKeyInvalid, SshPublicKey, ssh_key_parse
 from providers.text import name_problem, storable_problem
+from untrusted.jsonbody import bounded_json
 
 SSH_PORT = 22
 MAX_PORTS = 16

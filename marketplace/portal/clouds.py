@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 
-from providers.community.protocol import bounded_json
 from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
+from untrusted.jsonbody import bounded_json
 
 
 def validate_service_account_json(value: str) -> None:

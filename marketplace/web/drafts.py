@@ -14,8 +14,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from providers.community.protocol import bounded_json
 from providers.secrets import SecretUnreadable, decrypt_secret, encrypt_secret
+from untrusted.jsonbody import bounded_json
 
 SESSION_KEY = "launch_drafts"
 MAX_DRAFTS = 8  # a few tabs configuring orders at once; older drafts are dropped

@@ -16,7 +16,6 @@ from fractions import Fraction
 from typing import Any
 
 from providers import gpu_names
-from providers.community.protocol import bounded_json
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -30,6 +29,7 @@ from providers.errors import (
 from providers.launch import IngressRule, OrderResource
 from providers.sshkeys import SshPublicKey
 from providers.types import GPU_FRACTION, InstanceHandle, InstanceState
+from untrusted.jsonbody import bounded_json
 
 PROVIDER = "aws"
 ORDER_TAG = "broker:order"

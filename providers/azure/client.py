@@ -41,9 +41,9 @@ from azure.mgmt.network.models import NetworkSecurityGroup
 
 from providers import ratelimit
 from providers.azure import mapping
-from providers.community.protocol import bounded_json
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, TransientProviderError
+from untrusted.jsonbody import bounded_json
 
 # Bounds on an answer's JSON this module parses itself (the SDK parses the rest), far above a token answer or
 # a Retail Prices page: beyond them an answer is malformed (a ValueError), not a reason to parse without end or

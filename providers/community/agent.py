@@ -62,6 +62,7 @@ from providers.community.executor import (
 )
 from providers.community.lease import ExecutorError, LeaseAgent, Transport, http_transport, telemetry_sample
 from providers.community.mig import MEMORY_SLICES, MigProfile, mig_place, mig_table_for_memory
+from untrusted import jsonbody
 
 log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
@@ -337,7 +338,7 @@ class Agent:
             raise urllib.error.HTTPError(
                 self.broker_url + path, status, f"the broker answered {status}", Message(), None
             )
-        answer = protocol.bounded_json(raw)
+        answer = jsonbody.bounded_json(raw)
         return dict(answer) if isinstance(answer, dict) else {}
 
     def register(self) -> dict[str, Any]:
@@ -479,7 +480,7 @@ class Agent:
             return _answer({"hardware": self.self_test(), "gpus_free": self._free(), "instances": self._live_count()})
         if parts == ["v1", "instances"] and method == "POST":
             try:
-                launch = protocol.bounded_json(body, max_bytes=MAX_LAUNCH_BODY)
+                launch = jsonbody.bounded_json(body, max_bytes=MAX_LAUNCH_BODY)
             except ValueError as exc:
                 return _answer({"code": "invalid", "message": str(exc)}, 400)
             if not isinstance(launch, dict):

@@ -26,6 +26,7 @@ from providers.community.services import (
     machine_heartbeat,
     machine_register,
 )
+from untrusted import jsonbody
 
 # A heartbeat of 64 GPUs' samples is under 10 KiB; a registration carries the hardware and the self-test.
 MAX_HEARTBEAT_BODY = 16 * 1024
@@ -33,7 +34,7 @@ MAX_REGISTER_BODY = 64 * 1024
 MAX_GPUS = 64
 MAX_POLL_BODY = 1024
 # An answer carries what the agent would have answered over HTTP (the client reads at most this), and a wrapper.
-MAX_ANSWER_BODY = protocol.MAX_JSON_BYTES + 1024
+MAX_ANSWER_BODY = jsonbody.MAX_JSON_BYTES + 1024
 SAMPLE_KEYS = ("index", "utilization_pct", "temperature_c", "power_w", "memory_used_gb")
 
 
@@ -48,7 +49,7 @@ def _signed_json(request: HttpRequest, max_bytes: int) -> tuple[Any, dict[str, A
     except protocol.Rejected as exc:
         return JsonResponse({"code": exc.code, "message": exc.message}, status=401)
     try:
-        payload = protocol.bounded_json(body, max_bytes=max_bytes)
+        payload = jsonbody.bounded_json(body, max_bytes=max_bytes)
     except ValueError as exc:
         return JsonResponse({"code": "invalid", "message": f"the body is not acceptable JSON: {exc}"}, status=400)
     if not isinstance(payload, dict):

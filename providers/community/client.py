@@ -44,10 +44,11 @@ from providers.errors import (
     ProviderRequestRejected,
     TransientProviderError,
 )
+from untrusted import jsonbody
 
 PROVIDER = "community"
 DEFAULT_DEADLINE_S = 15.0
-MAX_ANSWER_BYTES = protocol.MAX_JSON_BYTES
+MAX_ANSWER_BYTES = jsonbody.MAX_JSON_BYTES
 # The error codes the protocol defines; any other code an agent names is reported as ``agent_error``.
 KNOWN_CODES = frozenset(
     {"no_capacity", "not_found", "invalid", "bad_signature", "stale", "replayed", "unknown_key", "expired"}
@@ -251,7 +252,7 @@ def _parse(raw: bytes) -> Any:
             provider=PROVIDER,
         )
     try:
-        return protocol.bounded_json(raw, max_bytes=MAX_ANSWER_BYTES)
+        return jsonbody.bounded_json(raw, max_bytes=MAX_ANSWER_BYTES)
     except (ValueError, RecursionError):
         raise MalformedProviderResponse(
             "the machine's agent answered something that is not the protocol's JSON",

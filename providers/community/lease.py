@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from providers.community import protocol
+from untrusted import jsonbody
 
 log = logging.getLogger("gpu-broker.lease")
 
@@ -471,7 +472,7 @@ class LeaseAgent:
 
     def _answer(self, status: int, raw: bytes) -> dict[str, Any]:
         try:
-            answer = protocol.bounded_json(raw, max_bytes=MAX_ANSWER)
+            answer = jsonbody.bounded_json(raw, max_bytes=MAX_ANSWER)
         except ValueError:
             answer = {}
         if not isinstance(answer, dict):

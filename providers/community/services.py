@@ -20,6 +20,7 @@ from providers.community.plausibility import CardLimits, reason_text, telemetry_
 from providers.community.signals import machine_state_changed
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.gpu_names import reported_model_matches
+from providers.gpu_specs import gpu_spec_get
 from providers.models import AgentNonce, Machine, MachineHeartbeat, MachineState, ProviderAccount, ProviderKind
 from providers.text import name_problem
 
@@ -199,8 +200,6 @@ SLOWEST_HOST_LINK_GBS = 16.0
 def expected_h2d_gbs(gpu_model: str) -> float:
     """The host-to-device rate (GB/s, one way) a card of ``gpu_model`` in its proper slot offers: half the
     spec table's bidirectional PCIe figure for a PCIe card, else ``SLOWEST_HOST_LINK_GBS``."""
-    from marketplace.catalog.gpu_specs import gpu_spec_get
-
     spec = gpu_spec_get(gpu_model)
     if spec is not None and spec["interconnect"] == "pcie":
         return float(spec["interconnect_gbs"]) / 2
@@ -315,8 +314,6 @@ LEASE_TAIL = dt.timedelta(seconds=2 * protocol.HEARTBEAT_S)
 def _card_limits(machine: Machine) -> CardLimits:
     """One listed GPU's physical limits: the spec table's rating and memory, the listing's memory for a model
     the table does not know."""
-    from marketplace.catalog.gpu_specs import gpu_spec_get
-
     spec = gpu_spec_get(machine.gpu_model)
     if spec is None:
         return CardLimits(tdp_w=None, memory_gb=float(machine.gpu_memory_gb))

@@ -9,7 +9,6 @@ from typing import Any
 from urllib.parse import quote_plus
 
 from providers.base import ProviderAdapter, quota_refuse_short, unknown_instance
-from providers.community.protocol import bounded_json
 from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
 from providers.gcp import mapping
@@ -25,6 +24,7 @@ from providers.gcp.client import (
 from providers.launch import IngressRule, LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
+from untrusted.jsonbody import bounded_json
 
 USAGE_TYPES = {PricingModel.ON_DEMAND: mapping.ON_DEMAND, PricingModel.SPOT: mapping.PREEMPTIBLE}
 # An instance name is "[a-z]([-a-z0-9]*[a-z0-9])?", at most 63 characters (Compute Engine API reference,

@@ -31,6 +31,7 @@ from typing import Any
 from providers import gpu_names
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
+from providers.gpu_specs import GPU_SPECS
 from providers.sandbox.faults import BOOT_ACTION, BOOT_KINDS, FaultKind, FaultRegistry
 
 log = logging.getLogger("providers.sandbox.boot")
@@ -62,16 +63,9 @@ NVIDIA_SMI_NAMES: dict[str, str] = {
 }
 
 
-# Each board's rated power in watts, as the broker's spec table has it (marketplace/catalog/gpu_specs.py, from
-# the vendors' datasheets), so a simulated machine's power draw stays within what its GPUs can draw.
-RATED_POWER_W: dict[str, int] = {
-    gpu_names.T4: 70, gpu_names.A10: 150, gpu_names.A10G: 300, gpu_names.L4: 72, gpu_names.L40S: 350,
-    gpu_names.V100_16_SXM2: 300, gpu_names.V100_32_SXM2: 300, gpu_names.V100_16_PCIE: 250,
-    gpu_names.A100_40_SXM: 400, gpu_names.A100_40_PCIE: 250, gpu_names.A100_80_SXM: 400,
-    gpu_names.A100_80_PCIE: 300, gpu_names.H100_SXM: 700, gpu_names.H100_PCIE: 350, gpu_names.H100_NVL: 400,
-    gpu_names.H200_SXM: 700, gpu_names.H200_NVL: 600, gpu_names.B200: 1000, gpu_names.MI250X: 500,
-    gpu_names.MI300X: 750,
-}  # fmt: skip
+# Each board's rated power in watts, from the spec table (the vendors' datasheets), so a simulated machine's
+# power draw stays within what its GPUs can draw.
+RATED_POWER_W: dict[str, int] = {spec["key"]: spec["tdp_w"] for spec in GPU_SPECS if spec["tdp_w"]}
 
 
 def simulated_gpus(model_key: str, count: int, memory_gb: int) -> list[GpuSeen]:

@@ -35,13 +35,13 @@ from marketplace.portal.clouds import validate_service_account_json
 from marketplace.web.drafts import SESSION_KEY, draft_load
 from providers.aws.mapping import on_demand_usd
 from providers.azure.client import _json as azure_json
-from providers.community.protocol import bounded_json, json_depth
 from providers.endpoints import account_endpoints
 from providers.errors import CredentialsRejected, MalformedProviderResponse
 from providers.gcp.adapter import _service_account_info
 from providers.secrets import encrypt_secret
 from providers.types import Credentials
 from tests.test_worker import ROOT, _database_url
+from untrusted.jsonbody import bounded_json, json_depth
 
 DEEP = 100_000
 

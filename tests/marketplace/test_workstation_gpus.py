@@ -15,10 +15,11 @@ from decimal import Decimal
 
 import pytest
 
-from marketplace.catalog.gpu_specs import WORKSTATION_SOURCES, gpu_models_upsert
+from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.models import GpuModel
 from providers import gpu_names
 from providers.community.services import machine_list, machine_register
+from providers.gpu_specs import WORKSTATION_SOURCES
 from tests.hosts import LISTING
 
 pytestmark = pytest.mark.django_db
