@@ -48,7 +48,7 @@ from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.services import TransitionRefused, order_transition
 from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import instance_event_emit
-from providers.base import ProviderAdapter
+from providers.base import ProviderAdapter, unknown_instance
 from providers.community.services import machine_silent_since
 from providers.errors import (
     CapacityUnavailable,
@@ -695,7 +695,7 @@ def order_check_running(*, order_id: int, now: dt.datetime | None = None, descri
         except ProviderRequestRejected as exc:
             # Some clouds forget an instance as soon as it is gone (an ECS release, an Azure spot eviction that
             # deletes the VM): "not found" for a machine the broker launched means the provider took it.
-            if not instance_not_found(exc):
+            if not unknown_instance(exc):
                 raise
             handle = _gone_handle(instance, exc.code)
         except TransientProviderError as exc:
@@ -1044,18 +1044,12 @@ def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> 
         if state in (InstanceState.STOPPING, InstanceState.RUNNING, InstanceState.PENDING) and settled_late:
             state = adapter.terminate(instance.region, instance.provider_instance_id).state
     except ProviderRequestRejected as exc:
-        if not instance_not_found(exc):
+        if not unknown_instance(exc):
             raise
         state = InstanceState.TERMINATED
     # Conditional on the state read: another path that settled the row meanwhile keeps its word.
     Instance.objects.filter(pk=instance.pk, active=False, state=instance.state).update(state=state.value)
     return state.value
-
-
-def instance_not_found(error: ProviderError) -> bool:
-    """Is this the provider saying it does not know the instance (its not-found code, in any cloud's casing)?"""
-    code = error.code.replace(".", "").replace("_", "").lower()
-    return "notfound" in code
 
 
 def order_release_resources(*, order: Order) -> list[str]:
