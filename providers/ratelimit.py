@@ -20,19 +20,24 @@ again after ``REDIS_RETRY_S``.
 
 The figures (the tables at the end of this module) are each cloud's documented defaults, cited beside each; where
 a cloud publishes no figure for an API the broker calls, the figure is a conservative choice and says so. An
-account whose cloud granted it more (or less) passes its own through its client's settings
-(``ClientSettings.rate_limits``, by bucket group); ``limits_from_options`` reads them from an account's options.
+account whose cloud granted it more (or whose operator wants it gentler) gives its own by bucket group in its
+options, ``rate_limit.<group>`` = ``<capacity>/<refill per second>``: ``limits_from_options`` reads and checks
+them (the groups each cloud's accounts may name are ``ACCOUNT_GROUPS``) when the account is connected and whenever
+its adapter is built, and each adapter hands them to its client (``ClientSettings.rate_limits``).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -317,23 +322,6 @@ def resolve(group: str, default: Limit, overrides: Mapping[str, Limit] | None) -
     return (overrides or {}).get(group) or default
 
 
-def limits_from_options(options: Mapping[str, str]) -> dict[str, Limit]:
-    """An account's own figures from its options: ``rate_limit.<group>`` = ``<capacity>/<refill per second>``,
-    e.g. ``rate_limit.DescribeInstances`` = ``200/40`` for an AWS account AWS raised. Raises ``ValueError`` naming
-    the option when a value is not two positive numbers."""
-    found: dict[str, Limit] = {}
-    for option, raw in options.items():
-        if not option.startswith(OPTION_PREFIX) or not raw:
-            continue
-        group = option.removeprefix(OPTION_PREFIX)
-        capacity, _, refill = raw.partition("/")
-        try:
-            found[group] = Limit(float(capacity), float(refill))
-        except ValueError:
-            raise ValueError(f"options.{option}: {raw!r} is not <capacity>/<refill per second>") from None
-    return found
-
-
 def _table(figures: Iterable[tuple[Iterable[str], Limit]]) -> dict[str, Limit]:
     return {group: limit for groups, limit in figures for group in groups}
 
@@ -487,11 +475,114 @@ TENCENT_PER_SECOND = {
     # "CreateSecurityGroupPolicies", VPC API, https://www.tencentcloud.com/document/product/215/15807
     "vpc/CreateSecurityGroupPolicies": 100,
 }
-# The other APIs the broker calls (ImportKeyPair, DescribeKeyPairs, and VPC's CreateSecurityGroup,
-# DeleteSecurityGroup, DescribeSecurityGroups, DescribeSecurityGroupPolicies) were not found with a figure: 10 a
-# second, the lowest of CVM's, is our conservative choice.
+# The other APIs the broker calls were not found with a figure: 10 a second, the lowest of CVM's, is our
+# conservative choice.
+TENCENT_UNPUBLISHED = frozenset(
+    {"cvm/ImportKeyPair", "cvm/DescribeKeyPairs", "vpc/CreateSecurityGroup", "vpc/DeleteSecurityGroup",
+     "vpc/DescribeSecurityGroups", "vpc/DescribeSecurityGroupPolicies"}
+)  # fmt: skip
 TENCENT_DEFAULT_PER_SECOND = 10
 
 
 def tencent_limit(group: str) -> Limit:
     return Limit.per_window(TENCENT_PER_SECOND.get(group, TENCENT_DEFAULT_PER_SECOND), 1)
+
+
+# ------------------------------------------------------------------------------------ an account's own figures
+
+# The EC2 actions the broker calls (providers/aws): each is its own bucket (``aws_group``), sized by its category.
+AWS_ACTIONS_CALLED = frozenset(
+    {"AuthorizeSecurityGroupIngress", "CreatePlacementGroup", "CreateSecurityGroup", "DeleteKeyPair",
+     "DeletePlacementGroup", "DeleteSecurityGroup", "DescribeAvailabilityZones", "DescribeImages",
+     "DescribeInstanceTypeOfferings", "DescribeInstanceTypes", "DescribeInstances", "DescribeKeyPairs",
+     "DescribeSecurityGroups", "DescribeSpotPriceHistory", "DescribeSubnets", "DescribeVpcs", "ImportKeyPair",
+     "RunInstances", "TerminateInstances"}
+)  # fmt: skip
+# The ECS operations the broker calls (providers/alibaba/client.py's ACTIONS): ECS counts each apart.
+ALIBABA_ACTIONS_CALLED = frozenset(
+    {"AuthorizeSecurityGroup", "CreateSecurityGroup", "DeleteInstances", "DeleteKeyPairs", "DeleteSecurityGroup",
+     "DescribeAvailableResource", "DescribeDisks", "DescribeImages", "DescribeInstanceAttribute",
+     "DescribeInstanceStatus", "DescribeInstanceTypes", "DescribeInstances", "DescribeKeyPairs", "DescribePrice",
+     "DescribeRegions", "DescribeSecurityGroupAttribute", "DescribeSecurityGroups", "DescribeSpotPriceHistory",
+     "DescribeUserData", "DescribeVSwitches", "ImportKeyPair", "RunInstances"}
+)  # fmt: skip
+# Buckets the whole broker shares rather than an account: Azure's Retail Prices API takes no credentials, so no
+# one account's figure may size its bucket.
+BROKER_WIDE_GROUPS: Mapping[str, frozenset[str]] = {"azure": frozenset({"prices"})}
+# By provider kind, the groups an account may size with an option ``rate_limit.<group>``: every bucket its own
+# requests draw on, by the name the bucket has above.
+ACCOUNT_GROUPS: Mapping[str, frozenset[str]] = {
+    "aws": frozenset(AWS_LIMITS)
+    | AWS_ACTIONS_CALLED
+    | {f"{action}/unfiltered" for action in AWS_ACTIONS_CALLED & AWS_UNFILTERED_ACTIONS},
+    "azure": frozenset(AZURE_LIMITS) - BROKER_WIDE_GROUPS["azure"],
+    "gcp": frozenset(GCP_LIMITS),
+    "alibaba": frozenset(ALIBABA_LIMITS) | ALIBABA_ACTIONS_CALLED,
+    "tencent": frozenset(TENCENT_PER_SECOND) | TENCENT_UNPUBLISHED,
+}
+# The bounds of an account's figure: a request takes at least one token, so a bucket holds at least one; a
+# hundred thousand, at once or a second, is far beyond any figure above and any a cloud grants.
+CAPACITY_MIN = Decimal(1)
+FIGURE_MAX = Decimal(100_000)
+OPTION_VALUE_MAX_CHARS = 40
+_GROUP_SHOWN_MAX = 60  # how much of an unknown group's name an error repeats
+_FIGURE_TEXT = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
+_FORMAT = "<capacity>/<refill per second>"
+
+
+def account_groups(provider: str) -> frozenset[str]:
+    """The groups an account of ``provider`` may give its own figures for (none for a kind without buckets)."""
+    return ACCOUNT_GROUPS.get(provider, frozenset())
+
+
+def limits_from_options(options: Mapping[str, Any], provider: str) -> dict[str, Limit]:
+    """An account's own figures from its options: ``rate_limit.<group>`` = ``<capacity>/<refill per second>``,
+    e.g. ``rate_limit.DescribeInstances`` = ``200/40`` for an AWS account AWS raised. An empty value sets nothing.
+
+    The group must be one of ``account_groups(provider)``. Each figure is checked as text before anything converts
+    it: the digits 0-9 with at most one decimal point (no sign, exponent, NaN or infinity), a capacity from
+    ``CAPACITY_MIN`` and a refill above 0, both at most ``FIGURE_MAX``, the value at most
+    ``OPTION_VALUE_MAX_CHARS`` long. Raises ``ValueError`` naming the option otherwise. Every path runs this one
+    check: connecting an account (``providers.services``) and building its adapter.
+    """
+    groups = account_groups(provider)
+    found: dict[str, Limit] = {}
+    for option, raw in options.items():
+        if not option.startswith(OPTION_PREFIX) or raw == "":
+            continue
+        group = option.removeprefix(OPTION_PREFIX)
+        if group not in groups:
+            raise ValueError(_unknown_group(group, provider, groups))
+        if not isinstance(raw, str):
+            raise ValueError(f"options.{option}: give {_FORMAT} as text, e.g. 100/20")
+        if len(raw) > OPTION_VALUE_MAX_CHARS:
+            raise ValueError(f"options.{option}: {len(raw)} characters; give {_FORMAT}, e.g. 100/20")
+        capacity, slash, refill = raw.partition("/")
+        if not slash or not _FIGURE_TEXT.fullmatch(capacity) or not _FIGURE_TEXT.fullmatch(refill):
+            raise ValueError(
+                f"options.{option}: {raw!r} is not {_FORMAT} written with the digits 0-9 and at most one decimal "
+                "point each, e.g. 100/20 or 5/0.5"
+            )
+        # Decimal is exact and safe on at most 40 ASCII digits; only then is the text converted to a float.
+        if not CAPACITY_MIN <= Decimal(capacity) <= FIGURE_MAX:
+            raise ValueError(f"options.{option}: the capacity {capacity} is not from {CAPACITY_MIN} to {FIGURE_MAX}")
+        if not 0 < Decimal(refill) <= FIGURE_MAX:
+            raise ValueError(
+                f"options.{option}: the refill {refill} per second is not above 0 and at most {FIGURE_MAX}"
+            )
+        found[group] = Limit(float(capacity), float(refill))
+    return found
+
+
+def _unknown_group(group: str, provider: str, groups: frozenset[str]) -> str:
+    shown = group if len(group) <= _GROUP_SHOWN_MAX else f"{group[:_GROUP_SHOWN_MAX]}..."
+    if not groups:
+        return f"options.{OPTION_PREFIX}{shown}: {provider} accounts have no request rate limits to set"
+    if group in BROKER_WIDE_GROUPS.get(provider, ()):
+        return f"options.{OPTION_PREFIX}{group}: {provider}'s {group!r} bucket is the whole broker's, not an account's"
+    close = difflib.get_close_matches(group, groups, n=1) if len(group) <= _GROUP_SHOWN_MAX else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"options.{OPTION_PREFIX}{shown}: {provider} has no request bucket {shown!r}{hint}; the groups "
+        f"(providers.ratelimit.ACCOUNT_GROUPS) are {', '.join(sorted(groups))}"
+    )

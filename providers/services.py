@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
+from providers import ratelimit
 from providers.base import ProviderAdapter
 from providers.endpoints import account_endpoints_check
 from providers.errors import CredentialsRejected, ProviderRequestRejected
@@ -47,7 +48,12 @@ def provider_account_connect(
     endpoint_url: str = "",
     options: dict[str, str] | None = None,
 ) -> ProviderAccount:
-    """Create or update a provider's account on a cloud. Idempotent on (provider, account name)."""
+    """Create or update a provider's account on a cloud. Idempotent on (provider, account name).
+
+    Raises ``AccountInvalid`` naming the field, before anything is written, for an unknown kind, no regions, no
+    credentials, or an option ``rate_limit.<group>`` the cloud has no bucket for or whose figures are not
+    ``<capacity>/<refill per second>`` in range (``providers.ratelimit.limits_from_options``).
+    """
     if kind not in ProviderKind.values:
         raise AccountInvalid(f"kind: {kind!r} is not one of {', '.join(ProviderKind.values)}")
     if kind not in ADAPTERS:
@@ -56,6 +62,10 @@ def provider_account_connect(
         raise AccountInvalid("regions: name at least one region")
     if not credentials and kind != ProviderKind.COMMUNITY:  # an independent fleet signs per machine instead
         raise AccountInvalid("credentials: none given")
+    try:
+        ratelimit.limits_from_options(options or {}, kind)
+    except ValueError as exc:
+        raise AccountInvalid(str(exc)) from None
     provider, _ = Provider.objects.get_or_create(name=provider_name)
     account, _ = ProviderAccount.objects.get_or_create(provider=provider, name=name, defaults={"kind": kind})
     account.kind = kind

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+from providers import ratelimit
 from providers.alibaba import mapping
 from providers.alibaba.client import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -97,6 +98,7 @@ class AlibabaAdapter(ProviderAdapter):
                 connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
                 read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
                 max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
 

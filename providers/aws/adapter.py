@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from providers import ratelimit
 from providers.aws import mapping
 from providers.aws.client import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -133,6 +134,7 @@ class AwsAdapter(ProviderAdapter):
                 connect_timeout=option_number(self.options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
                 read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
                 max_attempts=max_attempts,
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
         self._images: dict[str, str] = {}

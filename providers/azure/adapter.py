@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from providers import ratelimit
 from providers.azure import mapping
 from providers.azure.client import (
     AUTHORITY_URL,
@@ -116,6 +117,7 @@ class AzureAdapter(ProviderAdapter):
                 read_timeout=option_number(options, "read_timeout", DEFAULT_READ_TIMEOUT),
                 max_attempts=int(option_number(options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 polling_interval=option_number(options, "polling_interval", DEFAULT_POLLING_INTERVAL, allow_zero=True),
+                rate_limits=ratelimit.limits_from_options(options, self.kind),
             )
         )
 

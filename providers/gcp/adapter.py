@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote_plus
 
+from providers import ratelimit
 from providers.base import ProviderAdapter, quota_refuse_short, unknown_instance
 from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
@@ -133,6 +134,7 @@ class GcpAdapter(ProviderAdapter):
                 max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 page_size=int(option_number(self.options, "page_size", DEFAULT_PAGE_SIZE)),
                 retry_backoff=option_number(self.options, "retry_backoff", BACKOFF_SECONDS),
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
         raw_bundles = self.options.get("n1_bundles")

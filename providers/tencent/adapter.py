@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from providers import ratelimit
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule, LaunchLimits, OrderResource, UserDataMeasure
@@ -101,6 +102,7 @@ class TencentAdapter(ProviderAdapter):
                 read_timeout=option_number(self.options, "read_timeout", DEFAULT_READ_TIMEOUT),
                 max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 retry_backoff=option_number(self.options, "retry_backoff", DEFAULT_RETRY_BACKOFF),
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
         self._images: dict[tuple[str, str], str] = {}

@@ -540,10 +540,10 @@ def test_a_window_counted_limit_never_passes_its_count_in_one_window() -> None:
 
 
 def test_an_accounts_own_figures_come_from_its_options() -> None:
-    assert ratelimit.limits_from_options({"rate_limit.DescribeInstances": "200/40", "region": "x"}) == {
+    assert ratelimit.limits_from_options({"rate_limit.DescribeInstances": "200/40", "region": "x"}, "aws") == {
         "DescribeInstances": Limit(200, 40)
     }
     with pytest.raises(ValueError, match=r"options\.rate_limit\.RunInstances"):
-        ratelimit.limits_from_options({"rate_limit.RunInstances": "fast"})
+        ratelimit.limits_from_options({"rate_limit.RunInstances": "fast"}, "aws")
     with pytest.raises(ValueError, match=r"options\.rate_limit\.RunInstances"):
-        ratelimit.limits_from_options({"rate_limit.RunInstances": "5/0"})
+        ratelimit.limits_from_options({"rate_limit.RunInstances": "5/0"}, "aws")
