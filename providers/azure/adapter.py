@@ -204,11 +204,6 @@ class AzureAdapter(ProviderAdapter):
         needs = mapping.quota_needs(family, spec.vcpus, spec.pricing_model is PricingModel.SPOT)
         quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
 
-    # describe_many is the base class's loop of describe. ARM lists a resource group's VMs with their instance view
-    # only for one scale set ("'instanceView' ... can only be specified if a valid $filter option is specified",
-    # the filter being 'virtualMachineScaleSet/id'; Virtual Machines - List, Compute REST API reference), so a
-    # batched read of standalone VMs' power states would be the subscription-wide List All with
-    # statusOnly=true, a call this adapter's client does not make yet.
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The VM's state from its instance view. A VM whose create failed is ``FAILED`` with ``error_class``,
         ``error_code`` and ``error_message`` in ``extra``. Raises ``ProviderRequestRejected`` (ResourceNotFound)
@@ -221,6 +216,37 @@ class AzureAdapter(ProviderAdapter):
                 code="ResourceNotFound",
             )
         return mapping.instance_handle(vm, resource_group=self.resource_group)
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """One "Virtual Machines - List All" with ``statusOnly=true`` (Compute REST API reference), all its pages:
+        ``ceil(VMs in the subscription / page size)`` requests, whatever the number of ids. ARM lists a resource
+        group's VMs with their instance view only for one scale set ("'instanceView' ... can only be specified if a
+        valid $filter option is specified", the filter being a scale set's id), so the subscription-wide list is the
+        one read that gives every standalone VM's power state.
+
+        The answer covers the whole subscription; only VMs of this account's resource group in ``region`` whose names
+        were asked are kept (VM names compared as ARM compares them, without case). Each is mapped as ``describe``
+        maps a VM from its instance view, but a status-only item carries no model: the handles' ``instance_type``,
+        ``zone`` and ``tags`` are empty. A name the list lacks is absent (a VM whose delete finished, or never was).
+        Every listed item must be readable (name, resource id, location; the instance view of a kept one), else the
+        call raises ``MalformedProviderResponse``."""
+        asked: dict[str, list[str]] = {}
+        for instance_id in dict.fromkeys(instance_ids):
+            asked.setdefault(instance_id.lower(), []).append(instance_id)
+        if not asked:
+            return {}
+        found: dict[str, InstanceHandle] = {}
+        for vm in self._client.vm_statuses():
+            place = mapping.listed_vm(vm)
+            if place.resource_group.lower() != self.resource_group.lower() or place.location.lower() != region.lower():
+                continue
+            ids = asked.get(place.name.lower())
+            if not ids:
+                continue
+            handle = mapping.instance_handle(vm, resource_group=self.resource_group, status_only=True)
+            for instance_id in ids:
+                found[instance_id] = handle
+        return found
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         """Every VM in the resource group tagged ``broker:order=<order_ref>`` in one of the account's regions."""

@@ -67,6 +67,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_POLLING_INTERVAL = 3.0
 TOKEN_REFRESH_MARGIN_S = 300  # refresh a cached token this long before it expires
 MAX_PRICE_PAGES = 200  # a per-size price query is one page; stop a runaway NextPageLink chain
+# Far beyond any subscription's VMs at ARM's page sizes; stops a nextLink chain that never ends.
+MAX_VM_PAGES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,14 +322,63 @@ def _operation_error(exc: HttpResponseError) -> ProviderError:
     return mapping.error_from_code(code, message, exc.status_code)
 
 
+# ------------------------------------------------------------------------------------------- paged reads
+
+
+class _PagedRead:
+    """One paged ARM list, all its pages one call: every request it sends (each page, each retry) starts only if a
+    whole attempt still ends by the call's deadline, and every page Azure answers with 200 is checked before the SDK
+    reads it: a bounded JSON object with a ``value`` list, and a ``nextLink`` (if any) on the ARM endpoint itself,
+    seen once. The SDK takes a page with no ``value`` for an empty one, which here would read as "no VMs"; and its
+    bearer token goes wherever a ``nextLink`` points."""
+
+    def __init__(self, what: str, settings: ClientSettings, deadline: CallDeadline):
+        self._what = what
+        self._arm = settings.arm_url.rstrip("/") + "/"
+        self._deadline = deadline
+        self._links: set[str] = set()
+        self.pages = 0
+
+    def on_request(self, request: PipelineRequest[Any]) -> None:
+        if not self._deadline.allows_retry(0.0):
+            raise TransientProviderError(
+                f"{self._what}: {self.pages} page(s) read and the next would end past the call's deadline "
+                f"({CALL_DEADLINE_S:.0f} s)",
+                code="CallDeadlineExceeded",
+                provider=mapping.PROVIDER,
+            )
+
+    def on_response(self, response: PipelineResponse[Any, Any]) -> None:
+        answer = response.http_response
+        if answer.status_code != 200:
+            return  # an error answer is the SDK's to raise (throttling, refusals)
+        try:
+            body = bounded_json(answer.content, max_bytes=MAX_ANSWER_BYTES, max_depth=MAX_ANSWER_DEPTH)
+        except ValueError as exc:
+            raise mapping.malformed(f"{self._what}: a page is not bounded JSON ({exc})") from None
+        if not isinstance(body, dict) or not isinstance(body.get("value"), list):
+            raise mapping.malformed(f"{self._what}: a page without a 'value' list")
+        self.pages += 1
+        if self.pages > MAX_VM_PAGES:
+            raise mapping.malformed(f"{self._what}: more than {MAX_VM_PAGES} pages")
+        link = body.get("nextLink")
+        if link is None or link == "":
+            return
+        if not isinstance(link, str) or not link.startswith(self._arm):
+            raise mapping.malformed(f"{self._what}: nextLink {str(link)[:200]!r} is not on {self._arm}")
+        if link in self._links:
+            raise mapping.malformed(f"{self._what}: nextLink {link[:200]!r} came twice")
+        self._links.add(link)
+
+
 # --------------------------------------------------------------------------------------------- client
 
 
 class AzureClient:
     """SDK clients for one subscription, built once per adapter.
 
-    Reads (``skus``, ``get_vm``, ``list_vms``, ``usages``, ``retail_prices``) retry throttling, 5xx and
-    timeouts up to ``max_attempts`` in total; ``create_vm`` runs with no retry so a refusal reaches the
+    Reads (``skus``, ``get_vm``, ``list_vms``, ``vm_statuses``, ``usages``, ``retail_prices``) retry throttling,
+    5xx and timeouts up to ``max_attempts`` in total; ``create_vm`` runs with no retry so a refusal reaches the
     broker on the first answer.
     """
 
@@ -409,6 +460,33 @@ class AzureClient:
                 if exc.status_code == 404:
                     return []
                 raise
+
+    def vm_statuses(self) -> list[dict[str, Any]]:
+        """Every VM of the subscription, in every resource group and location, with its run-time status: ARM's
+        "Virtual Machines - List All" with ``statusOnly=true``, every page (``nextLink``). Each item is the SDK's
+        ``VirtualMachine`` as a dict; what Azure puts in it is ``mapping``'s to read (its identity and
+        ``properties.instanceView``, not the VM's model). A page Azure throttled or failed is retried as any read;
+        all the pages together end within ``CALL_DEADLINE_S``. Raises ``TransientProviderError``,
+        ``CredentialsRejected``, ``MalformedProviderResponse`` (a page or an item the reference does not allow)."""
+        settings = self.settings
+        what = "Virtual Machines - List All (statusOnly)"
+        deadline = CallDeadline(settings.connect_timeout + settings.read_timeout)
+        paged = _PagedRead(what, settings, deadline)
+        # The rate limiter's waits for every page come out of the same deadline as the pages themselves.
+        token = _requests_deadline.set(deadline)
+        try:
+            with _sdk_errors():
+                listed = self._read.virtual_machines.list_all(
+                    status_only="true", raw_request_hook=paged.on_request, raw_response_hook=paged.on_response
+                )
+                found: list[dict[str, Any]] = []
+                for vm in listed:
+                    if not isinstance(vm, VirtualMachine):  # the SDK hands on whatever a page's list held
+                        raise mapping.malformed(f"{what}: an item is {type(vm).__name__}, not a virtual machine")
+                    found.append(vm.as_dict())
+                return found
+        finally:
+            _requests_deadline.reset(token)
 
     def retail_prices(self, odata_filter: str) -> list[dict[str, Any]]:
         """Every ``Items[]`` row of the Retail Prices API for ``odata_filter``, following ``NextPageLink``."""

@@ -14,7 +14,9 @@ unchanged against it.
   ``$skip`` paging and ``NextPageLink`` pointing back here; Linux, Windows, Spot, Low Priority, DevTest and
   reservation rows so the adapter's filtering is exercised.
 - **VMs**: ``PUT`` (``If-None-Match: *`` -> 412 for an existing VM, which is never changed), ``GET`` (with
-  ``$expand=instanceView``), list, ``DELETE`` (204 for a missing VM); creates and deletes are long-running
+  ``$expand=instanceView``), a resource group's list, the subscription's List All (with ``statusOnly=true``: each
+  VM's instance view instead of its model; ``vm_page_size`` a page, ``nextLink`` back here), ``DELETE`` (204 for a
+  missing VM); creates and deletes are long-running
   operations (``Azure-AsyncOperation``/``Location`` headers back at this server) that finish after
   ``create_seconds``/``delete_seconds``. A create's boot fields are checked as ARM checks them
   (``azure_launch``: custom data, SSH keys, OS disk size, platform image, the NIC's security group); ARM keeps
@@ -32,7 +34,8 @@ unchanged against it.
   ``invalid_client`` on the token endpoint); ``slow`` sleeps before answering; ``image_missing`` (action
   ``image``, matched on the region) makes an image lookup answer 404 as Azure does for an image a region lacks.
 
-Use in-process: ``sandbox = start_azure_sandbox()``; ``sandbox.url``, ``sandbox.cert_path``, ``sandbox.reset()``.
+Use in-process: ``sandbox = start_azure_sandbox()``; ``sandbox.url``, ``sandbox.cert_path``, ``sandbox.reset()``;
+``sandbox.answer_next(action, body)`` replaces the next answer to one operation (a malformed one, say).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -122,6 +126,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         "Operations_Get",
     ),
     ("GET", re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines$", re.I), "VirtualMachines_List"),
+    ("GET", re.compile(_SUB + r"/providers/Microsoft\.Compute/virtualMachines$", re.I), "VirtualMachines_ListAll"),
     (
         "PUT",
         re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
@@ -417,7 +422,9 @@ class AzureSandbox(SandboxApp):
         self.delete_seconds = 0.0
         self.retry_after_s = 1
         self.price_page_size = PRICE_PAGE_SIZE
+        self.vm_page_size = VM_PAGE_SIZE
         self._lock = threading.Lock()
+        self._scripted: dict[str, deque[tuple[int, Any]]] = {}
         self._vms: dict[tuple[str, str, str], _Vm] = {}
         self._operations = Operations()
         self.network = NetworkSecurityGroups(self.regions, self._operations, self._nsg_users)
@@ -660,6 +667,7 @@ class AzureSandbox(SandboxApp):
             self.clear_calls()
             self._valid_client_ids = None
             self._quota_limits.clear()
+            self._scripted.clear()
         self.booter.reset()
         self.network.reset()
         self.images.reset()
@@ -667,6 +675,24 @@ class AzureSandbox(SandboxApp):
         self.delete_seconds = 0.0
         self.retry_after_s = 1
         self.price_page_size = PRICE_PAGE_SIZE
+        self.vm_page_size = VM_PAGE_SIZE
+
+    def answer_next(self, action: str, body: Any, *, status: int = 200) -> None:
+        """Answer the next well-formed request for ``action`` (an ARM operation id such as
+        ``VirtualMachines_ListAll``) with ``body`` instead of the sandbox's own answer, once: a JSON value, or bytes
+        sent as they are. For tests of what a client makes of an answer Azure's reference does not allow."""
+        with self._lock:
+            self._scripted.setdefault(action, deque()).append((status, body))
+
+    def _scripted_answer(self, action: str) -> Response | None:
+        with self._lock:
+            queued = self._scripted.get(action)
+            if not queued:
+                return None
+            status, body = queued.popleft()
+        if isinstance(body, bytes):
+            return Response(body, status=status, mimetype="application/json")
+        return json_response(body, status=status)
 
     def set_quota(self, name: str, limit: int | None) -> None:
         """Set a vCPU quota's limit (``cores``, ``lowPriorityCores`` or a family such as
@@ -981,6 +1007,9 @@ class AzureSandbox(SandboxApp):
                 "The api-version query parameter (?api-version=) is required for all requests.",
                 400,
             )
+        scripted = self._scripted_answer(action)
+        if scripted is not None:
+            return scripted
         if action == "ResourceSkus_List":
             return self._list_skus(request)
         if action == "Usage_List":
@@ -989,6 +1018,8 @@ class AzureSandbox(SandboxApp):
             return self._operations.response(args["op"])
         if action == "VirtualMachines_List":
             return self._list_vms(request, args["sub"], args["rg"])
+        if action == "VirtualMachines_ListAll":
+            return self._list_all_vms(request, args["sub"])
         if action in IMAGE_ACTIONS:
             return self._image(request, action, args)
         if action.startswith("NetworkSecurityGroups_"):
@@ -1136,33 +1167,7 @@ class AzureSandbox(SandboxApp):
         state = vm.provisioning_state(now)
         properties.update(vmId=vm.vm_id, provisioningState=state, timeCreated=vm.created)
         if instance_view:
-            statuses: list[dict[str, Any]] = []
-            if state == "Failed" and vm.create_op.error:
-                code, message = vm.create_op.error
-                statuses.append(
-                    {
-                        "code": f"ProvisioningState/failed/{code}",
-                        "level": "Error",
-                        "displayStatus": "Provisioning failed",
-                        "message": message,
-                        "time": vm.created,
-                    }
-                )
-            else:
-                statuses.append(
-                    {
-                        "code": f"ProvisioningState/{state.lower()}",
-                        "level": "Info",
-                        "displayStatus": {"Succeeded": "Provisioning succeeded"}.get(state, state),
-                    }
-                )
-                power = {"Creating": "starting", "Succeeded": "running", "Deleting": "stopping"}[state]
-                statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"})
-            properties["instanceView"] = {
-                "computerName": (properties.get("osProfile") or {}).get("computerName", vm.name),
-                "hyperVGeneration": "V2",
-                "statuses": statuses,
-            }
+            properties["instanceView"] = self._instance_view(vm, now)
         result: dict[str, Any] = {
             "name": vm.name,
             "id": vm.resource_id,
@@ -1175,6 +1180,89 @@ class AzureSandbox(SandboxApp):
         if vm.zones:
             result["zones"] = list(vm.zones)
         return result
+
+    @staticmethod
+    def _instance_view(vm: _Vm, now: float) -> dict[str, Any]:
+        """The VM's run-time status as ARM reports it in ``properties.instanceView``: a ``ProvisioningState/...``
+        status (``ProvisioningState/failed/<code>`` with the error's message for a failed create) and, unless the
+        create failed, a ``PowerState/...`` one."""
+        state = vm.provisioning_state(now)
+        statuses: list[dict[str, Any]] = []
+        if state == "Failed" and vm.create_op.error:
+            code, message = vm.create_op.error
+            statuses.append(
+                {
+                    "code": f"ProvisioningState/failed/{code}",
+                    "level": "Error",
+                    "displayStatus": "Provisioning failed",
+                    "message": message,
+                    "time": vm.created,
+                }
+            )
+        else:
+            statuses.append(
+                {
+                    "code": f"ProvisioningState/{state.lower()}",
+                    "level": "Info",
+                    "displayStatus": {"Succeeded": "Provisioning succeeded"}.get(state, state),
+                }
+            )
+            power = {"Creating": "starting", "Succeeded": "running", "Deleting": "stopping"}[state]
+            statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"})
+        computer_name = ((vm.body.get("properties") or {}).get("osProfile") or {}).get("computerName", vm.name)
+        return {"computerName": computer_name, "hyperVGeneration": "V2", "statuses": statuses}
+
+    def _status_json(self, vm: _Vm, now: float) -> dict[str, Any]:
+        """One item of List All with ``statusOnly=true``: the VM's identity and its run-time status (the instance
+        view, where a GET with ``$expand=instanceView`` puts it), none of its model (size, zones, tags)."""
+        return {
+            "name": vm.name,
+            "id": vm.resource_id,
+            "type": f"{COMPUTE}/virtualMachines",
+            "location": vm.location,
+            "properties": {"instanceView": self._instance_view(vm, now)},
+        }
+
+    def _list_all_vms(self, request: Request, sub: str) -> Response:
+        """Virtual Machines - List All: every VM of the subscription, in every resource group, ``vm_page_size`` a
+        page with a ``nextLink`` (``$skiptoken``) back here. ``statusOnly=true`` lists each VM's run-time status
+        instead of its model. ``$expand=instanceView`` needs a scale set ``$filter``, and the sandbox holds no scale
+        sets, so either is refused."""
+        if request.args.get("$filter") is not None:
+            return arm_error(
+                "InvalidParameter",
+                "The sandbox holds no virtual machine scale sets to filter by.",
+                400,
+                target="$filter",
+            )
+        if request.args.get("$expand") is not None:
+            return arm_error(
+                "InvalidParameter",
+                "The $expand option 'instanceView' can only be specified if a valid $filter option is specified.",
+                400,
+                target="$expand",
+            )
+        status_only = request.args.get("statusOnly", "").lower() == "true"
+        try:
+            offset = int(request.args.get("$skiptoken", "0"))
+        except ValueError:
+            return arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vms = sorted(
+                (vm for (s, _, _), vm in self._vms.items() if s == sub.lower()),
+                key=lambda v: (v.resource_group.lower(), v.name.lower()),
+            )
+            page = vms[offset : offset + self.vm_page_size]
+            values = [
+                self._status_json(vm, now) if status_only else self._vm_json(vm, now, instance_view=False)
+                for vm in page
+            ]
+        result: dict[str, Any] = {"value": values}
+        if offset + self.vm_page_size < len(vms):
+            result["nextLink"] = self._link(request, {"$skiptoken": str(offset + self.vm_page_size)})
+        return json_response(result)
 
     def _list_vms(self, request: Request, sub: str, rg: str) -> Response:
         now = time.monotonic()
@@ -1189,9 +1277,9 @@ class AzureSandbox(SandboxApp):
             offset = int(request.args.get("$skiptoken", "0"))
         except ValueError:
             return arm_error("InvalidSkipToken", "The skip token is invalid.", 400)
-        result: dict[str, Any] = {"value": values[offset : offset + VM_PAGE_SIZE]}
-        if offset + VM_PAGE_SIZE < len(values):
-            result["nextLink"] = self._link(request, {"$skiptoken": str(offset + VM_PAGE_SIZE)})
+        result: dict[str, Any] = {"value": values[offset : offset + self.vm_page_size]}
+        if offset + self.vm_page_size < len(values):
+            result["nextLink"] = self._link(request, {"$skiptoken": str(offset + self.vm_page_size)})
         return json_response(result)
 
     def _get_vm(self, request: Request, key: tuple[str, str, str]) -> Response:
