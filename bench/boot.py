@@ -72,6 +72,7 @@ def _bench(runs: int, spec: object) -> int:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
+    from bench.sync import RAISED_AWS_LIMITS
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.launch.keys import ssh_key_add
@@ -85,7 +86,7 @@ def _bench(runs: int, spec: object) -> int:
     ProviderAccount.objects.update(enabled=False)  # only this run's account on sale
     provider = Provider.objects.create(name=f"bench boot {uuid.uuid4().hex[:6]}")
     account = ProviderAccount(provider=provider, kind="aws", name="aws-bench", endpoint_url=spec.endpoint_url,
-                              regions=[region])  # type: ignore[attr-defined]  # fmt: skip
+                              regions=[region], options=RAISED_AWS_LIMITS)  # type: ignore[attr-defined]  # fmt: skip
     account.set_credentials(spec.credentials)  # type: ignore[attr-defined]
     account.save()
     offers_sync(account_id=account.pk)

@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench_provisioning")
     args = parser.parse_args()
 
-    from bench.sync import django_on
+    from bench.sync import RAISED_AWS_LIMITS, django_on
 
     # The steps are called directly; the tasks order_place enqueues go nowhere (not to the dev server's queue).
     django_on(args.database, BROKER_BLOCK_CAPACITY_S="0", CELERY_BROKER_URL="memory://")
@@ -57,7 +57,12 @@ def main() -> int:
     region = "us-east-1"
     provider = Provider.objects.create(name=f"bench provisioning {uuid.uuid4().hex[:6]}")
     account = ProviderAccount(
-        provider=provider, kind="aws", name="aws-bench", endpoint_url=spec.endpoint_url, regions=[region]
+        provider=provider,
+        kind="aws",
+        name="aws-bench",
+        endpoint_url=spec.endpoint_url,
+        regions=[region],
+        options=RAISED_AWS_LIMITS,
     )
     account.set_credentials(spec.credentials)
     account.save()
