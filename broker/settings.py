@@ -323,7 +323,7 @@ _PERIODIC = {
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
-    "machines-withdraw-silent": {"task": "providers.machines_withdraw_silent", "schedule": 30.0},
+    "machines-withdraw-silent": {"task": "marketplace.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
     "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
     # Last month's invoices, on the 1st at 02:00 UTC (entries of orders that ended just before midnight are in).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from marketplace.api.tasks import idempotency_expire_task
 from marketplace.billing.tasks import billing_sweep_task, invoices_issue_due_task, payouts_due_task
-from marketplace.catalog.tasks import offers_sync_account_task, offers_sync_all_task
+from marketplace.catalog.tasks import machines_withdraw_silent_task, offers_sync_account_task, offers_sync_all_task
 from marketplace.orders.tasks import (
     cluster_advance_task,
     order_boot_deadline_task,
@@ -24,6 +24,7 @@ __all__ = [
     "cluster_advance_task",
     "idempotency_expire_task",
     "invoices_issue_due_task",
+    "machines_withdraw_silent_task",
     "offers_sync_account_task",
     "offers_sync_all_task",
     "order_boot_deadline_task",

@@ -8,6 +8,7 @@ from marketplace.catalog.fanout import offers_sync_claim, offers_sync_release
 from marketplace.catalog.services import offers_sync
 from marketplace.jobs import one_at_a_time
 from marketplace.taskkit import SYNC_LIMITS, TASK_OPTIONS
+from providers.community.services import machines_withdraw_silent
 
 
 @shared_task(name="marketplace.offers_sync_account", **TASK_OPTIONS, **SYNC_LIMITS)
@@ -32,3 +33,12 @@ def offers_sync_all_task() -> int:
     for account_id in ids:
         offers_sync_account_task.delay(account_id)
     return len(ids)
+
+
+@shared_task(name="marketplace.machines_withdraw_silent", **TASK_OPTIONS)
+@one_at_a_time("machines-withdraw-silent")
+def machines_withdraw_silent_task() -> int:
+    """Take independent machines whose agents fell silent out of sale (their offers go at the next sync); how
+    many. A sweep like the others, so one run at a time: the rule lives with the machines (providers), the job's
+    lease with the market."""
+    return machines_withdraw_silent()

@@ -50,7 +50,7 @@ OUR_TASKS = {
     "marketplace.orders_sweep",
     "marketplace.webhook_deliver",
     "marketplace.webhooks_sweep",
-    "providers.machines_withdraw_silent",
+    "marketplace.machines_withdraw_silent",
 }
 
 

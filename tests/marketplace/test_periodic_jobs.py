@@ -80,3 +80,33 @@ def test_the_beat_schedule_tells_each_interval_run_its_interval():
     schedule = beat_schedule({"a": {"task": "x", "schedule": 30.0}, "b": {"task": "y", "schedule": object()}})
     assert schedule["a"]["options"]["headers"] == {INTERVAL_HEADER: 30.0}
     assert "options" not in schedule["b"]  # a crontab entry has no fixed interval
+
+
+# Jobs whose body serialises itself: the ledger's sequencer and checkpoint signer each take a PostgreSQL advisory
+# lock (tests/ledger/test_sequencer.py, test_checkpoint_signers.py), so a second run waits or finds nothing to do.
+SELF_SERIALISED = {"ledger.sequence", "ledger.checkpoint"}
+
+
+def test_every_periodic_job_runs_one_at_a_time():
+    from django.conf import settings
+
+    from broker.celery import app
+
+    app.loader.import_default_modules()
+    unguarded = {
+        entry["task"]
+        for key, entry in settings.CELERY_BEAT_SCHEDULE.items()
+        if getattr(app.tasks[entry["task"]].run, "periodic_job", None) != key
+    }
+    assert unguarded == SELF_SERIALISED
+
+
+def test_two_beats_sending_the_same_tick_withdraw_silent_machines_once():
+    from marketplace.tasks import machines_withdraw_silent_task
+
+    headers = {INTERVAL_HEADER: 30.0}
+    first = machines_withdraw_silent_task.apply(headers=headers)
+    second = machines_withdraw_silent_task.apply(headers=headers)
+    assert (first.result, second.result) == (0, None)
+    row = PeriodicRun.objects.get(name="machines-withdraw-silent")
+    assert (row.runs, row.skipped) == (1, 1)
