@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import quote
 
 from providers.base import ProviderAdapter
+from providers.community import protocol
 from providers.community.client import (
     DEFAULT_DEADLINE_S,
     PROVIDER,
@@ -84,6 +85,9 @@ MAX_GPUS = 64
 MAX_DEADLINE_S = 60.0  # whatever the account says: a provisioning worker is never held longer by one call
 _PRICE_PLACES = Decimal("0.0001")
 _PROFILE_NAME = re.compile(r"[1-7]g\.[0-9]{1,3}gb")
+# How an agent that does not know the bare ``GET /v1/instances`` answers it: no such route (404), not that method
+# there (405, RFC 9110), or a request it refuses for lacking ``order_ref`` (400).
+_LISTING_UNKNOWN = frozenset({400, 404, 405})
 
 
 @dataclass(frozen=True)
@@ -365,9 +369,56 @@ class CommunityAdapter(ProviderAdapter):
             raise CapacityUnavailable(exc.message, code=exc.code, provider=PROVIDER) from None
         return self._handle(machine, answer)
 
-    # describe_many is the base class's loop of describe: each machine is its own endpoint (its agent), and the
-    # host agent protocol (providers/community/protocol.py) lists a machine's instances only by order reference,
-    # so there is no one request for many instances to make.
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """The base contract, with one request per machine: independent hosts sell per GPU, so one machine often
+        runs several of the leases asked about. The ids (``<machine>/<agent id>``) are grouped by machine and each
+        machine's agent is asked once for every instance it holds (the bare ``GET /v1/instances`` of
+        providers/community/protocol.py); the asked ids it lists are answered, the others are absent.
+
+        An agent older than that listing (its answer lacks ``"all": true``, or it does not route the request:
+        400, 404, 405) is asked for each of its ids instead, as the base class does; only that machine pays for
+        it. The listing is validated whole (at most ``protocol.MAX_LISTED`` instances, each read into the DTO,
+        none twice), else ``MalformedProviderResponse``.
+
+        As the contract says, the whole call fails, reporting none: a machine that cannot be reached raises
+        ``TransientProviderError`` for all the ids asked, and an id of a machine the account does not have raises
+        ``ProviderRequestRejected`` (``unknown_machine``) before any agent is asked. The broker's sweep asks about
+        one machine per call (marketplace/orders/provisioning.py, ``_read_group``), so a silent machine leaves
+        only its own leases unanswered."""
+        asked: dict[str, dict[str, str]] = {}  # machine name -> {instance id: agent id}
+        for instance_id in dict.fromkeys(instance_ids):
+            machine, agent_id = self._split(instance_id)
+            asked.setdefault(machine.name, {})[instance_id] = agent_id
+        found: dict[str, InstanceHandle] = {}
+        for name, ids in asked.items():
+            listed = self._listing(self.machines[name])
+            if listed is None:
+                found.update(super().describe_many(region, list(ids)))
+                continue
+            found.update((instance_id, listed[instance_id]) for instance_id in ids if instance_id in listed)
+        return found
+
+    def _listing(self, machine: MachineListing) -> dict[str, InstanceHandle] | None:
+        """Every instance the machine's agent lists, by instance id; None when the agent predates the listing."""
+        try:
+            answer = self._client(machine).call("GET", "/v1/instances")
+        except ProviderRequestRejected as exc:
+            if exc.http_status in _LISTING_UNKNOWN:
+                return None
+            raise
+        if answer.get("all") is not True:
+            return None  # an older agent's search for the empty order reference: it says nothing of the others
+        items = answer.get("instances")
+        if not isinstance(items, list) or len(items) > protocol.MAX_LISTED:
+            raise _malformed("instances", f"expected a list of at most {protocol.MAX_LISTED}")
+        listed: dict[str, InstanceHandle] = {}
+        for item in items:
+            handle = self._handle(machine, item)
+            if handle.instance_id in listed:
+                raise _malformed("instances", f"{handle.instance_id.partition('/')[2]} is listed twice")
+            listed[handle.instance_id] = handle
+        return listed
+
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         machine, agent_id = self._split(instance_id)
         return self._handle(machine, self._client(machine).call("GET", f"/v1/instances/{quote(agent_id)}"))

@@ -10,7 +10,7 @@ and an expiry the agent checks).
 
 It registers with the broker, reports a self-test and sends a heartbeat with each GPU's utilization,
 temperature and power every ``protocol.HEARTBEAT_S`` seconds, and answers the broker's signed launch,
-describe and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
+describe, list and terminate requests. GPUs are read with ``nvidia-smi``; ``--simulate MODEL:GB xN`` stands in
 for them (the sandbox runs several simulated hosts this way).
 
 A launch reserves GPUs by index (the ones the broker names in ``gpu_indexes``, else the lowest free ones;
@@ -416,7 +416,8 @@ class Agent:
             self._accept(signed)
         except protocol.Rejected as exc:
             return self._refusal(method, path, exc)
-        query = {key: values[0] for key, values in parse_qs(target.partition("?")[2]).items()}
+        # Blank values kept, as the HTTP server keeps them: ``?order_ref=`` is a search, not the bare listing.
+        query = {key: values[0] for key, values in parse_qs(target.partition("?")[2], keep_blank_values=True).items()}
         return self.dispatch(method, path, query, body)
 
     def _poll_loop(self) -> None:
@@ -487,7 +488,9 @@ class Agent:
                 return _answer({"code": "invalid", "message": "the launch request is a JSON object"}, 400)
             return self._launch(launch)
         if parts == ["v1", "instances"] and method == "GET":
-            order_ref = query.get("order_ref", "")
+            if "order_ref" not in query:
+                return _answer(self._listing())
+            order_ref = query["order_ref"]
             with self._lock:
                 found = [self._refresh(i) for i in self.instances.values() if i.order_ref == order_ref]
             return _answer({"instances": [i.json(self._ssh()) for i in found]})
@@ -504,6 +507,24 @@ class Agent:
             with self._lock:
                 return _answer(self._refresh(instance).json(self._ssh()))
         return _answer({"code": "not_found", "message": f"no route {method} {path[:200]}"}, 404)
+
+    def _listing(self) -> dict[str, Any]:
+        """The bare ``GET /v1/instances``: every live instance, then the ended ones, most recently launched first,
+        while the list stays within ``protocol.MAX_LISTED`` items and ``protocol.MAX_LISTING_BYTES`` (an agent up
+        for weeks still holds every lease it ended). Live ones are never left out: a machine with more than the
+        broker reads is refused as malformed, and the broker then asks for each instance by id."""
+        ssh = self._ssh()
+        with self._lock:
+            held = [self._refresh(instance) for instance in self.instances.values()]
+            listed = [instance.json(ssh) for instance in held if instance.holds_gpus()]
+            ended = [instance.json(ssh) for instance in reversed(held) if not instance.holds_gpus()]
+        size = len(json.dumps({"instances": listed, "all": True}))
+        for item in ended:
+            size += len(json.dumps(item)) + 2  # and the separator before it
+            if len(listed) >= protocol.MAX_LISTED or size > protocol.MAX_LISTING_BYTES:
+                break
+            listed.append(item)
+        return {"instances": listed, "all": True}
 
     def _remember_nonce(self, nonce: str) -> None:
         now = time.monotonic()

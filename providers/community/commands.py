@@ -14,6 +14,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.db import transaction
@@ -44,12 +45,18 @@ class CommandAnswer:
 
 
 def command_kind(method: str, target: str) -> AgentCommandKind:
-    """What a broker -> agent request does, for the record (the agent routes by method and target)."""
-    path = target.split("?", 1)[0].rstrip("/")
+    """What a broker -> agent request does, for the record (the agent routes by method and target). The bare
+    ``GET /v1/instances`` lists every instance to describe many at once, so it is recorded as a describe; a
+    search by ``order_ref`` is a find."""
+    path, _, query = target.partition("?")
+    path = path.rstrip("/")
     if path == "/v1/status":
         return AgentCommandKind.STATUS
     if path == "/v1/instances":
-        return AgentCommandKind.LAUNCH if method == "POST" else AgentCommandKind.FIND
+        if method == "POST":
+            return AgentCommandKind.LAUNCH
+        searched = "order_ref" in parse_qs(query, keep_blank_values=True)
+        return AgentCommandKind.FIND if searched else AgentCommandKind.DESCRIBE
     return AgentCommandKind.TERMINATE if method == "DELETE" else AgentCommandKind.DESCRIBE
 
 

@@ -36,7 +36,14 @@ Broker -> agent (on ``agent_url``):
   repeat returns the same instance;
 - ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
   A terminate kills the lease's processes (SIGTERM, SIGKILL after a grace), removes its container and working
-  directory and frees its ports before it answers.
+  directory and frees its ports before it answers;
+- ``GET /v1/instances`` with no query: ``{"instances": [...], "all": true}``, every instance the agent holds for
+  the broker, in the shape ``?order_ref=`` lists them: each live one (pending or running), then as many of the
+  ended ones, most recently launched first, as keep the list within ``MAX_LISTED`` items and
+  ``MAX_LISTING_BYTES``. The broker asks each machine once this way for all the leases it polls; an instance not
+  listed is one the agent no longer knows. ``"all": true`` tells the listing from an older agent's answer to the
+  same request (which reads the missing ``order_ref`` as the empty one and lists nothing): without it, or when
+  the agent does not route the request (404, 405) or refuses it (400), the broker asks for each instance by id.
 
 Outbound-only agents (behind NAT, no public URL): an agent that registers with an empty ``agent_url`` is
 reached through a per-machine command queue on the broker instead. It polls
@@ -74,6 +81,10 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SKEW_S = 300
+# The bare ``GET /v1/instances`` listing: at most this many instances, in a JSON object of at most this many bytes
+# (under the broker's 256 KiB bound on any answer, with room for the command queue's wrapper).
+MAX_LISTED = 256
+MAX_LISTING_BYTES = 192 * 1024
 HEARTBEAT_S = 15
 HEADER_KEY = "X-Agent-Key"
 HEADER_TIMESTAMP = "X-Agent-Timestamp"
