@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from providers.aws.adapter import AwsAdapter
+from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
 from providers.sandbox.aws import AwsSandbox
 from providers.sandbox.aws_keys import ALICE
+from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
+from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
 from providers.types import Credentials
 from tests.providers.contract import ContractTarget, load, target_modules
 
@@ -29,6 +34,58 @@ def aws_adapter(aws_sandbox: AwsSandbox) -> AdapterFactory:
         return AwsAdapter(credentials, regions or ["us-east-1"], options)
 
     return build
+
+
+# One sandbox of each cloud per test module (the AWS one is the session's): a module resets it as it needs.
+
+
+@pytest.fixture(scope="module")
+def azure_server() -> Iterator[AzureSandbox]:
+    sandbox = start_azure_sandbox()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def arm(sandbox: AzureSandbox) -> Iterator[requests.Session]:
+    """A session signed in to the module's Azure sandbox (its ``sandbox`` fixture) as Alice's app, for tests
+    that speak ARM's wire directly."""
+    with requests.Session() as session:
+        session.verify = str(sandbox.cert_path)
+        session.trust_env = False  # else REQUESTS_CA_BUNDLE from the environment overrides the session's CA
+        token = session.post(
+            f"{sandbox.url}/tenant-1/oauth2/v2.0/token",
+            data={
+                "grant_type": "client_credentials",
+                "client_id": "alice-app",
+                "client_secret": "s",
+                "scope": "https://management.azure.com/.default",
+            },
+            timeout=5,
+        ).json()["access_token"]
+        session.headers["Authorization"] = f"Bearer {token}"
+        yield session
+
+
+@pytest.fixture(scope="module")
+def gcp_server() -> Iterator[GcpSandbox]:
+    sandbox = start_gcp_sandbox()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture(scope="module")
+def alibaba_server() -> Iterator[AlibabaSandbox]:
+    sandbox = start_alibaba_sandbox()
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture(scope="module")
+def tencent_server() -> Iterator[TencentSandbox]:
+    sandbox = start_tencent_sandbox()
+    yield sandbox
+    sandbox.stop()
 
 
 # --- The contract suite: every provider's sandbox and adapter (tests/providers/contract.py) ---------------

@@ -16,25 +16,18 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
 
 REGIONS = ["eastus", "southcentralus", "westus", "westus3"]
 LAUNCH = "VirtualMachines_CreateOrUpdate"
 
 
-@pytest.fixture(scope="module")
-def sandbox_server():
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
 @pytest.fixture
-def sandbox(sandbox_server) -> AzureSandbox:
-    sandbox_server.reset()
-    yield sandbox_server
-    sandbox_server.reset()
+def sandbox(azure_server) -> AzureSandbox:
+    azure_server.reset()
+    yield azure_server
+    azure_server.reset()
 
 
 @pytest.fixture
@@ -51,11 +44,9 @@ def adapter(sandbox):
 
 
 @pytest.fixture(scope="module")
-def offers(sandbox_server):
-    credentials = Credentials(
-        kind="azure", values=dict(sandbox_server.demo_credentials), endpoint_url=sandbox_server.url
-    )
-    return AzureAdapter(credentials, REGIONS, sandbox_server.account_options()).list_offers()
+def offers(azure_server):
+    credentials = Credentials(kind="azure", values=dict(azure_server.demo_credentials), endpoint_url=azure_server.url)
+    return AzureAdapter(credentials, REGIONS, azure_server.account_options()).list_offers()
 
 
 def _spec(attempt: str = "ord-alice-a1", **overrides) -> LaunchSpec:
@@ -118,17 +109,17 @@ def test_restricted_zones_and_sizes_are_not_offered(offers):
     assert not [q for q in offers if q.instance_type == "Standard_D4s_v5"]  # no GPUs
 
 
-def test_prices_are_linux_pay_as_you_go_and_spot(offers, sandbox_server):
+def test_prices_are_linux_pay_as_you_go_and_spot(offers, azure_server):
     rows = _by_key(offers)
 
     assert rows[("eastus", "eastus-3", "Standard_NC4as_T4_v3", "on_demand")].price == Decimal("0.526")
     assert rows[("eastus", "eastus-3", "Standard_NC4as_T4_v3", "spot")].price == Decimal("0.062699")
     for quote in offers:
-        seeded = sandbox_server.on_demand_price(quote.region, quote.instance_type)
+        seeded = azure_server.on_demand_price(quote.region, quote.instance_type)
         if quote.pricing_model is PricingModel.ON_DEMAND:
             assert quote.price == seeded
         else:
-            assert quote.price == sandbox_server.spot_price(quote.region, quote.instance_type)
+            assert quote.price == azure_server.spot_price(quote.region, quote.instance_type)
 
 
 def test_sizes_without_a_spot_market_get_no_spot_quote(offers):

@@ -32,7 +32,7 @@ from providers.azure.adapter import AzureAdapter
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule, WorkloadKind
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.sandbox.azure_network import ingress_pairs
 from providers.sandbox.boot import BootMode
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
@@ -45,19 +45,12 @@ NSG_PUT = "NetworkSecurityGroups_CreateOrUpdate"
 CIDRS = ("203.0.113.0/24", "2001:db8::/48")
 
 
-@pytest.fixture(scope="module")
-def sandbox_server():
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
 @pytest.fixture
-def sandbox(sandbox_server) -> AzureSandbox:
-    sandbox_server.reset()
-    sandbox_server.booter.mode = BootMode.HOLD
-    yield sandbox_server
-    sandbox_server.reset()
+def sandbox(azure_server) -> AzureSandbox:
+    azure_server.reset()
+    azure_server.booter.mode = BootMode.HOLD
+    yield azure_server
+    azure_server.reset()
 
 
 @pytest.fixture

@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import requests
 
 from providers.azure.adapter import AzureAdapter
 from providers.errors import MalformedProviderResponse, TransientProviderError
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, PricingModel
 
 REGIONS = ["eastus", "westus"]
@@ -33,19 +32,12 @@ VM_PATH = "/providers/Microsoft.Compute/virtualMachines"
 LIST_ALL_PATH = f"/subscriptions/{SUB}{VM_PATH}"
 
 
-@pytest.fixture(scope="module")
-def sandbox_server():
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
 @pytest.fixture
-def sandbox(sandbox_server) -> AzureSandbox:
-    sandbox_server.reset()
-    sandbox_server.create_seconds = 0.0  # a create is done when its PUT is answered: launches return running
-    yield sandbox_server
-    sandbox_server.reset()
+def sandbox(azure_server) -> AzureSandbox:
+    azure_server.reset()
+    azure_server.create_seconds = 0.0  # a create is done when its PUT is answered: launches return running
+    yield azure_server
+    azure_server.reset()
 
 
 @pytest.fixture
@@ -284,25 +276,6 @@ def test_the_pages_end_within_the_calls_deadline(adapter, sandbox):
 
 
 # --- The sandbox's wire -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def arm(sandbox):
-    with requests.Session() as session:
-        session.verify = str(sandbox.cert_path)
-        session.trust_env = False  # else REQUESTS_CA_BUNDLE from the environment overrides the session's CA
-        token = session.post(
-            f"{sandbox.url}/tenant-1/oauth2/v2.0/token",
-            data={
-                "grant_type": "client_credentials",
-                "client_id": "alice-app",
-                "client_secret": "s",
-                "scope": "https://management.azure.com/.default",
-            },
-            timeout=5,
-        ).json()["access_token"]
-        session.headers["Authorization"] = f"Bearer {token}"
-        yield session
 
 
 def test_the_sandbox_lists_status_only_pages_back_to_itself(adapter, sandbox, arm):

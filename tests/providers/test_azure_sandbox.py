@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from tests.sshkeys import ed25519_public
 
 SUB = "00000000-0000-0000-0000-0000000005b0"
@@ -18,18 +18,11 @@ IMAGE = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server",
 KEYS_PATH = "/home/azureuser/.ssh/authorized_keys"
 
 
-@pytest.fixture(scope="module")
-def sandbox_server():
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
 @pytest.fixture
-def sandbox(sandbox_server) -> AzureSandbox:
-    sandbox_server.reset()
-    yield sandbox_server
-    sandbox_server.reset()
+def sandbox(azure_server) -> AzureSandbox:
+    azure_server.reset()
+    yield azure_server
+    azure_server.reset()
 
 
 @pytest.fixture

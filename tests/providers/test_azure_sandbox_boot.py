@@ -15,13 +15,12 @@ from __future__ import annotations
 import base64
 
 import pytest
-import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from providers.boot import render_boot_script
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.sandbox.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed
 
@@ -35,39 +34,13 @@ NET_API = {"api-version": "2024-05-01"}
 KEYS_PATH = "/home/azureuser/.ssh/authorized_keys"
 
 
-@pytest.fixture(scope="module")
-def sandbox_server():
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
 @pytest.fixture
-def sandbox(sandbox_server) -> AzureSandbox:
-    sandbox_server.reset()
-    sandbox_server.create_seconds = 0
-    sandbox_server.booter.mode = BootMode.HOLD
-    yield sandbox_server
-    sandbox_server.reset()
-
-
-@pytest.fixture
-def arm(sandbox):
-    with requests.Session() as session:
-        session.verify = str(sandbox.cert_path)
-        session.trust_env = False
-        token = session.post(
-            f"{sandbox.url}/tenant-1/oauth2/v2.0/token",
-            data={
-                "grant_type": "client_credentials",
-                "client_id": "alice-app",
-                "client_secret": "s",
-                "scope": "https://management.azure.com/.default",
-            },
-            timeout=5,
-        ).json()["access_token"]
-        session.headers["Authorization"] = f"Bearer {token}"
-        yield session
+def sandbox(azure_server) -> AzureSandbox:
+    azure_server.reset()
+    azure_server.create_seconds = 0
+    azure_server.booter.mode = BootMode.HOLD
+    yield azure_server
+    azure_server.reset()
 
 
 def _rule(name: str, priority: int, prefix: str = "203.0.113.0/24", port: str = "22") -> dict:

@@ -35,13 +35,13 @@ from providers.alibaba.client import ACTIONS as ALIBABA_CLIENT_ACTIONS
 from providers.errors import ProviderRequestRejected, TransientProviderError
 from providers.models import Provider, ProviderAccount
 from providers.ratelimit import RATE_LIMITED, BucketKey, Limit
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
+from providers.sandbox.alibaba import AlibabaSandbox
 from providers.sandbox.aws import AwsSandbox
 from providers.sandbox.aws_keys import CHARLIE
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.sandbox.boot import BootMode
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
+from providers.sandbox.gcp import GcpSandbox
+from providers.sandbox.tencent import TencentSandbox
 from providers.services import AccountInvalid, adapter_for_account, provider_account_connect
 from providers.tencent.client import split_endpoint
 from providers.types import InstanceHandle, InstanceState
@@ -91,34 +91,6 @@ class Cloud:
     @property
     def option(self) -> str:
         return f"rate_limit.{self.key.group}"
-
-
-@pytest.fixture(scope="module")
-def azure_server() -> Iterator[AzureSandbox]:
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def gcp_server() -> Iterator[GcpSandbox]:
-    sandbox = start_gcp_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def alibaba_server() -> Iterator[AlibabaSandbox]:
-    sandbox = start_alibaba_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def tencent_server() -> Iterator[TencentSandbox]:
-    sandbox = start_tencent_sandbox()
-    yield sandbox
-    sandbox.stop()
 
 
 def _aws(request: pytest.FixtureRequest) -> Cloud:

@@ -32,13 +32,13 @@ from providers.errors import TransientProviderError
 from providers.gcp.client import ClientSettings as GcpSettings
 from providers.gcp.client import GcpClient
 from providers.ratelimit import RATE_LIMITED, BucketKey, Limit, RateLimiter
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
+from providers.sandbox.alibaba import AlibabaSandbox
 from providers.sandbox.aws import AwsSandbox
 from providers.sandbox.aws_keys import ALICE, BOB
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
+from providers.sandbox.azure import AzureSandbox
 from providers.sandbox.faults import FaultKind
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
+from providers.sandbox.gcp import GcpSandbox
+from providers.sandbox.tencent import TencentSandbox
 from providers.tencent.client import ClientSettings as TencentSettings
 from providers.tencent.client import TencentClient
 from providers.types import LaunchSpec, PricingModel
@@ -69,34 +69,6 @@ class Case:
 
 
 CaseFactory = Callable[..., Case]
-
-
-@pytest.fixture(scope="module")
-def azure_server() -> Iterator[AzureSandbox]:
-    sandbox = start_azure_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def gcp_server() -> Iterator[GcpSandbox]:
-    sandbox = start_gcp_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def alibaba_server() -> Iterator[AlibabaSandbox]:
-    sandbox = start_alibaba_sandbox()
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture(scope="module")
-def tencent_server() -> Iterator[TencentSandbox]:
-    sandbox = start_tencent_sandbox()
-    yield sandbox
-    sandbox.stop()
 
 
 @pytest.fixture

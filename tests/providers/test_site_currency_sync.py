@@ -19,7 +19,7 @@ import pytest
 
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
+from providers.sandbox.alibaba import AlibabaSandbox
 from providers.services import provider_account_connect
 from tests.conftest import TENCENT_TEST_CREDENTIALS
 
@@ -27,13 +27,6 @@ pytestmark = pytest.mark.django_db
 
 PETRA_ALIBABA = {"access_key_id": "LTAIPETRA", "access_key_secret": "petra-alibaba-secret"}
 GN7I = "ecs.gn7i-c8g1.2xlarge"
-
-
-@pytest.fixture(scope="module")
-def alibaba_server() -> Iterator[AlibabaSandbox]:
-    sandbox = start_alibaba_sandbox()
-    yield sandbox
-    sandbox.stop()
 
 
 @pytest.fixture
