@@ -15,6 +15,7 @@ from marketplace.numbers import DecimalFormField, IntegerFormField, number_probl
 from marketplace.portal.clouds import Cloud, CloudField
 from marketplace.portal.countries import COUNTRIES
 from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
+from providers import ratelimit
 from providers.community.mig import mig_profiles_problem
 from providers.text import name_problem
 
@@ -254,6 +255,17 @@ class AccountForm(forms.Form):
         help_text="optional: a sovereign region's or a private endpoint",
     )
 
+    rate_limits = forms.CharField(
+        label="Request rate limits",
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text=(
+            "optional, only where your cloud granted this account other limits than its defaults: one bucket per "
+            "line, group = capacity/refill per second. Every worker of the marketplace shares them."
+        ),
+    )
+
     def __init__(
         self,
         data: Any = None,
@@ -281,6 +293,14 @@ class AccountForm(forms.Form):
                 self.fields[spec.key].widget.attrs["placeholder"] = "enter it again: secrets are never sent back"
         for spec in cloud.all_options:
             self.fields[spec.key] = _cloud_field(spec, required=False, credential=False)
+        groups = sorted(ratelimit.account_groups(cloud.kind))
+        if groups:
+            # The bucket a poll of running orders draws on, where the cloud has one by that name.
+            preferred = ("DescribeInstances", "cvm/DescribeInstances", "arm/reads", "compute/reads")
+            example = next((g for g in preferred if g in groups), groups[0])
+            self.fields["rate_limits"].widget.attrs["placeholder"] = f"{example} = 100/20"
+        else:
+            del self.fields["rate_limits"]
         if self.editing:
             self.fields["name"].disabled = True
 
@@ -307,6 +327,18 @@ class AccountForm(forms.Form):
             raise forms.ValidationError(f"at most {MAX_REGIONS} regions")
         return unique
 
+    def clean_rate_limits(self) -> dict[str, str]:
+        """``group = capacity/refill`` lines -> the account's ``rate_limit.<group>`` options, checked as every
+        path checks them (``providers.ratelimit.limits_from_options``)."""
+        options = rate_limit_options(self.cleaned_data.get("rate_limits") or "")
+        try:
+            ratelimit.limits_from_options(options, self.cloud.kind)
+        except ValueError as exc:
+            # Said to a seller: the line's group first, and no module names.
+            message = str(exc).removeprefix(f"options.{ratelimit.OPTION_PREFIX}")
+            raise forms.ValidationError(message.replace(" (providers.ratelimit.ACCOUNT_GROUPS)", "")) from None
+        return options
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         for spec in self.cloud.all_options:
@@ -327,10 +359,47 @@ class AccountForm(forms.Form):
             endpoint_url=d.get("endpoint_url") or "",
             credentials={s.key: d.get(s.key) or "" for s in self.cloud.credentials},
             clear=frozenset(s.key for s in self.cloud.credentials if d.get(f"clear_{s.key}")),
-            options={s.key: str(d.get(s.key) or "") for s in self.cloud.all_options},
-            managed_options=frozenset(s.key for s in self.cloud.all_options),
+            options={s.key: str(d.get(s.key) or "") for s in self.cloud.all_options} | d.get("rate_limits", {}),
+            # The form shows every rate limit stored: a line taken out removes its option.
+            managed_options=frozenset(s.key for s in self.cloud.all_options)
+            | frozenset(rate_limit_options(str(self.initial.get("rate_limits") or ""), checked=False))
+            | frozenset(d.get("rate_limits", {})),
             required_credentials=frozenset(s.key for s in self.cloud.credentials if s.required),
         )
+
+
+MAX_RATE_LIMIT_LINES = 50
+
+
+def rate_limit_options(text: str, *, checked: bool = True) -> dict[str, str]:
+    """The request rate limits field's lines (``group = capacity/refill``; blank lines skipped) -> options
+    ``rate_limit.<group>``. Raises ``ValidationError`` naming the line when one has no ``=`` or a group appears
+    twice; ``checked=False`` skips such lines instead (text the form itself wrote)."""
+    options: dict[str, str] = {}
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if checked and len(lines) > MAX_RATE_LIMIT_LINES:
+        raise forms.ValidationError(f"at most {MAX_RATE_LIMIT_LINES} lines")
+    for number, line in enumerate(lines, start=1):
+        group, sep, figures = (part.strip() for part in line.partition("="))
+        key = f"{ratelimit.OPTION_PREFIX}{group}"
+        if checked and (not sep or not group):
+            raise forms.ValidationError(
+                f"line {number}: write group = capacity/refill, e.g. DescribeInstances = 200/40"
+            )
+        if checked and key in options:
+            raise forms.ValidationError(f"line {number}: {group[:60]} is given twice")
+        if sep and group:
+            options[key] = figures
+    return options
+
+
+def rate_limit_text(options: dict[str, Any]) -> str:
+    """An account's ``rate_limit.<group>`` options as the field's lines, in group order."""
+    return "\n".join(
+        f"{key.removeprefix(ratelimit.OPTION_PREFIX)} = {value}"
+        for key, value in sorted(options.items())
+        if key.startswith(ratelimit.OPTION_PREFIX)
+    )
 
 
 _WINDOW = re.compile(

@@ -37,6 +37,7 @@ from marketplace.portal.forms import (
     RoleForm,
     SignupForm,
     TermsForm,
+    rate_limit_text,
 )
 from marketplace.portal.selectors import Permission, role_allows
 from marketplace.portal.services import (
@@ -318,6 +319,7 @@ def account_edit(request: HttpRequest, account_id: int) -> HttpResponse:
         "regions": ", ".join(account.regions),
         "endpoint_url": account.endpoint_url,
         **{spec.key: account.options.get(spec.key, "") for spec in cloud.all_options},
+        "rate_limits": rate_limit_text(account.options),
     }
     form = AccountForm(
         request.POST if request.method == "POST" else None,

@@ -378,3 +378,52 @@ def test_a_tencent_account_says_its_billing_site_and_an_unknown_one_is_refused(p
     )
     assert saved.status_code == 302, saved.context["form"].errors
     assert ProviderAccount.objects.get().options == {"site": "international"}
+
+
+def test_a_seller_sets_and_removes_an_accounts_own_request_rate_limits(petra, aws_sandbox):
+    """The limits a cloud granted this account (providers/ratelimit.py buckets, shared by every worker) are
+    lines of the form; the edit page shows those stored, and a line taken out removes its option."""
+    client = client_for(petra)
+    limits = "DescribeInstances = 200/40\n\n  RunInstances=10/4  \n"
+    response = client.post("/provider/accounts/connect/aws", _form(aws_sandbox, rate_limits=limits))
+    assert response.status_code == 302, response.context["form"].errors
+    account = ProviderAccount.objects.get()
+    assert account.options == {"rate_limit.DescribeInstances": "200/40", "rate_limit.RunInstances": "10/4"}
+
+    page = client.get(f"/provider/accounts/{account.pk}/edit").content.decode()
+    assert "DescribeInstances = 200/40\nRunInstances = 10/4</textarea>" in html.unescape(page)
+
+    response = client.post(
+        f"/provider/accounts/{account.pk}/edit",
+        _form(aws_sandbox, access_key_id="", secret_access_key="", rate_limits="RunInstances = 20/5"),
+    )
+    assert response.status_code == 302, response.context["form"].errors
+    account.refresh_from_db()
+    assert account.options == {"rate_limit.RunInstances": "20/5"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (
+            "DescribeInstance = 200/40",
+            "aws has no request bucket 'DescribeInstance' (did you mean 'DescribeInstances'?)",
+        ),
+        ("DescribeInstances = 1e3/40", "'1e3/40' is not <capacity>/<refill per second>"),
+        ("DescribeInstances 200/40", "line 1: write group = capacity/refill"),
+        ("RunInstances = 5/2\nRunInstances = 6/2", "line 2: RunInstances is given twice"),
+    ],
+)
+def test_a_bad_rate_limit_line_is_a_field_error_and_saves_nothing(petra, aws_sandbox, limits, message):
+    response = client_for(petra).post("/provider/accounts/connect/aws", _form(aws_sandbox, rate_limits=limits))
+
+    assert response.status_code == 200
+    errors = response.context["form"].errors["rate_limits"]
+    assert any(message in e for e in errors), errors
+    assert not ProviderAccount.objects.exists()
+
+
+def test_a_cloud_form_offers_the_rate_limits_field_with_its_own_group_as_example(petra):
+    page = client_for(petra).get("/provider/accounts/connect/azure").content.decode()
+
+    assert 'name="rate_limits"' in page and 'placeholder="arm/reads = 100/20"' in page
