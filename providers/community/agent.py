@@ -93,6 +93,7 @@ class Instance:
     lease: LeaseAgent | None = None
     lease_stop: threading.Event = field(default_factory=threading.Event)
     ending: bool = False  # a terminate is cleaning up; the GPUs stay held until it is done
+    ended: float | None = None  # time.monotonic() when it was terminated
     cleanup: dict[str, Any] | None = None
     # A MIG slice: its profile, the memory slices of its GPU it occupies, and the MIG device made for it.
     mig_profile: str = ""
@@ -212,6 +213,12 @@ def read_nvidia_smi() -> tuple[list[Gpu], list[dict[str, Any]]]:
         gpus.append(Gpu(name.removeprefix("NVIDIA "), round(float(total) / 1024)))
         telemetry.append(telemetry_sample(index, float(util), float(temp), float(power), float(used) / 1024))
     return gpus, telemetry
+
+
+# Ended instances an agent remembers (a repeated terminate or launch answers from them), at most this many and
+# this long; well over what a listing holds (protocol.MAX_LISTED) and any broker retry's horizon.
+KEEP_ENDED = 1024
+KEEP_ENDED_S = 7 * 86400.0
 
 
 class Agent:
@@ -510,8 +517,8 @@ class Agent:
 
     def _listing(self) -> dict[str, Any]:
         """The bare ``GET /v1/instances``: every live instance, then the ended ones, most recently launched first,
-        while the list stays within ``protocol.MAX_LISTED`` items and ``protocol.MAX_LISTING_BYTES`` (an agent up
-        for weeks still holds every lease it ended). Live ones are never left out: a machine with more than the
+        while the list stays within ``protocol.MAX_LISTED`` items and ``protocol.MAX_LISTING_BYTES`` (an agent
+        remembers up to ``KEEP_ENDED`` ended leases). Live ones are never left out: a machine with more than the
         broker reads is refused as malformed, and the broker then asks for each instance by id."""
         ssh = self._ssh()
         with self._lock:
@@ -694,8 +701,19 @@ class Agent:
                 cleanup["mig_device_destroyed"] = self._mig_destroy(instance.mig_device)
             cleanup["ports_released"] = list(self.ports.release(instance.id))
             instance.cleanup = cleanup
-            instance.state = "terminated"
+            instance.state, instance.ended = "terminated", time.monotonic()
+            self._forget_ended_locked(instance.ended)
         return cleanup
+
+    def _forget_ended_locked(self, now: float) -> None:
+        """Forget ended instances past ``KEEP_ENDED_S``, and the oldest beyond ``KEEP_ENDED``: an agent up for
+        months would otherwise hold every lease it ever ran. A forgotten one answers ``not_found``, which the
+        broker reads as gone; the broker never retries a launch or asks about an end that late."""
+        ended = sorted((i for i in self.instances.values() if i.ended is not None), key=lambda i: i.ended or 0.0)
+        stale = [i for i in ended if now - (i.ended or now) > KEEP_ENDED_S]
+        surplus = ended[len(stale) :][: max(0, len(ended) - len(stale) - KEEP_ENDED)]
+        for instance in [*stale, *surplus]:
+            del self.instances[instance.id]
 
     def _mig_destroy(self, device: MigDevice) -> bool:
         try:

@@ -290,3 +290,34 @@ def test_an_outbound_agent_answers_the_listing_through_its_command_queue(fleet, 
     assert [(c.kind, c.method, c.target, c.state, c.answer_status) for c in commands] == [
         ("describe", "GET", "/v1/instances", "answered", 200)
     ]
+
+
+def test_an_agent_forgets_ended_leases_past_its_bounds_and_never_a_live_one(fleet, hosts):
+    """An agent up for months would otherwise hold every lease it ever ran: it keeps at most ``KEEP_ENDED``
+    ended ones, none older than ``KEEP_ENDED_S``; a forgotten one answers not_found, as the protocol says."""
+    from providers.community.agent import KEEP_ENDED, KEEP_ENDED_S
+
+    host = hosts("fra-h100-1")
+    (live,) = _leases(fleet, "fra-h100-1", [1])
+    ids = []
+    for n in range(KEEP_ENDED + 3):
+        body = json.dumps({"client_token": f"ord-many-{n}-a1", "order_ref": f"ord-many-{n}", "gpus": 1}).encode()
+        status, launched = host.dispatch("POST", "/v1/instances", {}, body)
+        assert status == 201
+        host.dispatch("DELETE", f"/v1/instances/{launched['id']}", {}, b"")
+        ids.append(launched["id"])
+
+    assert sum(1 for i in host.instances.values() if i.ended is not None) == KEEP_ENDED
+    assert [host.dispatch("GET", f"/v1/instances/{i}", {}, b"")[0] for i in (ids[0], ids[2], ids[3], ids[-1])] == [
+        404,
+        404,
+        200,
+        200,
+    ]
+    # An ended lease past the age bound goes at the next end, whatever the count; the live one stays.
+    host.instances[ids[-1]].ended -= KEEP_ENDED_S + 1
+    body = json.dumps({"client_token": "ord-last-a1", "order_ref": "ord-last", "gpus": 1}).encode()
+    _, last = host.dispatch("POST", "/v1/instances", {}, body)
+    host.dispatch("DELETE", f"/v1/instances/{last['id']}", {}, b"")
+    assert host.dispatch("GET", f"/v1/instances/{ids[-1]}", {}, b"")[0] == 404
+    assert host.instances[live.instance_id.partition("/")[2]].holds_gpus()
