@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 import requests
+from django.conf import settings as django_settings
 
 from providers.aws.adapter import AwsAdapter
 from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
@@ -34,6 +36,15 @@ def aws_adapter(aws_sandbox: AwsSandbox) -> AdapterFactory:
         return AwsAdapter(credentials, regions or ["us-east-1"], options)
 
     return build
+
+
+@pytest.fixture(scope="module")
+def store() -> redis.Redis:
+    """The Redis the provider rate limiter's shared buckets live in; the test is skipped without one."""
+    url = django_settings.PROVIDER_RATE_LIMIT_REDIS_URL
+    if not url:
+        pytest.skip("the shared buckets need Redis: set REDIS_URL (.ci/run does)")
+    return redis.Redis.from_url(url)
 
 
 # One sandbox of each cloud per test module (the AWS one is the session's): a module resets it as it needs.

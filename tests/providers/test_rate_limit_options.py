@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 
 import pytest
 import redis
-from django.conf import settings as django_settings
 
 from providers import ratelimit
 from providers.alibaba.client import ACTIONS as ALIBABA_CLIENT_ACTIONS
@@ -53,14 +52,6 @@ CLOUDS = ["aws", "azure", "gcp", "alibaba", "tencent"]
 PROVIDER = "Olga's Careful Clouds"
 TINY = "1/0.001"  # one request at once, then one every 1,000 s: a second request in a row cannot be covered
 RAISED = "500/50"  # above every default capacity of the groups below
-
-
-@pytest.fixture(scope="module")
-def store() -> redis.Redis:
-    url = django_settings.PROVIDER_RATE_LIMIT_REDIS_URL
-    if not url:
-        pytest.skip("the shared buckets need Redis: set REDIS_URL (.ci/run does)")
-    return redis.Redis.from_url(url)
 
 
 @dataclass

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings as django_settings
 
 from providers import ratelimit
 from providers.alibaba.client import AlibabaClient
@@ -45,14 +44,6 @@ from providers.types import LaunchSpec, PricingModel
 
 CLOUDS = ["aws", "azure", "gcp", "alibaba", "tencent"]
 TINY_REFILL = 0.001  # a token every 1,000 s: within a test, a taken token stays taken
-
-
-@pytest.fixture(scope="module")
-def store() -> redis.Redis:
-    url = django_settings.PROVIDER_RATE_LIMIT_REDIS_URL
-    if not url:
-        pytest.skip("the shared buckets need Redis: set REDIS_URL (.ci/run does)")
-    return redis.Redis.from_url(url)
 
 
 # ------------------------------------------------------------------------------------- one read per cloud
