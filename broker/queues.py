@@ -23,6 +23,7 @@ PROVISIONING_TASKS = (
     "marketplace.order_boot_settle",
     "marketplace.order_terminate",
     "marketplace.cluster_advance",
+    "marketplace.order_silence_replace",
 )
 SYNC_TASKS = ("marketplace.offers_sync_account",)
 LEDGER_TASKS = ("ledger.checkpoint", "ledger.checkpoint_sign", "ledger.sequence")

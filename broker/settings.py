@@ -321,6 +321,7 @@ _PERIODIC = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
+    "orders-silence": {"task": "marketplace.orders_silence_sweep", "schedule": 15.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "machines-withdraw-silent": {"task": "marketplace.machines_withdraw_silent", "schedule": 30.0},
@@ -366,6 +367,10 @@ PUBLIC_URL = PUBLIC_URL.rstrip("/")
 BOOT_TIMEOUT_S = env_int("BROKER_BOOT_TIMEOUT_S", 1200, minimum=10)
 # How often lease agents report telemetry.
 LEASE_HEARTBEAT_S = env_float("BROKER_LEASE_HEARTBEAT_S", 15.0, minimum=1.0)
+# A running order whose lease agent has not reported for this long (three missed heartbeats) is degraded: an
+# instance.unhealthy webhook, a line on its page, its silent minutes recorded; its launch configuration's
+# on_silence keeps it or replaces the machine (marketplace/orders/silence.py).
+LEASE_SILENCE_S = env_float("BROKER_LEASE_SILENCE_S", max(10.0, 3 * LEASE_HEARTBEAT_S), minimum=10.0)
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
 # Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart; quotes and
 # procurements (seconds of ranking and solving each) also against the tighter "expensive" rate.

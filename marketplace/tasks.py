@@ -13,8 +13,11 @@ from marketplace.orders.tasks import (
     order_boot_settle_task,
     order_poll_task,
     order_provision_task,
+    order_silence_recover_task,
+    order_silence_replace_task,
     order_terminate_task,
     orders_reconcile_task,
+    orders_silence_sweep_task,
     orders_sweep_task,
 )
 from marketplace.webhooks import tasks as webhook_tasks
@@ -31,8 +34,11 @@ __all__ = [
     "order_boot_settle_task",
     "order_poll_task",
     "order_provision_task",
+    "order_silence_recover_task",
+    "order_silence_replace_task",
     "order_terminate_task",
     "orders_reconcile_task",
+    "orders_silence_sweep_task",
     "orders_sweep_task",
     "payouts_due_task",
     "webhook_tasks",

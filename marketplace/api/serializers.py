@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.catalog.regions import JURISDICTIONS
@@ -16,7 +17,7 @@ from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
 from marketplace.matching.types import MAX_NODES
-from marketplace.models import GpuModel, Offer, Order, Quote
+from marketplace.models import GpuModel, Offer, Order, Quote, SilentPeriod
 from marketplace.numbers import (
     MAX_BUDGET,
     MAX_ID,
@@ -27,6 +28,7 @@ from marketplace.numbers import (
     IntegerSerializerField,
 )
 from marketplace.orders.selectors import order_usage
+from marketplace.orders.silence import order_silence
 from providers import gpu_names
 
 
@@ -400,6 +402,24 @@ class InstanceOutput(serializers.Serializer):
     public_ip = serializers.CharField()
 
 
+class SilentPeriodOutput(serializers.Serializer):
+    cause = serializers.CharField(help_text="what fell silent: lease_agent, the agent on the machine")
+    instance = serializers.CharField(source="instance.provider_instance_id")
+    started_at = serializers.DateTimeField(help_text="the agent's last report before the silence")
+    noticed_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while the silence lasts")
+    ended_by = serializers.CharField(help_text="recovered, replaced or ended; empty while it lasts")
+    seconds = serializers.SerializerMethodField(help_text="how long it lasted, or has lasted so far")
+
+    def get_seconds(self, period: SilentPeriod) -> int:
+        return period.seconds(self.context["now"])
+
+
+class SilenceOutput(serializers.Serializer):
+    minutes = serializers.FloatField(help_text="minutes without reports from the order's agents, all periods")
+    periods = SilentPeriodOutput(many=True)
+
+
 class OrderOutput(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id")
     gpu_model = serializers.CharField(source="gpu_model.key")
@@ -414,6 +434,7 @@ class OrderOutput(serializers.ModelSerializer):
     launch = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
     boot = serializers.SerializerMethodField()
+    silence = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -421,6 +442,8 @@ class OrderOutput(serializers.ModelSerializer):
             "id",
             "state",
             "state_reason",
+            "health",
+            "silence",
             "offer",
             "quote",
             "cluster",
@@ -459,6 +482,13 @@ class OrderOutput(serializers.ModelSerializer):
 
     def get_launch(self, order: Order) -> dict[str, Any] | None:
         return launch_view(order.launch_config)
+
+    @extend_schema_field(SilenceOutput)
+    def get_silence(self, order: Order) -> dict[str, Any]:
+        now = self.context.get("now") or timezone.now()
+        silence = order_silence(order, now=now)
+        periods = SilentPeriodOutput(silence.periods, many=True, context={"now": now}).data
+        return {"minutes": silence.minutes, "periods": periods}
 
     def get_connection(self, order: Order) -> dict[str, Any] | None:
         return order_connection(order)

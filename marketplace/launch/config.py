@@ -13,7 +13,8 @@ A configuration, as the API and the storefront take it (every field optional)::
      "ports": [8888],                                # more inbound ports; 22 (SSH) is always open
      "allowed_cidrs": ["203.0.113.0/24"],            # who may reach the ports; absent: the caller's address only
      "ssh_keys": ["<key id>", ...],                  # absent: every key of the organisation
-     "spend_cap_usd": "50"}                          # stop the machine once the order has cost this much
+     "spend_cap_usd": "50",                          # stop the machine once the order has cost this much
+     "on_silence": "keep"}                           # the agent stopped reporting: keep it, or "replace" it
 
 Secret values (env marked secret, the registry password) are kept apart, encrypted; they are never
 ledgered, logged, sent in webhooks or shown in any answer after the one that created them. The ledger
@@ -57,7 +58,13 @@ MAX_SCRIPT = 256 * 1024  # above every cloud's user data limit: each adapter the
 DISK_GB_MIN, DISK_GB_MAX = 10, 16384
 SHM_GB_MAX = 1024
 SPEND_CAP_MAX = Decimal("1000000")
-FIELDS = frozenset({"image", "workload", "disk_gb", "ports", "allowed_cidrs", "ssh_keys", "spend_cap_usd"})
+FIELDS = frozenset(
+    {"image", "workload", "disk_gb", "ports", "allowed_cidrs", "ssh_keys", "spend_cap_usd", "on_silence"}
+)
+# What a running order does once its agent has been silent ``BROKER_LEASE_SILENCE_S``: it is degraded either
+# way; "keep" leaves the machine to come back, "replace" terminates it and fails over to the next offer.
+ON_SILENCE_KEEP, ON_SILENCE_REPLACE = "keep", "replace"
+ON_SILENCE = (ON_SILENCE_KEEP, ON_SILENCE_REPLACE)
 WORKLOAD_FIELDS = {
     WorkloadKind.NONE: frozenset({"kind"}),
     WorkloadKind.CONTAINER: frozenset({"kind", "image", "command", "args", "env", "ports", "shm_size_gb", "registry"}),
@@ -319,6 +326,20 @@ def _spend_cap(value: Any, errors: _Errors) -> str | None:
     return format(amount.quantize(Decimal("0.01")), "f")
 
 
+def _on_silence(value: Any, errors: _Errors) -> str:
+    if value is None:
+        return ON_SILENCE_KEEP
+    if not isinstance(value, str) or value not in ON_SILENCE:
+        errors.add("launch.on_silence", 'either "keep" (the default) or "replace"')
+        return ON_SILENCE_KEEP
+    return value
+
+
+def on_silence_of(spec: Mapping[str, Any] | None) -> str:
+    """A stored configuration's choice; "keep" for one stored before the field existed."""
+    return str((spec or {}).get("on_silence") or ON_SILENCE_KEEP)
+
+
 def launch_parse(
     data: Mapping[str, Any] | None, *, keys: Sequence[SshKey], caller_address: str | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -345,6 +366,7 @@ def launch_parse(
         "allowed_cidrs": _cidrs(data.get("allowed_cidrs"), caller_address, errors),
         "ssh_keys": _keys(data.get("ssh_keys"), keys, workload["kind"], errors),
         "spend_cap_usd": _spend_cap(data.get("spend_cap_usd"), errors),
+        "on_silence": _on_silence(data.get("on_silence"), errors),
     }
     if errors.fields:
         raise LaunchConfigInvalid(errors.fields)

@@ -40,6 +40,7 @@ from marketplace.models import (
     LeaseState,
     Offer,
     Order,
+    OrderHealth,
     OrderState,
 )
 from marketplace.taskkit import enqueue_on_commit
@@ -423,12 +424,18 @@ def lease_heartbeat(
     *, lease: Lease, gpus: list[dict[str, Any]], workload_state: str, now: dt.datetime | None = None
 ) -> str:
     """Record one telemetry report; answers ``running`` while the order runs on this lease, else ``ended``
-    (the agent then stops the workload). ``LeaseRefused`` (400) for a GPU using more memory than it has."""
+    (the agent then stops the workload). ``LeaseRefused`` (400) for a GPU using more memory than it has. A
+    report for an order degraded by its agent's silence queues its recovery (``marketplace/orders/silence.py``)."""
     now = now or timezone.now()
+    health = (
+        Order.objects.filter(pk=lease.order_id, state__in=[OrderState.RUNNING, OrderState.PROVISIONING])
+        .values_list("health", flat=True)
+        .first()
+    )
     live = (
         lease.state == LeaseState.READY
         and Instance.objects.filter(attempt_id=lease.attempt_id, active=True).exists()
-        and Order.objects.filter(pk=lease.order_id, state__in=[OrderState.RUNNING, OrderState.PROVISIONING]).exists()
+        and health is not None
     )
     if not live:
         return "ended"
@@ -456,6 +463,10 @@ def lease_heartbeat(
             workload_state=workload_state,
         )
         Lease.objects.filter(pk=lease.pk).update(last_heartbeat_at=now)
+        if health == OrderHealth.DEGRADED:
+            # The agent is back: the order recovers, its silent period closing at this report (by name: the
+            # orders app imports this one).
+            enqueue_on_commit("marketplace.order_silence_recover", lease.order_id)
     return "running"
 
 

@@ -34,8 +34,11 @@ from marketplace.models.orders import (
     Instance,
     InvoiceLine,
     Order,
+    OrderHealth,
     OrderState,
     Quote,
+    SilenceEnd,
+    SilentPeriod,
 )
 from marketplace.models.organizations import (
     PROVIDER_ROLES,
@@ -89,6 +92,7 @@ __all__ = [
     "Offer",
     "OfferStatus",
     "Order",
+    "OrderHealth",
     "OrderState",
     "Organization",
     "OrganizationKind",
@@ -102,6 +106,8 @@ __all__ = [
     "QuarantinedOffer",
     "Quote",
     "Role",
+    "SilenceEnd",
+    "SilentPeriod",
     "SshKey",
     "StripeEvent",
     "TokenScope",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.conf import settings
@@ -56,6 +57,13 @@ class OrderState(models.TextChoices):
     TERMINATED = "terminated", "terminated"
     FAILED = "failed", "failed"
     CANCELLED = "cancelled", "cancelled"
+
+
+class OrderHealth(models.TextChoices):
+    """How a running order's machine is doing, apart from its life cycle (``Order.health``)."""
+
+    HEALTHY = "healthy", "healthy"
+    DEGRADED = "degraded", "degraded: its agent stopped reporting"
 
 
 class ClusterState(models.TextChoices):
@@ -156,6 +164,14 @@ class Order(models.Model):
         OrderState.CANCELLED: frozenset(),
     }
     FINAL_STATES = frozenset({OrderState.TERMINATED, OrderState.FAILED, OrderState.CANCELLED})
+    # A running order's health, a second small machine beside its state: a running order whose agent went
+    # silent is degraded and recovers when it reports again, while it stays running (metered, ended on
+    # schedule, terminable). Moves go only through ``marketplace.orders.silence.order_health_transition``;
+    # leaving running makes it healthy again with the order's own transition.
+    HEALTH_TRANSITIONS: dict[str, frozenset[str]] = {
+        OrderHealth.HEALTHY: frozenset({OrderHealth.DEGRADED}),
+        OrderHealth.DEGRADED: frozenset({OrderHealth.HEALTHY}),
+    }
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="orders")
@@ -192,6 +208,7 @@ class Order(models.Model):
     state = models.CharField(max_length=16, choices=OrderState.choices, default=OrderState.PLACED)
     state_reason = models.TextField(blank=True, default="")
     state_changed_at = models.DateTimeField()
+    health = models.CharField(max_length=16, choices=OrderHealth.choices, default=OrderHealth.HEALTHY)
     # NULL, not "", for "no key": the partial unique constraint must ignore orders placed without one.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
@@ -375,6 +392,48 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider_instance_id} ({self.state})"
+
+
+class SilenceEnd(models.TextChoices):
+    RECOVERED = "recovered", "the agent reported again"
+    REPLACED = "replaced", "the order left the machine for another"
+    ENDED = "ended", "the order ended"
+
+
+class SilentPeriod(models.Model):
+    """A stretch of time in which a running order's agent did not report, for the buyer's SLA accounting.
+
+    ``started_at`` is the agent's last report before the silence (so the minutes count from there, not from
+    when the sweep noticed, ``noticed_at``); ``ended_at`` the first report after it, or the moment the order
+    left the machine. At most one period per order is open (a database constraint), opened and closed only
+    with the order's health transition (``marketplace/orders/silence.py``)."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="silent_periods")
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="silent_periods")
+    cause = models.CharField(max_length=32, help_text="what fell silent, e.g. lease_agent")
+    started_at = models.DateTimeField(help_text="the last report before the silence")
+    noticed_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_by = models.CharField(max_length=16, choices=SilenceEnd.choices, blank=True, default="")
+
+    class Meta:
+        ordering = ["order", "started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order"], condition=models.Q(ended_at__isnull=True), name="silent_period_one_open_per_order"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(ended_at__isnull=True) | models.Q(ended_at__gte=models.F("started_at")),
+                name="silent_period_ends_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"order {self.order_id} silent from {self.started_at} to {self.ended_at or 'now'}"
+
+    def seconds(self, now: dt.datetime) -> int:
+        """How long the agent was silent, up to ``now`` while the period is open."""
+        return max(0, int(((self.ended_at or now) - self.started_at).total_seconds()))
 
 
 class InvoiceLine(models.Model):

@@ -26,6 +26,8 @@ class WebhookEventType(models.TextChoices):
     INSTANCE_READY = "instance.ready", "instance ready: GPUs checked, workload started, SSH answering"
     INSTANCE_FAILED = "instance.failed", "instance failed before running"
     INSTANCE_LOST = "instance.lost", "instance taken away by the provider"
+    INSTANCE_UNHEALTHY = "instance.unhealthy", "instance unhealthy: its agent stopped reporting"
+    INSTANCE_RECOVERED = "instance.recovered", "instance recovered: its agent reports again"
     INSTANCE_TERMINATED = "instance.terminated", "instance terminated"
     PING = "ping", "ping (sent on request only)"
 

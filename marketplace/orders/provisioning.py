@@ -36,7 +36,9 @@ from marketplace.models import (
     LeaseState,
     Offer,
     Order,
+    OrderHealth,
     OrderState,
+    SilentPeriod,
     WebhookEventType,
 )
 from marketplace.orders.bids import machine_of, outbid_possible, preemption_pending
@@ -925,6 +927,46 @@ def _instance_lost_silent(order: Order, instance: Instance, last_report: dt.date
 HOST_SILENT = "host_silent"
 
 
+def order_silence_replace(*, order_id: int, now: dt.datetime | None = None) -> Step:
+    """The degraded order's launch configuration says ``on_silence: replace``: terminate the machine whose agent
+    fell silent, then settle it as lost (ledgered, announced, released), provisioning the order again when the
+    buyer allowed failover and failing it otherwise, as any lost machine is. Its attempt fails as
+    ``agent_silent``: the order's failover skips the offer, but one machine's silence is no capacity signal,
+    so its zone stays open to other orders. Billed until the machine was stopped, as it ran until then.
+
+    Idempotent: an order no longer running and degraded on that machine is left alone (``Step.DONE``). Raises
+    the adapter's ``TransientProviderError`` when the provider cannot be asked; the task retries, and the
+    silence sweep queues it again should the task be lost."""
+    order = Order.objects.get(pk=order_id)
+    if order.state != OrderState.RUNNING or order.health != OrderHealth.DEGRADED:
+        return Step.DONE
+    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+    period = SilentPeriod.objects.filter(order=order, ended_at__isnull=True).first()
+    if instance is None or period is None or period.instance_id != instance.pk:
+        return Step.DONE
+    handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+    said = period.started_at.isoformat(timespec="seconds")
+    reason = (
+        f"the agent on instance {instance.provider_instance_id} has not reported since {said}; "
+        "the launch configuration says replace, so the machine was stopped"
+    )
+    return _instance_lost(
+        order,
+        instance,
+        state=handle.state.value,
+        ended_at=now or timezone.now(),
+        reason=reason,
+        code=AGENT_SILENT,
+        attempt_failed=True,
+        error_class=AGENT_SILENT,
+        silent_since=said,
+    )
+
+
+# The error class and provider code of an attempt whose machine was replaced after its agent fell silent.
+AGENT_SILENT = "agent_silent"
+
+
 def _instance_lost(
     order: Order,
     instance: Instance,
@@ -934,6 +976,7 @@ def _instance_lost(
     reason: str,
     code: str,
     attempt_failed: bool = False,
+    error_class: str = CapacityUnavailable.error_class,
     **fields: str,
 ) -> Step:
     """Settle a running order's lost machine: inactive from ``ended_at`` (where its metering stops), its units
@@ -950,7 +993,7 @@ def _instance_lost(
             # Whatever took the machine, a notice of preemption on it is over: the next machine starts clean.
             Order.objects.filter(pk=order.pk, preempt_at__isnull=False).update(preempt_at=None, preempted_for=None)
             if attempt_failed:
-                _lost_attempt_fail(order, instance, code=code, message=reason)
+                _lost_attempt_fail(order, instance, code=code, message=reason, error_class=error_class)
             reservation_release(attempt_id=instance.attempt_id)
             lease_end(attempt_id=instance.attempt_id)
             instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LOST, spot=spot, **fields)
@@ -977,11 +1020,11 @@ def _instance_lost(
     return Step.PROVISION if order.allow_failover else Step.DONE
 
 
-def _lost_attempt_fail(order: Order, instance: Instance, *, code: str, message: str) -> None:
-    """Fail the launched attempt whose machine was lost, as a capacity error (once: conditional on its outcome)."""
+def _lost_attempt_fail(order: Order, instance: Instance, *, code: str, message: str, error_class: str) -> None:
+    """Fail the launched attempt whose machine was lost, as ``error_class`` (once: conditional on its outcome)."""
     failed = Attempt.objects.filter(pk=instance.attempt_id, outcome=AttemptOutcome.LAUNCHED).update(
         outcome=AttemptOutcome.FAILED,
-        error_class=CapacityUnavailable.error_class,
+        error_class=error_class,
         provider_code=code,
         provider_message=message[:2000],
         finished_at=timezone.now(),
@@ -989,7 +1032,7 @@ def _lost_attempt_fail(order: Order, instance: Instance, *, code: str, message: 
     if failed:
         attempt = instance.attempt
         attempt.order = order
-        _attempt_ledger(attempt, "attempt.failed", error_class=CapacityUnavailable.error_class, provider_code=code)
+        _attempt_ledger(attempt, "attempt.failed", error_class=error_class, provider_code=code)
 
 
 # An ended instance's state is checked at its provider for this long after its end; one still stopping by then

@@ -36,6 +36,7 @@ from marketplace.models import (
 )
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
 from marketplace.orders.reservations import reservations_release_for_order
+from marketplace.orders.silence import silence_close_on_leaving
 from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import order_event_emit
 
@@ -106,6 +107,9 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
         )
         if claimed != 1:
             raise TransitionRefused(f"order {order.public_id} is no longer {current}")
+        if current == OrderState.RUNNING:
+            # Off its machine: a silence in progress ends here, and the next machine starts healthy.
+            silence_close_on_leaving(order_id=order.pk, to=to, now=now)
         line = None
         if to in Order.FINAL_STATES:
             from marketplace.billing.credit import order_settle

@@ -23,9 +23,11 @@ from marketplace.orders.provisioning import (
     order_poll,
     order_preempt,
     order_provision,
+    order_silence_replace,
     order_terminate_instance,
     orders_check_running,
 )
+from marketplace.orders.silence import order_silence_recover, orders_silence_sweep
 from marketplace.taskkit import TASK_OPTIONS, backoff, stops_at_soft_limit, sweep_time_check
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
@@ -227,3 +229,38 @@ def orders_reconcile_task() -> dict[str, int]:
         totals["released"] += len(report.terminated)
         totals["errors"] += len(report.errors)
     return totals
+
+
+@shared_task(name="marketplace.orders_silence_sweep", **TASK_OPTIONS)
+@stops_at_soft_limit
+@one_at_a_time("orders-silence")
+def orders_silence_sweep_task() -> dict[str, int]:
+    """Degrade running orders whose lease agent fell silent, recover those that report again, and queue a lost
+    replacement again (marketplace/orders/silence.py). Bounded per run; runs every 15 s."""
+    swept = orders_silence_sweep(before_each=sweep_time_check)
+    if swept.failed:
+        log.warning("silence sweep: %d order(s) could not be judged: %s", len(swept.failed), swept.failed)
+    return {
+        "degraded": len(swept.degraded),
+        "recovered": len(swept.recovered),
+        "replace_again": len(swept.replace_again),
+        "failed": len(swept.failed),
+    }
+
+
+@shared_task(name="marketplace.order_silence_replace", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_silence_replace_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    """The buyer chose to replace a machine whose agent fell silent: stop it and fail the order over."""
+    try:
+        step = order_silence_replace(order_id=order_id)
+    except TransientProviderError as exc:
+        raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
+    if step == Step.PROVISION:
+        order_provision_task.delay(order_id)
+    return step.value
+
+
+@shared_task(name="marketplace.order_silence_recover", **TASK_OPTIONS)
+def order_silence_recover_task(order_id: int) -> bool:
+    """A degraded order's agent reported again: it is healthy, and its silent period closes at that report."""
+    return order_silence_recover(order_id=order_id)

@@ -27,6 +27,7 @@ from marketplace.api.idempotency import idempotency_claim
 from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.catalog.history import price_history, spot_savings
+from marketplace.launch.config import on_silence_of
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
@@ -47,6 +48,7 @@ from marketplace.orders.selectors import (
     order_usage,
 )
 from marketplace.orders.services import OrderError, order_terminate
+from marketplace.orders.silence import order_silence
 from marketplace.web.charts import price_chart, telemetry_chart
 from marketplace.web.compare import CompareError, compare_ids, comparison
 from marketplace.web.forms import ApiTokenForm, BudgetForm, WorkloadForm
@@ -463,6 +465,8 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
         {
             "order": order,
             "usage": order_usage(order, now=now),
+            "silence": order_silence(order, now=now),
+            "on_silence": on_silence_of(order.launch_config.spec if order.launch_config_id else None),
             "history": order_history(order),
             "instances": sorted(order.instances.all(), key=lambda i: i.pk, reverse=True),
             "instance": instance,
