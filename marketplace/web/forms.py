@@ -233,6 +233,10 @@ WORKLOAD_CHOICES = [
     ("script", "A script"),
 ]
 ACCESS_CHOICES = [("mine", "only your address"), ("anywhere", "anywhere"), ("custom", "these address ranges")]
+ON_SILENCE_CHOICES = [
+    ("keep", "keep the machine and wait for its agent"),
+    ("replace", "replace it: stop it and move to the next offer"),
+]
 ANYWHERE = ["0.0.0.0/0"]
 
 
@@ -271,6 +275,9 @@ class LaunchForm(forms.Form):
         label="or stop at a spend of (USD)",
     )
     ssh_keys = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple, label="SSH keys")
+    on_silence = forms.ChoiceField(
+        choices=ON_SILENCE_CHOICES, required=False, initial="keep", label="If the machine's agent stops reporting"
+    )
     workload_kind = forms.ChoiceField(choices=WORKLOAD_CHOICES, initial="none", widget=forms.RadioSelect)
     container_image = forms.CharField(
         required=False, max_length=255, label="Image",
@@ -393,6 +400,7 @@ class LaunchForm(forms.Form):
             data["image"] = d["image"].strip()
         if d.get("spend_cap_usd") is not None:
             data["spend_cap_usd"] = format(d["spend_cap_usd"], "f")
+        data["on_silence"] = d.get("on_silence") or "keep"
         return data
 
 

@@ -237,6 +237,7 @@ def _initial_from_spec(spec: dict[str, Any], caller_cidr: str, key_ids: set[str]
         "disk_gb": spec.get("disk_gb"),
         "image": spec.get("image") or "",
         "spend_cap_usd": spec.get("spend_cap_usd"),
+        "on_silence": spec.get("on_silence") or "keep",
         "ssh_keys": [k["id"] for k in spec.get("ssh_keys") or [] if k["id"] in key_ids],
         "allow_failover": True,
     }
@@ -278,6 +279,7 @@ _FIELD_OF = [
     ("allowed_cidrs", "cidrs"),
     ("ssh_keys", "ssh_keys"),
     ("spend_cap_usd", "spend_cap_usd"),
+    ("on_silence", "on_silence"),
 ]
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _ENV_ITEM = re.compile(r"^workload\.env\[(\d+)\]")

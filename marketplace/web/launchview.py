@@ -38,6 +38,7 @@ class LaunchShown:
     cidrs: list[str] = field(default_factory=list)
     keys: list[dict[str, Any]] = field(default_factory=list)
     spend_cap_usd: Decimal | None = None
+    on_silence: str = "keep"  # keep | replace: what happens once the machine's agent stops reporting
 
     @property
     def open_to_anyone(self) -> bool:
@@ -79,4 +80,5 @@ def launch_shown(spec: Mapping[str, Any] | None) -> LaunchShown | None:
         cidrs=list(spec.get("allowed_cidrs") or []),
         keys=list(spec.get("ssh_keys") or []),
         spend_cap_usd=None if cap is None else Decimal(str(cap)),
+        on_silence=str(spec.get("on_silence") or "keep"),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import socket
 from decimal import Decimal
 
@@ -27,10 +28,12 @@ from marketplace.models import (
     Instance,
     LaunchConfiguration,
     Lease,
+    Offer,
     Order,
     OrderHealth,
     OrderState,
     SilentPeriod,
+    SshKey,
     WebhookDelivery,
     WebhookEventType,
 )
@@ -407,3 +410,64 @@ def test_the_sweep_is_bounded_per_run(acme, alice, aws_account, aws_sandbox, dja
 
     # The longest silent first; the next run carries on.
     assert (first.degraded, second.degraded) == ([orders[0].pk], [orders[1].pk])
+
+
+# ------------------------------------------------------------------------------- independent hosts, storefront
+
+
+def _configure_page(browser: Client, offer, **fields: object):
+    page = browser.get(f"/orders/new?offer={offer.pk}").content.decode()
+    nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
+    key = SshKey.objects.get(name="alice@laptop")
+    form = {
+        "offer": offer.pk, "nonce": nonce, "duration_hours": "2", "ssh_keys": [str(key.public_id)],
+        "workload_kind": "none", "access": "mine", "allow_failover": "on", "env_rows": "0",
+    }  # fmt: skip
+    form.update(fields)
+    return browser.post("/orders/new", form)
+
+
+def test_the_storefront_takes_the_choice_shows_it_and_refuses_anything_else(
+    alice, held_hosts, django_capture_on_commit_callbacks
+):
+    offer = Offer.objects.get(zone="fra-h100-1", pricing_model="on_demand")
+    browser = Client()
+    browser.force_login(alice)
+    assert 'id="id_on_silence"' in browser.get(f"/orders/new?offer={offer.pk}").content.decode()
+
+    refused = _configure_page(browser, offer, on_silence="restart")
+    assert refused.status_code == 400
+    assert "Select a valid choice. restart is not one of the available choices." in refused.content.decode()
+
+    configured = _configure_page(browser, offer, on_silence="replace")
+    assert configured.status_code == 302
+    confirm = browser.get(configured["Location"]).content.decode()
+    assert 'id="launch-on-silence">replace the machine with the next offer<' in confirm
+    nonce = re.search(r'name="nonce" value="([^"]+)"', confirm).group(1)
+    with django_capture_on_commit_callbacks(execute=True):
+        browser.post("/orders/place", {"nonce": nonce})
+    assert Order.objects.get().launch_config.spec["on_silence"] == "replace"
+
+
+def test_an_independent_hosts_order_whose_lease_agent_is_silent_is_degraded_too(
+    acme, alice, held_hosts, hook, django_capture_on_commit_callbacks
+):
+    offer = Offer.objects.get(zone="fra-h100-1", pricing_model="on_demand")
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(launch=LaunchChoice(data={"allowed_cidrs": ["127.0.0.1/32"]}), offer_id=offer.pk),
+        ).order
+    with django_capture_on_commit_callbacks(execute=True):
+        boot_if_launched(order, held_hosts)
+    assert order.state == OrderState.RUNNING, order.state_reason
+    heard = timezone.now() - dt.timedelta(minutes=1)
+    _last_heard(order, heard)
+
+    swept = orders_silence_sweep(now=heard + SILENCE + SECOND)
+
+    assert swept.degraded == [order.pk]
+    order.refresh_from_db()
+    assert (order.state, order.health) == (OrderState.RUNNING, OrderHealth.DEGRADED)
+    assert _since_ready(order) == [WebhookEventType.INSTANCE_UNHEALTHY]
