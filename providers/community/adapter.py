@@ -26,6 +26,7 @@ at most 60).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
@@ -247,11 +248,15 @@ class CommunityAdapter(ProviderAdapter):
             except (ValueError, TypeError, AttributeError):
                 continue  # windows the broker cannot read: this machine is not offered, the others are
             try:
-                gpus_found, _ = _status(self._client(machine).call("GET", "/v1/status"))
+                answer = self._client(machine).call("GET", "/v1/status")
+                gpus_found, _ = _status(answer)
             except ProviderError:
                 continue
             if gpus_found < machine.gpu_count:
                 continue
+            if not _walls_leases(answer):
+                # Its leases would share one user, every GPU node and the host's ports: sold whole only.
+                machine = dataclasses.replace(machine, min_gpus_per_lease=machine.gpu_count, mig_profiles=())
             offers.extend(self._quotes(machine))
             offers.extend(self._slice_quotes(machine))
         return offers
@@ -488,6 +493,16 @@ def _malformed(field: str, why: str) -> MalformedProviderResponse:
     return MalformedProviderResponse(
         f"the machine's agent answered a malformed {field}: {why}", code="agent_malformed", provider=PROVIDER
     )
+
+
+def _walls_leases(answer: dict[str, Any]) -> bool:
+    """Does the agent put each lease in a walled container of its own (``containers.py``), or is it a
+    simulated host standing in for one? An agent that does not say (one older than the walls) does not."""
+    hardware = answer.get("hardware")
+    isolation = hardware.get("isolation") if isinstance(hardware, dict) else None
+    if not isinstance(isolation, dict):
+        return False
+    return isolation.get("containers") is True or isolation.get("simulated") is True
 
 
 def _status(answer: dict[str, Any]) -> tuple[int, int]:

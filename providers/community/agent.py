@@ -52,6 +52,7 @@ from werkzeug.wrappers import Request, Response
 
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
+from providers.community.containers import LEASE_IMAGE, ContainerRuntime, lease_uid, runtime_probe
 from providers.community.executor import (
     FakeDevices,
     LeaseExecutor,
@@ -99,6 +100,7 @@ class Instance:
     mig_profile: str = ""
     mig_slots: tuple[int, ...] = ()
     mig_device: MigDevice | None = None
+    uid_slot: int = -1  # a walled lease's slot in the host's lease uids (containers.lease_uid)
 
     @property
     def executor(self) -> LeaseExecutor | None:
@@ -246,6 +248,7 @@ class Agent:
         poll_s: float = 1.0,
         broker_transport: Transport | None = None,
         command_threads: bool = True,
+        containers: ContainerRuntime | str = "containers not asked for",
     ):
         self.broker_url = broker_url.rstrip("/")
         self.key_id = key_id
@@ -282,6 +285,9 @@ class Agent:
         self.ports = PortPool(None if simulated is not None else PORTS_FIRST)
         # The MIG profiles this host sells as slices (its listing's); None: every one its GPUs offer.
         self.mig_profiles = None if mig_profiles is None else tuple(mig_profiles)
+        # The walls every lease gets, or why this host cannot build them (it then sells whole machines only).
+        self.containers = containers if isinstance(containers, ContainerRuntime) else None
+        self.isolation_reason = "" if self.containers is not None else str(containers)
         self.devices: NvidiaDevices | FakeDevices = (
             FakeDevices([(g.model, g.memory_gb) for g in simulated], mig or {})
             if simulated is not None
@@ -319,6 +325,16 @@ class Agent:
             "gpus": [{"model": g.model, "memory_gb": g.memory_gb} for g in gpus],
             "driver": "simulated" if self.simulated is not None else "nvidia",
             "h2d_bandwidth_gbs": 24.5 if self.simulated is not None else None,
+            "isolation": self.isolation(),
+        }
+
+    def isolation(self) -> dict[str, Any]:
+        """Whether each lease runs in a walled container of its own (``containers.py``): what a per-GPU sale
+        needs. A simulated host without Docker says so: it stands in for one in the sandbox."""
+        return {
+            "containers": self.containers is not None,
+            "simulated": self.simulated is not None,
+            "reason": self.isolation_reason[:300],
         }
 
     def _busy_gpus(self) -> int:
@@ -569,6 +585,10 @@ class Agent:
             asked = request.get("gpu_indexes")
             sliced: _Slice | None = None
             indexes: tuple[int, ...]
+            partial = request.get("mig_profile") is not None or gpus < total
+            if partial and self.containers is None and self.simulated is None:
+                why = f"this host sells whole machines only: it cannot wall leases off ({self.isolation_reason})"
+                return _answer({"code": "whole_only", "message": why[:300]}, 409)
             if request.get("mig_profile") is not None:
                 placed = self._slice_place(request["mig_profile"], gpus, asked)
                 if not isinstance(placed, _Slice):
@@ -665,6 +685,11 @@ class Agent:
     def _lease(self, instance: Instance, lease: dict[str, Any]) -> LeaseAgent:
         """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own."""
         exposed = tuple(int(p) for p in lease.get("ports") or [] if int(p) != 22)[: self.ports.per_lease - 1]
+        total = max(1, len(self.gpus()))
+        share = len(instance.mig_slots) / MEMORY_SLICES / total if instance.mig_slots else instance.gpus / total
+        if self.containers is not None:
+            used = {i.uid_slot for i in self.instances.values() if i.holds_gpus()}
+            instance.uid_slot = min(slot for slot in range(len(used) + 1) if slot not in used)
         plan = LeasePlan(
             lease_id=instance.id,
             gpu_indexes=instance.gpu_indexes,
@@ -676,6 +701,9 @@ class Agent:
             authorized_keys=tuple(str(key) for key in lease.get("ssh_keys") or []),  # checked with the lease file
             # A MIG slice's lease sees its own MIG device alone.
             mig_devices=(instance.mig_device.uuid,) if instance.mig_device is not None else (),
+            uid=lease_uid(instance.uid_slot) if self.containers is not None else 0,
+            share=share,
+            login_name=str(lease.get("login_user") or "lease"),
         )
         executor = LeaseExecutor(
             plan,
@@ -684,6 +712,7 @@ class Agent:
             ssh_host=self._ssh().rsplit(":", 1)[0],
             grace_s=self.grace_s,
             disk_poll_s=self.disk_poll_s,
+            runtime=self.containers,
         )
         if executor.simulate or executor.docker is not None:
             login = lease  # SSH on the lease's own endpoint: the broker's login name is the lease's alone
@@ -802,6 +831,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mig-profiles", help="the MIG profiles the listing sells as slices, e.g. 1g.10gb,3g.40gb (default: every "
         "profile the GPUs offer); the GPUs they run on must be in MIG mode (nvidia-smi -i N -mig 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--containers", choices=("auto", "off"), default="auto",
+        help="auto: every lease in a walled container of its own where Docker, iptables, root and the lease image "
+        "are here (needed to sell per GPU); off: processes, and the machine sells whole only",
+    )  # fmt: skip
+    parser.add_argument("--lease-image", default=LEASE_IMAGE, help="the image leases without one of their own run")
     args = parser.parse_args(argv)
     if not (args.public_url or args.ssh_address or args.simulate):
         # An outbound-only host would report its leases' SSH at its own loopback: no buyer could log in.
@@ -819,7 +854,10 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         disk_quota_bytes=args.disk_quota_gb * 10**9,
         mig_profiles=None if args.mig_profiles is None else [p.strip() for p in args.mig_profiles.split(",")],
+        containers=runtime_probe(image=args.lease_image) if args.containers == "auto" else "--containers off",
     )
+    if agent.containers is None:
+        print(f"leases are not walled off: {agent.isolation_reason}; this machine sells whole only", flush=True)
     if args.public_url:
         print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
     else:

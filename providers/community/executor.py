@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from providers.community.containers import SSH_PORT_IN_CONTAINER, ContainerRuntime, LeaseWalls, Limits
 from providers.community.lease import ExecutorError, GpuSeen, SshSeen, _tail, telemetry_sample
 
 DISK_QUOTA_EXCEEDED = "disk quota exceeded"
@@ -228,6 +229,9 @@ class LeasePlan:
     exposed: tuple[int, ...] = ()  # the workload's ports, published on host_ports[1:]
     authorized_keys: tuple[str, ...] = ()  # the buyer's public keys ("<type> <base64>"), checked by the agent
     mig_devices: tuple[str, ...] = ()  # a MIG slice's lease: the MIG device (UUID) the agent made for it alone
+    uid: int = 0  # a walled lease's own uid (``containers.lease_uid``); 0 where the host cannot wall leases
+    share: float = 1.0  # the part of the host's GPUs it rented: its CPU, memory and process limits follow
+    login_name: str = "lease"  # the user name its SSH login takes, inside its container
 
 
 # sshd(8), AUTHORIZED_KEYS FILE FORMAT: "restrict" turns off port, agent and X11 forwarding and the pty, and
@@ -406,8 +410,10 @@ for host_port, port in pairs:
 
 
 class LeaseExecutor:
-    """One lease on a shared host (see the module docstring). ``simulate`` swaps the SSH endpoint for a banner on
-    the lease's first port and keeps Docker and system users out of it; the rest is the same code."""
+    """One lease on a shared host (see the module docstring). With a ``runtime`` every workload kind runs in
+    the lease's own walled container (``containers.py``), with a real SSH server; ``simulate`` then only fakes
+    the GPUs. Without one (a host that cannot isolate, sold whole only), ``simulate`` swaps the SSH endpoint
+    for a banner on the lease's first port and keeps Docker and system users out of it."""
 
     name = "host"
 
@@ -422,6 +428,7 @@ class LeaseExecutor:
         disk_poll_s: float | None = 5.0,
         docker: str | None = None,
         fail_workload: str | None = None,
+        runtime: ContainerRuntime | None = None,
     ):
         self.plan = plan
         self.devices = devices
@@ -442,8 +449,15 @@ class LeaseExecutor:
         self._ssh_listener: socket.socket | None = None
         blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + os.urandom(32)
         self._host_key = "ssh-ed25519 " + base64.b64encode(blob).decode()
+        self._walled_host_key = ""
         if simulate:
             self.name = "simulated"
+        self.walls: LeaseWalls | None = None
+        if runtime is not None:
+            self.name = "container"
+            self.docker = runtime.docker
+            self.walls = LeaseWalls(runtime, lease_id=plan.lease_id, uid=plan.uid, work_dir=plan.work_dir,
+                                    login_name=plan.login_name)  # fmt: skip
 
     # --------------------------------------------------------------------------------------- devices
 
@@ -505,6 +519,8 @@ class LeaseExecutor:
         return True
 
     def environment(self, workload: dict[str, Any], secrets: dict[str, Any]) -> dict[str, str]:
+        if self.walls is not None:
+            return self._walled_environment(workload, secrets)
         visible = ",".join(self.visible())
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.plan.work_dir), "LANG": "C.UTF-8"}
         env.update({str(e["name"]): str(e.get("value") or "") for e in workload.get("env") or []})
@@ -516,10 +532,31 @@ class LeaseExecutor:
             env[f"LEASE_PORT_{port}"] = str(host_port)
         return env
 
+    def _walled_environment(self, workload: dict[str, Any], secrets: dict[str, Any]) -> dict[str, str]:
+        """A walled lease's environment: the buyer's values and the lease's ports, nothing of the host's. The
+        NVIDIA runtime reads ``NVIDIA_*`` variables when it makes the container, so the buyer's are dropped and
+        the lease's own devices named; inside, CUDA numbers the container's GPUs from 0 on its own."""
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        env.update({str(e["name"]): str(e.get("value") or "") for e in workload.get("env") or []})
+        env.update({str(k): str(v) for k, v in (secrets.get("env") or {}).items()})
+        for name in [name for name in env if name.startswith("NVIDIA_") or name == "CUDA_VISIBLE_DEVICES"]:
+            del env[name]
+        if self.walls is not None and self.walls.runtime.nvidia_runtime:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(self.visible())
+        env["LEASE_PORTS"] = ",".join(str(p) for p in self.plan.host_ports[1:])
+        for port, host_port in zip(self.plan.exposed, self.plan.host_ports[1:], strict=False):
+            env[f"LEASE_PORT_{port}"] = str(host_port)
+        return env
+
     def start(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
         self.kind = str(workload.get("kind") or "none")
         if self.simulate and self.fail_workload:
             raise ExecutorError(self.fail_workload)
+        if self.walls is not None:
+            detail = self._start_walled(self.walls, workload, secrets)
+            if self.disk_poll_s:
+                threading.Thread(target=self._watch_disk, name=f"disk:{self.plan.lease_id}", daemon=True).start()
+            return detail
         uid = self._prepare()
         env = self.environment(workload, secrets)
         log = self.plan.work_dir / "workload.log"
@@ -601,9 +638,47 @@ class LeaseExecutor:
         self.runner = "docker"
         return f"container {started.stdout.decode().strip()[:12]} running {workload['image']}"
 
+    def _start_walled(self, walls: LeaseWalls, workload: dict[str, Any], secrets: dict[str, Any]) -> str:
+        """The lease in its own container: the lease image (our sshd, the buyer's script if any) or the buyer's
+        image (pulled with the lease's own login; its own sshd, given the keys at the usual place)."""
+        own_image = self.kind != "container"
+        self._walled_host_key = walls.prepare(authorized_keys_text(self.plan.authorized_keys))
+        if self.kind == "script":
+            walls.write_script(str(workload.get("script") or ""))
+        if not own_image:
+            self._pull(workload, secrets)
+        walls.network_up()
+        env_file = self.plan.work_dir / "workload.env"
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.writelines(f"{name}={value}\n" for name, value in self.environment(workload, secrets).items())
+            if not own_image and self.plan.authorized_keys:
+                handle.write(f"BROKER_AUTHORIZED_KEYS={AUTHORIZED_KEYS_IN_CONTAINER}\n")
+        ssh_port = SSH_PORT_IN_CONTAINER if own_image else 22
+        ports = [(self.plan.host_ports[0], ssh_port)]
+        ports += [(host, port) for port, host in zip(self.plan.exposed, self.plan.host_ports[1:], strict=False)]
+        mig = bool(self.plan.mig_devices) or any(self.devices.mig_instances().get(i) for i in self.plan.gpu_indexes)
+        command = [] if own_image else [str(c) for c in workload.get("command") or []]
+        argv = walls.run_argv(
+            image=walls.runtime.image if own_image else str(workload["image"]), env_file=env_file,
+            devices=self.visible(), mig=mig, limits=Limits.share_of(walls.runtime, self.plan.share), ports=ports,
+            script=self.kind == "script", command=command,
+            args=[] if own_image else [str(a) for a in workload.get("args") or []],
+            shm_size_gb=int(workload.get("shm_size_gb") or 0), own_image=own_image,
+        )  # fmt: skip
+        try:
+            container = walls.start(argv)
+        finally:
+            env_file.unlink(missing_ok=True)
+        self.runner = "docker"
+        what = "the lease image" if own_image else str(workload["image"])
+        return f"container {container} running {what}" + (" with the script" if self.kind == "script" else "")
+
     def workload_state(self) -> dict[str, Any]:
         if self.problem:
             return {"state": "exited", "exit_code": -1}
+        if self.walls is not None:
+            return self.walls.state() if self.kind != "none" else {"state": "none"}
         if self._group is not None:
             code = self._group.process.poll()
             return {"state": "running"} if code is None else {"state": "exited", "exit_code": code}
@@ -614,13 +689,18 @@ class LeaseExecutor:
     def check_disk(self) -> bool:
         """Stop the workload (not the lease's bookkeeping) once its directory holds more than the quota; True
         when the quota is exceeded. Safe to call from any thread, and again."""
-        if disk_usage(self.plan.work_dir) <= self.plan.disk_quota_bytes:
+        used = disk_usage(self.plan.work_dir)
+        if self.walls is not None and self.runner == "docker":
+            used += self.walls.written_bytes()
+        if used <= self.plan.disk_quota_bytes:
             return False
         with self._lock:
             if not self.problem:
                 self.problem = DISK_QUOTA_EXCEEDED
                 if self._group is not None:
                     self._group.stop(self.grace_s)
+                if self.walls is not None:
+                    self.walls.docker("stop", "-t", str(int(self.grace_s)), self.walls.container)
         return True
 
     def _watch_disk(self) -> None:
@@ -631,6 +711,9 @@ class LeaseExecutor:
     # ------------------------------------------------------------------------------------------- SSH
 
     def ssh(self) -> SshSeen:
+        if self.walls is not None:
+            port = self.plan.host_ports[0]
+            return SshSeen(_banner_wait("127.0.0.1", port), port, self.ssh_host)
         if self.simulate:
             return self._simulated_ssh()
         if self.runner == "docker":
@@ -657,6 +740,9 @@ class LeaseExecutor:
                 conn.sendall(b"SSH-2.0-gpu-broker-sandbox\r\n")
 
     def host_keys(self) -> list[str]:
+        if self.walls is not None:
+            # The lease image's sshd presents the key made for this lease; a buyer's own image, its own keys.
+            return [self._walled_host_key] if self.kind != "container" else []
         if self.simulate:
             return [self._host_key]
         keys = []
@@ -695,7 +781,9 @@ class LeaseExecutor:
             if self._group is not None:
                 killed = self._group.stop(self.grace_s)
             container = ""
-            if self.runner == "docker" and self.docker is not None:
+            if self.walls is not None:
+                container = self.walls.tear_down()
+            elif self.runner == "docker" and self.docker is not None:
                 subprocess.run([self.docker, "rm", "-f", container_name(self.plan.lease_id)],  # noqa: S603
                                capture_output=True, timeout=120, check=False)  # fmt: skip
                 container = container_name(self.plan.lease_id)
@@ -714,6 +802,17 @@ class LeaseExecutor:
                 "ports_released": list(self.plan.host_ports),
                 "user": self.plan.user.name,
             }
+
+
+def _banner_wait(host: str, port: int, timeout: float = 30.0) -> bool:
+    """An SSH server's greeting on host:port within ``timeout``: a container's sshd takes a moment to start."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if _banner(host, port):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def _banner(host: str, port: int) -> bool:
