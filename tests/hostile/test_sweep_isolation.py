@@ -15,9 +15,20 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.catalog.services import offers_sync
-from marketplace.models import Attempt, AttemptOutcome, Offer, OfferStatus, Order, OrderState
+from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
+    Lease,
+    Offer,
+    OfferStatus,
+    Order,
+    OrderHealth,
+    OrderState,
+    SilentPeriod,
+)
 from marketplace.orders.reconcile import account_resources_reconcile, order_reconcile
 from marketplace.orders.services import PlaceRequest, order_place, orders_end_scheduled
+from marketplace.orders.silence import orders_silence_sweep
 from marketplace.tasks import orders_reconcile_task, orders_sweep_task
 from providers.models import Machine, ProviderAccount
 from providers.services import adapter_for_account
@@ -210,6 +221,26 @@ def test_the_resource_reconciler_releases_the_others_past_a_poisoned_order(
     assert LedgerEntry.objects.filter(kind="order.resources_released", subject=f"order:{second.public_id}").exists()
     held = {r.order_ref for r in adapter_for_account(aws_account).list_order_resources()}
     assert second.ref not in held
+
+
+def test_the_silence_sweep_degrades_the_others_past_a_poisoned_order(
+    fleet, hosts, acme, alice, django_capture_on_commit_callbacks, caplog
+):
+    good = _running(acme, alice, "fra-h100-1", hosts, django_capture_on_commit_callbacks)
+    bad = _running(acme, alice, "fra-h100-2", hosts, django_capture_on_commit_callbacks)
+    # Both agents silent, the poisoned order's longer: the sweep meets it first.
+    heard = timezone.now() - dt.timedelta(minutes=10)
+    Lease.objects.filter(order=good).update(last_heartbeat_at=heard)
+    Lease.objects.filter(order=bad).update(last_heartbeat_at=heard - dt.timedelta(minutes=1))
+    _poison_updates_of(bad)
+
+    swept = orders_silence_sweep(now=timezone.now())
+
+    assert (swept.failed, swept.degraded) == ([bad.pk], [good.pk])
+    assert Order.objects.get(pk=good.pk).health == OrderHealth.DEGRADED
+    assert Order.objects.get(pk=bad.pk).health == OrderHealth.HEALTHY
+    assert not SilentPeriod.objects.filter(order=bad).exists()
+    assert f"silence sweep: order {bad.pk} failed" in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)
