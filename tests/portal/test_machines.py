@@ -128,3 +128,18 @@ def test_the_machines_page_reads_utilization_in_one_query_however_many_machines(
     three, html = queries_for_the_page()
     assert three == one
     assert all(f"{pct}.0" in html for pct in (20, 60, 90))  # each machine's own latest utilization
+
+
+def test_a_machine_whose_agent_cannot_wall_leases_off_shows_it_is_sold_whole_only(petra, olga):
+    client = client_for(olga)
+    client.post("/provider/machines/new", {**LISTING, "min_gpus_per_lease": "1"})
+    machine = Machine.objects.get(name="fra-h100-1")
+    reason = "no container runtime: the docker command is not installed"
+    Machine.objects.filter(pk=machine.pk).update(
+        self_test={"ok": True, "isolation": {"containers": False, "simulated": False, "reason": reason}}
+    )
+    page = client.get("/provider/machines").content.decode()
+    assert f"Sold whole only: leases cannot be walled off ({reason})" in page
+
+    Machine.objects.filter(pk=machine.pk).update(self_test={"ok": True, "isolation": {"containers": True}})
+    assert "Sold whole only" not in client.get("/provider/machines").content.decode()
