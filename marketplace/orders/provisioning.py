@@ -944,6 +944,10 @@ def order_silence_replace(*, order_id: int, now: dt.datetime | None = None) -> S
     period = SilentPeriod.objects.filter(order=order, ended_at__isnull=True).first()
     if instance is None or period is None or period.instance_id != instance.pk:
         return Step.DONE
+    heard = Lease.objects.filter(attempt_id=instance.attempt_id).values_list("last_heartbeat_at", flat=True).first()
+    if heard is not None and heard > period.started_at:
+        # The agent reported after all (its report raced the sweep): nothing to replace; the order recovers.
+        return Step.DONE
     handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
     said = period.started_at.isoformat(timespec="seconds")
     reason = (

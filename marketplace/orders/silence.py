@@ -28,7 +28,7 @@ from collections.abc import Callable
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Min
+from django.db.models import F, Min, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -106,7 +106,7 @@ def order_health_transition(
             "on_silence": on_silence,
         }
         ledger_append(
-            kind=f"order.{to}" if to == OrderHealth.DEGRADED else "order.recovered",
+            kind="order.degraded" if to == OrderHealth.DEGRADED else "order.recovered",
             subject=f"order:{order.public_id}",
             payload={
                 "order": str(order.public_id),
@@ -177,7 +177,7 @@ def order_silence_recover(*, order_id: int, now: dt.datetime | None = None) -> b
     return True
 
 
-def _silent_instances(*, now: dt.datetime):  # type: ignore[no-untyped-def]
+def _silent_instances(*, now: dt.datetime) -> QuerySet[Instance]:
     """Active instances of running, healthy orders whose ready lease last reported before the silence cutoff,
     each annotated with ``heard`` (its last report), the longest silent first."""
     cutoff = now - dt.timedelta(seconds=settings.LEASE_SILENCE_S)

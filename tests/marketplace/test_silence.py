@@ -37,6 +37,7 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
+from marketplace.orders.provisioning import Step, order_silence_replace
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.orders.silence import LEASE_AGENT, orders_silence_sweep
 from marketplace.tasks import orders_silence_sweep_task
@@ -283,6 +284,28 @@ def test_on_silence_replace_stops_the_silent_machine_and_fails_over(
     # The zone is not blocked for other orders: one machine's silence is no capacity signal.
     assert attempt.error_class != "capacity"
     assert ledger_verify().ok
+
+
+def test_a_replacement_that_finds_the_agent_reporting_again_stops_nothing(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running(acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks, on_silence="replace")
+    instance = order.instances.get(active=True)
+    heard = timezone.now() - dt.timedelta(minutes=10)
+    _last_heard(order, heard)
+    # The sweep degrades it and queues the replacement; the agent reports before that task runs.
+    with django_capture_on_commit_callbacks(execute=False):
+        orders_silence_sweep(now=heard + SILENCE + SECOND)
+        assert held_agent(order, aws_sandbox).heartbeat() == "running"
+
+    assert order_silence_replace(order_id=order.pk) == Step.DONE
+
+    assert list(order.instances.values_list("pk", "active")) == [(instance.pk, True)]
+    assert order.attempts.count() == 1
+    assert adapter_for_account(aws_account).describe(instance.region, instance.provider_instance_id).state == (
+        InstanceState.RUNNING
+    )
+    assert _entries(order, "order.instance_lost") == []
 
 
 def test_on_silence_keep_keeps_the_machine(
