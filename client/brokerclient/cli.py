@@ -92,6 +92,11 @@ def _order_lines(order: dict[str, Any], out: TextIO) -> None:
         rows.append(("boot", f"{boot.get('state')} (ready by {boot.get('deadline') or 'launch'})"))
     if (boot.get("failure") or {}).get("reason"):
         rows.append(("failed", f"{boot['failure'].get('stage')}: {boot['failure'].get('reason')}"))
+    periods = (order.get("silence") or {}).get("periods") or []
+    if order.get("health") == "degraded" and periods:
+        rows.append(("health", f"degraded: its agent has not reported since {periods[-1].get('started_at')}"))
+    if periods:
+        rows.append(("silent", f"{order['silence'].get('minutes')} min without reports, {len(periods)} period(s)"))
     for name, value in rows:
         out.write(f"{name:<9} {_cell(value)}\n")
     connection_lines(order.get("connection"), out)

@@ -9,12 +9,14 @@ by handing the sweep its ``now``, never by sleeping."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import re
 import socket
 from decimal import Decimal
 
 import pytest
+from brokerclient.cli import _order_lines
 from django.conf import settings
 from django.test import Client
 from django.utils import timezone
@@ -197,6 +199,11 @@ def test_the_order_page_and_the_api_show_the_silence_and_its_minutes(
     assert 30.0 <= body["silence"]["minutes"] < 31.0
     listed = api.get("/api/v1/orders").json()["results"]
     assert [(o["id"], o["health"]) for o in listed] == [(str(order.public_id), "degraded")]
+    # The client's `broker order` shows the same.
+    shown = io.StringIO()
+    _order_lines(body, shown)
+    assert f"health    degraded: its agent has not reported since {period['started_at']}\n" in shown.getvalue()
+    assert f"silent    {body['silence']['minutes']} min without reports, 1 period(s)\n" in shown.getvalue()
 
 
 def test_a_heartbeat_again_recovers_the_order_and_closes_its_silent_period(
