@@ -11,6 +11,7 @@ from decimal import Decimal
 from django.utils import timezone
 
 from providers.community.agent import Agent, parse_simulated
+from providers.community.containers import ContainerRuntime
 from providers.community.services import machine_list
 from providers.models import Machine, MachineState, ProviderAccount
 
@@ -35,14 +36,17 @@ def start_hosts(
     lease_threads: bool,
     simulate: str = "H100:80x8",
     listing: dict[str, object] | None = None,
+    containers: ContainerRuntime | None = None,
 ) -> list[Agent]:
     """List, verify and start one simulated agent per name. With ``lease_threads`` off, each lease the agent
-    starts is held for the test to drive (``tests.leases.boot``); on, it phones home by itself."""
+    starts is held for the test to drive (``tests.leases.boot``); on, it phones home by itself. With
+    ``containers`` (``tests.containers.lease_runtime``) each lease runs in a real walled container."""
     agents = []
     for name in names:
         listed = machine_list(account=fleet, name=name, listing=dict(listing or LISTING))
         agent = Agent(broker_url="http://127.0.0.1:9", key_id=listed.machine.key_id, secret=listed.secret,
-                      simulated=parse_simulated(simulate), launch_seconds=0, lease_threads=lease_threads)  # fmt: skip
+                      simulated=parse_simulated(simulate), launch_seconds=0, lease_threads=lease_threads,
+                      **({"containers": containers} if containers is not None else {}))  # fmt: skip
         url = agent.serve("127.0.0.1", 0, report=False)
         Machine.objects.filter(pk=listed.machine.pk).update(
             agent_url=url,
