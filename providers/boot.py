@@ -8,9 +8,18 @@ The script is plain bash, so it runs under cloud-init on every image the clouds 
    mechanism where it takes them, so a console login works too);
 3. writes the lease file ``/opt/gpu-broker/lease.json``: where to phone home, the one-time boot token, the
    login user, the keys and the non-secret workload (container or script);
-4. fetches the lease agent from the broker, checks it against the SHA-256 this script was made with, and
-   starts it. The agent spends the token, fetches the buyer's secrets over the signed agent protocol,
-   starts the workload and reports ready (``providers/community/lease.py``).
+4. checks that the image has the Python the agent needs (``python3`` 3.9 or newer); if not, it tells the broker
+   why with the boot token (``/agent/v1/lease/boot-failed``, a reason code and the version seen) and stops, so
+   the order shows the reason instead of a boot timeout;
+5. fetches the lease agent from the broker, checks it against the SHA-256 this script was made with, and
+   starts it: as the systemd unit ``gpu-broker-agent.service`` where systemd runs the machine, else in the
+   background under ``flock -n``. The agent spends the token, fetches the buyer's secrets over the signed agent
+   protocol, starts the workload and reports ready (``providers/community/lease.py``).
+
+Every step is safe to run again, because some clouds run user data at every boot (GCP's startup scripts) and
+an operator may run it by hand: a key line is added only when it is absent, the lease file is written once
+(its token is spent by then; the agent re-attaches with the key it kept), a fetched agent whose hash matches
+is kept, and the unit or the lock lets only one agent run.
 
 The lease file sits between two fixed heredoc markers, on one line of JSON, so ``lease_file_from_script``
 finds it in the bytes a cloud stored; that is how the sandboxes "boot" an instance from its user data.
@@ -30,9 +39,17 @@ from providers.sshkeys import SshKeyInvalid, ssh_key_parse
 LEASE_FILE_VERSION = 1
 LEASE_MARKER = "BROKER_LEASE_JSON"
 KEYS_MARKER = "BROKER_AUTHORIZED_KEYS"
+UNIT_MARKER = "BROKER_AGENT_UNIT"
 AGENT_PATH = "/agent/v1/lease/agent.pyz"
+BOOT_FAILED_PATH = "/agent/v1/lease/boot-failed"
 BROKER_DIR = "/opt/gpu-broker"
+AGENT_UNIT = "gpu-broker-agent.service"
+# The oldest Python the lease agent runs on (lease.py's own promise).
+AGENT_PYTHON = (3, 9)
+# What the boot script may report through BOOT_FAILED_PATH: a code, never free text from the machine.
+BOOT_FAILURE_CODES = frozenset({"no_python", "python_too_old"})
 _LOGIN_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_BOOT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Docker and the NVIDIA Container Toolkit where the image lacks them (Deep Learning images ship both), on
 # Debian-family images, following NVIDIA's install guide for the toolkit's apt repository:
 # https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html
@@ -46,8 +63,25 @@ CONTAINER_RUNTIME = """if command -v apt-get >/dev/null 2>&1; then
       | sed "s#deb https://#deb [signed-by=$keyring] https://#g" > /etc/apt/sources.list.d/nvidia-container-toolkit.list
     apt-get update -q && apt-get install -y -q nvidia-container-toolkit
   fi
-  nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
+  # Once: at a later boot Docker is already configured, and restarting it would restart the workload.
+  [ -e "$BROKER_DIR/runtime-configured" ] || { nvidia-ctk runtime configure --runtime=docker \
+    && systemctl restart docker && touch "$BROKER_DIR/runtime-configured"; }
 fi"""
+# The agent as a service (systemd.service(5)): started at every boot, restarted after a crash; not after it
+# exits 0 (the broker ended the lease) or 3 (the lease is over otherwise: lease.py's EXIT_OVER).
+AGENT_UNIT_FILE = f"""[Unit]
+Description=gpu-broker lease agent
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/bin/env python3 {BROKER_DIR}/agent.pyz lease --spec {BROKER_DIR}/lease.json
+Restart=always
+RestartSec=10
+RestartPreventExitStatus=0 3
+
+[Install]
+WantedBy=multi-user.target"""
 _LEASE_BLOCK = re.compile(rf"<<'{LEASE_MARKER}'\n(.*?)\n{LEASE_MARKER}\n", re.DOTALL)
 MAX_LEASE_FILE = 1024 * 1024  # what a reader will parse; every cloud's user data limit is far below
 MAX_LEASE_KEYS = 200  # an organisation keeps at most this many keys (marketplace/launch/keys.py)
@@ -79,15 +113,19 @@ def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") ->
         raise ValueError("the broker URL must be a plain http(s) URL")
     if not re.fullmatch(r"[0-9a-f]{64}", boot.agent_sha256):
         raise ValueError("agent_sha256 must be a hex SHA-256")
+    if not _BOOT_TOKEN.match(boot.boot_token):
+        raise ValueError("the boot token must be URL-safe base64")
     lease = json.dumps(lease_file(boot, login_user=login_user), sort_keys=True, separators=(",", ":"))
     keys = "\n".join(key.public_key for key in boot.ssh_keys)
     lines = [
         "#!/bin/bash",
         "# gpu-broker boot script: makes this machine usable for one order, then hands over to the lease agent.",
         "# It carries no lasting secret: the boot token below works once, for this order only, and expires.",
+        "# Safe to run again, as GCP does at every boot.",
         "set -u",
         f"BROKER_URL='{boot.broker_url}'",
         f"BROKER_LOGIN_USER='{login_user}'",
+        f"BROKER_TOKEN='{boot.boot_token}'",
         f"BROKER_DIR={BROKER_DIR}",
         'mkdir -p "$BROKER_DIR" && chmod 700 "$BROKER_DIR"',
     ]
@@ -100,24 +138,68 @@ def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") ->
             'home=$(getent passwd "$BROKER_LOGIN_USER" | cut -d: -f6)',
             'if [ -n "$home" ]; then',
             '  install -d -m 700 -o "$BROKER_LOGIN_USER" "$home/.ssh"',
-            f"  cat >> \"$home/.ssh/authorized_keys\" <<'{KEYS_MARKER}'",
+            '  ak="$home/.ssh/authorized_keys"',
+            '  touch "$ak" && { [ ! -s "$ak" ] || [ -z "$(tail -c 1 "$ak")" ] || echo >>"$ak"; }',
+            # Each key once: not again at a later boot, nor when the cloud's own key mechanism added it.
+            "  while IFS= read -r key; do",
+            '    grep -qxF -- "$key" "$ak" || printf \'%s\\n\' "$key" >>"$ak"',
+            f"  done <<'{KEYS_MARKER}'",
             keys,
             KEYS_MARKER,
-            '  chown "$BROKER_LOGIN_USER" "$home/.ssh/authorized_keys" && chmod 600 "$home/.ssh/authorized_keys"',
+            '  chown "$BROKER_LOGIN_USER" "$ak" && chmod 600 "$ak"',
             "fi",
         ]
+    # Below, the comments stay here rather than in the script: every byte counts against the smallest user data
+    # limits (16 KB on EC2, base64-encoded on Tencent), which the buyer's script shares.
+    # - The lease file is written once: at a later boot its token is spent, and the agent re-attaches with the
+    #   key it kept beside it.
+    # - No python3, or one older than the agent's: the broker hears the reason code (and the version), rather
+    #   than waiting for a boot timeout.
+    # - A fetched agent whose hash matches is kept; a download lands under another name first.
+    # - Without systemd (a container), the agent starts in the background under ``flock -n``: a second run
+    #   finds the lock held and starts nothing. ``GPU_BROKER_SIMULATE`` (for a test machine without GPUs) is
+    #   read from the environment of whoever runs the script, who is root there and could run that anyway.
+    oldest = AGENT_PYTHON[0] * 1000 + AGENT_PYTHON[1]
     lines += [
-        f"cat > \"$BROKER_DIR/lease.json\" <<'{LEASE_MARKER}'",
+        'if [ ! -s "$BROKER_DIR/lease.json" ]; then',
+        f"(umask 077 && cat >\"$BROKER_DIR/lease.json.new\" <<'{LEASE_MARKER}'",
         lease,
         LEASE_MARKER,
-        'chmod 600 "$BROKER_DIR/lease.json"',
-        "for attempt in 1 2 3 4 5 6 7 8 9 10; do",
-        f'  curl -fsS --max-time 60 "$BROKER_URL{AGENT_PATH}" -o "$BROKER_DIR/agent.pyz" && break',
+        ') && mv -f "$BROKER_DIR/lease.json.new" "$BROKER_DIR/lease.json"',
+        "fi",
+        "pyver=$(python3 -V 2>&1 | sed -n 's/^Python \\([0-9]*\\.[0-9]*\\).*/\\1/p')",
+        "maj=${pyver%%.*} min=${pyver#*.} reason=",
+        "if ! command -v python3 >/dev/null; then reason=no_python",
+        f'elif [ -z "$pyver" ] || [ $((10#$maj * 1000 + 10#$min)) -lt {oldest} ]; then',
+        "  reason=python_too_old",
+        "fi",
+        'if [ -n "$reason" ]; then',
+        "  for attempt in 1 2 3 4 5 6; do",
+        "    code=$(curl -sS -o /dev/null -w '%{http_code}' -m 30 -H 'Content-Type: application/json' -d "
+        f'"{{\\"boot_token\\":\\"$BROKER_TOKEN\\",\\"reason\\":\\"$reason\\",\\"version\\":\\"$pyver\\"}}" '
+        f'"$BROKER_URL{BOOT_FAILED_PATH}")',
+        '    case "$code" in [24]*) break ;; esac',
+        "    sleep 10",
+        "  done",
+        "  exit 1",
+        "fi",
+        f'agent_ok() {{ echo "{boot.agent_sha256}  $BROKER_DIR/agent.pyz" | sha256sum -c --status -; }}',
+        "agent_ok 2>/dev/null || for attempt in 1 2 3 4 5 6 7 8 9 10; do",
+        f'  curl -fsS -m 60 "$BROKER_URL{AGENT_PATH}" -o "$BROKER_DIR/a.new" && mv -f "$BROKER_DIR/a.new" '
+        '"$BROKER_DIR/agent.pyz" && agent_ok && break',
         "  sleep 10",
         "done",
-        f'echo "{boot.agent_sha256}  $BROKER_DIR/agent.pyz" | sha256sum -c - || exit 1',
-        'nohup python3 "$BROKER_DIR/agent.pyz" lease --spec "$BROKER_DIR/lease.json" '
-        ">>/var/log/gpu-broker-agent.log 2>&1 &",
+        "agent_ok || exit 1",
+        "if [ -d /run/systemd/system ]; then",
+        f"  cat >/etc/systemd/system/{AGENT_UNIT} <<'{UNIT_MARKER}'",
+        AGENT_UNIT_FILE,
+        UNIT_MARKER,
+        f"  systemctl daemon-reload && systemctl enable --now --no-block {AGENT_UNIT}",
+        "else",
+        '  set -- python3 "$BROKER_DIR/agent.pyz" lease --spec "$BROKER_DIR/lease.json"',
+        '  [ -z "${GPU_BROKER_SIMULATE:-}" ] || set -- "$@" --simulate "$GPU_BROKER_SIMULATE"',
+        '  nohup flock -n "$BROKER_DIR/boot.lock" "$@" </dev/null >>/var/log/gpu-broker-agent.log 2>&1 &',
+        "fi",
         "",
     ]
     return "\n".join(lines).encode()

@@ -1,8 +1,8 @@
 """The broker's end of the lease protocol (``providers/community/lease.py``), under ``/agent/v1/lease/``.
 
-Plain Django views: no session and no CSRF. ``claim`` is authenticated by the one-time boot token in its
-body; every other call is HMAC-signed with the lease's own key (``protocol.py``), replay-checked. Bodies
-are bounded in size and depth before they are parsed, and every report is validated into a DTO.
+Plain Django views: no session and no CSRF. ``claim`` and ``boot-failed`` are authenticated by the one-time
+boot token in their body; every other call is HMAC-signed with the lease's own key (``protocol.py``),
+replay-checked. Bodies are bounded in size and depth before they are parsed, and every report is validated into a DTO.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 from marketplace.launch.leases import (
     LeaseRefused,
     lease_authenticate,
+    lease_boot_failed,
     lease_claim,
     lease_failed,
     lease_heartbeat,
@@ -94,6 +95,22 @@ def claim(request: HttpRequest) -> JsonResponse:
     )  # fmt: skip
 
 
+@csrf_exempt
+@require_POST
+@never_cache
+def boot_failed(request: HttpRequest) -> JsonResponse:
+    """The boot script's report that the machine cannot run the agent (``{"boot_token", "reason", "version"}``:
+    a reason code and a version number, nothing else). Not signed: the token is the credential, and spends."""
+    try:
+        body = _body(request)
+        if not isinstance(body, dict) or set(body) - {"boot_token", "reason", "version"}:
+            raise LeaseRefused("invalid", "an object with boot_token, reason and version")
+        lease_boot_failed(token=body.get("boot_token"), reason=body.get("reason"), version=body.get("version"))
+    except LeaseRefused as exc:
+        return _refusal(exc.code, exc.message, exc.status)
+    return JsonResponse({"state": "failed"})
+
+
 @_signed
 def secrets(lease: Lease, body: Any) -> dict[str, Any]:
     return lease_secrets(lease=lease)
@@ -129,6 +146,7 @@ def agent(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("claim", claim, name="lease-claim"),
+    path("boot-failed", boot_failed, name="lease-boot-failed"),
     path("secrets", secrets, name="lease-secrets"),
     path("ready", ready, name="lease-ready"),
     path("failed", failed, name="lease-failed"),

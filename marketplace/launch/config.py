@@ -71,6 +71,11 @@ WORKLOAD_FIELDS = {
     WorkloadKind.SCRIPT: frozenset({"kind", "script", "env"}),
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Names the agent sets for the workload itself (its GPUs and ports), names the NVIDIA container runtime acts on
+# (NVIDIA_VISIBLE_DEVICES and its siblings choose the devices a container gets) and the broker's own: a buyer's
+# value there would be overwritten on one machine and obeyed on another, so it is refused instead.
+RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "LEASE_PORTS"})
+RESERVED_ENV_PREFIXES = ("NVIDIA_", "LEASE_PORT_", "BROKER_", "GPU_BROKER_")
 _IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 _REGISTRY = re.compile(r"^[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?$")
 
@@ -162,7 +167,12 @@ def _ports(value: Any, field: str, errors: _Errors) -> list[int]:
 
 
 def _env(value: Any, field: str, errors: _Errors) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """(the env as stored: secret entries without their value, the secret values by name)."""
+    """(the env as stored: secret entries without their value, the secret values by name).
+
+    A value is data: the agent hands it to the workload unchanged (a process environment, Docker's
+    ``--env-file``), never to a shell, so quotes, ``$``, backticks, spaces and non-ASCII arrive as given. What
+    cannot travel that way is refused here, naming the field: NUL (no environment can hold it), CR or LF (the
+    env file is one line per variable), and text that is not UTF-8 (a lone surrogate)."""
     if value is None:
         return [], {}
     if isinstance(value, dict):  # {"NAME": "value"} is accepted too, none of it secret
@@ -181,6 +191,9 @@ def _env(value: Any, field: str, errors: _Errors) -> tuple[list[dict[str, Any]],
         name = item.get("name")
         if not isinstance(name, str) or not _ENV_NAME.match(name):
             errors.add(f"{where}.name", "letters, digits and _, not starting with a digit")
+            continue
+        if name.upper() in RESERVED_ENV_NAMES or name.upper().startswith(RESERVED_ENV_PREFIXES):
+            errors.add(f"{where}.name", f"{name} is set by the machine's agent or GPU runtime, not by the buyer")
             continue
         if name in seen:
             errors.add(f"{where}.name", f"{name} is set twice")

@@ -5,7 +5,8 @@ hears of it. Its boot token is derived from the attempt's client token with the 
 resumed attempt renders the same user data (idempotent launch APIs compare requests), and only the
 token's SHA-256 is stored. The agent spends the token once (``lease_claim``) for a key of its own, with
 which it signs everything after: fetching the buyer's secrets (``lease_secrets``), the ready report
-(``lease_ready``) or a failure (``lease_failed``), and telemetry (``lease_heartbeat``).
+(``lease_ready``) or a failure (``lease_failed``), and telemetry (``lease_heartbeat``). A machine that cannot
+run the agent at all (no Python, or one too old) says so with the token instead (``lease_boot_failed``).
 
 What the agent reports is validated into DTOs with bounds before anything is stored: a machine is hostile
 until it proves otherwise.
@@ -44,6 +45,7 @@ from marketplace.models import (
     OrderState,
 )
 from marketplace.taskkit import enqueue_on_commit
+from providers.boot import AGENT_PYTHON, BOOT_FAILURE_CODES
 from providers.community import protocol
 from providers.community.bundle import agent_bundle_sha256
 from providers.errors import ProviderError
@@ -67,6 +69,7 @@ HOST_KEY_TYPES = frozenset(
 FAILURE_STAGES = frozenset({"gpus", "workload", "ssh", "boot"})
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _HOST = re.compile(r"^[A-Za-z0-9.-]{1,253}$")
+_PYTHON_VERSION = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){0,2}$")
 
 
 class LeaseRefused(Exception):
@@ -281,31 +284,38 @@ def telemetry_parse(body: Any) -> tuple[list[dict[str, Any]], str]:
 # ----------------------------------------------------------------------------------------- agent calls
 
 
+def _waiting_lease(token: Any, now: dt.datetime) -> Lease:
+    """The lease whose unspent boot token this is, locked for the caller's transaction; ``LeaseRefused`` (401)
+    for an unknown, spent or expired token, or a lease whose attempt is already over."""
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > 64:
+        raise LeaseRefused("bad_token", "boot_token: not a boot token", status=401)
+    # Only the lease's row: the attempt and order rows joined in are read, not locked, or a claim racing the
+    # launch being recorded (which updates the attempt, then the lease) would deadlock with it.
+    lease = (
+        Lease.objects.select_for_update(of=("self",))
+        .select_related("attempt", "order")
+        .filter(token_hash=token_hash(token))
+        .first()
+    )
+    if lease is None:
+        log.warning("lease claim with an unknown boot token")
+        raise LeaseRefused("bad_token", "this boot token is not known", status=401)
+    if lease.state != LeaseState.WAITING:
+        log.warning("lease claim with a spent boot token (attempt %s)", lease.attempt_id)
+        raise LeaseRefused("spent", "this boot token was already used", status=401)
+    if lease.token_expires_at <= now:
+        raise LeaseRefused("expired", "this boot token has expired", status=401)
+    if lease.order.state in Order.FINAL_STATES or lease.attempt.outcome == "failed":
+        raise LeaseRefused("ended", "the order or attempt this machine was launched for is over", status=401)
+    return lease
+
+
 def lease_claim(*, token: Any, now: dt.datetime | None = None) -> tuple[Lease, str]:
     """Spend a boot token: the lease's key id and a fresh secret (returned once, stored encrypted). Refused
     (401) for an unknown, spent or expired token, or a lease whose attempt is already over."""
     now = now or timezone.now()
-    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX) or len(token) > 64:
-        raise LeaseRefused("bad_token", "boot_token: not a boot token", status=401)
     with transaction.atomic():
-        # Only the lease's row: the attempt and order rows joined in are read, not locked, or a claim racing
-        # the launch being recorded (which updates the attempt, then the lease) would deadlock with it.
-        lease = (
-            Lease.objects.select_for_update(of=("self",))
-            .select_related("attempt", "order")
-            .filter(token_hash=token_hash(token))
-            .first()
-        )
-        if lease is None:
-            log.warning("lease claim with an unknown boot token")
-            raise LeaseRefused("bad_token", "this boot token is not known", status=401)
-        if lease.state != LeaseState.WAITING:
-            log.warning("lease claim with a spent boot token (attempt %s)", lease.attempt_id)
-            raise LeaseRefused("spent", "this boot token was already used", status=401)
-        if lease.token_expires_at <= now:
-            raise LeaseRefused("expired", "this boot token has expired", status=401)
-        if lease.order.state in Order.FINAL_STATES or lease.attempt.outcome == "failed":
-            raise LeaseRefused("ended", "the order or attempt this machine was launched for is over", status=401)
+        lease = _waiting_lease(token, now)
         secret = protocol.new_secret()
         lease.key_id = KEY_PREFIX + secrets.token_hex(12)
         lease.secret_encrypted = encrypt_secret({"secret": secret})
@@ -313,6 +323,37 @@ def lease_claim(*, token: Any, now: dt.datetime | None = None) -> tuple[Lease, s
         lease.claimed_at = now
         lease.save(update_fields=["key_id", "secret_encrypted", "state", "claimed_at"])
     return lease, secret
+
+
+def boot_failure_reason(reason: Any, version: Any) -> str:
+    """What the order shows for a machine that cannot run the agent, built from a reason code and a version
+    number alone (``LeaseRefused`` for anything else): nothing a machine sends reaches the page as text."""
+    if reason not in BOOT_FAILURE_CODES:
+        raise LeaseRefused("invalid", f"reason: one of {', '.join(sorted(BOOT_FAILURE_CODES))}")
+    if version is None or version == "":
+        version = ""
+    elif not isinstance(version, str) or not _PYTHON_VERSION.match(version):
+        raise LeaseRefused("invalid", "version: a Python version number such as 3.8")
+    needed = "the broker's agent needs Python {}.{} or newer (python3 on the PATH)".format(*AGENT_PYTHON)
+    if reason == "no_python":
+        return f"the image has no python3: {needed}"
+    return f"the image's python3 is {version or 'too old (it does not say its version)'}: {needed}"
+
+
+def lease_boot_failed(*, token: Any, reason: Any, version: Any, now: dt.datetime | None = None) -> Lease:
+    """The boot script found that the machine cannot run the agent: the token is spent and the lease fails
+    at the ``boot`` stage with the reason, as ``lease_failed`` does for a claimed one (the machine is
+    terminated, its attempt failed, and the order fails over). Refused like a claim (401) for a token that is
+    not unspent; a second report finds the token spent."""
+    now = now or timezone.now()
+    message = boot_failure_reason(reason, version)
+    with transaction.atomic():
+        lease = _waiting_lease(token, now)
+        lease.state, lease.failure_stage, lease.failure_reason, lease.ended_at = LeaseState.FAILED, "boot", message, now
+        lease.save(update_fields=["state", "failure_stage", "failure_reason", "ended_at"])
+        _settle_on_commit(lease.order_id)
+    log.info("attempt %s: the machine cannot run the agent (%s)", lease.attempt_id, reason)
+    return lease
 
 
 def lease_authenticate(headers: Any, method: str, target: str, body: bytes, *, now: dt.datetime | None = None) -> Lease:

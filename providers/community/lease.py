@@ -20,6 +20,13 @@ A lease's life, every step but the first signed with the lease's own key (``prot
 5. ``POST /agent/v1/lease/heartbeat`` ``{"gpus": [...telemetry], "workload": {"state"}}`` every ``heartbeat_s``;
    an answer ``{"state": "ended"}`` stops the workload and the agent.
 
+Surviving a reboot (``main``): the claimed key, and the secret values a script needs again, are kept in a
+root-only key file (0600, replaced atomically) beside the lease file. An agent that finds it never spends the
+token again: it re-attaches, asking the broker with a heartbeat signed by the kept key whether the lease still
+runs, starts the workload again (a reboot killed it) and goes on heartbeating. An exclusive lock beside the
+lease file makes a second agent exit at once, so a boot script run twice (GCP runs it at every boot) never
+starts two.
+
 Standard library only: the file runs on any image with Python 3.9+, fetched from the broker as a zipapp.
 """
 
@@ -27,10 +34,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import pwd
 import random
 import shutil
 import socket
@@ -54,6 +64,14 @@ MAX_ANSWER = 1024 * 1024
 MAX_REASON = 2000
 CONTAINER_NAME = "gpu-broker-workload"
 WORK_DIR = Path("/opt/gpu-broker")
+KEY_FILE_NAME = "agent.key"  # beside the lease file: the lease's key and its secrets, root-only
+LOCK_FILE_NAME = "agent.lock"  # beside the lease file: held by the one agent of this machine
+# A workload script's PATH unless the buyer's env sets one (Debian's default for a login shell).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# main's exit status when the lease is over for good (ended, refused, failed, its token or key refused): the
+# systemd unit's RestartPreventExitStatus lists it with 0, so only a crash is restarted.
+EXIT_OVER = 3
+EXIT_BUSY = 4  # another agent holds the lock
 
 # (method, path with query, body, headers) -> (HTTP status, body); raises OSError when the broker is unreachable.
 Transport = Callable[[str, str, bytes, dict[str, str]], tuple[int, bytes]]
@@ -136,6 +154,13 @@ def _tail(data: bytes, limit: int = 600) -> str:
     return data.decode("utf-8", "replace").strip()[-limit:]
 
 
+def workload_env(workload: dict[str, Any], secrets: dict[str, Any]) -> dict[str, str]:
+    """The workload's environment: the lease file's plain values, then the secret ones fetched from the broker."""
+    env = {str(e["name"]): str(e.get("value") or "") for e in workload.get("env") or []}
+    env.update({str(k): str(v) for k, v in (secrets.get("env") or {}).items()})
+    return env
+
+
 class HostExecutor:
     """The real machine: ``nvidia-smi``, Docker with the NVIDIA runtime, bash, and the machine's sshd."""
 
@@ -173,12 +198,33 @@ class HostExecutor:
 
     def start(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
         self._kind = str(workload.get("kind") or "none")
-        env = {**{str(e["name"]): str(e.get("value") or "") for e in workload.get("env") or []}}
-        env.update({str(k): str(v) for k, v in (secrets.get("env") or {}).items()})
+        env = workload_env(workload, secrets)
         if self._kind == "container":
             return self._start_container(workload, env, str(secrets.get("registry_password") or ""))
         if self._kind == "script":
             return self._start_script(str(workload.get("script") or ""), env, login_user)
+        return "no workload: the machine is yours over SSH"
+
+    def resume(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
+        """The workload again after a reboot, for an agent re-attaching to its lease. A container is started
+        again with ``docker start`` (Docker's own ``--restart unless-stopped`` may have done it already), never
+        run a second time; a script is started again from the top, since the reboot killed it and nothing else
+        would. Raises ``ExecutorError`` when it cannot."""
+        self._kind = str(workload.get("kind") or "none")
+        if self._kind == "container":
+            docker = shutil.which("docker")
+            if docker is None:
+                raise ExecutorError("docker is not installed on this image")
+            state = _run([docker, "inspect", "-f", "{{.State.Running}}", CONTAINER_NAME], timeout=30)
+            if state.returncode != 0:
+                raise ExecutorError(f"the workload's container {CONTAINER_NAME} is gone: {_tail(state.stderr, 200)}")
+            if not state.stdout.decode().startswith("true"):
+                started = _run([docker, "start", CONTAINER_NAME], timeout=300)
+                if started.returncode != 0:
+                    raise ExecutorError(f"docker start failed: {_tail(started.stderr)}")
+            return f"container {CONTAINER_NAME} started again"
+        if self._kind == "script":
+            return self._start_script(str(workload.get("script") or ""), workload_env(workload, secrets), login_user)
         return "no workload: the machine is yours over SSH"
 
     def _env_file(self, env: dict[str, str]) -> Path:
@@ -230,18 +276,43 @@ class HostExecutor:
         return f"container {container} running {image}"
 
     def _start_script(self, script: str, env: dict[str, str], login_user: str) -> str:
+        """``bash workload.sh`` as the login user, its environment exactly the buyer's values: they are handed
+        to the process as data (``execve``'s environment), never read by a shell, so quotes, ``$``, backticks,
+        spaces and non-ASCII arrive byte for byte and nothing in them runs."""
+        try:
+            account = pwd.getpwnam(login_user)
+        except KeyError:
+            raise ExecutorError(f"the login user {login_user!r} does not exist on this image") from None
+        switch = os.geteuid() == 0
+        if not switch and account.pw_uid != os.geteuid():
+            raise ExecutorError(f"the agent must run as root to start the script as {login_user}")
+        bash = shutil.which("bash")
+        if bash is None:
+            raise ExecutorError("bash is not installed on this image")
         path = self.work_dir / "workload.sh"
-        path.write_text(script)
-        env_file = self._env_file(env)
-        shutil.chown(path, login_user)
-        shutil.chown(env_file, login_user)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(script)
+        if switch:
+            os.chown(path, account.pw_uid, account.pw_gid)
+        home = account.pw_dir if os.path.isdir(account.pw_dir) else "/"
+        base = {"HOME": account.pw_dir, "USER": login_user, "LOGNAME": login_user, "PATH": DEFAULT_PATH,
+                "SHELL": account.pw_shell or bash}  # fmt: skip
         log_path = self.work_dir / "workload.log"
-        command = f"set -a; . {env_file}; set +a; exec bash {path}"
-        with open(log_path, "ab") as out:
-            self._script = subprocess.Popen(  # noqa: S603
-                ["sudo", "-u", login_user, "-H", "bash", "-c", command],  # noqa: S607
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+        # The work directory is root's (it holds the lease's key), so the user gets no path into it: the script
+        # is handed over as an open descriptor that bash reads through /dev/fd.
+        script_fd = os.open(path, os.O_RDONLY)
+        try:
+            with open(log_path, "ab") as out:
+                self._script = subprocess.Popen(  # noqa: S603
+                    [bash, f"/dev/fd/{script_fd}"],
+                    env={**base, **env}, cwd=home, pass_fds=(script_fd,), stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    user=account.pw_uid if switch else None, group=account.pw_gid if switch else None,
+                    extra_groups=[] if switch else None,
+                )  # fmt: skip
+        finally:
+            os.close(script_fd)
         time.sleep(1)
         code = self._script.poll()
         if code not in (None, 0):
@@ -335,6 +406,10 @@ class SimulatedExecutor:
             return "script started (simulated)"
         return "no workload: the machine is yours over SSH"
 
+    def resume(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
+        """After a (simulated) reboot: the workload "starts" again, as ``start`` does."""
+        return self.start(workload, secrets, login_user)
+
     def workload_state(self) -> dict[str, Any]:
         return {"state": "running" if self._kind != "none" else "none"}
 
@@ -427,9 +502,34 @@ def http_transport(broker_url: str, *, timeout: float = 15.0) -> Transport:
     return send
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, readable by its owner alone, replaced atomically: a reader (or a reboot) finds the
+    old file or the new one, never a torn one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 class LeaseAgent:
-    """One lease: claim, secrets, checks, ready, heartbeats. ``boot`` and ``heartbeat`` are single steps (tests
-    drive them one at a time); ``run`` loops until the broker ends the lease or ``stop`` is set."""
+    """One lease: claim, secrets, checks, ready, heartbeats. ``boot``, ``reattach`` and ``heartbeat`` are single
+    steps (tests drive them one at a time); ``run`` loops until the broker ends the lease or ``stop`` is set.
+
+    With a ``key_file`` (a machine's own agent; not the host agent's leases, nor the sandboxes'), the claimed
+    key is kept there once the token is spent, with the secret env a script needs to start again, and ``run``
+    re-attaches with it instead of booting when it exists."""
 
     def __init__(
         self,
@@ -438,15 +538,18 @@ class LeaseAgent:
         *,
         transport: Transport | None = None,
         claim_wait_s: float = 900.0,
+        key_file: Path | None = None,
     ):
         self.lease = lease
         self.executor = executor
         self.transport = transport or http_transport(str(lease["broker_url"]))
         self.claim_wait_s = claim_wait_s
+        self.key_file = key_file
         self.key_id = ""
         self._secret = ""
         self.heartbeat_s: float = protocol.HEARTBEAT_S
-        self.state = "booting"  # booting -> running | refused | failed | ended | claim_refused
+        # booting -> running | refused | failed | ended | claim_refused | key_refused
+        self.state = "booting"
 
     def _post(self, path: str, payload: dict[str, Any], *, signed: bool = True, tries: int = 6) -> dict[str, Any]:
         """One call, tried again (with a fresh signature and nonce) while the broker cannot be reached or answers
@@ -510,6 +613,28 @@ class LeaseAgent:
                 delay = min(delay * 2, 60.0)
         self.key_id, self._secret = str(answer["key_id"]), str(answer["secret"])
         self.heartbeat_s = float(answer.get("heartbeat_s") or protocol.HEARTBEAT_S)
+        # The token is spent: from here on, only the kept key lets this machine's agent speak for the lease.
+        self._keep({})
+
+    def _keep(self, secrets: dict[str, Any]) -> None:
+        if self.key_file is None:
+            return
+        kept = {"key_id": self.key_id, "secret": self._secret, "heartbeat_s": self.heartbeat_s, "secrets": secrets}
+        write_private(self.key_file, json.dumps(kept).encode())
+
+    def kept_key(self) -> dict[str, Any] | None:
+        """What ``claim`` kept in the key file; None when there is no key file or nothing in it."""
+        if self.key_file is None or not self.key_file.exists():
+            return None
+        try:
+            kept = jsonbody.bounded_json(self.key_file.read_bytes(), max_bytes=MAX_ANSWER)
+        except ValueError as exc:
+            log.error("the key file %s is unreadable (%s); booting as if it were not there", self.key_file, exc)
+            return None
+        if not isinstance(kept, dict) or not isinstance(kept.get("key_id"), str) or not kept.get("secret"):
+            log.error("the key file %s holds no key; booting as if it were not there", self.key_file)
+            return None
+        return kept
 
     def fail(self, stage: str, reason: str) -> None:
         self.state = "failed"
@@ -530,12 +655,16 @@ class LeaseAgent:
             self.state = "claim_refused"
             return self.state
         secrets = self._post("/agent/v1/lease/secrets", {})
+        workload = dict(self.lease.get("workload") or {})
+        if workload.get("kind") == "script":
+            # A script started again after a reboot needs them, and the broker hands them out once, before ready.
+            # (A container keeps its env in its own configuration; ``docker start`` reuses it.)
+            self._keep({"env": secrets.get("env") or {}})
         try:
             gpus = self.executor.gpus()
         except ExecutorError as exc:
             self.fail("gpus", str(exc))
             return self.state
-        workload = dict(self.lease.get("workload") or {})
         login_user = str(self.lease.get("login_user") or "root")
         try:
             detail = self.executor.start(workload, secrets, login_user)
@@ -564,6 +693,45 @@ class LeaseAgent:
             self.executor.stop()
         return self.state
 
+    def reattach(self) -> str:
+        """An agent started again on a machine whose lease it had claimed (a reboot, a crash): no token is spent.
+        It asks the broker with a heartbeat signed by the kept key whether the lease still runs, and stops if not
+        (``ended``, or ``key_refused`` for a key the broker no longer knows); otherwise it starts the workload
+        again (``resume``) and returns ``running``. A broker it cannot reach yet is no reason to stop: the workload
+        is resumed and the heartbeats that follow keep trying."""
+        kept = self.kept_key()
+        if kept is None:
+            raise ValueError("reattach needs a kept key")
+        self.key_id, self._secret = str(kept["key_id"]), str(kept["secret"])
+        self.heartbeat_s = float(kept.get("heartbeat_s") or protocol.HEARTBEAT_S)
+        try:
+            if self.heartbeat() == "ended":
+                log.info("the broker says this lease has ended")
+                return self.state
+        except BrokerRefused as exc:
+            if exc.status in (401, 403):
+                log.error("the broker refused the kept key: %s", exc)
+                self.state = "key_refused"
+                return self.state
+            log.warning("the broker did not take the first heartbeat (%s); resuming the workload anyway", exc)
+        except OSError as exc:
+            log.warning("the broker is unreachable (%s); resuming the workload anyway", exc)
+        workload = dict(self.lease.get("workload") or {})
+        saved = kept.get("secrets")
+        secrets: dict[str, Any] = saved if isinstance(saved, dict) else {}
+        login_user = str(self.lease.get("login_user") or "root")
+        # Executors without ``resume`` (the host agent's per-lease one) never re-attach; ``start`` is their resume.
+        start_again = getattr(self.executor, "resume", None) or self.executor.start
+        try:
+            detail = start_again(workload, secrets, login_user)
+            log.info("re-attached: %s", detail)
+        except ExecutorError as exc:
+            # The lease is past ready, so there is no failure to report: the heartbeats carry the workload's
+            # state, which the order shows.
+            log.error("the workload did not start again: %s", exc)
+        self.state = "running"
+        return self.state
+
     def heartbeat(self) -> str:
         """One telemetry report; returns the broker's view of the lease (``running`` or ``ended``)."""
         answer = self._post(
@@ -578,7 +746,8 @@ class LeaseAgent:
     def run(self, stop: threading.Event | None = None) -> str:
         stop = stop or threading.Event()
         try:
-            if self.boot() != "running":
+            first = self.reattach() if self.kept_key() is not None else self.boot()
+            if first != "running":
                 return self.state
             while not stop.wait(self.heartbeat_s):
                 try:
@@ -595,19 +764,46 @@ class LeaseAgent:
         return self.state
 
 
+def hold_lock(path: Path) -> int | None:
+    """An exclusive ``flock`` on ``path``, held for the life of the process (the descriptor stays open); None
+    when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return fd
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 once the broker ended the lease, ``EXIT_OVER`` when the lease is over otherwise (refused,
+    failed, its token or key refused), ``EXIT_BUSY`` when another agent runs here, 1 for anything unforeseen (the
+    systemd unit restarts only that)."""
     parser = argparse.ArgumentParser(prog="agent.pyz", description="the broker's agent on a rented machine")
     commands = parser.add_subparsers(dest="command", required=True)
     lease = commands.add_parser("lease", help="run one lease from the file the boot script wrote")
     lease.add_argument("--spec", required=True, help="the lease file (/opt/gpu-broker/lease.json)")
     lease.add_argument("--simulate", help="simulated GPUs, NAME:GBxCOUNT (no nvidia-smi, docker or sshd needed)")
+    lease.add_argument("--key-file", help=f"where the lease's key is kept (default: {KEY_FILE_NAME} beside --spec)")
+    lease.add_argument("--lock-file", help=f"held while this agent runs (default: {LOCK_FILE_NAME} beside --spec)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    spec = json.loads(Path(args.spec).read_text())
+    spec_path = Path(args.spec)
+    lock = hold_lock(Path(args.lock_file) if args.lock_file else spec_path.with_name(LOCK_FILE_NAME))
+    if lock is None:
+        print("another lease agent runs on this machine; this one stops", flush=True)
+        return EXIT_BUSY
+    spec = json.loads(spec_path.read_text())
     executor: Executor = SimulatedExecutor(parse_simulated(args.simulate)) if args.simulate else HostExecutor()
-    state = LeaseAgent(spec, executor).run()
+    key_file = Path(args.key_file) if args.key_file else spec_path.with_name(KEY_FILE_NAME)
+    state = LeaseAgent(spec, executor, key_file=key_file).run()
     print(f"lease ended: {state}", flush=True)
-    return 0 if state in ("ended", "running") else 1
+    if state in ("ended", "running"):
+        return 0
+    return EXIT_OVER if state in ("refused", "failed", "claim_refused", "key_refused") else 1
 
 
 if __name__ == "__main__":

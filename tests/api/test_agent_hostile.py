@@ -9,6 +9,7 @@ import json
 import pytest
 
 from ledger.models import LedgerEntry
+from marketplace.launch.leases import boot_token
 from marketplace.models import Lease, LeaseHeartbeat, LeaseState, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
 from providers.community import protocol
@@ -130,3 +131,50 @@ def test_a_token_that_is_not_one_is_refused_without_a_lookup(client, claimed):
     for token in (None, 12, "x" * 10_000, "bt_unknown", {"$ne": ""}):
         answer = client.post("/agent/v1/lease/claim", {"boot_token": token}, content_type="application/json")
         assert answer.status_code == 401 and answer.json()["code"] == "bad_token"
+
+
+@pytest.fixture
+def waiting(acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
+    """A launched order whose agent has not phoned home: (lease, its boot token)."""
+    offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
+    lease = Lease.objects.get(order=order)
+    return lease, boot_token(lease.attempt.client_token)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b'{"boot_token": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400, "invalid"),
+        (json.dumps({"reason": "no_python", "pad": "x" * 100_000}).encode(), 413, "too_large"),
+        (b"[]", 400, "invalid"),
+        (json.dumps({"reason": "no_python", "version": "", "note": "free text"}).encode(), 400, "invalid"),
+        (json.dumps({"reason": "<script>alert(1)</script>", "version": "3.8"}).encode(), 400, "invalid"),
+        (json.dumps({"reason": "python_too_old", "version": "3.8; rm -rf /"}).encode(), 400, "invalid"),
+        (json.dumps({"reason": "python_too_old", "version": ["3.8"]}).encode(), 400, "invalid"),
+        (json.dumps({"reason": "no_python", "version": "", "boot_token": "bt_unknown"}).encode(), 401, "bad_token"),
+        (json.dumps({"reason": "no_python", "version": "", "boot_token": {"$ne": ""}}).encode(), 401, "bad_token"),
+    ],
+)
+def test_a_boot_failure_report_holds_a_reason_code_and_a_version_and_nothing_else(client, waiting, body, status, code):
+    lease, token = waiting
+    if b'"reason"' in body and b"boot_token" not in body:
+        body = json.dumps({**json.loads(body), "boot_token": token}).encode()
+    entries = LedgerEntry.objects.count()
+
+    answer = client.post("/agent/v1/lease/boot-failed", data=body, content_type="application/json")
+
+    assert (answer.status_code, answer.json()["code"]) == (status, code), answer.json()
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.WAITING  # the token is still unspent
+    assert LedgerEntry.objects.count() == entries
+
+
+def test_a_boot_failure_report_with_a_spent_token_is_refused(client, claimed):
+    lease, _, _ = claimed
+    token = boot_token(lease.attempt.client_token)
+    answer = client.post("/agent/v1/lease/boot-failed", {"boot_token": token, "reason": "no_python"},
+                         content_type="application/json")  # fmt: skip
+
+    assert (answer.status_code, answer.json()["code"]) == (401, "spent")
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.CLAIMED

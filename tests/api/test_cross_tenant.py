@@ -99,6 +99,8 @@ ROUTES = {
     "provider/dashboard": "tests/portal/test_dashboard.py (another provider: nothing of theirs; a buyer: 404)",
     "provider/orders/<uuid:order_id>/receipt": "tests/portal/test_machines.py (another provider, a buyer: 404)",
     "agent/v1/lease/claim": "a one-time boot token: tests/marketplace/test_leases.py, tests/api/test_agent_hostile.py",
+    "agent/v1/lease/boot-failed": "a one-time boot token: tests/marketplace/test_lease_boot_failed.py, "
+    "tests/api/test_agent_hostile.py",
     "agent/v1/lease/secrets": "HMAC per lease, one lease's secrets only: tests/marketplace/test_leases.py",
     "agent/v1/lease/ready": "HMAC per lease: tests/marketplace/test_leases.py",
     "agent/v1/lease/failed": "HMAC per lease: tests/marketplace/test_leases.py",

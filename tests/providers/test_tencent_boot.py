@@ -264,7 +264,7 @@ def test_the_default_image_gets_the_driver_install_and_the_buyers_own_image_does
 def test_user_data_over_16_kb_encoded_is_refused_before_launch_with_a_field_error(adapter: AdapterFactory):
     tencent = adapter()
     near = _spec(_boot(script="#!/bin/bash\n" + "echo 0123456789abcdef\n" * 300))
-    over = _spec(_boot(script="#!/bin/bash\n" + "echo 0123456789abcdef\n" * 500))
+    over = _spec(_boot(script="#!/bin/bash\n" + "echo 0123456789abcdef\n" * 420))
 
     problems = tencent.launch_problems(over)
 
