@@ -13,6 +13,8 @@ import sys
 import pytest
 
 from providers.boot import (
+    AGENT_UNIT,
+    AGENT_UNIT_FILE,
     BootScriptUnreadable,
     lease_file,
     lease_file_from_script,
@@ -20,8 +22,9 @@ from providers.boot import (
     user_data_problems,
 )
 from providers.community.bundle import agent_bundle, agent_bundle_sha256
-from providers.community.lease import host_key_fingerprint, parse_simulated
+from providers.community.lease import EXIT_OVER, host_key_fingerprint, parse_simulated
 from providers.launch import BootSpec, IngressRule, LaunchLimits, UserDataMeasure
+from tests.machines import Machine
 from tests.sshkeys import ed25519_public, parsed
 
 SHA = hashlib.sha256(b"agent").hexdigest()
@@ -49,7 +52,7 @@ def test_bash_reads_the_script_and_the_lease_comes_back_out_of_it_raw_or_base64(
     assert lease_file_from_script(script) == lease
     assert lease_file_from_script(base64.b64encode(script)) == lease
     assert script.startswith(b"#!/bin/bash\n") and b"nvidia-smi || true" in script
-    assert f'echo "{SHA}  $BROKER_DIR/agent.pyz" | sha256sum -c -'.encode() in script
+    assert f'echo "{SHA}  $BROKER_DIR/agent.pyz" | sha256sum -c --status -'.encode() in script
 
 
 def test_the_same_attempt_renders_the_same_bytes():
@@ -89,6 +92,8 @@ def test_nothing_the_script_carries_can_break_out_of_its_quoting():
         render_boot_script(_boot(), login_user="root; rm -rf /")
     with pytest.raises(ValueError, match="plain http"):
         render_boot_script(_boot(broker_url="https://x'; curl evil'"), login_user="ubuntu")
+    with pytest.raises(ValueError, match="boot token"):
+        render_boot_script(_boot(boot_token="bt_x'; reboot; '"), login_user="ubuntu")
     hostile = _boot(workload={"kind": "script", "script": "BROKER_LEASE_JSON\n'; reboot; '\n", "env": []})
     script = render_boot_script(hostile, login_user="ubuntu")
     # The workload travels inside one line of JSON: no line of it can end the heredoc early.
@@ -153,3 +158,39 @@ def test_a_reported_gpu_is_the_ordered_model_only_when_family_form_and_memory_ag
     from providers.gpu_names import reported_gpu_matches
 
     assert reported_gpu_matches(name, memory, key, spec_memory) is expected
+
+
+def test_the_agents_unit_restarts_it_after_a_crash_but_not_once_its_lease_is_over():
+    """systemd.service(5): ``Restart=always`` restarts the service whatever way it exits, except for the exit
+    statuses ``RestartPreventExitStatus=`` lists; ``WantedBy=multi-user.target`` starts it at every boot
+    (https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html)."""
+    unit = dict(line.split("=", 1) for line in AGENT_UNIT_FILE.splitlines() if "=" in line)
+
+    assert unit["Restart"] == "always" and unit["WantedBy"] == "multi-user.target"
+    assert unit["RestartPreventExitStatus"].split() == ["0", str(EXIT_OVER)]
+    assert unit["ExecStart"].endswith("/opt/gpu-broker/agent.pyz lease --spec /opt/gpu-broker/lease.json")
+
+
+def test_on_a_machine_run_by_systemd_the_script_installs_and_enables_the_unit_and_starts_nothing_itself(tmp_path):
+    """The script's systemd path, run for real in a container with a stand-in ``systemctl`` that records its
+    arguments (no systemd runs in a container). The agent is in place already with the right hash, so nothing is
+    fetched: no broker is needed."""
+    boot = _boot(broker_url="http://127.0.0.1:9", agent_sha256=agent_bundle_sha256())
+    script = render_boot_script(boot, login_user="ubuntu")
+    machine = Machine(tmp_path, login_user="ubuntu")
+    (tmp_path / "opt" / "agent.pyz").write_bytes(agent_bundle())
+    stand_in = '#!/bin/sh\necho "$*" >>/var/log/systemctl-calls\n'
+    try:
+        machine.power_on(prepare=f"mkdir -p /run/systemd/system && printf '{stand_in}' >/usr/local/bin/systemctl "
+                         "&& chmod 755 /usr/local/bin/systemctl")  # fmt: skip
+        first, second = machine.boot(script), machine.boot(script)
+        calls = machine.exec("cat /var/log/systemctl-calls").stdout.decode()
+        unit = machine.exec(f"cat /etc/systemd/system/{AGENT_UNIT}").stdout.decode()
+        agents = machine.agents()
+    finally:
+        machine.power_off()
+
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert unit == AGENT_UNIT_FILE + "\n"
+    assert calls.splitlines() == ["daemon-reload", f"enable --now --no-block {AGENT_UNIT}"] * 2
+    assert agents == []
