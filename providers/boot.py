@@ -47,7 +47,10 @@ AGENT_UNIT = "gpu-broker-agent.service"
 # The oldest Python the lease agent runs on (lease.py's own promise).
 AGENT_PYTHON = (3, 9)
 # What the boot script may report through BOOT_FAILED_PATH: a code, never free text from the machine.
-BOOT_FAILURE_CODES = frozenset({"no_python", "python_too_old"})
+BOOT_FAILURE_CODES = frozenset({"no_python", "python_too_old", "python_incomplete"})
+# Standard library modules the agent imports that a trimmed Python lacks (Debian's python3-minimal has none of
+# them: the full python3 package brings them).
+AGENT_MODULES = "json, ssl, urllib.request"
 _LOGIN_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _BOOT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Docker and the NVIDIA Container Toolkit where the image lacks them (Deep Learning images ship both), on
@@ -153,8 +156,8 @@ def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") ->
     # limits (16 KB on EC2, base64-encoded on Tencent), which the buyer's script shares.
     # - The lease file is written once: at a later boot its token is spent, and the agent re-attaches with the
     #   key it kept beside it.
-    # - No python3, or one older than the agent's: the broker hears the reason code (and the version), rather
-    #   than waiting for a boot timeout.
+    # - No python3, one older than the agent's, or one without the standard library the agent imports: the
+    #   broker hears the reason code (and the version), rather than waiting for a boot timeout.
     # - A fetched agent whose hash matches is kept; a download lands under another name first.
     # - Without systemd (a container), the agent starts in the background under ``flock -n``: a second run
     #   finds the lock held and starts nothing. ``GPU_BROKER_SIMULATE`` (for a test machine without GPUs) is
@@ -172,6 +175,7 @@ def render_boot_script(boot: BootSpec, *, login_user: str, prelude: str = "") ->
         "if ! command -v python3 >/dev/null; then reason=no_python",
         f'elif [ -z "$pyver" ] || [ $((10#$maj * 1000 + 10#$min)) -lt {oldest} ]; then',
         "  reason=python_too_old",
+        f"elif ! python3 -c 'import {AGENT_MODULES}' 2>/dev/null; then reason=python_incomplete",
         "fi",
         'if [ -n "$reason" ]; then',
         "  for attempt in 1 2 3 4 5 6; do",

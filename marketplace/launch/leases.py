@@ -45,7 +45,7 @@ from marketplace.models import (
     OrderState,
 )
 from marketplace.taskkit import enqueue_on_commit
-from providers.boot import AGENT_PYTHON, BOOT_FAILURE_CODES
+from providers.boot import AGENT_MODULES, AGENT_PYTHON, BOOT_FAILURE_CODES
 from providers.community import protocol
 from providers.community.bundle import agent_bundle_sha256
 from providers.errors import ProviderError
@@ -337,6 +337,11 @@ def boot_failure_reason(reason: Any, version: Any) -> str:
     needed = "the broker's agent needs Python {}.{} or newer (python3 on the PATH)".format(*AGENT_PYTHON)
     if reason == "no_python":
         return f"the image has no python3: {needed}"
+    if reason == "python_incomplete":
+        return (
+            f"the image's python3 {version} lacks standard library modules ({AGENT_MODULES}): {needed} with its "
+            "standard library (on Debian and Ubuntu the python3 package, not only python3-minimal)"
+        )
     return f"the image's python3 is {version or 'too old (it does not say its version)'}: {needed}"
 
 

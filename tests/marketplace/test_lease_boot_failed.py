@@ -44,8 +44,11 @@ def _report(client, token: str, reason: str, version: str = ""):
         ("no_python", "", "the image has no python3"),
         ("python_too_old", "3.8", "the image's python3 is 3.8"),
         ("python_too_old", "", "the image's python3 is too old (it does not say its version)"),
+        ("python_incomplete", "3.11", "the image's python3 3.11 lacks standard library modules (json, ssl, "
+         "urllib.request): the broker's agent needs Python 3.9 or newer (python3 on the PATH) with its standard "
+         "library (on Debian and Ubuntu the python3 package, not only python3-minimal)"),
     ],
-)
+)  # fmt: skip
 def test_a_machine_without_the_python_the_agent_needs_fails_its_attempt_with_the_reason_and_fails_over(
     acme, alice, aws_account, aws_sandbox, client, django_capture_on_commit_callbacks, reason, version, says
 ):
@@ -60,7 +63,8 @@ def test_a_machine_without_the_python_the_agent_needs_fails_its_attempt_with_the
 
     assert answer.status_code == 200 and answer.json() == {"state": "failed"}
     lease.refresh_from_db()
-    expected = f"{says}: the broker's agent needs Python 3.9 or newer (python3 on the PATH)"
+    needs = "the broker's agent needs Python 3.9 or newer (python3 on the PATH)"
+    expected = says if reason == "python_incomplete" else f"{says}: {needs}"
     assert (lease.state, lease.failure_stage, lease.failure_reason) == (LeaseState.FAILED, "boot", expected)
     assert lease.key_id is None  # the token was spent without handing out a key
     first = order.attempts.get(number=1)
@@ -84,15 +88,21 @@ def _user_data(sandbox, order: Order) -> bytes:
     return base64.b64decode(answer["UserData"]["Value"])
 
 
-# What makes each image: no python3 at all, or one that says it is 3.8 (a stand-in ahead of the real one).
+# What makes each image: no python3 at all, one that says it is 3.8 (a stand-in ahead of the real one), or one
+# trimmed of the standard library the agent imports (as Debian's python3-minimal is).
 NO_PYTHON = "rm -f /usr/bin/python3 /usr/bin/python3.*"
 PYTHON_38 = "printf '#!/bin/sh\\necho Python 3.8.18\\n' >/usr/local/bin/python3 && chmod 755 /usr/local/bin/python3"
+TRIMMED = "rm -rf /usr/lib/python3.*/json"
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("prepare", "says"),
-    [(NO_PYTHON, "the image has no python3"), (PYTHON_38, "the image&#x27;s python3 is 3.8")],
+    [
+        (NO_PYTHON, "the image has no python3: "),
+        (PYTHON_38, "the image&#x27;s python3 is 3.8: "),
+        (TRIMMED, "lacks standard library modules (json, ssl, urllib.request): "),
+    ],
 )
 def test_an_image_that_cannot_run_the_agent_shows_why_on_the_order_instead_of_timing_out(
     live_server, settings, acme, alice, aws_account, aws_sandbox, client, tmp_path, prepare, says
@@ -116,4 +126,4 @@ def test_an_image_that_cannot_run_the_agent_shows_why_on_the_order_instead_of_ti
     assert (first.outcome, first.provider_code) == (AttemptOutcome.FAILED, "boot_failed")
     client.force_login(alice)
     page = client.get(f"/orders/{order.public_id}/").content.decode()
-    assert f"{says}: {NEEDS}" in page
+    assert f"{says}{NEEDS}" in page
