@@ -698,7 +698,8 @@ class LeaseAgent:
         It asks the broker with a heartbeat signed by the kept key whether the lease still runs, and stops if not
         (``ended``, or ``key_refused`` for a key the broker no longer knows); otherwise it starts the workload
         again (``resume``) and returns ``running``. A broker it cannot reach yet is no reason to stop: the workload
-        is resumed and the heartbeats that follow keep trying."""
+        is resumed and the heartbeats that follow keep trying. A lease claimed but never ready answers ``ended``
+        too (its secrets are handed out once): the attempt's boot deadline fails that machine over."""
         kept = self.kept_key()
         if kept is None:
             raise ValueError("reattach needs a kept key")

@@ -7,12 +7,12 @@ import pytest
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
-from marketplace.launch.leases import LeaseRefused, boot_token, lease_claim
+from marketplace.launch.leases import LeaseRefused, boot_token, lease_boot_failed, lease_claim
 from marketplace.models import Lease, LeaseState, Order, OrderState
 from marketplace.orders.provisioning import order_running_if_ready
 from marketplace.orders.services import PlaceRequest, order_place
 from tests.leases import LAUNCH, ClientTransport, held_agent
-from tests.races import race_same, require_postgresql
+from tests.races import race, race_same, require_postgresql
 
 
 @pytest.mark.django_db(transaction=True)
@@ -48,3 +48,21 @@ def test_a_ready_report_racing_the_poll_runs_the_order_once(acme, alice, aws_acc
     assert Order.objects.get(pk=order.pk).state == OrderState.RUNNING
     assert LedgerEntry.objects.filter(subject=f"order:{order.public_id}", kind="order.running").count() == 1
     assert ledger_verify().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_boot_failure_report_racing_a_claim_spends_the_token_once(acme, alice, aws_account, aws_sandbox):
+    require_postgresql()
+    offer = aws_account.offers.filter(instance_type="g4dn.xlarge", pricing_model="on_demand").order_by("zone")[0]
+    order = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
+    lease = Lease.objects.get(order=order)
+    token = boot_token(lease.attempt.client_token)
+
+    done, errors = race([
+        lambda: lease_claim(token=token)[0].state,
+        lambda: lease_boot_failed(token=token, reason="no_python", version="").state,
+    ] * 3)  # fmt: skip
+
+    assert len(done) == 1, (done, errors)
+    assert all(isinstance(e, LeaseRefused) and e.code == "spent" for e in errors) and len(errors) == 5
+    assert Lease.objects.get(pk=lease.pk).state == done[0]
