@@ -715,8 +715,9 @@ class LeaseAgent:
                 self.state = "key_refused"
                 return self.state
             log.warning("the broker did not take the first heartbeat (%s); resuming the workload anyway", exc)
-        except OSError as exc:
-            log.warning("the broker is unreachable (%s); resuming the workload anyway", exc)
+        except (OSError, ExecutorError) as exc:
+            # The broker unreachable yet, or nvidia-smi not answering while the driver loads after the boot.
+            log.warning("no first heartbeat (%s); resuming the workload anyway", exc)
         workload = dict(self.lease.get("workload") or {})
         saved = kept.get("secrets")
         secrets: dict[str, Any] = saved if isinstance(saved, dict) else {}
@@ -754,7 +755,7 @@ class LeaseAgent:
                 try:
                     if self.heartbeat() == "ended":
                         break
-                except (OSError, BrokerRefused) as exc:
+                except (OSError, BrokerRefused, ExecutorError) as exc:
                     log.warning("heartbeat not delivered: %s", exc)
         except (OSError, BrokerRefused, KeyError, ValueError) as exc:
             log.error("lease agent stopped: %s", exc)

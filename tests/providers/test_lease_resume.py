@@ -95,3 +95,25 @@ def test_the_key_file_is_replaced_whole_and_readable_by_its_owner_alone(tmp_path
     assert key_file.read_bytes() == b'{"key_id": "lk_1"}'
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["agent.key"]  # no temporary file left behind
+
+
+class DriverLoading(SimulatedExecutor):
+    """A machine just rebooted: nvidia-smi does not answer yet."""
+
+    def telemetry(self):
+        raise ExecutorError("nvidia-smi failed: NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+def test_a_gpu_driver_still_loading_after_the_reboot_does_not_stop_the_workload_coming_back(tmp_path):
+    key_file = tmp_path / "agent.key"
+    write_private(key_file, json.dumps({"key_id": "lk_1", "secret": "s", "heartbeat_s": 1}).encode())
+    executor = DriverLoading(parse_simulated("Tesla T4:16x1"))
+    lease = {"broker_url": "http://broker.invalid", "boot_token": "bt_spent", "workload": CONTAINER}
+
+    def unreachable(method, target, body, headers):
+        raise OSError("no route to host")
+
+    state = LeaseAgent(lease, executor, transport=unreachable, key_file=key_file).reattach()
+
+    assert state == "running"
+    assert executor.workload_state() == {"state": "running"}
