@@ -71,7 +71,8 @@ CONTAINER_RUNTIME = """if command -v apt-get >/dev/null 2>&1; then
     && systemctl restart docker && touch "$BROKER_DIR/runtime-configured"; }
 fi"""
 # The agent as a service (systemd.service(5)): started at every boot, restarted after a crash; not after it
-# exits 0 (the broker ended the lease) or 3 (the lease is over otherwise: lease.py's EXIT_OVER).
+# exits 0 (the broker ended the lease) or 3 (the lease is over otherwise: lease.py's EXIT_OVER). Ten seconds
+# between restarts stays under systemd's default start rate limit (5 starts in 10 s), past which it gives up.
 AGENT_UNIT_FILE = f"""[Unit]
 Description=gpu-broker lease agent
 Wants=network-online.target

@@ -1,9 +1,10 @@
 """The lease agent survives a reboot (issue 33, point 4, cloud machines): it keeps the key it claimed in a
 root-only file and re-attaches with it, never spending the boot token twice; the boot script is safe to run at
-every boot, as GCP runs startup scripts ("Startup scripts run every time the VM boots",
-https://cloud.google.com/compute/docs/instances/startup-scripts/linux), and on a machine with systemd the agent
-is a unit started at boot and restarted after a crash (systemd.service(5), ``Restart=``,
-``RestartPreventExitStatus=``: https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html).
+every boot, as GCP runs startup scripts at every boot, not the first alone (a startup script holds "commands
+that run when a virtual machine (VM) instance boots": https://cloud.google.com/compute/docs/instances/startup-scripts
+and .../startup-scripts/linux); on a machine with systemd the agent is a unit started at boot and restarted after
+a crash (systemd.service(5), ``Restart=``, ``RestartPreventExitStatus=``:
+https://www.freedesktop.org/software/systemd/man/latest/systemd.service.html).
 
 The first tests drive the agent in process; the last boots a real container from the user data EC2 stored,
 reboots it (every process killed, the disks kept) and runs the same user data again, as the cloud would."""
