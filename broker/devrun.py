@@ -108,7 +108,29 @@ def _manage(*args: str) -> None:
     subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
 
 
-def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None = None) -> str:
+def containers_ready() -> str:
+    """Real lease containers for the sandboxes' machines and hosts: ``bin/containers`` starts dockerd where it
+    can and builds the lease image (a minute, the first time). "" when ready, else why not
+    (``BROKER_LEASE_CONTAINERS=0`` turns them off)."""
+    if os.environ.get("BROKER_LEASE_CONTAINERS", "1") == "0":
+        return "turned off (BROKER_LEASE_CONTAINERS=0)"
+    try:
+        done = subprocess.run([str(ROOT / "bin" / "containers")], capture_output=True, text=True, timeout=900)  # noqa: S603
+    except subprocess.TimeoutExpired:
+        return "bin/containers took longer than 15 minutes"
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or ["bin/containers failed"])[-1]
+    return ""
+
+
+def machines_line(why_not: str) -> str:
+    """The banner's line on what a rented machine is here."""
+    if not why_not:
+        return "  Machines are real containers (Docker): broker ssh ORDER gives a real shell in one.\n"
+    return f"  Machines are simulated (SSH answers only its greeting): no lease containers, {why_not}.\n"
+
+
+def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None = None, machines: str = "") -> str:
     """What the run command prints last, once everything is up: where the broker is and who to sign in as."""
     from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 
@@ -132,7 +154,7 @@ def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None 
             if stripe_url
             else ""
         )
-        + f"{chain_line}"
+        + f"{chain_line}{machines}"
         f"  Press Ctrl-C to stop everything.\n{rule}\n"
     )
 
@@ -178,10 +200,12 @@ def main() -> int:
         sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
         manifest = ROOT / "var" / "sandbox.json"
         manifest.unlink(missing_ok=True)
+        no_containers = containers_ready()
+        walls = [] if no_containers else ["--containers"]
         sandbox = start(
             "sandbox",
             [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
-             "--manifest", str(manifest)],
+             "--manifest", str(manifest), *walls],
         )  # fmt: skip
         chain_line = f"  Anchors go to {os.environ.get('LEDGER_CHAIN_RPC_URL')} (LEDGER_CHAIN_RPC_URL).\n"
         if not os.environ.get("LEDGER_CHAIN_RPC_URL"):
@@ -233,11 +257,11 @@ def main() -> int:
             )
         # Independent providers' machines: simulated hosts whose agents register with the broker just started.
         start("hosts", [PY, "-m", "providers.sandbox.community", "--broker", f"http://127.0.0.1:{args.port}",
-                        "--hosts", str(hosts)])  # fmt: skip
+                        "--hosts", str(hosts), *walls])  # fmt: skip
         time.sleep(3)
         _manage("offers", "sync")
         paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
-        print(banner(args.port, sandbox_url, chain_line, paying), flush=True)
+        print(banner(args.port, sandbox_url, chain_line, paying, machines_line(no_containers)), flush=True)
         while True:
             for name, proc in children:
                 if proc.poll() is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.devrun import banner
+from broker.devrun import banner, machines_line
 from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 
 
@@ -23,3 +23,10 @@ def test_the_banner_names_the_url_and_each_demo_login_with_where_to_go():
 def test_the_banner_says_where_payments_go_when_it_is_the_stripe_sandbox():
     text = banner(8123, "http://127.0.0.1:8701", "", "http://127.0.0.1:8706")
     assert "Stripe sandbox at http://127.0.0.1:8706" in text and "http://127.0.0.1:8123/billing/" in text
+
+
+def test_the_banner_says_whether_machines_are_real_containers_or_simulated():
+    real = banner(8123, "http://127.0.0.1:8701", "", None, machines_line(""))
+    simulated = banner(8123, "http://127.0.0.1:8701", "", None, machines_line("no Docker daemon answers"))
+    assert "Machines are real containers (Docker): broker ssh ORDER gives a real shell" in real
+    assert "Machines are simulated (SSH answers only its greeting): no lease containers, no Docker" in simulated

@@ -52,7 +52,7 @@ from werkzeug.wrappers import Request, Response
 
 from providers.boot import BootScriptUnreadable, lease_file_from_script
 from providers.community import protocol
-from providers.community.containers import LEASE_IMAGE, ContainerRuntime, lease_uid, runtime_probe
+from providers.community.containers import LEASE_IMAGE, LEASE_UID_FIRST, ContainerRuntime, lease_uid, runtime_probe
 from providers.community.executor import (
     FakeDevices,
     LeaseExecutor,
@@ -249,6 +249,7 @@ class Agent:
         broker_transport: Transport | None = None,
         command_threads: bool = True,
         containers: ContainerRuntime | str = "containers not asked for",
+        uid_first: int = LEASE_UID_FIRST,
     ):
         self.broker_url = broker_url.rstrip("/")
         self.key_id = key_id
@@ -288,6 +289,7 @@ class Agent:
         # The walls every lease gets, or why this host cannot build them (it then sells whole machines only).
         self.containers = containers if isinstance(containers, ContainerRuntime) else None
         self.isolation_reason = "" if self.containers is not None else str(containers)
+        self.uid_first = uid_first  # where this host's lease uids start (several simulated hosts share a machine)
         self.devices: NvidiaDevices | FakeDevices = (
             FakeDevices([(g.model, g.memory_gb) for g in simulated], mig or {})
             if simulated is not None
@@ -701,7 +703,7 @@ class Agent:
             authorized_keys=tuple(str(key) for key in lease.get("ssh_keys") or []),  # checked with the lease file
             # A MIG slice's lease sees its own MIG device alone.
             mig_devices=(instance.mig_device.uuid,) if instance.mig_device is not None else (),
-            uid=lease_uid(instance.uid_slot) if self.containers is not None else 0,
+            uid=lease_uid(instance.uid_slot, self.uid_first) if self.containers is not None else 0,
             share=share,
             login_name=str(lease.get("login_user") or "lease"),
         )

@@ -114,8 +114,8 @@ def runtime_probe(
     )
 
 
-def lease_uid(slot: int) -> int:
-    return LEASE_UID_FIRST + slot
+def lease_uid(slot: int, first: int = LEASE_UID_FIRST) -> int:
+    return first + slot
 
 
 def bridge_name(lease_id: str) -> str:

@@ -145,7 +145,7 @@ class FakeDevices:
     """GPUs that are not there, for ``--simulate``: the models given, and MIG instances if the test says so.
     MIG instances made for leases (``mig_create``) get a fake UUID and are listed like the host's own."""
 
-    models: list[tuple[str, int]]
+    models: list[tuple[str, int]] | list[tuple[str, int, int]]  # (name, memory GB[, rated power W])
     mig: dict[int, list[str]] = field(default_factory=dict)
     created: list[MigDevice] = field(default_factory=list)  # live ones this host made, oldest first
 
@@ -450,6 +450,7 @@ class LeaseExecutor:
         blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + os.urandom(32)
         self._host_key = "ssh-ed25519 " + base64.b64encode(blob).decode()
         self._walled_host_key = ""
+        self._walled_image_is_ours = True
         if simulate:
             self.name = "simulated"
         self.walls: LeaseWalls | None = None
@@ -642,11 +643,19 @@ class LeaseExecutor:
         """The lease in its own container: the lease image (our sshd, the buyer's script if any) or the buyer's
         image (pulled with the lease's own login; its own sshd, given the keys at the usual place)."""
         own_image = self.kind != "container"
+        stand_in = ""
+        if not own_image:
+            try:
+                self._pull(workload, secrets)
+            except ExecutorError:
+                if not self.simulate:
+                    raise
+                # A simulated machine (the sandbox's) reaches no registry: the lease image stands in for the
+                # buyer's, so the login and the walls are still real, and the order says so.
+                own_image, stand_in = True, f" (simulated: {workload['image']} cannot be pulled here)"
         self._walled_host_key = walls.prepare(authorized_keys_text(self.plan.authorized_keys))
         if self.kind == "script":
             walls.write_script(str(workload.get("script") or ""))
-        if not own_image:
-            self._pull(workload, secrets)
         walls.network_up()
         env_file = self.plan.work_dir / "workload.env"
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -654,6 +663,7 @@ class LeaseExecutor:
             handle.writelines(f"{name}={value}\n" for name, value in self.environment(workload, secrets).items())
             if not own_image and self.plan.authorized_keys:
                 handle.write(f"BROKER_AUTHORIZED_KEYS={AUTHORIZED_KEYS_IN_CONTAINER}\n")
+        self._walled_image_is_ours = own_image
         ssh_port = SSH_PORT_IN_CONTAINER if own_image else 22
         ports = [(self.plan.host_ports[0], ssh_port)]
         ports += [(host, port) for port, host in zip(self.plan.exposed, self.plan.host_ports[1:], strict=False)]
@@ -672,7 +682,8 @@ class LeaseExecutor:
             env_file.unlink(missing_ok=True)
         self.runner = "docker"
         what = "the lease image" if own_image else str(workload["image"])
-        return f"container {container} running {what}" + (" with the script" if self.kind == "script" else "")
+        script = " with the script" if self.kind == "script" else ""
+        return f"container {container} running {what}{script}{stand_in}"
 
     def workload_state(self) -> dict[str, Any]:
         if self.problem:
@@ -742,7 +753,7 @@ class LeaseExecutor:
     def host_keys(self) -> list[str]:
         if self.walls is not None:
             # The lease image's sshd presents the key made for this lease; a buyer's own image, its own keys.
-            return [self._walled_host_key] if self.kind != "container" else []
+            return [self._walled_host_key] if self._walled_image_is_ours else []
         if self.simulate:
             return [self._host_key]
         keys = []

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from providers.sandbox.boot import sandbox_runtime
 from providers.sandbox.server import SandboxApp, serve_forever
 
 # kind -> "module:class"; imported lazily so a sandbox's emulator loads only when it is served.
@@ -49,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--only", default=",".join(SANDBOXES), help=f"comma-separated kinds ({', '.join(SANDBOXES)})")
     serve.add_argument("--verbose", action="store_true", help="log every request")
     serve.add_argument("--manifest", help="write how to reach each sandbox (endpoint, credentials) to this JSON file")
+    serve.add_argument("--containers", action="store_true", help="boot machines as real walled containers")
     args = parser.parse_args(argv)
 
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
@@ -68,7 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_manifest(Path(args.manifest), {app.kind: app for app in apps})
 
     ports = [args.port + offset if args.port else 0 for offset in range(len(kinds))]  # 0: any free port each
-    serve_forever([(build(kind), args.host, port) for kind, port in zip(kinds, ports, strict=True)], on_started)
+    apps = [build(kind) for kind in kinds]
+    runtime = sandbox_runtime() if args.containers else None
+    for index, app in enumerate(apps):
+        app.booter.containers = runtime
+        app.booter.uid_first += 10_000 * index  # each cloud's machines a range of lease uids of their own
+    serve_forever([(app, args.host, port) for app, port in zip(apps, ports, strict=True)], on_started)
     return 0
 
 

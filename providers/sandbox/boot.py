@@ -22,19 +22,48 @@ reason the agent reports).
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
+import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from providers import gpu_names
 from providers.boot import BootScriptUnreadable, lease_file_from_script
+from providers.community.containers import ContainerRuntime, lease_uid, runtime_probe
+from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
 from providers.gpu_specs import GPU_SPECS
 from providers.sandbox.faults import BOOT_ACTION, BOOT_KINDS, FaultKind, FaultRegistry
 
 log = logging.getLogger("providers.sandbox.boot")
+SANDBOX_UID_FIRST = 3_500_000  # the sandbox clouds' machines: apart from the simulated hosts' lease uids
+MAX_PORTS = 15
+DISK_QUOTA_BYTES = 100 * 10**9
+
+
+def sandbox_runtime() -> ContainerRuntime | None:
+    """The machine's Docker for the sandboxes' machines and simulated hosts, publishing on loopback, with no GPU
+    device nodes (their GPUs are simulated); None, saying why on stderr, where it cannot wall leases off."""
+    runtime = runtime_probe(publish_address="127.0.0.1", dev_root=Path(tempfile.gettempdir()) / "gpu-broker-no-gpus")
+    if isinstance(runtime, str):
+        log.warning("machines are simulated, not containers: %s", runtime)
+        return None
+    return runtime
+
+
+def _free_ports(count: int) -> tuple[int, ...]:
+    ports = []
+    for _ in range(count):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(int(probe.getsockname()[1]))
+    return tuple(ports)
+
 
 # What nvidia-smi calls each GPU the broker sells (its ``name`` column), so the broker's check of a ready
 # report meets the names real machines print.
@@ -87,7 +116,7 @@ class BootedMachine:
 
     instance_id: str
     lease: dict[str, Any]
-    executor: SimulatedExecutor
+    executor: SimulatedExecutor | LeaseExecutor
     agent: LeaseAgent
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -112,6 +141,11 @@ class Booter:
         self._machines: dict[str, BootedMachine] = {}
         self.records: list[BootRecord] = []
         self._lock = threading.Lock()
+        # Where Docker answers (the run command's sandboxes), each machine is a real walled container with an
+        # OpenSSH server, so a buyer's first order gives a real shell; else a simulated executor.
+        self.containers: ContainerRuntime | None = None
+        self.uid_first = SANDBOX_UID_FIRST
+        self._work_root: Path | None = None
 
     def boot(
         self,
@@ -145,7 +179,11 @@ class Booter:
         failure = None
         if fault is not None and fault.kind is FaultKind.WORKLOAD_FAIL:
             failure = fault.message or "the container exited at once: exec format error"
-        executor = SimulatedExecutor(gpus, fail_workload=failure, ssh_host=ssh_host)
+        executor: SimulatedExecutor | LeaseExecutor = (
+            self._container(instance_id, lease, gpus, failure, ssh_host)
+            if self.containers is not None
+            else SimulatedExecutor(gpus, fail_workload=failure, ssh_host=ssh_host)
+        )
         transport = self.transport_factory(str(lease["broker_url"])) if self.transport_factory else None
         machine = BootedMachine(instance_id, lease, executor, LeaseAgent(lease, executor, transport=transport))
         with self._lock:
@@ -157,6 +195,31 @@ class Booter:
             )
             machine.thread.start()
         return machine
+
+    def _container(
+        self, instance_id: str, lease: dict[str, Any], gpus: list[GpuSeen], failure: str | None, ssh_host: str
+    ) -> LeaseExecutor:
+        """A walled container for the machine, on stand-in GPUs: the host agent's executor with the whole
+        (simulated) machine as its share."""
+        assert self.containers is not None
+        if self._work_root is None:
+            self._work_root = Path(tempfile.mkdtemp(prefix="gpu-broker-sandbox-machines-"))
+        name = "i-" + hashlib.sha256(instance_id.encode()).hexdigest()[:12]
+        exposed = tuple(int(p) for p in lease.get("ports") or [] if int(p) != 22)[:MAX_PORTS]
+        with self._lock:
+            used = {m.executor.plan.uid for m in self._machines.values() if isinstance(m.executor, LeaseExecutor)}
+        uid = next(lease_uid(slot, self.uid_first) for slot in range(len(used) + 1)
+                   if lease_uid(slot, self.uid_first) not in used)  # fmt: skip
+        work = self._work_root / name
+        plan = LeasePlan(
+            lease_id=name, gpu_indexes=tuple(g.index for g in gpus), host_ports=_free_ports(1 + len(exposed)),
+            work_dir=work, disk_quota_bytes=DISK_QUOTA_BYTES, user=user_plan("unused", work), exposed=exposed,
+            authorized_keys=tuple(str(k) for k in lease.get("ssh_keys") or []), uid=uid, share=1.0,
+            login_name=str(lease.get("login_user") or "lease"),
+        )  # fmt: skip
+        devices = FakeDevices([(g.name, g.memory_gb, g.power_limit_w) for g in gpus])
+        return LeaseExecutor(plan, devices, simulate=True, ssh_host=ssh_host, disk_poll_s=None,
+                             fail_workload=failure, runtime=self.containers)  # fmt: skip
 
     def _record(self, instance_id: str, outcome: str, detail: str = "") -> None:
         with self._lock:

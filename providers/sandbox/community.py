@@ -28,7 +28,9 @@ from types import FrameType
 from typing import Any
 
 from providers.community.agent import Agent, Answer, parse_simulated
+from providers.community.containers import LEASE_UID_FIRST, ContainerRuntime
 from providers.community.protocol import HEARTBEAT_S
+from providers.sandbox.boot import sandbox_runtime
 
 # How a simulated host answers the bare ``GET /v1/instances`` (protocol.py): as this release does, as the reference
 # agent before it did (a search for the empty order reference, so a list of nothing the broker launched, without
@@ -81,11 +83,20 @@ class SimulatedHost(Agent):
 
 
 def start_hosts(
-    broker_url: str, hosts: Sequence[dict[str, Any]], *, report: bool = True, heartbeat_s: float = HEARTBEAT_S
+    broker_url: str,
+    hosts: Sequence[dict[str, Any]],
+    *,
+    report: bool = True,
+    heartbeat_s: float = HEARTBEAT_S,
+    containers: ContainerRuntime | None = None,
 ) -> list[Agent]:
-    """Start one simulated agent per host entry ({"key_id", "secret", "simulate", "launch_seconds"?})."""
+    """Start one simulated agent per host entry ({"key_id", "secret", "simulate", "launch_seconds"?}); with
+    ``containers``, each host walls its leases off in real containers (its uids a range of its own)."""
     agents: list[Agent] = []
-    for host in hosts:
+    for index, host in enumerate(hosts):
+        walls: dict[str, Any] = {}
+        if containers is not None:
+            walls = {"containers": containers, "uid_first": LEASE_UID_FIRST + 10_000 * index}
         agent = SimulatedHost(
             broker_url=broker_url,
             key_id=str(host["key_id"]),
@@ -93,6 +104,7 @@ def start_hosts(
             simulated=parse_simulated(str(host["simulate"])),
             launch_seconds=float(host.get("launch_seconds", 1.0)),
             heartbeat_s=heartbeat_s,
+            **walls,
         )
         agent.serve("127.0.0.1", 0, report=report)
         agents.append(agent)
@@ -107,11 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m providers.sandbox.community")
     parser.add_argument("--broker", required=True)
     parser.add_argument("--hosts", required=True, help="JSON list of {key_id, secret, simulate}")
+    parser.add_argument("--containers", action="store_true", help="wall each lease off in a real container")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    agents = start_hosts(args.broker, json.loads(Path(args.hosts).read_text()))
+    runtime = sandbox_runtime() if args.containers else None
+    agents = start_hosts(args.broker, json.loads(Path(args.hosts).read_text()), containers=runtime)
     for agent in agents:
         print(f"community host {agent.key_id} listening on {agent.public_url}", flush=True)
     try:
