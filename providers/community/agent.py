@@ -27,6 +27,7 @@ Standard library plus werkzeug, so it installs anywhere the broker's source does
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import random
@@ -61,7 +62,14 @@ from providers.community.executor import (
     NvidiaDevices,
     user_plan,
 )
-from providers.community.lease import ExecutorError, LeaseAgent, Transport, http_transport, telemetry_sample
+from providers.community.lease import (
+    ExecutorError,
+    LeaseAgent,
+    Transport,
+    http_transport,
+    telemetry_sample,
+    write_private,
+)
 from providers.community.mig import MEMORY_SLICES, MigProfile, mig_place, mig_table_for_memory
 from untrusted import jsonbody
 
@@ -101,6 +109,7 @@ class Instance:
     mig_slots: tuple[int, ...] = ()
     mig_device: MigDevice | None = None
     uid_slot: int = -1  # a walled lease's slot in the host's lease uids (containers.lease_uid)
+    lease_file: dict[str, Any] | None = None  # what its boot script carried, kept to resume it after a restart
 
     @property
     def executor(self) -> LeaseExecutor | None:
@@ -637,6 +646,9 @@ class Agent:
                         self._mig_destroy(instance.mig_device)  # nobody will ever terminate this instance
                     raise
             self.instances[instance.id] = instance
+            if lease is not None:
+                instance.lease_file = lease
+                self._keep(instance)
         if instance.lease is not None and self.lease_threads:
             threading.Thread(
                 target=instance.lease.run, args=(instance.lease_stop,), name=f"lease:{instance.id}", daemon=True
@@ -684,18 +696,22 @@ class Agent:
             return _answer({"code": "gpus_busy", "message": why}, 409)
         return _Slice(index, profile, start)
 
-    def _lease(self, instance: Instance, lease: dict[str, Any]) -> LeaseAgent:
-        """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own."""
+    def _lease(self, instance: Instance, lease: dict[str, Any], ports: tuple[int, ...] = ()) -> LeaseAgent:
+        """The lease agent for one launch, on the instance's GPUs, with ports and a directory of its own (the
+        ``ports`` it had, for a lease resumed after a restart). Its key is kept in the agent's state directory,
+        root-only, so a restarted agent re-attaches to the lease without a boot token."""
         exposed = tuple(int(p) for p in lease.get("ports") or [] if int(p) != 22)[: self.ports.per_lease - 1]
         total = max(1, len(self.gpus()))
         share = len(instance.mig_slots) / MEMORY_SLICES / total if instance.mig_slots else instance.gpus / total
-        if self.containers is not None:
+        if self.containers is not None and instance.uid_slot < 0:
             used = {i.uid_slot for i in self.instances.values() if i.holds_gpus()}
             instance.uid_slot = min(slot for slot in range(len(used) + 1) if slot not in used)
+        if ports:
+            self.ports.held[instance.id] = ports
         plan = LeasePlan(
             lease_id=instance.id,
             gpu_indexes=instance.gpu_indexes,
-            host_ports=self.ports.take(instance.id),
+            host_ports=ports or self.ports.take(instance.id),
             work_dir=self.data_dir / "leases" / instance.id,
             disk_quota_bytes=self.disk_quota_bytes,
             user=user_plan("lease-" + instance.id.removeprefix("i-")[:12], self.data_dir / "leases" / instance.id),
@@ -720,7 +736,66 @@ class Agent:
             login = lease  # SSH on the lease's own endpoint: the broker's login name is the lease's alone
         else:
             login = {**lease, "login_user": plan.user.name}  # the host's sshd: one account per lease
-        return LeaseAgent(login, executor, transport=self.lease_transport)
+        return LeaseAgent(
+            login, executor, transport=self.lease_transport, key_file=self._state_dir() / f"{instance.id}.key"
+        )
+
+    # --------------------------------------------------------------------------- surviving a restart
+
+    def _state_dir(self) -> Path:
+        state = self.data_dir / "state"
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return state
+
+    def _keep(self, instance: Instance) -> None:
+        """The instance's record in the state directory (root-only, replaced atomically): what ``recover``
+        needs to bring its lease back after the agent or the machine restarts."""
+        record = {
+            "id": instance.id, "client_token": instance.client_token, "order_ref": instance.order_ref,
+            "gpus": instance.gpus, "gpu_indexes": list(instance.gpu_indexes), "tags": instance.tags,
+            "mig_profile": instance.mig_profile, "mig_slots": list(instance.mig_slots),
+            "mig_device": dataclasses.asdict(instance.mig_device) if instance.mig_device is not None else None,
+            "uid_slot": instance.uid_slot, "lease": instance.lease_file,
+            "ports": list(self.ports.held.get(instance.id, ())),
+        }  # fmt: skip
+        write_private(self._state_dir() / f"{instance.id}.json", json.dumps(record).encode())
+
+    def _forget(self, instance: Instance) -> None:
+        for suffix in (".json", ".key"):
+            (self._state_dir() / f"{instance.id}{suffix}").unlink(missing_ok=True)
+
+    def recover(self) -> list[str]:
+        """Bring back the leases this agent ran before it (or the machine) stopped: each from its record, its
+        container started again behind its walls (never a second one) and its lease agent re-attached with the
+        kept key, so heartbeats resume with no buyer action. A record that cannot be read is left for the
+        operator, logged. Returns the ids resumed."""
+        resumed = []
+        for path in sorted(self._state_dir().glob("i-*.json")):
+            try:
+                record = jsonbody.bounded_json(path.read_bytes(), max_bytes=MAX_LAUNCH_BODY)
+                device = record.get("mig_device")
+                instance = Instance(
+                    id=str(record["id"]), client_token=str(record["client_token"]),
+                    order_ref=str(record["order_ref"]), gpus=int(record["gpus"]),
+                    tags={str(k): str(v) for k, v in dict(record["tags"]).items()},
+                    gpu_indexes=tuple(int(i) for i in record["gpu_indexes"]), state="running",
+                    mig_profile=str(record.get("mig_profile") or ""),
+                    mig_slots=tuple(int(i) for i in record.get("mig_slots") or ()),
+                    mig_device=MigDevice(**device) if isinstance(device, dict) else None,
+                    uid_slot=int(record.get("uid_slot", -1)), lease_file=dict(record["lease"]),
+                )  # fmt: skip
+                ports = tuple(int(p) for p in record.get("ports") or ())
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("cannot resume the lease recorded in %s: %s", path.name, exc)
+                continue
+            with self._lock:
+                instance.lease = self._lease(instance, instance.lease_file or {}, ports)
+                self.instances[instance.id] = instance
+            if self.lease_threads:
+                threading.Thread(target=instance.lease.run, args=(instance.lease_stop,), name=f"lease:{instance.id}",
+                                 daemon=True).start()  # fmt: skip
+            resumed.append(instance.id)
+        return resumed
 
     def terminate(self, instance: Instance) -> dict[str, Any]:
         """End an instance: its lease stopped, processes killed, directory wiped, ports released; the
@@ -732,6 +807,7 @@ class Agent:
                 cleanup["mig_device_destroyed"] = self._mig_destroy(instance.mig_device)
             cleanup["ports_released"] = list(self.ports.release(instance.id))
             instance.cleanup = cleanup
+            self._forget(instance)
             instance.state, instance.ended = "terminated", time.monotonic()
             self._forget_ended_locked(instance.ended)
         return cleanup
@@ -860,6 +936,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if agent.containers is None:
         print(f"leases are not walled off: {agent.isolation_reason}; this machine sells whole only", flush=True)
+    resumed = agent.recover()
+    if resumed:
+        print(f"resumed {len(resumed)} lease(s) from before the restart: {', '.join(resumed)}", flush=True)
     if args.public_url:
         print(f"agent for {args.key_id} serving on {agent.serve(host or '127.0.0.1', int(port))}", flush=True)
     else:

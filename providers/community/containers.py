@@ -235,6 +235,32 @@ class LeaseWalls:
         if self.runtime.firewall:
             self._firewall_up()
 
+    def network_ensure(self) -> None:
+        """The lease's network and firewall rule as ``network_up`` makes them, keeping a network that is still
+        there (its container is attached to it): what a restarted agent does before starting the container."""
+        if self.docker("network", "inspect", self.network, timeout=30).returncode != 0:
+            self.network_up()
+        elif self.runtime.firewall:
+            self._firewall_up()
+
+    def exists(self) -> bool:
+        return self.docker("inspect", self.container, timeout=30).returncode == 0
+
+    def image(self) -> str:
+        out = self.docker("inspect", "-f", "{{.Config.Image}}", self.container, timeout=30)
+        return out.stdout.decode().strip()
+
+    def restart(self) -> None:
+        """Start the lease's existing container again (never a second one)."""
+        running = self.docker("inspect", "-f", "{{.State.Running}}", self.container, timeout=30)
+        if running.stdout.decode().strip() != "true":
+            started = self.docker("start", self.container, timeout=300)
+            if started.returncode != 0:
+                raise ExecutorError(f"docker start failed: {_tail(started.stderr)}")
+
+    def host_key_line(self) -> str:
+        return " ".join((self.etc / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+
     def _iptables(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([self.runtime.iptables, "-w", "10", *args],  # noqa: S603
                               capture_output=True, timeout=30, check=False)  # fmt: skip
@@ -269,7 +295,9 @@ class LeaseWalls:
         argv += ["--user", f"{self.uid}:{self.uid}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         argv += ["--pids-limit", str(limits.pids), "--memory", str(limits.memory_bytes)]
         argv += ["--memory-swap", str(limits.memory_bytes), "--cpus", f"{limits.cpus:g}"]
-        argv += ["--network", self.network, "--hostname", "lease", "--restart", "unless-stopped"]
+        # No restart policy: after a reboot the agent starts the container again, once its firewall rule is back
+        # (iptables rules do not outlive a reboot; Docker's own restart would run the lease unfenced meanwhile).
+        argv += ["--network", self.network, "--hostname", "lease", "--restart", "no"]
         argv += self._device_args(devices, mig)
         for host_port, port in ports:
             argv += ["-p", f"{self.runtime.publish_address}:{host_port}:{port}"]

@@ -639,6 +639,24 @@ class LeaseExecutor:
         self.runner = "docker"
         return f"container {started.stdout.decode().strip()[:12]} running {workload['image']}"
 
+    def resume(self, workload: dict[str, Any], secrets: dict[str, Any], login_user: str) -> str:
+        """The lease again after the agent or the machine restarted (``LeaseAgent.reattach``): a walled lease's
+        network and firewall rule made sure of, then its own container started again, never a second one (a
+        reboot stopped it; its environment is in its configuration); a lease whose container is gone, or one
+        without walls (its processes died with the agent), is started from the top."""
+        self.kind = str(workload.get("kind") or "none")
+        walls = self.walls
+        if walls is None or not walls.exists():
+            return self.start(workload, secrets, login_user)
+        self._walled_host_key = walls.host_key_line()
+        self._walled_image_is_ours = walls.image() == walls.runtime.image
+        walls.network_ensure()
+        walls.restart()
+        self.runner = "docker"
+        if self.disk_poll_s:
+            threading.Thread(target=self._watch_disk, name=f"disk:{self.plan.lease_id}", daemon=True).start()
+        return f"container {walls.container} started again"
+
     def _start_walled(self, walls: LeaseWalls, workload: dict[str, Any], secrets: dict[str, Any]) -> str:
         """The lease in its own container: the lease image (our sshd, the buyer's script if any) or the buyer's
         image (pulled with the lease's own login; its own sshd, given the keys at the usual place)."""
