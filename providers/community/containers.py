@@ -61,6 +61,7 @@ class ContainerRuntime:
     firewall: bool = True
     iptables: str = "iptables"
     keygen: str | None = None  # ssh-keygen on the host; None: made in a one-off lease container
+    owner: str = "host-agent"  # labels what it makes, so a sandbox can clear what a killed run left behind
 
 
 def _docker_info(docker: str) -> dict[str, Any] | str:
@@ -227,6 +228,7 @@ class LeaseWalls:
         self.docker("network", "rm", self.network)  # a leftover of a crashed agent
         made = self.docker(
             "network", "create", "--driver", "bridge", "--label", f"gpu-broker.lease={self.lease_id}",
+            "--label", f"gpu-broker.owner={self.runtime.owner}",
             "--opt", f"com.docker.network.bridge.name={self.bridge}",
             "--opt", "com.docker.network.bridge.enable_icc=false", self.network,
         )  # fmt: skip
@@ -292,6 +294,7 @@ class LeaseWalls:
         """The ``docker run`` for the lease. ``ports``: (host port, container port) pairs, SSH's first.
         ``own_image``: the lease image (our sshd, passwd and login files mounted) rather than the buyer's."""
         argv = ["run", "-d", "--name", self.container, "--label", f"gpu-broker.lease={self.lease_id}"]
+        argv += ["--label", f"gpu-broker.owner={self.runtime.owner}"]
         argv += ["--user", f"{self.uid}:{self.uid}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         argv += ["--pids-limit", str(limits.pids), "--memory", str(limits.memory_bytes)]
         argv += ["--memory-swap", str(limits.memory_bytes), "--cpus", f"{limits.cpus:g}"]
@@ -366,3 +369,19 @@ class LeaseWalls:
                 while self._iptables("-D", FIREWALL_CHAIN, *rule).returncode == 0:
                     pass
         return self.container if removed else ""
+
+
+def leftovers_clear(runtime: ContainerRuntime) -> int:
+    """Remove the containers, networks and firewall rules of leases ``runtime.owner`` made in an earlier run that
+    was killed before it could (the sandbox's, at start). Returns how many leases' walls were cleared."""
+    owned = f"label=gpu-broker.owner={runtime.owner}"
+    listed = subprocess.run([runtime.docker, "ps", "-aq", "--filter", owned],  # noqa: S603
+                            capture_output=True, text=True, timeout=60, check=False).stdout.split()  # fmt: skip
+    if listed:
+        subprocess.run([runtime.docker, "rm", "-f", *listed], capture_output=True, timeout=120, check=False)  # noqa: S603
+    lease_of = '{{.Label "gpu-broker.lease"}}'
+    networks = subprocess.run([runtime.docker, "network", "ls", "--filter", owned, "--format", lease_of],  # noqa: S603
+                              capture_output=True, text=True, timeout=60, check=False).stdout.split()  # fmt: skip
+    for lease_id in networks:
+        LeaseWalls(runtime, lease_id=lease_id, uid=0, work_dir=Path("/nonexistent"), login_name="lease").tear_down()
+    return len(networks)

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ports = [args.port + offset if args.port else 0 for offset in range(len(kinds))]  # 0: any free port each
     apps = [build(kind) for kind in kinds]
-    runtime = sandbox_runtime() if args.containers else None
+    runtime = sandbox_runtime("sandbox-clouds") if args.containers else None
     for index, app in enumerate(apps):
         app.booter.containers = runtime
         app.booter.uid_first += 10_000 * index  # each cloud's machines a range of lease uids of their own

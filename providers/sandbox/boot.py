@@ -21,9 +21,11 @@ reason the agent reports).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import logging
+import shutil
 import socket
 import tempfile
 import threading
@@ -34,7 +36,7 @@ from typing import Any
 
 from providers import gpu_names
 from providers.boot import BootScriptUnreadable, lease_file_from_script
-from providers.community.containers import ContainerRuntime, lease_uid, runtime_probe
+from providers.community.containers import ContainerRuntime, lease_uid, leftovers_clear, runtime_probe
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
 from providers.gpu_specs import GPU_SPECS
@@ -46,13 +48,15 @@ MAX_PORTS = 15
 DISK_QUOTA_BYTES = 100 * 10**9
 
 
-def sandbox_runtime() -> ContainerRuntime | None:
+def sandbox_runtime(owner: str) -> ContainerRuntime | None:
     """The machine's Docker for the sandboxes' machines and simulated hosts, publishing on loopback, with no GPU
     device nodes (their GPUs are simulated); None, saying why on stderr, where it cannot wall leases off."""
     runtime = runtime_probe(publish_address="127.0.0.1", dev_root=Path(tempfile.gettempdir()) / "gpu-broker-no-gpus")
     if isinstance(runtime, str):
         log.warning("machines are simulated, not containers: %s", runtime)
         return None
+    runtime = dataclasses.replace(runtime, owner=owner)
+    leftovers_clear(runtime)  # of a run killed before it could stop its machines
     return runtime
 
 
@@ -249,3 +253,6 @@ class Booter:
         for machine in machines:
             machine.stop.set()
             machine.executor.stop()
+        if self._work_root is not None:
+            shutil.rmtree(self._work_root, ignore_errors=True)
+            self._work_root = None

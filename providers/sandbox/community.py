@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    runtime = sandbox_runtime() if args.containers else None
+    runtime = sandbox_runtime("sandbox-hosts") if args.containers else None
     agents = start_hosts(args.broker, json.loads(Path(args.hosts).read_text()), containers=runtime)
     for agent in agents:
         print(f"community host {agent.key_id} listening on {agent.public_url}", flush=True)
@@ -133,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(3600)
     except KeyboardInterrupt:
         for agent in agents:
+            for instance in list(agent.instances.values()):
+                if instance.holds_gpus():
+                    agent.terminate(instance)  # its container, network and rule go with it
             agent.stop()
     return 0
 

@@ -242,3 +242,24 @@ def test_terminating_a_walled_lease_leaves_no_container_network_rule_or_director
                               capture_output=True, text=True, timeout=30).stdout  # fmt: skip
     rules = subprocess.run(["iptables", "-S", FIREWALL_CHAIN], capture_output=True, text=True, timeout=30).stdout
     assert (left, networks, walls.bridge in rules) == ("", "", False)
+
+
+def test_walls_a_killed_run_left_behind_are_cleared_at_the_next_start(host):
+    import dataclasses
+
+    from providers.community.containers import leftovers_clear
+
+    host["runtime"] = dataclasses.replace(host["runtime"], owner="test-leftovers")
+    lease = _lease(host, "i-333333333333", gpu=0, slot=0)
+    lease.start({"kind": "none"}, {}, "lease")
+    walls = lease.walls
+    # The run is killed here: nothing of the lease is torn down.
+
+    assert leftovers_clear(host["runtime"]) == 1
+
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=gpu-broker.owner=test-leftovers"],
+                          capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    networks = subprocess.run(["docker", "network", "ls", "-q", "--filter", f"name={walls.network}"],
+                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    rules = subprocess.run(["iptables", "-S", FIREWALL_CHAIN], capture_output=True, text=True, timeout=30).stdout
+    assert (left, networks, walls.bridge in rules) == ("", "", False)
