@@ -56,7 +56,7 @@ class ClusterPlaceInput(serializers.Serializer):
     duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
-    launch = serializers.JSONField(required=False, help_text="every node's launch configuration (README)")
+    launch = serializers.JSONField(required=False, help_text="every node's launch configuration (docs/BUYERS.md)")
     launch_template = serializers.CharField(required=False, max_length=80)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

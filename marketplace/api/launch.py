@@ -136,7 +136,7 @@ class SshKeyDetailApi(APIView):
 
 LAUNCH_HELP = (
     "a launch configuration: image, workload (none | container | script), disk_gb, ports, allowed_cidrs, "
-    "ssh_keys, spend_cap_usd, on_silence (keep | replace); see the README's Launch configuration section"
+    "ssh_keys, spend_cap_usd, on_silence (keep | replace); see docs/BUYERS.md, Launch configuration"
 )
 
 

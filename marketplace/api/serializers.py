@@ -138,8 +138,9 @@ class OrderPlaceInput(serializers.Serializer):
     )
     launch = serializers.JSONField(
         required=False,
-        help_text="what the machine runs and who may reach it (README: Launch configuration); absent: a quote's "
-        "configuration, else just the machine with the organisation's SSH keys, SSH open to the caller's address",
+        help_text="what the machine runs and who may reach it (docs/BUYERS.md: Launch configuration); absent: a "
+        "quote's configuration, else just the machine with the organisation's SSH keys, SSH open to the caller's "
+        "address",
     )
     launch_template = serializers.CharField(
         required=False, max_length=80, help_text="a saved launch template's id or name, instead of launch"
@@ -310,7 +311,9 @@ def demand_from(data: dict[str, Any]) -> Demand:
 class LaunchFields(serializers.Serializer):
     """The launch configuration a quote's (or a procurement demand's) order will launch."""
 
-    launch = serializers.JSONField(required=False, help_text="a launch configuration (README: Launch configuration)")
+    launch = serializers.JSONField(
+        required=False, help_text="a launch configuration (docs/BUYERS.md: Launch configuration)"
+    )
     launch_template = serializers.CharField(required=False, max_length=80, help_text="a saved template's id or name")
 
 

@@ -1,6 +1,6 @@
 """The access keys the AWS sandbox knows. It refuses every other key, as AWS refuses a key it has no record of.
 
-The one table the demo (``providers/sandbox/demo.py``, the README), the tests and the benchmarks take their
+The one table the demo (``providers/sandbox/demo.py``, docs/SELLERS.md), the tests and the benchmarks take their
 keys from. The sandbox reads the key id from the SigV4 ``Authorization`` header's credential scope and does not
 verify the signature, so the secrets listed here are the ones to type, not ones the sandbox checks.
 
