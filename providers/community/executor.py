@@ -662,6 +662,7 @@ class LeaseExecutor:
         image (pulled with the lease's own login; its own sshd, given the keys at the usual place)."""
         own_image = self.kind != "container"
         stand_in = ""
+        self.plan.work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)  # the pull's own login lives in it
         if not own_image:
             try:
                 self._pull(workload, secrets)
