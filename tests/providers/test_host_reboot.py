@@ -127,8 +127,12 @@ def test_a_rebooted_host_brings_its_lease_back_heartbeating_with_no_buyer_action
 
     start()  # the service starting again at boot
 
+    # The re-attached agent asks the broker first (a heartbeat), then starts the container: wait for both.
     _wait(lambda: order.leases.filter(pk=lease.pk, last_heartbeat_at__gt=cut).exists(), "a heartbeat after the boot")
-    assert _docker("inspect", "-f", "{{.State.Running}}", container) == "true"
+    _wait(lambda: _docker("inspect", "-f", "{{.State.Running}}", container) == "true", "the container again")
+    restarted = timezone.now()
+    _wait(lambda: order.leases.filter(pk=lease.pk, last_heartbeat_at__gt=restarted).exists(),
+          "a heartbeat once the container runs again")  # fmt: skip
     assert _docker("ps", "-aq", "--no-trunc", "--filter", "label=gpu-broker.lease").split() == [container]
     bridge = "gb-" + _docker("inspect", "-f", '{{index .Config.Labels "gpu-broker.lease"}}', container)[-12:]
     rules = subprocess.run(["iptables", "-S", FIREWALL_CHAIN], capture_output=True, text=True, timeout=30).stdout
