@@ -32,20 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from providers.community.agent import free_ports
 from providers.community.containers import ContainerRuntime, lease_uid, runtime_probe
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "tenant-one-secret-4f1d"  # noqa: S105 - the bait, not a credential
-
-
-def _free_ports(count: int) -> tuple[int, ...]:
-    ports = []
-    for _ in range(count):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(int(probe.getsockname()[1]))
-    return tuple(ports)
 
 
 def _stand_in_gpus(directory: Path, count: int) -> Path:
@@ -58,7 +50,7 @@ def _stand_in_gpus(directory: Path, count: int) -> Path:
 
 def _lease(root: Path, name: str, gpu: int, slot: int, runtime: ContainerRuntime | None) -> LeaseExecutor:
     work = root / "leases" / name
-    plan = LeasePlan(lease_id=name, gpu_indexes=(gpu,), host_ports=_free_ports(2), work_dir=work,
+    plan = LeasePlan(lease_id=name, gpu_indexes=(gpu,), host_ports=free_ports(2), work_dir=work,
                      disk_quota_bytes=10**9, user=user_plan("unused", work), uid=lease_uid(slot),
                      share=0.25)  # fmt: skip
     return LeaseExecutor(plan, FakeDevices([("H100", 80)] * 4), simulate=True, disk_poll_s=None, runtime=runtime)

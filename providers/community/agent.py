@@ -160,7 +160,7 @@ class PortPool:
 
     def take(self, lease_id: str) -> tuple[int, ...]:
         if self.first is None:
-            ports = tuple(_free_port() for _ in range(self.per_lease))
+            ports = free_ports(self.per_lease)
         else:
             taken = {port for block in self.held.values() for port in block}
             start = self.first
@@ -176,10 +176,15 @@ class PortPool:
         return self.held.pop(lease_id, ())
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> tuple[int, ...]:
+    """``count`` ports free on loopback now (the OS's choice): for simulated hosts and machines, many to a
+    process."""
+    ports = []
+    for _ in range(count):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(int(probe.getsockname()[1]))
+    return tuple(ports)
 
 
 # Board power ratings (W) a simulated GPU draws within, from NVIDIA's datasheets (SXM boards where both exist):

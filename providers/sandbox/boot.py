@@ -26,7 +26,6 @@ import enum
 import hashlib
 import logging
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from typing import Any
 
 from providers import gpu_names
 from providers.boot import BootScriptUnreadable, lease_file_from_script
+from providers.community.agent import free_ports
 from providers.community.containers import ContainerRuntime, lease_uid, leftovers_clear, runtime_probe
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
@@ -58,15 +58,6 @@ def sandbox_runtime(owner: str) -> ContainerRuntime | None:
     runtime = dataclasses.replace(runtime, owner=owner)
     leftovers_clear(runtime)  # of a run killed before it could stop its machines
     return runtime
-
-
-def _free_ports(count: int) -> tuple[int, ...]:
-    ports = []
-    for _ in range(count):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(int(probe.getsockname()[1]))
-    return tuple(ports)
 
 
 # What nvidia-smi calls each GPU the broker sells (its ``name`` column), so the broker's check of a ready
@@ -216,7 +207,7 @@ class Booter:
                    if lease_uid(slot, self.uid_first) not in used)  # fmt: skip
         work = self._work_root / name
         plan = LeasePlan(
-            lease_id=name, gpu_indexes=tuple(g.index for g in gpus), host_ports=_free_ports(1 + len(exposed)),
+            lease_id=name, gpu_indexes=tuple(g.index for g in gpus), host_ports=free_ports(1 + len(exposed)),
             work_dir=work, disk_quota_bytes=DISK_QUOTA_BYTES, user=user_plan("unused", work), exposed=exposed,
             authorized_keys=tuple(str(k) for k in lease.get("ssh_keys") or []), uid=uid, share=1.0,
             login_name=str(lease.get("login_user") or "lease"),

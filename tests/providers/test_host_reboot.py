@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from django.utils import timezone
 
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Order
+from providers.community.agent import free_ports
 from providers.community.containers import FIREWALL_CHAIN
 from providers.community.services import machine_list
 from providers.models import Machine, MachineState
@@ -34,12 +34,6 @@ from tests.hosts import LISTING
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = ["offers:read", "orders:place", "instances:manage", "ledger:read", "keys:manage"]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait(predicate, what: str, timeout: float = 120.0):
@@ -73,7 +67,7 @@ def host_process(live_server, transactional_db, acme, alice, tmp_path):
     listed = machine_list(account=fleet, name="fra-h100-1", listing=dict(LISTING))
     secret = tmp_path / "secret"
     secret.write_text(listed.secret)
-    port = _free_port()
+    (port,) = free_ports(1)
     argv = [sys.executable, "-m", "providers.community.agent", "--broker", live_server.url,
             "--key-id", listed.machine.key_id, "--secret-file", str(secret), "--listen", f"127.0.0.1:{port}",
             "--public-url", f"http://127.0.0.1:{port}", "--simulate", "H100:80x8", "--launch-seconds", "0",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from providers.community.agent import free_ports
 from providers.community.containers import FIREWALL_CHAIN, lease_uid
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 from tests.containers import lease_runtime, stand_in_gpus
@@ -51,18 +52,9 @@ def ed25519_keypair(path: Path) -> tuple[Path, str]:
     return path, " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
-def _ports() -> tuple[int, ...]:
-    found = []
-    for _ in range(3):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            found.append(int(probe.getsockname()[1]))
-    return tuple(found)
-
-
 def _lease(host: dict, name: str, gpu: int, slot: int, keys: tuple[str, ...] = ()) -> LeaseExecutor:
     work = host["root"] / "leases" / name
-    plan = LeasePlan(lease_id=name, gpu_indexes=(gpu,), host_ports=_ports(), work_dir=work, disk_quota_bytes=10**9,
+    plan = LeasePlan(lease_id=name, gpu_indexes=(gpu,), host_ports=free_ports(3), work_dir=work, disk_quota_bytes=10**9,
                      user=user_plan("unused", work), exposed=(8000,), authorized_keys=keys, uid=lease_uid(slot),
                      share=0.25, login_name="lease")  # fmt: skip
     executor = LeaseExecutor(plan, FakeDevices([H100] * 4), simulate=True, disk_poll_s=None, runtime=host["runtime"])
