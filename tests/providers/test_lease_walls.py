@@ -15,6 +15,7 @@ will never automatically add host keys ... and refuses to connect to hosts whose
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from providers.community.agent import free_ports
-from providers.community.containers import FIREWALL_CHAIN, lease_uid
+from providers.community.containers import FIREWALL_CHAIN, lease_uid, leftovers_clear
 from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
 from tests.containers import lease_runtime, stand_in_gpus
 
@@ -237,10 +238,6 @@ def test_terminating_a_walled_lease_leaves_no_container_network_rule_or_director
 
 
 def test_walls_a_killed_run_left_behind_are_cleared_at_the_next_start(host):
-    import dataclasses
-
-    from providers.community.containers import leftovers_clear
-
     host["runtime"] = dataclasses.replace(host["runtime"], owner="test-leftovers")
     lease = _lease(host, "i-333333333333", gpu=0, slot=0)
     lease.start({"kind": "none"}, {}, "lease")
