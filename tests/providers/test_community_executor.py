@@ -377,3 +377,20 @@ def test_the_agent_reports_a_lease_stopped_for_filling_its_disk(data_dir):
     assert (status, described["problem"]) == (200, "disk quota exceeded")
     status, ended, _, _ = _call(agent, "DELETE", f"/v1/instances/{launched['id']}")
     assert ended["cleanup"]["bytes_freed"] >= 2_000_000 and not executor.plan.work_dir.exists()
+
+
+def test_a_restarted_agent_skips_a_lease_record_it_cannot_read_and_resumes_nothing_from_it(data_dir, caplog):
+    agent = Agent(broker_url="http://127.0.0.1:9", key_id=KEY_ID, secret=SECRET, simulated=parse_simulated("H100:80x8"),
+                  launch_seconds=0, lease_threads=False, data_dir=data_dir, disk_poll_s=None)  # fmt: skip
+    state = data_dir / "state"
+    state.mkdir(mode=0o700)
+    (state / "i-0123456789ab.json").write_text("{not json")
+    (state / "i-ba9876543210.json").write_text(json.dumps({"id": "i-ba9876543210", "gpus": 1}))  # fields missing
+
+    assert agent.recover() == []
+
+    assert agent.instances == {} and agent.ports.held == {}
+    assert [r.message.split(":")[0] for r in caplog.records if r.levelname == "ERROR"] == [
+        "cannot resume the lease recorded in i-0123456789ab.json",
+        "cannot resume the lease recorded in i-ba9876543210.json",
+    ]
