@@ -77,7 +77,8 @@ def _bench(runs: int, spec: object) -> int:
     from marketplace.launch.config import LaunchChoice
     from marketplace.launch.keys import ssh_key_add
     from marketplace.models import Lease, Membership, Offer, Order, OrderState, Organization, OrganizationKind, Role
-    from marketplace.orders.provisioning import Step, order_poll, order_provision
+    from marketplace.orders.launching import Step, order_provision
+    from marketplace.orders.readiness import order_poll
     from marketplace.orders.services import PlaceRequest, order_place
     from providers.models import Provider, ProviderAccount
     from providers.sshkeys import ssh_key_parse

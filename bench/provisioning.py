@@ -45,7 +45,8 @@ def main() -> int:
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.models import Membership, Offer, OrderState, Organization, OrganizationKind, Role
-    from marketplace.orders.provisioning import Step, order_poll, order_provision
+    from marketplace.orders.launching import Step, order_provision
+    from marketplace.orders.readiness import order_poll
     from marketplace.orders.services import PlaceRequest, order_place
     from providers.models import Provider, ProviderAccount
     from providers.sandbox.demo import SANDBOX_ACCOUNTS, start_all

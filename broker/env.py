@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from marketplace.api.rates import rate_parse
@@ -83,8 +84,6 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_database(name: str, default: dict[str, Any]) -> dict[str, Any]:
     """Parse a database URL; only PostgreSQL and SQLite are supported."""
-    import dj_database_url
-
     raw = os.environ.get(name, "")
     if not raw:
         return default

@@ -24,7 +24,7 @@ from broker.env import (
     env_str,
 )
 from broker.queues import DEFAULT_QUEUE, QUEUES, ROUTES
-from marketplace.jobs import beat_schedule
+from marketplace.beat import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("BROKER_VAR_DIR", str(BASE_DIR / "var"))).resolve()

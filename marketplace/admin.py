@@ -5,6 +5,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from marketplace.billing.credit import money
+from marketplace.billing.payments import TopUpRefused, order_refund, order_refundable_minor
 from marketplace.machines import machine_decide
 from marketplace.models import (
     Attempt,
@@ -55,9 +57,6 @@ class OrderAdmin(admin.ModelAdmin):
     def refund_to_credit(self, request: HttpRequest, queryset: QuerySet[Order]) -> object:
         """The intermediate page asks for the reason; then one refund (and transaction) per order, so one
         refused order (still running, never charged) does not hold back the others."""
-        from marketplace.billing.credit import money
-        from marketplace.billing.payments import TopUpRefused, order_refund, order_refundable_minor
-
         form = RefundReasonForm(request.POST if "apply" in request.POST else None)
         orders = list(queryset.select_related("organization").order_by("pk"))
         if form.is_bound and form.is_valid():

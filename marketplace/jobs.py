@@ -10,8 +10,8 @@ when another run of the job began less than ``MIN_GAP_SHARE`` of an interval ago
 tick, whatever their offset, make one run per interval, not two. Runs sent by hand (or by a test) have no header
 and only wait their turn.
 
-The models are imported inside the functions: the settings module builds the beat schedule with this module's
-``beat_schedule`` before the apps are loaded.
+The beat schedule itself is built by ``marketplace/beat.py``, which the settings module imports before the apps
+are loaded.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from marketplace.beat import INTERVAL_HEADER
+from marketplace.models.jobs import PeriodicRun
+
 log = logging.getLogger(__name__)
 
-INTERVAL_HEADER = "periodic_interval_s"
 # Below 1 so that a run the queue delayed a little does not make the next tick's run skip.
 MIN_GAP_SHARE = 0.8
 
@@ -38,8 +40,6 @@ MIN_GAP_SHARE = 0.8
 def periodic_claim(name: str, *, lease_s: float, min_gap_s: float = 0.0, now: dt.datetime | None = None) -> str | None:
     """Claim job ``name``'s lease for ``lease_s``; the holder's token, or None when another run holds it (or,
     with ``min_gap_s``, began that recently)."""
-    from marketplace.models.jobs import PeriodicRun
-
     now = now or timezone.now()
     try:
         with transaction.atomic():
@@ -64,8 +64,6 @@ def periodic_claim(name: str, *, lease_s: float, min_gap_s: float = 0.0, now: dt
 
 def periodic_release(name: str, holder: str, *, now: dt.datetime | None = None) -> None:
     """Give the lease back (only if this run still holds it: a lapsed lease may have passed to another)."""
-    from marketplace.models.jobs import PeriodicRun
-
     PeriodicRun.objects.filter(name=name, holder=holder).update(
         holder="", lease_until=None, last_finished_at=now or timezone.now()
     )
@@ -106,17 +104,3 @@ def _header_interval(request: Any) -> float:
     except (TypeError, ValueError):
         return 0.0
     return interval if 0 < interval < 10 * 86400 else 0.0
-
-
-def beat_schedule(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The beat schedule with each interval entry's interval in its messages' headers (see the module's doc)."""
-    scheduled = {}
-    for key, entry in entries.items():
-        entry = dict(entry)
-        every = entry.get("schedule")
-        if isinstance(every, int | float):
-            options = dict(entry.get("options") or {})
-            options["headers"] = {**(options.get("headers") or {}), INTERVAL_HEADER: float(every)}
-            entry["options"] = options
-        scheduled[key] = entry
-    return scheduled

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -234,8 +235,6 @@ class TopUpDetailApi(APIView):
 
 
 def _uuid(raw: str) -> str | None:
-    import uuid
-
     try:
         return str(uuid.UUID(raw))
     except ValueError:

@@ -14,7 +14,7 @@ from ledger.checkpoints import ProofUnavailable
 from marketplace.billing.credit import PaymentRequired
 from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
-from marketplace.orders.services import (
+from marketplace.orders.errors import (
     IdempotencyConflict,
     OfferNotFound,
     OfferNotOrderable,

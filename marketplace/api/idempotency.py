@@ -32,7 +32,7 @@ from rest_framework.response import Response
 
 from marketplace.api.tokens import request_organization
 from marketplace.models import IdempotentResponse, Organization
-from marketplace.orders.services import IdempotencyConflict
+from marketplace.orders.errors import IdempotencyConflict
 
 MAX_KEY = 255
 HEADER = "Idempotency-Key"

@@ -22,7 +22,6 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db.models import Sum
-from django.utils import timezone
 
 from marketplace.billing.book import Line, book_account, book_post, credit_available
 from marketplace.billing.tax import TaxRate, tax_memo, tax_minor, tax_rate_for
@@ -31,12 +30,10 @@ from marketplace.models import (
     BookLine,
     InvoiceLine,
     Order,
-    OrderState,
     Organization,
-    PaymentTerms,
 )
 from marketplace.models.billing import BillingProfile
-from marketplace.orders.services import OrderError
+from marketplace.orders.errors import OrderError
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +73,11 @@ def tax_rate_of(organization_id: int, on: dt.date) -> TaxRate | None:
     return tax_rate_for(country, on=on) if country else None
 
 
-def _with_tax(amount_minor: int, rate: TaxRate | None) -> int:
+def with_tax(amount_minor: int, rate: TaxRate | None) -> int:
     return amount_minor + tax_minor(amount_minor, rate)
 
 
-def _ceil_minor(amount_usd: Decimal) -> int:
+def ceil_minor(amount_usd: Decimal) -> int:
     return int((amount_usd * 100).to_integral_value(ROUND_CEILING))
 
 
@@ -88,20 +85,20 @@ def order_total_cap_minor(order: Order) -> int | None:
     """The most the order can cost before tax: its spend cap, or its duration at its price (the lesser)."""
     caps = []
     if order.spend_cap_usd is not None:
-        caps.append(_ceil_minor(order.spend_cap_usd))
+        caps.append(ceil_minor(order.spend_cap_usd))
     if order.duration_hours is not None:
-        caps.append(_ceil_minor(order.price_per_hour * order.duration_hours))
+        caps.append(ceil_minor(order.price_per_hour * order.duration_hours))
     return min(caps) if caps else None
 
 
 def hold_target_minor(order: Order, *, used_minor: int, rate: TaxRate | None) -> int:
     """What the order should hold with ``used_minor`` (before tax) run up: usage plus the next hour, no more
     than its cap, with tax at ``rate``."""
-    target = used_minor + _ceil_minor(order.price_per_hour)
+    target = used_minor + ceil_minor(order.price_per_hour)
     cap = order_total_cap_minor(order)
     if cap is not None:
         target = min(target, max(cap, used_minor))
-    return _with_tax(target, rate)
+    return with_tax(target, rate)
 
 
 def order_held_minor(order: Order) -> int:
@@ -125,11 +122,11 @@ def order_hold_place(order: Order, organization: Organization, *, now: dt.dateti
             needed_minor=needed,
             available_minor=available,
         )
-    _hold_move(order, organization, needed, key=f"order:{order.pk}:hold:0", now=now)
+    hold_move(order, organization, needed, key=f"order:{order.pk}:hold:0", now=now)
     return needed
 
 
-def _hold_move(order: Order, organization: Organization, amount: int, *, key: str, now: dt.datetime) -> None:
+def hold_move(order: Order, organization: Organization, amount: int, *, key: str, now: dt.datetime) -> None:
     """Move ``amount`` from the buyer's credit to the order's hold (negative: back)."""
     credit = book_account(kind=BookAccountKind.BUYER_CREDIT, currency=CURRENCY, organization=organization)
     hold = book_account(kind=BookAccountKind.ORDER_HOLD, currency=CURRENCY, organization=organization)
@@ -149,7 +146,7 @@ def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) ->
     organization = Organization.objects.get(pk=order.organization_id)
     held = order_held_minor(order)
     if held:
-        _hold_move(order, organization, -held, key=f"order:{order.pk}:release", now=now)
+        hold_move(order, organization, -held, key=f"order:{order.pk}:release", now=now)
     if line is None:
         return
     gross = minor(line.amount_usd)
@@ -184,129 +181,3 @@ def _seller(order: Order) -> Organization | None:
     if order.offer_id is None:
         return None
     return Organization.objects.filter(provider__accounts__offers=order.offer_id).first()
-
-
-def credit_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """Keep every running prepaid order's hold an hour ahead of its usage; warn when credit cannot, and stop
-    an order whose usage has reached its hold. One order's failure is logged and the sweep goes on."""
-    from marketplace.orders.selectors import order_spent_usd
-
-    now = now or timezone.now()
-    counts = {"extended": 0, "warned": 0, "stopped": 0}
-    running = Order.objects.filter(state=OrderState.RUNNING, organization__payment_terms=PaymentTerms.PREPAID)
-    for order in running:
-        try:
-            outcome = _order_credit_keep(order, used_minor=_ceil_minor(order_spent_usd(order, now=now)), now=now)
-        except Exception:
-            log.exception("keeping order %s's credit hold failed", order.public_id)
-            continue
-        if outcome:
-            counts[outcome] += 1
-    return counts
-
-
-def _order_credit_keep(order: Order, *, used_minor: int, now: dt.datetime) -> str:
-    from django.db import transaction
-
-    from marketplace.orders.services import TransitionRefused, order_terminate
-
-    rate = tax_rate_of(order.organization_id, now.date())  # once per order and sweep
-    with transaction.atomic():
-        organization = Organization.objects.select_for_update().get(pk=order.organization_id)
-        held = order_held_minor(order)
-        target = hold_target_minor(order, used_minor=used_minor, rate=rate)
-        if held >= target:
-            return ""
-        available = credit_available(organization, CURRENCY)
-        more = min(target - held, max(available, 0))
-        if more > 0:
-            _hold_move(order, organization, more, key=f"order:{order.pk}:hold:{now.isoformat()}", now=now)
-            held += more
-    used_with_tax = _with_tax(used_minor, rate)
-    # Two sweeps' worth of running at the price: stop while the hold still covers what the sweep cannot see.
-    margin = _with_tax(_ceil_minor(order.price_per_hour * 2 / 60), rate)
-    if held - used_with_tax <= margin:
-        try:
-            order_terminate(
-                order=order,
-                reason=f"prepaid credit exhausted: the order used the {money(held)} it could hold; top up to order "
-                "again",
-            )
-        except TransitionRefused:
-            return ""
-        return "stopped"
-    if held >= target:
-        return "extended"
-    _credit_low_warn(order, held=held, used=used_with_tax, now=now)
-    return "warned"
-
-
-def _credit_low_warn(order: Order, *, held: int, used: int, now: dt.datetime) -> None:
-    """Tell the buyer, once per order, that it stops when its hold is used: on the order's record (the page
-    shows it) and as an ``order.credit_low`` webhook event."""
-    from django.db import transaction
-
-    from ledger.models import LedgerEntry
-    from ledger.services import ledger_append
-    from marketplace.webhooks.services import webhook_event_emit
-
-    subject = f"order:{order.public_id}"
-    minutes = int(Decimal(held - used) / 100 / order.price_per_hour * 60) if order.price_per_hour else 0
-    message = (
-        f"prepaid credit is running out: about {minutes} min of the {money(held)} held remain; top up, or the "
-        "order stops when its hold is used"
-    )
-    with transaction.atomic():
-        Order.objects.select_for_update().filter(pk=order.pk).first()  # one warning even from two sweeps
-        if LedgerEntry.objects.filter(subject=subject, kind="order.credit_low").exists():
-            return
-        ledger_append(
-            kind="order.credit_low",
-            subject=subject,
-            # The reason is what the order page's history shows.
-            payload={
-                "order": str(order.public_id),
-                "organization": order.organization_id,
-                "held_minor": held,
-                "reason": message,
-            },
-        )
-        webhook_event_emit(
-            organization_id=order.organization_id,
-            event_type="order.credit_low",
-            data={
-                "order": str(order.public_id),
-                "held": money(held),
-                "minutes_left": minutes,
-                "message": message,
-                "at": now,
-            },
-            now=now,
-        )
-        transaction.on_commit(lambda: _credit_low_email(order, message))
-
-
-def _credit_low_email(order: Order, message: str) -> None:
-    """The warning by email to the organisation's owners with a verified address (best effort: the webhook
-    event and the order page say it too)."""
-    import smtplib
-
-    from django.core.mail import send_mail
-
-    from marketplace.models.billing import EmailVerification
-
-    owners = EmailVerification.objects.filter(
-        user__memberships__organization_id=order.organization_id, user__memberships__role="owner"
-    ).values_list("email", flat=True)
-    to = sorted(set(owners))
-    if not to:
-        return
-    try:
-        send_mail(
-            f"Order {order.public_id} stops soon: prepaid credit is running out",
-            f"{message}.\n\nTop up in Billing to keep it running.",
-            settings.DEFAULT_FROM_EMAIL,
-            to,
-        )
-    except (smtplib.SMTPException, OSError) as exc:
-        log.warning("order %s: the low-credit email was not sent: %s", order.public_id, exc)

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from marketplace.billing.book import BookError, Line, book_account, book_post, credit_available
 from marketplace.billing.credit import CURRENCY, money
+from marketplace.billing.payouts import payout_event_handle
 from marketplace.billing.stripe_gateway import (
     EventView,
     PaymentError,
@@ -334,8 +336,6 @@ def _event_apply(event: EventView, intent: PaymentIntentView | None) -> str:
             return f"ignored: PaymentIntent {intent.id} is no top-up of ours"
         return f"top-up {topup.public_id}: {topup_apply(topup, intent).state}"
     if event.type.startswith(("payout.", "transfer.")) or event.type == "account.updated":
-        from marketplace.billing.payouts import payout_event_handle
-
         return payout_event_handle(event)
     return f"ignored: {event.type}"
 
@@ -396,8 +396,6 @@ def topups_settle_stale(*, now: dt.datetime | None = None) -> dict[str, int]:
     """Read back top-ups still waiting: those with a PaymentIntent from Stripe (a lost webhook), failing the
     ones abandoned at 3-D Secure; those without one are failed after ``STALE_PENDING``. One top-up's error is
     logged and the others go on."""
-    from django.utils import timezone
-
     now = now or timezone.now()
     counts = {"refreshed": 0, "expired": 0}
     waiting = TopUp.objects.filter(

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils import timezone
 
+from marketplace.billing.invoices import invoices_issue_due
+from marketplace.billing.payments import auto_topups_due, topups_settle_stale
+from marketplace.billing.payouts import payouts_due
 from marketplace.jobs import one_at_a_time
 from marketplace.taskkit import TASK_OPTIONS, stops_at_soft_limit, sweep_time_check
 
@@ -14,8 +18,6 @@ from marketplace.taskkit import TASK_OPTIONS, stops_at_soft_limit, sweep_time_ch
 def payouts_due_task() -> dict[str, int]:
     """Pay out every provider owed at least ``PAYOUT_MINIMUM_MINOR`` (daily, ``CELERY_BEAT_SCHEDULE``). Safe to
     run twice: a payout is keyed by its id at Stripe, and an organisation's row lock makes one payout at a time."""
-    from marketplace.billing.payouts import payouts_due
-
     return payouts_due(before_each=sweep_time_check)
 
 
@@ -25,10 +27,6 @@ def payouts_due_task() -> dict[str, int]:
 def invoices_issue_due_task() -> int:
     """Issue last month's invoices (marketplace.billing.invoices); safe to run again: an issued invoice is
     returned as it is, and a run cut short by its time limit is finished by the next."""
-    from django.utils import timezone
-
-    from marketplace.billing.invoices import invoices_issue_due
-
     return len(invoices_issue_due(timezone.now(), before_each=sweep_time_check))
 
 
@@ -38,6 +36,4 @@ def invoices_issue_due_task() -> int:
 def billing_sweep_task() -> dict[str, int]:
     """Every minute: charge the saved card of organisations whose credit fell below their auto top-up, and
     settle top-ups whose answer or webhook never came (marketplace.billing.payments)."""
-    from marketplace.billing.payments import auto_topups_due, topups_settle_stale
-
     return {"auto_topups": auto_topups_due(before_each=sweep_time_check), **topups_settle_stale()}

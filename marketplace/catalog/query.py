@@ -32,6 +32,7 @@ from django.db import connection
 from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet, Value, When
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
+from marketplace.catalog.selectors import account_reliability, machine_reliability, offer_list
 from marketplace.models import GpuModel, Offer
 from marketplace.numbers import number_problem
 
@@ -209,8 +210,6 @@ SORTS = {"price": "price_usd", "gpuprice": "price_per_gpu_usd", "tflops": "usd_p
 def reliability_expression(*, now: dt.datetime) -> Any:
     """An offer's reliability as an SQL expression: its machine's score for an independent machine, else its
     account's, else the ranking's prior for no history (19 launches in 20)."""
-    from marketplace.catalog.selectors import account_reliability, machine_reliability
-
     whens = [When(account_id=a, zone=z, then=Value(s)) for (a, z), s in machine_reliability(now=now).items()]
     whens += [When(account_id=a, then=Value(s)) for a, s in account_reliability().items()]
     return Case(*whens, default=Value(0.95), output_field=FloatField())
@@ -221,8 +220,6 @@ def offers_query(text: str, *, now: dt.datetime, sort: str = "price") -> QuerySe
     ``price`` (per hour), ``gpuprice`` (per GPU-hour), ``tflops`` (per dense-FP16 TFLOP-hour) or ``score`` (per
     TFLOP-hour divided by the offer's reliability: what a TFLOP-hour costs once failed launches are counted).
     Filtering, ordering and any slice run in the database. Raises ``QueryError``."""
-    from marketplace.catalog.selectors import offer_list
-
     if sort not in SORTS:
         raise QueryError(f"sort by one of {', '.join(SORTS)}", term=sort, column=1)
     terms = parse(text)

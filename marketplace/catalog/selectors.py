@@ -303,7 +303,7 @@ def spot_interruption_rates(*, now: dt.datetime) -> dict[int, float]:
     absent (callers use the prior). One query.
 
     An interruption is a machine that ran (ready or running) and was taken from its order, which the
-    settle path (``marketplace.orders.provisioning._instance_lost``: cloud spot preemption, outbid, host
+    settle path (``marketplace.orders.provisioning.instance_lost``: cloud spot preemption, outbid, host
     lost) records as the instance ending while its order moves on to another attempt or fails; a buyer's
     own stop ends the order instead. Hours run count from ready (else running) to the end, or ``now``,
     clipped to the window."""

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from marketplace.events import LeaseReady, publish
 from marketplace.launch.config import ingress_rules, launch_secrets, spec_ssh_keys
 from marketplace.models import (
     Attempt,
@@ -440,9 +441,7 @@ def lease_ready(*, lease: Lease, report: ReadyReport, now: dt.datetime | None = 
             return ReadyOutcome("refused", problem)
         locked.state, locked.ready_at = LeaseState.READY, now
         locked.save()
-        from marketplace.orders.provisioning import order_running_if_ready
-
-        order_running_if_ready(order_id=order.pk)
+        publish(LeaseReady(order_id=order.pk))
     return ReadyOutcome("running")
 
 

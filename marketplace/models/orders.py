@@ -147,7 +147,7 @@ class Order(models.Model):
     """A buyer's purchase. The demand (GPU model, count, regions, pricing, cap) is kept so failover can
     choose another offer that satisfies it; ``offer`` is the one being tried or running.
 
-    State changes go only through ``marketplace.orders.services.order_transition``; the allowed moves are
+    State changes go only through ``marketplace.orders.transitions.order_transition``; the allowed moves are
     the ``TRANSITIONS`` table below. The life cycle starts one step earlier, as a ``Quote`` (quoted: a
     price locked until it expires); ordering the quote creates the order, placed.
     """

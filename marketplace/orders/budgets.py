@@ -18,7 +18,7 @@ from django.db.models import Sum
 
 from ledger.services import ledger_append, user_commitment
 from marketplace.models import Instance, Order, OrderState, Organization
-from marketplace.orders.services import OrderError
+from marketplace.orders.errors import OrderError
 
 LIVE_STATES = (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING, OrderState.TERMINATING)
 _CENTS = Decimal("0.01")

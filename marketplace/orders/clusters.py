@@ -41,6 +41,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from ledger.services import ledger_append
+from marketplace.billing.credit import PaymentRequired, order_hold_place
 from marketplace.catalog.selectors import offer_book
 from marketplace.launch.config import LaunchChoice
 from marketplace.matching import Demand, Exclusion, OfferView, rank
@@ -56,12 +57,9 @@ from marketplace.models import (
     Quote,
 )
 from marketplace.orders.blocks import provider_blocks
+from marketplace.orders.budgets import budget_check
+from marketplace.orders.errors import IdempotencyConflict, OfferNotOrderable, OrderError, QuoteUsed, TransitionRefused
 from marketplace.orders.services import (
-    IdempotencyConflict,
-    OfferNotOrderable,
-    OrderError,
-    QuoteUsed,
-    TransitionRefused,
     _offer_on_sale,
     _quoted_offer,
     launch_config_for,
@@ -216,8 +214,6 @@ def cluster_place(
     if ranking.best is None:
         why = "; ".join(m.relax for m in ranking.near_misses) or ", ".join(ranking.rejected)
         raise OfferNotOrderable(f"offer {offer.pk} cannot hold {nodes} nodes: {why}")
-    from marketplace.orders.budgets import budget_check
-
     try:
         with transaction.atomic():
             locked = Organization.objects.select_for_update().get(pk=organization.pk)
@@ -308,8 +304,6 @@ def _round_start(cluster: Cluster, offer: Offer, price: Decimal, now: dt.datetim
             cluster_node=node,
         )
         if organization.payment_terms == PaymentTerms.PREPAID:
-            from marketplace.billing.credit import order_hold_place
-
             order_hold_place(order, organization, now=now)  # each node holds its own hour
         ledger_append(
             kind="order.placed",
@@ -443,8 +437,6 @@ def _round_failed(cluster: Cluster, members: list[Order], failed: Order, now: dt
     offer, price = following
     if cluster.state == ClusterState.RUNNING:
         _transition(cluster, ClusterState.PROVISIONING, f"{why}; the whole group is provisioned again")
-    from marketplace.billing.credit import PaymentRequired
-
     try:
         with transaction.atomic():
             cluster.round += 1

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from ledger.services import ledger_append
 from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState, WebhookEventType
-from marketplace.orders.provisioning import record_launch
+from marketplace.orders.launching import record_launch
 from marketplace.webhooks.services import instance_event_emit
 from providers.base import ProviderAdapter
 from providers.errors import ProviderError

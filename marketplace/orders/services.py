@@ -1,5 +1,6 @@
-"""Order writes. Every state change goes through ``order_transition``, which claims the row with a
-conditional update and writes the ledger entry in the same transaction."""
+"""What a buyer does to an order: place it (from an offer or a quote, under budget and credit), terminate it,
+and the sweep that ends orders at their scheduled end. Every state change goes through
+``orders.transitions.order_transition``."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append
+from marketplace.billing.credit import order_hold_place
 from marketplace.launch.config import LaunchChoice, LaunchConfigInvalid, launch_configuration_create
 from marketplace.launch.leases import launch_problems_for
 from marketplace.matching import Amount
 from marketplace.models import (
-    InvoiceLine,
     LaunchConfiguration,
     Offer,
     OfferStatus,
@@ -35,52 +36,22 @@ from marketplace.models import (
     Quote,
 )
 from marketplace.orders.bids import BidBelowMinimum, bid_resolve
-from marketplace.orders.reservations import reservations_release_for_order
-from marketplace.orders.silence import silence_close_on_leaving
+from marketplace.orders.budgets import budget_check
+from marketplace.orders.errors import (
+    BidRefused,
+    IdempotencyConflict,
+    OfferNotFound,
+    OfferNotOrderable,
+    QuoteExpired,
+    QuoteNotFound,
+    QuoteUsed,
+    TransitionRefused,
+)
+from marketplace.orders.quoting import quote_get
+from marketplace.orders.selectors import order_spent_usd
+from marketplace.orders.transitions import order_transition
 from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import order_event_emit
-
-
-class OrderError(Exception):
-    """Base for refusals a buyer should see; ``code`` is machine-readable."""
-
-    code = "order_error"
-
-
-class OfferNotFound(OrderError):
-    code = "offer_not_found"
-
-
-class OfferNotOrderable(OrderError):
-    code = "offer_not_orderable"
-
-
-class QuoteNotFound(OrderError):
-    code = "quote_not_found"
-
-
-class QuoteExpired(OrderError):
-    code = "quote_expired"
-
-
-class QuoteUsed(OrderError):
-    code = "quote_used"
-
-
-class IdempotencyConflict(OrderError):
-    code = "idempotency_conflict"
-
-
-class BidRefused(OrderError):
-    """A bid below the machine's minimum, or on an offer that takes no bid."""
-
-    code = "bid_below_minimum"
-
-
-class TransitionRefused(OrderError):
-    """The order is not in a state that allows the move (someone else moved it first, or it is final)."""
-
-    code = "invalid_state"
 
 
 def _ledger(order: Order, kind: str, **fields: Any) -> None:
@@ -88,62 +59,6 @@ def _ledger(order: Order, kind: str, **fields: Any) -> None:
         kind=kind,
         subject=f"order:{order.public_id}",
         payload={"order": str(order.public_id), "organization": order.organization_id, **fields},
-    )
-
-
-def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields: Any) -> Order:
-    """Move ``order`` to state ``to`` if the transitions table allows it from the state it is in now.
-
-    Claims the row with ``UPDATE ... WHERE state = <current>``: when another worker moved it first, no row
-    matches and ``TransitionRefused`` is raised with nothing written. The ledger entry commits with the change.
-    """
-    current = order.state
-    if to not in Order.TRANSITIONS[current]:
-        raise TransitionRefused(f"order {order.public_id} cannot go from {current} to {to}")
-    now = timezone.now()
-    with transaction.atomic():
-        claimed = Order.objects.filter(pk=order.pk, state=current).update(
-            state=to, state_reason=reason, state_changed_at=now
-        )
-        if claimed != 1:
-            raise TransitionRefused(f"order {order.public_id} is no longer {current}")
-        if current == OrderState.RUNNING:
-            # Off its machine: a silence in progress ends here, and the next machine starts healthy.
-            silence_close_on_leaving(order_id=order.pk, to=to, now=now)
-        line = None
-        if to in Order.FINAL_STATES:
-            from marketplace.billing.credit import order_settle
-
-            line = _invoice_line(order, now)
-            reservations_release_for_order(order_id=order.pk)
-            order_settle(order, line, now=now)  # its hold released, its cost charged, in this transaction
-        if line is not None:
-            ledger_fields = {**ledger_fields, "invoiced_seconds": line.seconds, "invoiced_usd": line.amount_usd}
-        _ledger(order, f"order.{to}", previous=current, state=to, reason=reason, **ledger_fields)
-        order_event_emit(order=order, previous=current, now=now)
-        if order.cluster_id is not None:
-            # A node of a multi-node job: its cluster decides what the group does next (orders/clusters.py).
-            enqueue_on_commit("marketplace.cluster_advance", order.cluster_id)
-    order.state, order.state_reason, order.state_changed_at = to, reason, now
-    return order
-
-
-def _invoice_line(order: Order, now: dt.datetime) -> InvoiceLine | None:
-    """The ended order's line, at its locked price, if its machines ran at all."""
-    from marketplace.orders.selectors import order_usage
-
-    order = Order.objects.select_related("gpu_model").prefetch_related("instances").get(pk=order.pk)
-    usage = order_usage(order, now=now)
-    if usage.seconds == 0:
-        return None
-    return InvoiceLine.objects.create(
-        organization_id=order.organization_id,
-        order=order,
-        description=f"{order.gpu_count}x {order.gpu_model.key} {order.pricing_model}, order {order.public_id}",
-        seconds=usage.seconds,
-        price_per_hour=order.price_per_hour,
-        amount_usd=usage.amount_usd,
-        ended_at=now,
     )
 
 
@@ -238,8 +153,6 @@ def order_place(
         duration = quote.duration_hours
     if price > cap:
         raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")
-    from marketplace.orders.budgets import budget_check
-
     try:
         with transaction.atomic():
             # The organisation's row is the lock that makes the budget check and the insert one step.
@@ -292,8 +205,6 @@ def order_place(
                 launch_sha256=config.sha256,
             )
             if locked.payment_terms == PaymentTerms.PREPAID:
-                from marketplace.billing.credit import order_hold_place
-
                 # Before anything launches; PaymentRequired rolls the order back with the rest.
                 order_hold_place(order, locked, now=now)
             order_event_emit(order=order, previous=None, now=now)
@@ -350,8 +261,6 @@ def _offer_on_sale(offer_id: int | None) -> Offer:
 
 def _quoted_offer(organization: Organization, quote_id: str, now: dt.datetime) -> tuple[Quote, Offer, Decimal]:
     """The organisation's unexpired, unused quote, its offer (still listed) and the price it locked."""
-    from marketplace.orders.quoting import quote_get
-
     quote = quote_get(organization=organization, public_id=quote_id)
     if quote is None:
         raise QuoteNotFound(f"quote {quote_id} does not exist")
@@ -390,8 +299,6 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
 def orders_end_scheduled(*, now: dt.datetime | None = None) -> int:
     """Start terminating every running order whose requested duration is over, or whose spend cap its usage
     reached (``run_until`` is the earlier of the two); how many were started."""
-    from marketplace.orders.selectors import order_spent_usd
-
     now = now or timezone.now()
     started = 0
     for order in Order.objects.filter(state=OrderState.RUNNING, run_until__lte=now):

@@ -4,29 +4,25 @@ that keep orders moving."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.utils import timezone
 
+from marketplace.billing.credit_sweep import credit_sweep
 from marketplace.jobs import one_at_a_time
 from marketplace.models import Order, OrderState
 from marketplace.orders.bids import orders_preemption_due
-from marketplace.orders.provisioning import (
-    Step,
-    attempt_settle_after_transient,
-    instance_end_settle,
-    instances_to_settle,
-    order_boot_check,
-    order_boot_settle,
-    order_give_up,
-    order_poll,
-    order_preempt,
-    order_provision,
-    order_silence_replace,
-    order_terminate_instance,
-    orders_check_running,
-)
+from marketplace.orders.clusters import cluster_advance, clusters_to_advance
+from marketplace.orders.ending import instance_end_settle, instances_to_settle, order_terminate_instance
+from marketplace.orders.launching import Step, attempt_settle_after_transient, order_provision
+from marketplace.orders.losses import order_preempt, order_silence_replace
+from marketplace.orders.readiness import order_boot_check, order_boot_settle, order_give_up, order_poll
+from marketplace.orders.reconcile import account_resources_reconcile, order_reconcile, orders_to_reconcile
+from marketplace.orders.running import orders_check_running
+from marketplace.orders.services import orders_end_scheduled
 from marketplace.orders.silence import order_silence_recover, orders_silence_sweep
 from marketplace.taskkit import TASK_OPTIONS, backoff, stops_at_soft_limit, sweep_time_check
 from providers.errors import ProviderError, TransientProviderError
@@ -114,8 +110,6 @@ def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped
 @shared_task(name="marketplace.cluster_advance", bind=True, max_retries=None, **TASK_OPTIONS)
 def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyped-def]
     """A node of the cluster changed state: run the group's rule (marketplace/orders/clusters.py)."""
-    from marketplace.orders.clusters import cluster_advance
-
     return cluster_advance(cluster_id=cluster_id)
 
 
@@ -125,15 +119,8 @@ def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyp
 def orders_sweep_task() -> int:
     """Stop orders whose requested duration is over, and re-enqueue orders whose task was lost (placed or
     provisioning, or terminating, untouched for a while). Runs every minute (``CELERY_BEAT_SCHEDULE``)."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from marketplace.orders.services import orders_end_scheduled
-
     count = orders_end_scheduled()
     # Prepaid orders' holds follow their usage; an order whose credit ran out stops here.
-    from marketplace.billing.credit import credit_sweep
 
     count += credit_sweep()["stopped"]
     # Outbid interruptible orders whose notice is over leave their machine; the order that outbid them launches.
@@ -170,7 +157,6 @@ def orders_sweep_task() -> int:
         except Exception:  # one instance's surprise must not stop the sweep for every other order
             log.exception("checking ended instance %s failed", instance_id)
     # Multi-node jobs whose coordinator task was lost: the group's rule runs again (it is idempotent).
-    from marketplace.orders.clusters import cluster_advance, clusters_to_advance
 
     for cluster_id in clusters_to_advance():
         sweep_time_check()
@@ -196,10 +182,6 @@ def orders_sweep_task() -> int:
 @one_at_a_time("orders-reconcile")
 def orders_reconcile_task() -> dict[str, int]:
     """Compare stuck and recently ended orders with the providers and fix drift (marketplace.orders.reconcile)."""
-    from django.utils import timezone
-
-    from marketplace.orders.reconcile import account_resources_reconcile, order_reconcile, orders_to_reconcile
-
     totals = {"orders": 0, "adopted": 0, "terminated": 0, "errors": 0, "released": 0}
     now = timezone.now()
     for order_id in orders_to_reconcile(now=now):

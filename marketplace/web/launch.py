@@ -45,9 +45,10 @@ from marketplace.matching import Amount
 from marketplace.models import LaunchTemplate, Offer, Organization, Quote
 from marketplace.orders.bids import offer_bidding
 from marketplace.orders.clusters import ClusterRequest, cluster_place
+from marketplace.orders.errors import OrderError
 from marketplace.orders.quoting import quote_get
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
-from marketplace.orders.services import OrderError, PlaceRequest, order_place
+from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.web.drafts import Draft, draft_load, draft_save
 from marketplace.web.forms import ANYWHERE, EnvRow, LaunchForm, SshKeyForm, env_rows
 from marketplace.web.launchview import launch_shown

@@ -32,6 +32,7 @@ from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
+from marketplace.orders.errors import OrderError
 from marketplace.orders.quoting import quote_request
 from marketplace.orders.selectors import (
     BuyerPermission,
@@ -47,7 +48,7 @@ from marketplace.orders.selectors import (
     order_telemetry,
     order_usage,
 )
-from marketplace.orders.services import OrderError, order_terminate
+from marketplace.orders.services import order_terminate
 from marketplace.orders.silence import order_silence
 from marketplace.web.charts import price_chart, telemetry_chart
 from marketplace.web.compare import CompareError, compare_ids, comparison

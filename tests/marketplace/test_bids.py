@@ -32,7 +32,8 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
-from marketplace.orders.services import BidRefused, PlaceRequest, order_place
+from marketplace.orders.errors import BidRefused
+from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from marketplace.webhooks.services import webhook_endpoint_create
 from tests.hosts import LISTING, start_hosts, stop_hosts

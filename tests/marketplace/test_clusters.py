@@ -18,8 +18,9 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Cluster, ClusterState, Instance, Offer, Order, OrderState
 from marketplace.orders.clusters import ClusterRequest, cluster_advance, cluster_place, cluster_terminate
-from marketplace.orders.provisioning import order_check_running, order_provision
-from marketplace.orders.services import OfferNotOrderable
+from marketplace.orders.errors import OfferNotOrderable
+from marketplace.orders.launching import order_provision
+from marketplace.orders.running import order_check_running
 from providers.services import adapter_for_account
 from tests.conftest import AWS_TEST_CREDENTIALS
 from tests.leases import LAUNCH, boot_if_launched

@@ -31,8 +31,10 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
-from marketplace.orders.provisioning import Step, instance_end_settle, order_check_running
+from marketplace.orders.ending import instance_end_settle
+from marketplace.orders.launching import Step
 from marketplace.orders.reconcile import order_reconcile
+from marketplace.orders.running import order_check_running
 from marketplace.orders.selectors import order_usage
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task

@@ -28,8 +28,10 @@ from marketplace.models import (
     OrderState,
     WebhookDelivery,
 )
-from marketplace.orders.provisioning import Step, order_boot_check, order_check_running
+from marketplace.orders.launching import Step
+from marketplace.orders.readiness import order_boot_check
 from marketplace.orders.reconcile import account_resources_reconcile
+from marketplace.orders.running import order_check_running
 from marketplace.orders.services import orders_end_scheduled
 from providers.services import adapter_for_account
 from providers.types import InstanceState

@@ -9,7 +9,7 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.launch.leases import LeaseRefused, boot_token, lease_boot_failed, lease_claim
 from marketplace.models import Lease, LeaseState, Order, OrderState
-from marketplace.orders.provisioning import order_running_if_ready
+from marketplace.orders.readiness import order_running_if_ready
 from marketplace.orders.services import PlaceRequest, order_place
 from tests.leases import LAUNCH, ClientTransport, held_agent
 from tests.races import race, race_same, require_postgresql

@@ -21,7 +21,8 @@ from marketplace.models import (
     Offer,
     OrderState,
 )
-from marketplace.orders.provisioning import Step, order_boot_check
+from marketplace.orders.launching import Step
+from marketplace.orders.readiness import order_boot_check
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from providers.community.lease import BrokerRefused
 from tests.leases import LAUNCH, ClientTransport, boot, held_agent

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from ledger.models import LedgerEntry
 from marketplace.models import Instance, Order, OrderState
-from marketplace.orders.provisioning import ENDING_CHECK_WINDOW, STOPPED_GRACE
+from marketplace.orders.ending import ENDING_CHECK_WINDOW, STOPPED_GRACE
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account

@@ -9,7 +9,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from marketplace.jobs import INTERVAL_HEADER, beat_schedule, one_at_a_time, periodic_claim, periodic_release
+from marketplace.beat import INTERVAL_HEADER, beat_schedule
+from marketplace.jobs import one_at_a_time, periodic_claim, periodic_release
 from marketplace.models import PeriodicRun
 from marketplace.tasks import orders_sweep_task
 

@@ -16,7 +16,7 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Instance, Lease, Offer, Order, OrderState
-from marketplace.orders.provisioning import NOT_LISTED, orders_check_running
+from marketplace.orders.running import NOT_LISTED, orders_check_running
 from marketplace.tasks import orders_sweep_task
 from providers.models import Machine, ProviderAccount
 from providers.sandbox.aws_keys import CONTRACT

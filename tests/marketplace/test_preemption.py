@@ -9,7 +9,8 @@ import pytest
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Instance, Order, OrderState
-from marketplace.orders.provisioning import Step, order_check_running
+from marketplace.orders.launching import Step
+from marketplace.orders.running import order_check_running
 from marketplace.tasks import orders_sweep_task
 from providers.services import adapter_for_account
 from providers.types import InstanceState

@@ -29,7 +29,8 @@ from rest_framework.test import APIClient
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.billing.book import book_account_balance, credit_available
-from marketplace.billing.credit import PaymentRequired, credit_sweep, order_held_minor
+from marketplace.billing.credit import PaymentRequired, order_held_minor
+from marketplace.billing.credit_sweep import credit_sweep
 from marketplace.billing.payments import (
     TopUpRefused,
     TopUpRequest,

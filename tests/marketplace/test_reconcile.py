@@ -11,9 +11,11 @@ from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.launch.leases import boot_spec, lease_open
 from marketplace.models import Attempt, AttemptOutcome, Instance, OrderState
-from marketplace.orders.provisioning import Step, order_poll
+from marketplace.orders.launching import Step
+from marketplace.orders.readiness import order_poll
 from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
-from marketplace.orders.services import PlaceRequest, order_place, order_terminate, order_transition
+from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from marketplace.orders.transitions import order_transition
 from marketplace.tasks import orders_reconcile_task
 from providers.services import adapter_for_account
 from providers.types import LaunchSpec, PricingModel

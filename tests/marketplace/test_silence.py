@@ -39,7 +39,8 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
-from marketplace.orders.provisioning import Step, order_silence_replace
+from marketplace.orders.launching import Step
+from marketplace.orders.losses import order_silence_replace
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.orders.silence import LEASE_AGENT, orders_silence_sweep
 from marketplace.tasks import orders_silence_sweep_task

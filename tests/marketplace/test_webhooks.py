@@ -25,7 +25,7 @@ from marketplace.models import (
     WebhookEndpoint,
     WebhookEventType,
 )
-from marketplace.orders.services import order_transition
+from marketplace.orders.transitions import order_transition
 from marketplace.webhooks import destinations, sending
 from marketplace.webhooks.destinations import WebhookUrlRefused, destination_check
 from marketplace.webhooks.services import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,24 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 
+from marketplace.billing.payments import TopUpRequest, billing_profile, topup_start
+from marketplace.billing.stripe_gateway import PaymentError
 from marketplace.demo import DEMO_PASSWORD, DEMO_STAFF
 from marketplace.launch.keys import ssh_key_add
 from marketplace.models import Membership, Organization, OrganizationKind, Role, SshKey
+from marketplace.models.billing import EmailVerification
+from marketplace.portal.services import (
+    TERMS_VERSION,
+    BusinessDetails,
+    provider_details_update,
+    provider_profile_ensure,
+    provider_terms_accept,
+)
+from providers.community.protocol import new_secret
+from providers.community.services import machine_list
+from providers.models import Machine, MachineState
 from providers.sandbox.demo import read_manifest
 from providers.services import provider_account_connect
 
@@ -90,14 +105,6 @@ class Command(BaseCommand):
 def _seed_onboarded(organization: Organization, owner: Any, legal_name: str, country: str, address: str) -> None:
     """A demo provider that has done its onboarding: business details filled in and the current terms accepted
     (its profile is verified, as a provider whose accounts already sell), so its checklist is all done."""
-    from marketplace.portal.services import (
-        TERMS_VERSION,
-        BusinessDetails,
-        provider_details_update,
-        provider_profile_ensure,
-        provider_terms_accept,
-    )
-
     profile = provider_profile_ensure(organization=organization)
     if not profile.details_complete:
         details = BusinessDetails(
@@ -124,12 +131,6 @@ def _seed_staff(users: Any) -> None:
 def _seed_credit(organization: Organization, owner: Any) -> None:
     """Alice has verified her address and bought $500 of credit with Stripe's test Visa through the Stripe
     sandbox (a real PaymentIntent), so the demo buyer can order at once, as a paying customer would."""
-    from django.utils import timezone
-
-    from marketplace.billing.payments import TopUpRequest, billing_profile, topup_start
-    from marketplace.billing.stripe_gateway import PaymentError
-    from marketplace.models.billing import EmailVerification
-
     EmailVerification.objects.get_or_create(
         user=owner, email=owner.email.lower(), defaults={"verified_at": timezone.now()}
     )
@@ -181,12 +182,6 @@ DEMO_MACHINES = [
 
 def _seed_community(users: Any, hosts_path: Path) -> Any:
     """Helga's independent fleet: three verified machines; their agents' keys go to ``hosts_path`` (0600)."""
-    from decimal import Decimal
-
-    from providers.community.protocol import new_secret
-    from providers.community.services import machine_list
-    from providers.models import Machine, MachineState
-
     helga, created = users.objects.get_or_create(username="helga", defaults={"email": "helga@example.com"})
     if created:
         helga.set_password(DEMO_PASSWORD)

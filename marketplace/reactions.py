@@ -1,0 +1,60 @@
+"""What happens when: the one table of the market's reactions to the order's and the lease's events.
+
+Read it top to bottom as the life of an order. Each handler is a line here; the modules it calls sit above the
+state machine and are never called back by it (docs/ARCHITECTURE.md, "The order's life in one direction").
+``MarketplaceConfig.ready`` installs the table; ``marketplace.events.publish`` runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from marketplace.billing.credit import order_settle
+from marketplace.events import LeaseReady, OrderEnded, OrderLeaving, OrderMoved
+from marketplace.models import OrderState
+from marketplace.orders.readiness import order_running_if_ready
+from marketplace.orders.reservations import reservations_release_for_order
+from marketplace.orders.silence import silence_close_on_leaving
+from marketplace.taskkit import enqueue_on_commit
+from marketplace.webhooks.services import order_event_emit
+
+
+def silent_period_close(event: OrderLeaving) -> None:
+    """Off its machine: a silence in progress ends here, and the next machine starts healthy."""
+    if event.previous == OrderState.RUNNING:
+        silence_close_on_leaving(order_id=event.order.pk, to=event.to, now=event.now)
+
+
+def reservations_release(event: OrderEnded) -> None:
+    """The GPUs the order's attempts held on independent machines go back on sale."""
+    reservations_release_for_order(order_id=event.order.pk)
+
+
+def money_settle(event: OrderEnded) -> None:
+    """Its hold released, its cost charged (commission and tax), before the order's ledger entry is written."""
+    order_settle(event.order, event.line, now=event.now)
+
+
+def webhook_queue(event: OrderMoved) -> None:
+    """``order.<state>`` for the organisation's endpoints, sent after commit."""
+    order_event_emit(order=event.order, previous=event.previous, now=event.now)
+
+
+def cluster_advance(event: OrderMoved) -> None:
+    """A node of a multi-node job: its cluster decides what the group does next (orders/clusters.py)."""
+    if event.order.cluster_id is not None:
+        enqueue_on_commit("marketplace.cluster_advance", event.order.cluster_id)
+
+
+def order_running(event: LeaseReady) -> None:
+    """Every machine of the order is usable: the order runs (and its meter starts)."""
+    order_running_if_ready(order_id=event.order_id)
+
+
+HANDLERS: dict[type, Sequence[Callable[[Any], None]]] = {
+    OrderLeaving: [silent_period_close],
+    OrderEnded: [reservations_release, money_settle],
+    OrderMoved: [webhook_queue, cluster_advance],
+    LeaseReady: [order_running],
+}
