@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, SYNC_QUEUE, WEBHOOK_QUEUE
+from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 from providers.sandbox.demo import manifest_service_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,8 +133,6 @@ def machines_line(why_not: str) -> str:
 
 def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None = None, machines: str = "") -> str:
     """What the run command prints last, once everything is up: where the broker is and who to sign in as."""
-    from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
-
     url = f"http://127.0.0.1:{port}/"
     rule = "=" * 78
     logins = [

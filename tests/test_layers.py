@@ -77,6 +77,148 @@ def test_only_task_modules_import_task_modules():
     assert offenders == []
 
 
+# Every package of ours whose modules the two tests below walk.
+PACKAGES = ("broker", "marketplace", "providers", "ledger", "untrusted", "sandboxes")
+
+# Imports that may be written inside a function, and why. Anything else goes at the top of its module, so the
+# reader sees which way each dependency runs; an import placed inside a function to dodge a circle is a circle.
+LOCAL_IMPORTS_ALLOWED = {
+    "web3": "web3 and the Ethereum stack take seconds to import; only anchoring and the audit need them",
+    "ledger.chain": "imports web3 (above) at its top",
+    "fpdf": "the PDF library, loaded only when someone downloads an invoice as a PDF",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _our_modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" not in path.parts:
+                found[_module_name(path)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _import_nodes(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, str | None]]:
+    """Every import that runs (not those under ``if TYPE_CHECKING``), with the function it is written in."""
+    found: list[tuple[ast.Import | ast.ImportFrom, str | None]] = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                found.append((child, function))
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, child.name)
+            else:
+                visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The full names an import may refer to: ``from a.b import c`` may be module ``a.b.c`` or a name in ``a.b``."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".") if is_package else module.split(".")[:-1]
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _our_modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, _function in _import_nodes(tree):
+            for target in _targets(node, name, path.name == "__init__.py"):
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    """Every dependency runs one way (issue 34): a circle of modules, however long, fails here, whether its
+    imports are at the top or inside functions. A package's ``__init__`` importing its own modules is no circle."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+def test_imports_inside_functions_are_only_the_listed_heavy_ones():
+    """Django's ``AppConfig.ready`` is where an app must import what needs the models loaded; any other import
+    inside a function must be one of ``LOCAL_IMPORTS_ALLOWED``."""
+    stray = []
+    for name, path in _our_modules().items():
+        for node, function in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+            if function is None or (path.name == "apps.py" and function == "ready"):
+                continue
+            target = _targets(node, name, path.name == "__init__.py")[0]
+            if not any(target == allowed or target.startswith(allowed + ".") for allowed in LOCAL_IMPORTS_ALLOWED):
+                stray.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target} inside {function}()")
+    assert stray == []
+
+
 def test_every_process_knows_the_tasks_services_queue_by_name():
     """A web process imports no task module, yet its services queue tasks by name: the apps register them at
     start-up. A fresh interpreter, as gunicorn's worker is, finds each one."""
