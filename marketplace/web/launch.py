@@ -1,6 +1,5 @@
-"""Storefront pages for launching a usable machine: the organisation's SSH keys, its launch templates, and
-ordering in three steps: configure (how long, which keys, what runs, who may reach it), confirm (what will
-run where, for how long and at most at what cost) and place.
+"""Storefront pages for ordering a usable machine in three steps: configure (how long, which keys, what runs, who
+may reach it), confirm (what will run where, for how long and at most at what cost) and place.
 
 The configuration travels between the steps as a session draft (``marketplace/web/drafts.py``), so secret
 values are never written into a page: a secret field left empty keeps the value given before, in this draft
@@ -23,7 +22,6 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.billing.credit import PaymentRequired, money
@@ -35,11 +33,9 @@ from marketplace.launch.config import (
     TemplateInvalid,
     launch_parse,
     launch_secrets,
-    launch_template_delete,
-    launch_template_get,
     launch_template_save,
 )
-from marketplace.launch.keys import SshKeyRefused, ssh_key_add, ssh_key_delete, ssh_key_get, ssh_key_list
+from marketplace.launch.keys import ssh_key_list
 from marketplace.launch.selectors import launch_template_list
 from marketplace.matching import Amount
 from marketplace.models import LaunchTemplate, Offer, Organization, Quote
@@ -47,10 +43,11 @@ from marketplace.orders.bids import offer_bidding
 from marketplace.orders.clusters import ClusterRequest, cluster_place
 from marketplace.orders.errors import OrderError
 from marketplace.orders.quoting import quote_get
-from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
+from marketplace.orders.selectors import BuyerPermission
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.web.drafts import Draft, draft_load, draft_save
-from marketplace.web.forms import ANYWHERE, EnvRow, LaunchForm, SshKeyForm, env_rows
+from marketplace.web.forms import ANYWHERE, EnvRow, LaunchForm, env_rows
+from marketplace.web.keys_templates import organization_template
 from marketplace.web.launchview import launch_shown
 from marketplace.web.orgs import buyer_access
 
@@ -69,106 +66,6 @@ def _caller_cidr(request: HttpRequest) -> str:
 def _caller(request: HttpRequest) -> str | None:
     # The client behind the trusted proxies: behind the TLS proxy, the connection's own address is the proxy's.
     return client_address(request) or None
-
-
-# --------------------------------------------------------------------------------------------- SSH keys
-
-
-def _next_url(request: HttpRequest) -> str:
-    target = request.POST.get("next") or request.GET.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return target
-    return ""
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def keys(request: HttpRequest) -> HttpResponse:
-    """The organisation's SSH public keys; members and owners add one (pasted or uploaded) here. A refused key
-    shows the service's reason, and the form comes back empty: the text is never sent back to the browser."""
-    membership = buyer_access(request, BuyerPermission.ORDER if request.method == "POST" else BuyerPermission.READ)
-    organization = membership.organization
-    form = SshKeyForm(request.POST, request.FILES) if request.method == "POST" else SshKeyForm()
-    status = 200
-    if request.method == "POST":
-        if form.is_valid():
-            try:
-                key = ssh_key_add(
-                    organization=organization,
-                    user=request.user,  # type: ignore[arg-type]
-                    public_key=form.cleaned_data["public_key"],
-                    name=form.cleaned_data["name"],
-                )
-            except SshKeyRefused as exc:
-                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
-            else:
-                messages.success(request, f"Key {key.name} added ({key.fingerprint}).")
-                return redirect(_next_url(request) or reverse("storefront:keys"))
-        status = 400
-    return render(
-        request,
-        "storefront/keys.html",
-        {
-            "organization": organization,
-            "form": form,
-            "keys": ssh_key_list(organization=organization).order_by("name"),
-            "can_edit": buyer_role_allows(membership.role, BuyerPermission.ORDER),
-            "next": _next_url(request),
-        },
-        status=status,
-    )
-
-
-@login_required
-@require_POST
-def key_delete(request: HttpRequest, key_id: str) -> HttpResponse:
-    key = ssh_key_get(organization=buyer_access(request, BuyerPermission.ORDER).organization, public_id=key_id)
-    if key is None:
-        raise Http404("no such SSH key")
-    ssh_key_delete(key=key)
-    messages.success(request, f"Key {key.name} removed. Machines already launched keep the keys they got.")
-    return redirect("storefront:keys")
-
-
-# ------------------------------------------------------------------------------------------ templates
-
-
-@login_required
-def templates(request: HttpRequest) -> HttpResponse:
-    """The organisation's launch templates (made from the order form's "save as template")."""
-    membership = buyer_access(request)
-    rows = [(t, launch_shown(t.configuration.spec)) for t in launch_template_list(organization=membership.organization)]
-    return render(
-        request,
-        "storefront/templates.html",
-        {
-            "organization": membership.organization,
-            "templates": rows,
-            "can_edit": buyer_role_allows(membership.role, BuyerPermission.ORDER),
-        },
-    )
-
-
-@login_required
-@require_POST
-def template_delete(request: HttpRequest, template_id: str) -> HttpResponse:
-    organization = buyer_access(request, BuyerPermission.ORDER).organization
-    template = _template(organization, template_id)
-    if template is None:
-        raise Http404("no such launch template")
-    launch_template_delete(template=template)
-    messages.success(request, f"Template {template.name} deleted; orders placed with it keep their configuration.")
-    return redirect("storefront:templates")
-
-
-def _template(organization: Organization, template_id: str) -> LaunchTemplate | None:
-    # By id only: the service also finds templates by name, which a URL should not.
-    if not re.fullmatch(r"[0-9a-fA-F-]{32,36}", template_id or ""):
-        return None
-    return launch_template_get(organization=organization, ref=template_id)
-
-
-# ------------------------------------------------------------------------------- ordering: configure
 
 
 @dataclass(frozen=True)
@@ -282,8 +179,14 @@ _FIELD_OF = [
     ("spend_cap_usd", "spend_cap_usd"),
     ("on_silence", "on_silence"),
 ]
+
+
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
 _ENV_ITEM = re.compile(r"^workload\.env\[(\d+)\]")
+
+
 _INDEX = re.compile(r"\[(\d+)\]")
 
 
@@ -375,7 +278,7 @@ def order_configure(request: HttpRequest) -> HttpResponse:
         messages.error(request, "That offer is no longer for sale: choose another.")
         return redirect("storefront:offers")
     start_id = source.get("start") or (draft.start if draft else "")
-    start = _template(organization, start_id) if start_id else None
+    start = organization_template(organization, start_id) if start_id else None
     posted = request.POST.get("nonce", "")
     if draft is not None:
         nonce = draft.nonce
@@ -502,9 +405,6 @@ def _configure_post(
     return redirect(f"{reverse('storefront:order-confirm')}?draft={nonce}")
 
 
-# ---------------------------------------------------------------------------- ordering: confirm, place
-
-
 def _cost(price: Decimal, hours: Decimal | None, cap: Decimal | None) -> tuple[Decimal, Decimal]:
     """(the most the order can cost, the hours that buys) for a duration, a spend cap, or both."""
     limits = [(hours * price, hours)] if hours is not None else []
@@ -603,7 +503,7 @@ def order_place_view(request: HttpRequest) -> HttpResponse:
         for row in rows:
             row.kept = row.secret and row.name in (draft.secrets.get("env") or {})
         _apply_errors(exc.fields, form, [r for r in rows if r.name or r.value])
-        start = _template(organization, draft.start) if draft.start else None
+        start = organization_template(organization, draft.start) if draft.start else None
         return _configure_page(request, organization, target, form, rows, nonce=draft.nonce, start=start,
                                registry_kept=bool(draft.secrets.get("registry_password")), status=400)  # fmt: skip
     except PaymentRequired as exc:

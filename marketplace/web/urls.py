@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import billing, clusters, invoices, launch, team, views, webhooks
+from marketplace.web import billing, clusters, invoices, keys_templates, launch, team, views, webhooks
 
 app_name = "storefront"
 
@@ -44,10 +44,10 @@ urlpatterns = [
     path("orders/new", launch.order_configure, name="order-configure"),
     path("orders/new/confirm", launch.order_confirm, name="order-confirm"),
     path("orders/place", launch.order_place_view, name="order-place"),
-    path("keys/", launch.keys, name="keys"),
-    path("keys/<str:key_id>/delete", launch.key_delete, name="key-delete"),
-    path("templates/", launch.templates, name="templates"),
-    path("templates/<str:template_id>/delete", launch.template_delete, name="template-delete"),
+    path("keys/", keys_templates.keys, name="keys"),
+    path("keys/<str:key_id>/delete", keys_templates.key_delete, name="key-delete"),
+    path("templates/", keys_templates.templates, name="templates"),
+    path("templates/<str:template_id>/delete", keys_templates.template_delete, name="template-delete"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
     path("clusters/<str:cluster_id>/", clusters.cluster_detail, name="cluster-detail"),
