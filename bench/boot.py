@@ -120,7 +120,7 @@ def _bench(runs: int, spec: object) -> int:
         aws_access_key_id=spec.credentials["access_key_id"],  # type: ignore[attr-defined]
         aws_secret_access_key=spec.credentials["secret_access_key"],  # type: ignore[attr-defined]
     )  # fmt: skip
-    from providers.aws import mapping
+    from providers.aws import launching
 
     def broker_run() -> tuple[float, float, float, float]:
         started = time.perf_counter()
@@ -145,7 +145,7 @@ def _bench(runs: int, spec: object) -> int:
     def sdk_run() -> float:
         started = time.perf_counter()
         ref = f"ord-{uuid.uuid4().hex}"
-        image = ssm.get_parameter(Name=mapping.DLAMI_PARAMETER)["Parameter"]["Value"]
+        image = ssm.get_parameter(Name=launching.DLAMI_PARAMETER)["Parameter"]["Value"]
         ec2.describe_images(ImageIds=[image])
         ec2.import_key_pair(KeyName=f"broker-{ref}", PublicKeyMaterial=public_key.encode())
         group = ec2.create_security_group(GroupName=f"broker-{ref}", Description="bench")["GroupId"]

@@ -41,6 +41,9 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
+from django.conf import settings
+
 from providers.deadline import CallDeadline
 from providers.errors import TransientProviderError
 
@@ -207,8 +210,6 @@ class RateLimiter:
         self._local = _LocalBuckets(clock)
         self._script: Any = None
         if redis_url:
-            import redis  # the embedded default runs without Redis installed or reachable
-
             client = redis.Redis.from_url(
                 redis_url, socket_timeout=redis_timeout_s, socket_connect_timeout=redis_timeout_s
             )
@@ -295,13 +296,8 @@ def limiter() -> RateLimiter:
     """The process's limiter for ``settings.PROVIDER_RATE_LIMIT_REDIS_URL`` (in-process buckets when Django is not
     configured, e.g. a sandbox run alone)."""
     url = ""
-    try:
-        from django.conf import settings
-
-        if settings.configured:
-            url = str(getattr(settings, "PROVIDER_RATE_LIMIT_REDIS_URL", "") or "")
-    except ImportError:  # pragma: no cover - the broker always has Django
-        pass
+    if settings.configured:
+        url = str(getattr(settings, "PROVIDER_RATE_LIMIT_REDIS_URL", "") or "")
     with _limiters_lock:
         found = _limiters.get(url)
         if found is None:

@@ -1,2 +1,2 @@
-"""Alibaba Cloud ECS provider: ``adapter.AlibabaAdapter`` (the contract), ``mapping`` (pure tables) and
-``client`` (the only SDK importer)."""
+"""Alibaba Cloud ECS provider: ``adapter.AlibabaAdapter`` (the contract, with ``order_resources``), the pure tables
+(``errors``, ``catalog``, ``mapping``, ``launching``) and ``client`` (the only SDK importer)."""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from providers import ratelimit
-from providers.alibaba import mapping
+from providers.alibaba import catalog, errors, launching, mapping
 from providers.alibaba.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
@@ -17,9 +17,10 @@ from providers.alibaba.client import (
     AlibabaClient,
     ClientSettings,
 )
+from providers.alibaba.order_resources import AlibabaOrderResources
 from providers.base import ProviderAdapter
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
-from providers.launch import BootSpec, LaunchLimits, OrderResource, UserDataMeasure
+from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
@@ -34,15 +35,10 @@ INSTANCES_PAGE = 100
 # https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-describeinstances).
 DESCRIBE_IDS_MAX = 100
 SPOT_HISTORY_PAGES = 100
-IMAGES_PAGE = 100
-KEY_PAIRS_PAGE = 50  # DescribeKeyPairs PageSize: at most 50
-MAX_KEY_PAIR_PAGES = 1000
-SECURITY_GROUPS_PAGE = 100
-VSWITCHES_PAGE = 50
 RUN_INSTANCES_REFERENCE = "https://www.alibabacloud.com/help/en/ecs/developer-reference/api-ecs-2014-05-26-runinstances"
 
 
-class AlibabaAdapter(ProviderAdapter):
+class AlibabaAdapter(AlibabaOrderResources, ProviderAdapter):
     """One Alibaba Cloud account over ``self.regions``.
 
     Credentials: ``values`` holds ``access_key_id`` and ``access_key_secret`` (and optionally an STS
@@ -68,14 +64,14 @@ class AlibabaAdapter(ProviderAdapter):
 
     kind = "alibaba"
     launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
-        user_data_max_bytes=mapping.USER_DATA_MAX_BYTES,
+        user_data_max_bytes=launching.USER_DATA_MAX_BYTES,
         user_data_measure=UserDataMeasure.RAW,
         user_data_field="RunInstances UserData",
         source=f"ECS RunInstances reference: at most 32 KB before Base64 encoding, {RUN_INSTANCES_REFERENCE}",
-        disk_gb_min=mapping.SYSTEM_DISK_MIN_GB,
-        disk_gb_max=mapping.SYSTEM_DISK_MAX_GB,
-        ingress_rules_max=mapping.INGRESS_RULES_MAX,
-        native_key_types=mapping.NATIVE_KEY_TYPES,
+        disk_gb_min=launching.SYSTEM_DISK_MIN_GB,
+        disk_gb_max=launching.SYSTEM_DISK_MAX_GB,
+        ingress_rules_max=launching.INGRESS_RULES_MAX,
+        native_key_types=launching.NATIVE_KEY_TYPES,
     )
     # Alibaba's public Linux images log in as root; an imported key pair is bound to root.
     login_user: ClassVar[str] = "root"
@@ -88,7 +84,7 @@ class AlibabaAdapter(ProviderAdapter):
         secret = credentials.values.get("access_key_secret", "")
         if not access_key_id or not secret:
             # Without a key pair the SDK would fall back to its credential chain (env, files, instance role).
-            raise CredentialsRejected("access_key_id and access_key_secret are required", provider=mapping.PROVIDER)
+            raise CredentialsRejected("access_key_id and access_key_secret are required", provider=errors.PROVIDER)
         self._client = AlibabaClient(
             ClientSettings(
                 access_key_id=access_key_id,
@@ -115,7 +111,7 @@ class AlibabaAdapter(ProviderAdapter):
         """
         body = self._client.call(self.regions[0], "DescribeRegions", {})
         if "Regions" not in body:
-            raise mapping.malformed("DescribeRegions answered without Regions")
+            raise errors.malformed("DescribeRegions answered without Regions")
 
     def list_offers(self) -> list[OfferQuote]:
         """One on-demand quote per (zone, GPU type) that ECS reports in stock (WithStock or ClosedWithStock)
@@ -132,7 +128,7 @@ class AlibabaAdapter(ProviderAdapter):
                 offers.extend(self._region_offers(region, catalogue))
         return offers
 
-    def _catalogue(self) -> dict[str, mapping.InstanceTypeSpec]:
+    def _catalogue(self) -> dict[str, catalog.InstanceTypeSpec]:
         # DescribeInstanceTypes is not regional (it has no RegionId); one read serves every region.
         items = self._client.pages(
             self.regions[0],
@@ -141,14 +137,14 @@ class AlibabaAdapter(ProviderAdapter):
             "InstanceTypes",
             "InstanceType",
         )
-        catalogue: dict[str, mapping.InstanceTypeSpec] = {}
+        catalogue: dict[str, catalog.InstanceTypeSpec] = {}
         for item in items:
-            spec = mapping.instance_type_spec(item)
+            spec = catalog.instance_type_spec(item)
             if spec is not None:
                 catalogue[spec.instance_type] = spec
         return catalogue
 
-    def _region_offers(self, region: str, catalogue: dict[str, mapping.InstanceTypeSpec]) -> list[OfferQuote]:
+    def _region_offers(self, region: str, catalogue: dict[str, catalog.InstanceTypeSpec]) -> list[OfferQuote]:
         # Without ZoneId/InstanceType one answer covers every zone and type of the region.
         body = self._client.call(
             region,
@@ -160,11 +156,11 @@ class AlibabaAdapter(ProviderAdapter):
                 "SpotStrategy": "NoSpot",
             },
         )
-        stock = mapping.zone_stock(body)
+        stock = catalog.zone_stock(body)
         offers: list[OfferQuote] = []
         for name in sorted(set(stock) & set(catalogue)):
             spec = catalogue[name]
-            zones = sorted(z for z, category in stock[name].items() if category in mapping.STOCK_BUYABLE)
+            zones = sorted(z for z, category in stock[name].items() if category in catalog.STOCK_BUYABLE)
             priced: list[str] = []
             # DescribePrice takes a zone and ECS may price zones apart, so each zone is asked, not the first one.
             for zone in zones:
@@ -200,7 +196,7 @@ class AlibabaAdapter(ProviderAdapter):
         self,
         region: str,
         zone: str,
-        spec: mapping.InstanceTypeSpec,
+        spec: catalog.InstanceTypeSpec,
         pricing_model: PricingModel,
         price: Any,
         currency: str,
@@ -223,7 +219,7 @@ class AlibabaAdapter(ProviderAdapter):
             extra={**spec.extra, **extra},
         )
 
-    def _price(self, region: str, instance_type: str, zone: str) -> mapping.Price | None:
+    def _price(self, region: str, instance_type: str, zone: str) -> catalog.Price | None:
         """The hourly pay-as-you-go price, or None when ECS will not price the type in the zone (left out)."""
         try:
             body = self._client.call(
@@ -240,9 +236,9 @@ class AlibabaAdapter(ProviderAdapter):
             )
         except ProviderRequestRejected:
             return None
-        return mapping.price_from_body(body)
+        return catalog.price_from_body(body)
 
-    def _spot_prices(self, region: str, instance_type: str) -> tuple[str, dict[str, mapping.SpotPoint]]:
+    def _spot_prices(self, region: str, instance_type: str) -> tuple[str, dict[str, catalog.SpotPoint]]:
         """(currency, newest spot price per zone) from ``DescribeSpotPriceHistory`` (Offset/NextOffset pagination).
 
         The currency is the answer's own ``Currency``, required on every page with rows and the same on all of them
@@ -254,8 +250,8 @@ class AlibabaAdapter(ProviderAdapter):
             "InstanceType": instance_type,
             "NetworkType": NETWORK_TYPE,
             "OSType": "linux",
-            "StartTime": mapping.format_time(now - SPOT_LOOKBACK),
-            "EndTime": mapping.format_time(now),
+            "StartTime": catalog.format_time(now - SPOT_LOOKBACK),
+            "EndTime": catalog.format_time(now),
         }
         rows: list[Any] = []
         currency = ""
@@ -266,16 +262,16 @@ class AlibabaAdapter(ProviderAdapter):
             )
             page = (body.get("SpotPrices") or {}).get("SpotPriceType") or []
             if page:
-                stated = mapping.answer_currency(body.get("Currency"), "DescribeSpotPriceHistory Currency")
+                stated = catalog.answer_currency(body.get("Currency"), "DescribeSpotPriceHistory Currency")
                 if currency and stated != currency:
-                    raise mapping.malformed(f"DescribeSpotPriceHistory pages in {currency} and {stated}")
+                    raise errors.malformed(f"DescribeSpotPriceHistory pages in {currency} and {stated}")
                 currency = stated
             rows.extend(page)
             next_offset = int(body.get("NextOffset") or 0)
             if not page or next_offset <= offset:
                 break
             offset = next_offset
-        return currency, mapping.newest_spot_prices(rows)
+        return currency, catalog.newest_spot_prices(rows)
 
     def _lookup(self, region: str, instance_id: str) -> InstanceHandle | None:
         # This API takes InstanceIds as a JSON array string, not as InstanceId.N.
@@ -295,7 +291,7 @@ class AlibabaAdapter(ProviderAdapter):
             raise ProviderRequestRejected(
                 f"instance {instance_id} not found in {region}",
                 code="InvalidInstanceId.NotFound",
-                provider=mapping.PROVIDER,
+                provider=errors.PROVIDER,
             )
         return handle
 
@@ -355,8 +351,8 @@ class AlibabaAdapter(ProviderAdapter):
         """
         mapping.validate_client_token(spec.client_token)
         if spec.pricing_model is PricingModel.RESERVED:
-            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
-        strategy, limit = mapping.spot_strategy(spec.pricing_model, spec.max_price)
+            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=errors.PROVIDER)
+        strategy, limit = catalog.spot_strategy(spec.pricing_model, spec.max_price)
         tags = mapping.run_tags(spec.order_ref, spec.tags)
         params: dict[str, Any] = {
             "RegionId": spec.region,
@@ -389,13 +385,13 @@ class AlibabaAdapter(ProviderAdapter):
                 raise ImageUnavailable(
                     f"image {params['ImageId']} is not available in {spec.region}",
                     code=exc.code,
-                    provider=mapping.PROVIDER,
+                    provider=errors.PROVIDER,
                     http_status=exc.http_status,
                 ) from exc
             raise
         ids = (body.get("InstanceIdSets") or {}).get("InstanceIdSet") or []
         if len(ids) != 1:
-            raise mapping.malformed(f"RunInstances returned {len(ids)} instance ids for Amount=1")
+            raise errors.malformed(f"RunInstances returned {len(ids)} instance ids for Amount=1")
         extra = {
             "status": "Pending",
             "client_token": spec.client_token,
@@ -422,239 +418,6 @@ class AlibabaAdapter(ProviderAdapter):
         )
 
     # ------------------------------------------------------------------------------------------------- boot
-
-    def boot_prelude(self, spec: LaunchSpec) -> str:
-        """The NVIDIA driver installation Alibaba documents for GPU instances (``mapping.gpu_driver_prelude``):
-        its public images carry no driver."""
-        return mapping.gpu_driver_prelude()
-
-    def _boot_params(self, spec: LaunchSpec, boot: BootSpec) -> dict[str, Any]:
-        """RunInstances fields that deliver ``boot``. Order matters: the image is checked before anything is
-        created, so a missing image leaves no key pair or group behind."""
-        image = self._image(spec, boot)
-        image_id = str(image["ImageId"])
-        if boot.disk_gb is not None and boot.disk_gb < mapping.image_size_gb(image):
-            raise ProviderRequestRejected(
-                f"a {boot.disk_gb} GB system disk is smaller than image {image_id} ({mapping.image_size_gb(image)} GB)",
-                code="InvalidSystemDiskSize.LessThanImageSize",
-                provider=mapping.PROVIDER,
-            )
-        vswitch = self._vswitch(spec.region, spec.zone)
-        # Rendered deterministically: a resumed attempt sends the same UserData, as its ClientToken requires.
-        script = self.user_data(spec)
-        params: dict[str, Any] = {
-            "ImageId": image_id,
-            "VSwitchId": str(vswitch["VSwitchId"]),
-            "SecurityGroupId": self._security_group(spec.region, str(vswitch["VpcId"]), spec.order_ref, boot),
-            "UserData": mapping.encode_user_data(script or b""),
-        }
-        key_pair = self._key_pair(spec.region, spec.order_ref, boot)
-        if key_pair is not None:
-            params["KeyPairName"] = key_pair
-        if boot.disk_gb is not None:
-            params["SystemDisk"] = {"Size": str(boot.disk_gb)}
-        return params
-
-    def _image(self, spec: LaunchSpec, boot: BootSpec) -> Mapping[str, Any]:
-        """The buyer's image (``boot.image``), else the account's ``image_id``, else the newest Available build of
-        the public family; ``ImageUnavailable`` naming the region when DescribeImages finds none."""
-        explicit = boot.image or spec.image or self.options.get("image_id")
-        if not explicit:
-            return self._family_image(spec.region, spec.instance_type)
-        found = self._newest_image(spec.region, spec.instance_type, {"ImageId": explicit})
-        if found is None:
-            raise ImageUnavailable(
-                f"image {explicit} does not exist in {spec.region}", code="precheck", provider=mapping.PROVIDER
-            )
-        return found
-
-    def _family_image(self, region: str, instance_type: str) -> Mapping[str, Any]:
-        """The newest Available public build of the account's ``image_family`` that ``instance_type`` can run
-        (DescribeImages with ImageFamily); ``ImageUnavailable`` naming the family and region when there is none."""
-        family = self.options.get("image_family") or mapping.DEFAULT_IMAGE_FAMILY
-        found = self._newest_image(
-            region, instance_type, {"ImageFamily": family, "ImageOwnerAlias": "system", "OSType": "linux"}
-        )
-        if found is None:
-            raise ImageUnavailable(
-                f"no Available image of family {family} in {region}", code="precheck", provider=mapping.PROVIDER
-            )
-        return found
-
-    def _newest_image(self, region: str, instance_type: str, selector: dict[str, Any]) -> Mapping[str, Any] | None:
-        params = {"RegionId": region, "Status": "Available", "InstanceType": instance_type, "PageSize": IMAGES_PAGE}
-        body = self._client.call(region, "DescribeImages", {**params, **selector})
-        return mapping.newest_image((body.get("Images") or {}).get("Image") or [])
-
-    def _vswitch(self, region: str, zone: str) -> Mapping[str, Any]:
-        """The ``vswitch_id`` option's vSwitch when it is in the zone, else the zone's default vSwitch: a VPC
-        instance needs one, and its VPC is where the security group must be."""
-        wanted = self.options.get("vswitch_id")
-        # The option names one vSwitch for the whole account, but a vSwitch lives in one zone: a launch that failed
-        # over to another zone or region must not carry it there.
-        queries: list[dict[str, Any]] = []
-        if wanted:
-            queries.append({"RegionId": region, "VSwitchId": wanted})
-        queries += [
-            {"RegionId": region, "ZoneId": zone, "IsDefault": True},
-            {"RegionId": region, "ZoneId": zone},
-        ]
-        for query in queries:
-            body = self._client.call(region, "DescribeVSwitches", {**query, "PageSize": VSWITCHES_PAGE})
-            for item in (body.get("VSwitches") or {}).get("VSwitch") or []:
-                if item.get("ZoneId") == zone and str(item.get("Status") or "Available") == "Available":
-                    return dict(item)
-        raise ProviderRequestRejected(
-            f"no available vSwitch in {zone} ({region}) to launch in", code="precheck", provider=mapping.PROVIDER
-        )
-
-    def _key_pair(self, region: str, order_ref: str, boot: BootSpec) -> str | None:
-        """The order's key pair in the region, imported once (found by name first; a concurrent import that won
-        answers ``KeyPair.AlreadyExist``, which means the same). None when no key is of a type ECS imports."""
-        key = mapping.native_key(boot.ssh_keys)
-        if key is None:
-            return None
-        name = mapping.order_resource_name(order_ref)
-        # Found by name rather than tag: names are unique per region, so the name is what an import collides on.
-        body = self._client.call(region, "DescribeKeyPairs", {"RegionId": region, "KeyPairName": name})
-        if any(item.get("KeyPairName") == name for item in (body.get("KeyPairs") or {}).get("KeyPair") or []):
-            return name
-        try:
-            self._client.call(
-                region,
-                "ImportKeyPair",
-                {
-                    "RegionId": region,
-                    "KeyPairName": name,
-                    "PublicKeyBody": key.public_key,
-                    "Tag": mapping.order_tags(order_ref),
-                },
-            )
-        except ProviderRequestRejected as exc:
-            if exc.code != "KeyPair.AlreadyExist":
-                raise
-        return name
-
-    def _security_group(self, region: str, vpc_id: str, order_ref: str, boot: BootSpec) -> str:
-        """The order's security group in the VPC, created once (found by its order tag first; the ClientToken
-        makes two racing creations one), then authorized for every (port, range) pair. AuthorizeSecurityGroup of
-        a rule the group already has succeeds without adding it, so a repeat changes nothing."""
-        groups = self._client.pages(
-            region,
-            "DescribeSecurityGroups",
-            {
-                "RegionId": region,
-                "VpcId": vpc_id,
-                "Tag": mapping.order_tags(order_ref),
-                "MaxResults": SECURITY_GROUPS_PAGE,
-            },
-            "SecurityGroups",
-            "SecurityGroup",
-        )
-        if groups:
-            # The lowest id, so every attempt picks the same group should two ever exist.
-            group_id = str(sorted(groups, key=lambda g: str(g["SecurityGroupId"]))[0]["SecurityGroupId"])
-        else:
-            body = self._client.call(
-                region,
-                "CreateSecurityGroup",
-                {
-                    "RegionId": region,
-                    "VpcId": vpc_id,
-                    "SecurityGroupName": mapping.order_resource_name(order_ref),
-                    "Description": f"gpu-broker order {order_ref}: the buyer's addresses only",
-                    "SecurityGroupType": "normal",
-                    "Tag": mapping.order_tags(order_ref),
-                    "ClientToken": mapping.security_group_token(order_ref, region, vpc_id),
-                },
-            )
-            group_id = str(body.get("SecurityGroupId") or "")
-            if not group_id:
-                raise mapping.malformed("CreateSecurityGroup answered without a SecurityGroupId")
-        permissions = mapping.ingress_permissions(boot.ingress, f"gpu-broker order {order_ref}")
-        for start in range(0, len(permissions), mapping.PERMISSIONS_PER_CALL):
-            self._client.call(
-                region,
-                "AuthorizeSecurityGroup",
-                {
-                    "RegionId": region,
-                    "SecurityGroupId": group_id,
-                    "Permissions": permissions[start : start + mapping.PERMISSIONS_PER_CALL],
-                },
-            )
-        return group_id
-
-    def list_order_resources(self) -> list[OrderResource]:
-        """Key pairs and security groups carrying the ``broker:order`` tag in every region of the account."""
-        found: list[OrderResource] = []
-        for region in self.regions:
-            found.extend(mapping.key_pair_resources(self._tagged_key_pairs(region, None), region))
-            found.extend(mapping.security_group_resources(self._tagged_groups(region, None), region))
-        return sorted(found, key=lambda r: (r.region, r.kind, r.resource_id))
-
-    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
-        """Delete the order's security groups and key pairs in every region. What is already gone is skipped;
-        a group an instance still uses (``DependencyViolation``) or a key pair still bound to one
-        (``InvalidParameter.KeypairAlreadyAttachedInstance``) is returned for the next sweep."""
-        remaining: list[OrderResource] = []
-        for region in self.regions:
-            for group in mapping.security_group_resources(self._tagged_groups(region, order_ref), region):
-                # One group per call: a group still in use must not keep the others from going.
-                try:
-                    self._client.call(
-                        region, "DeleteSecurityGroup", {"RegionId": region, "SecurityGroupId": group.resource_id}
-                    )
-                except ProviderRequestRejected as exc:
-                    if exc.code.startswith("DependencyViolation"):
-                        remaining.append(group)
-                    elif exc.code != "InvalidSecurityGroupId.NotFound":
-                        raise
-            for key_pair in mapping.key_pair_resources(self._tagged_key_pairs(region, order_ref), region):
-                try:
-                    # One name per call: ECS refuses the whole call when any name is still bound.
-                    self._client.call(
-                        region,
-                        "DeleteKeyPairs",
-                        {"RegionId": region, "KeyPairNames": json.dumps([key_pair.resource_id])},
-                    )
-                except ProviderRequestRejected as exc:
-                    if exc.code != "InvalidParameter.KeypairAlreadyAttachedInstance":
-                        raise
-                    remaining.append(key_pair)
-        return remaining
-
-    def _tag_filter(self, order_ref: str | None) -> list[dict[str, str]]:
-        # The key alone matches every order's resources: what the reconciler compares with the orders it knows.
-        return mapping.order_tags(order_ref) if order_ref else [{"Key": mapping.ORDER_TAG}]
-
-    def _tagged_key_pairs(self, region: str, order_ref: str | None) -> list[Any]:
-        """DescribeKeyPairs pages (PageNumber/PageSize) filtered by the order tag (any order when None)."""
-        items: list[Any] = []
-        for number in range(1, MAX_KEY_PAIR_PAGES + 1):
-            body = self._client.call(
-                region,
-                "DescribeKeyPairs",
-                {
-                    "RegionId": region,
-                    "Tag": self._tag_filter(order_ref),
-                    "PageNumber": number,
-                    "PageSize": KEY_PAIRS_PAGE,
-                },
-            )
-            page = (body.get("KeyPairs") or {}).get("KeyPair") or []
-            items.extend(page)
-            if len(page) < KEY_PAIRS_PAGE or len(items) >= int(body.get("TotalCount") or 0):
-                return items
-        raise mapping.malformed(f"DescribeKeyPairs did not finish within {MAX_KEY_PAIR_PAGES} pages")
-
-    def _tagged_groups(self, region: str, order_ref: str | None) -> list[Any]:
-        return self._client.pages(
-            region,
-            "DescribeSecurityGroups",
-            {"RegionId": region, "Tag": self._tag_filter(order_ref), "MaxResults": SECURITY_GROUPS_PAGE},
-            "SecurityGroups",
-            "SecurityGroup",
-        )
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Release the instance with ``DeleteInstances(Force=True)``; TERMINATED once ECS accepted the release.

@@ -24,7 +24,7 @@ from alibabacloud_tea_openapi import utils_models as openapi_models
 from darabonba.runtime import RuntimeOptions
 
 from providers import ratelimit
-from providers.alibaba import mapping
+from providers.alibaba import errors
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected
 
@@ -99,9 +99,7 @@ def split_endpoint(endpoint_url: str) -> tuple[str, str]:
         port = None
         parts = parts._replace(netloc="")
     if parts.scheme not in ("http", "https") or not parts.hostname or " " in raw or parts.path not in ("", "/"):
-        raise ProviderRequestRejected(
-            f"endpoint_url {endpoint_url!r} is not an http(s) host", provider=mapping.PROVIDER
-        )
+        raise ProviderRequestRejected(f"endpoint_url {endpoint_url!r} is not an http(s) host", provider=errors.PROVIDER)
     host = parts.hostname if port is None else f"{parts.hostname}:{port}"
     return parts.scheme, host
 
@@ -122,28 +120,28 @@ def _translate(exc: BaseException) -> ProviderError:
         # The SDK wraps what went wrong below the HTTP answer: a transport failure or an unparseable body.
         inner = exc.inner_exception
         if isinstance(inner, _RETRY_ERRORS):
-            return mapping.transport_error(str(getattr(inner, "message", "") or inner))
+            return errors.transport_error(str(getattr(inner, "message", "") or inner))
         if isinstance(inner, tea_errors.TeaException):
             return _translate(inner)
         if isinstance(inner, ValueError):
-            return mapping.malformed(f"unparseable ECS answer: {inner}")
-        return ProviderRequestRejected(repr(inner), code=type(inner).__name__, provider=mapping.PROVIDER)
+            return errors.malformed(f"unparseable ECS answer: {inner}")
+        return ProviderRequestRejected(repr(inner), code=type(inner).__name__, provider=errors.PROVIDER)
     if isinstance(exc, tea_errors.TeaException):
         data = exc.data if isinstance(exc.data, dict) else {}
         status = _status(exc)
         code = str(exc.code or "")
         if code in ("", "None"):  # the SDK formats a missing Code as the string "None"
             if status is not None and status >= 500:
-                return mapping.transport_error(f"HTTP {status} without an error code")
-            return mapping.malformed(f"ECS error answer without a Code (HTTP {status}): {data}")
+                return errors.transport_error(f"HTTP {status} without an error code")
+            return errors.malformed(f"ECS error answer without a Code (HTTP {status}): {data}")
         message = str(data.get("Message") or exc.message or code)
-        return mapping.error_from_code(code, message, status)
+        return errors.error_from_code(code, message, status)
     if isinstance(exc, _VALIDATE_ERRORS):
-        return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+        return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=errors.PROVIDER)
     if isinstance(exc, AttributeError | TypeError | KeyError | ValueError):
         # Raised while the SDK maps an answer onto its response model: the answer had the wrong shape.
-        return mapping.malformed(f"{type(exc).__name__}: {exc}")
-    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+        return errors.malformed(f"{type(exc).__name__}: {exc}")
+    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=errors.PROVIDER)
 
 
 def backoff_seconds(attempt: int, retry_after_ms: int | None = None) -> float:
@@ -213,7 +211,7 @@ class AlibabaClient:
 
         def draw(group: str, cost: float) -> ratelimit.Draw:
             limit = ratelimit.resolve(group, ratelimit.alibaba_limit(group), self.settings.rate_limits)
-            return ratelimit.BucketKey(mapping.PROVIDER, self.settings.access_key_id, region, group), limit, cost
+            return ratelimit.BucketKey(errors.PROVIDER, self.settings.access_key_id, region, group), limit, cost
 
         draws = [draw(action, 1)]
         if action == "RunInstances":
@@ -225,7 +223,7 @@ class AlibabaClient:
         try:
             request_model, method_name = ACTIONS[action]
         except KeyError:
-            raise ProviderRequestRejected(f"action {action} is not wired in", provider=mapping.PROVIDER) from None
+            raise ProviderRequestRejected(f"action {action} is not wired in", provider=errors.PROVIDER) from None
         client = self._client(region)
         # This is the one path to the wire (the SDK's own retries are off): each request is counted here.
         ratelimit.acquire(self._draws(region, action, params), deadline)
@@ -236,7 +234,7 @@ class AlibabaClient:
         except Exception as exc:  # every SDK failure is translated; none escapes
             raise _translate(exc) from exc
         if not isinstance(body, dict):
-            raise mapping.malformed(f"{action} answered {type(body).__name__}, not an object")
+            raise errors.malformed(f"{action} answered {type(body).__name__}, not an object")
         return body
 
     def call(self, region: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -275,6 +273,6 @@ class AlibabaClient:
             if token is None:
                 return items
             if token in seen:  # a misbehaving endpoint must not keep a sync paging forever
-                raise mapping.malformed(f"{action} repeated NextToken {token!r}")
+                raise errors.malformed(f"{action} repeated NextToken {token!r}")
             seen.add(token)
-        raise mapping.malformed(f"{action} did not finish within {MAX_PAGES} pages")
+        raise errors.malformed(f"{action} did not finish within {MAX_PAGES} pages")

@@ -1,1 +1,2 @@
-"""AWS EC2 provider: ``adapter.AwsAdapter`` (the contract), ``mapping`` (pure tables), ``client`` (the SDK)."""
+"""AWS EC2 provider: ``adapter.AwsAdapter`` (the contract, with ``order_resources``), the pure tables (``errors``,
+``catalog``, ``mapping``, ``launching``) and ``client`` (the SDK)."""

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any, ClassVar
 
 from providers import ratelimit
-from providers.aws import mapping
+from providers.aws import catalog, errors, launching, mapping
 from providers.aws.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
@@ -17,11 +17,11 @@ from providers.aws.client import (
     AwsClient,
     ClientSettings,
 )
+from providers.aws.order_resources import RULES_PER_GROUP_PER_FAMILY, AwsOrderResources
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected, TransientProviderError
-from providers.launch import IngressRule, LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure
+from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
-from providers.sshkeys import SshPublicKey
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 
 log = logging.getLogger("providers.aws.adapter")
@@ -48,13 +48,6 @@ PRICE_TYPES_PER_CALL = 50
 # pricing model: Value max 1024). botocore checks only the minimum, so an ANY_OF list longer than that
 # reaches AWS and is refused there: the list is cut so each comma-joined Value stays within it.
 PRICE_FILTER_VALUE_MAX = 1024
-# "Inbound or outbound rules per security group: 60 ... enforced separately for IPv4 rules and IPv6 rules"
-# (Amazon VPC quotas, https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html).
-RULES_PER_GROUP_PER_FAMILY = 60
-RULES_SOURCE = (
-    "Amazon VPC quotas, inbound rules per security group, "
-    "https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html"
-)
 
 
 def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -78,7 +71,7 @@ def any_of_values(items: Sequence[str], max_items: int, max_length: int) -> list
     return values
 
 
-class AwsAdapter(ProviderAdapter):
+class AwsAdapter(AwsOrderResources, ProviderAdapter):
     """One AWS account over ``self.regions``.
 
     Credentials: ``values`` holds ``access_key_id``, ``secret_access_key`` and optionally ``session_token``;
@@ -111,9 +104,9 @@ class AwsAdapter(ProviderAdapter):
         disk_gb_min=1,
         disk_gb_max=16384,
         ingress_rules_max=RULES_PER_GROUP_PER_FAMILY,
-        native_key_types=mapping.NATIVE_KEY_TYPES,
+        native_key_types=launching.NATIVE_KEY_TYPES,
     )
-    login_user: ClassVar[str] = mapping.DLAMI_LOGIN_USER
+    login_user: ClassVar[str] = launching.DLAMI_LOGIN_USER
     placement_groups: ClassVar[bool] = True
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
@@ -123,7 +116,7 @@ class AwsAdapter(ProviderAdapter):
         access_key_id = credentials.values.get("access_key_id", "")
         secret = credentials.values.get("secret_access_key", "")
         if not access_key_id or not secret:
-            raise CredentialsRejected("access_key_id and secret_access_key are required", provider=mapping.PROVIDER)
+            raise CredentialsRejected("access_key_id and secret_access_key are required", provider=errors.PROVIDER)
         max_attempts = int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS))
         self._client = AwsClient(
             ClientSettings(
@@ -138,7 +131,7 @@ class AwsAdapter(ProviderAdapter):
             )
         )
         self._images: dict[str, str] = {}
-        self.price_refusals: list[mapping.PriceRefusal] = []
+        self.price_refusals: list[catalog.PriceRefusal] = []
 
     def _now(self) -> datetime:
         return datetime.now(UTC)
@@ -152,7 +145,7 @@ class AwsAdapter(ProviderAdapter):
         """
         result = self._client.call(self.regions[0], "describe_availability_zones")
         if "AvailabilityZones" not in result:
-            raise mapping.malformed("describe_availability_zones answered without AvailabilityZones")
+            raise errors.malformed("describe_availability_zones answered without AvailabilityZones")
 
     def list_offers(self) -> list[OfferQuote]:
         """One on-demand quote per (zone, GPU type) with an on-demand price, and one spot quote per (zone, type)
@@ -169,14 +162,14 @@ class AwsAdapter(ProviderAdapter):
         return offers
 
     def _region_offers(self, region: str) -> list[OfferQuote]:
-        catalogue: dict[str, mapping.InstanceTypeSpec] = {}
+        catalogue: dict[str, catalog.InstanceTypeSpec] = {}
         for item in self._client.pages(
             region,
             "describe_instance_types",
             "InstanceTypes",
             Filters=[{"Name": "instance-type", "Values": GPU_INSTANCE_TYPE_PATTERNS}],
         ):
-            spec = mapping.instance_type_spec(item)
+            spec = catalog.instance_type_spec(item)
             if spec is not None:
                 catalogue[spec.instance_type] = spec
         if not catalogue:
@@ -193,7 +186,7 @@ class AwsAdapter(ProviderAdapter):
                     Filters=[{"Name": "instance-type", "Values": names}],
                 )
             )
-        zones = {name: z for name, z in mapping.zones_by_type(offerings).items() if name in catalogue}
+        zones = {name: z for name, z in catalog.zones_by_type(offerings).items() if name in catalogue}
 
         on_demand = self._on_demand_prices(region, sorted(zones))
 
@@ -215,7 +208,7 @@ class AwsAdapter(ProviderAdapter):
         self,
         region: str,
         zone: str,
-        spec: mapping.InstanceTypeSpec,
+        spec: catalog.InstanceTypeSpec,
         pricing_model: PricingModel,
         price: Decimal,
         extra: dict[str, Any],
@@ -245,7 +238,7 @@ class AwsAdapter(ProviderAdapter):
         try:
             values = any_of_values(instance_types, PRICE_TYPES_PER_CALL, PRICE_FILTER_VALUE_MAX)
         except ValueError as exc:
-            raise mapping.malformed(f"describe_instance_types named an unpriceable type: {exc}") from None
+            raise errors.malformed(f"describe_instance_types named an unpriceable type: {exc}") from None
         for value in values:
             items = self._client.price_list(
                 ServiceCode="AmazonEC2",
@@ -255,7 +248,7 @@ class AwsAdapter(ProviderAdapter):
                     *({"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()),
                 ],
             )
-            read = mapping.on_demand_usd_by_type(items)
+            read = catalog.on_demand_usd_by_type(items)
             prices.update(read.prices)
             for refusal in read.refused:
                 log.warning(
@@ -268,7 +261,7 @@ class AwsAdapter(ProviderAdapter):
             self.price_refusals.extend(read.refused)
         return prices
 
-    def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], mapping.SpotPoint]:
+    def _spot_prices(self, region: str, instance_types: list[str]) -> dict[tuple[str, str], catalog.SpotPoint]:
         if not instance_types:
             return {}
         history: list[Any] = []
@@ -284,7 +277,7 @@ class AwsAdapter(ProviderAdapter):
                     StartTime=start,
                 )
             )
-        return mapping.newest_spot_prices(history)
+        return catalog.newest_spot_prices(history)
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The instance's current state. Raises ``ProviderRequestRejected`` (InvalidInstanceID.NotFound) if unknown."""
@@ -294,7 +287,7 @@ class AwsAdapter(ProviderAdapter):
             raise ProviderRequestRejected(
                 f"instance {instance_id} not found in {region}",
                 code="InvalidInstanceID.NotFound",
-                provider=mapping.PROVIDER,
+                provider=errors.PROVIDER,
             )
         return handles[0]
 
@@ -353,7 +346,7 @@ class AwsAdapter(ProviderAdapter):
         """
         mapping.validate_client_token(spec.client_token)
         if spec.pricing_model is PricingModel.RESERVED:
-            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
+            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=errors.PROVIDER)
         # The boot's resources first: a missing image fails here, before anything exists at AWS.
         boot_params = self._boot_params(spec) if spec.boot is not None else {}
         params: dict[str, Any] = {
@@ -381,283 +374,8 @@ class AwsAdapter(ProviderAdapter):
         reservation = self._client.launch(spec.region, **params)
         handles = mapping.handles_from_reservations([reservation], spec.region)
         if len(handles) != 1:
-            raise mapping.malformed(f"run_instances returned {len(handles)} instances for MaxCount=1")
+            raise errors.malformed(f"run_instances returned {len(handles)} instances for MaxCount=1")
         return handles[0]
-
-    def _placement_group(self, region: str, name: str) -> None:
-        """The cluster placement group ``name`` in ``region``, created unless it exists: a repeated or racing
-        launch is answered ``InvalidPlacementGroup.Duplicate``, which means the group is there."""
-        try:
-            self._client.call(
-                region,
-                "create_placement_group",
-                GroupName=name,
-                Strategy=mapping.CLUSTER_STRATEGY,
-                TagSpecifications=mapping.placement_group_tags(name),
-            )
-        except ProviderRequestRejected as exc:
-            if exc.code != mapping.PLACEMENT_GROUP_DUPLICATE:
-                raise
-
-    def delete_placement_group(self, region: str, name: str) -> None:
-        """``delete_placement_group``; a group AWS does not know (``InvalidPlacementGroup.Unknown``) is already
-        deleted. One that still holds instances (``InvalidPlacementGroup.InUse``: they are not all terminated
-        yet) raises ``TransientProviderError``, for the caller to try again once they are."""
-        try:
-            self._client.call(region, "delete_placement_group", GroupName=name)
-        except ProviderRequestRejected as exc:
-            if exc.code == mapping.PLACEMENT_GROUP_UNKNOWN:
-                return
-            if exc.code == mapping.PLACEMENT_GROUP_IN_USE:
-                raise TransientProviderError(
-                    f"placement group {name} in {region} still holds instances; delete it once they are terminated",
-                    code=exc.code,
-                    provider=mapping.PROVIDER,
-                    http_status=exc.http_status,
-                ) from exc
-            raise
-
-    def _default_image(self, region: str) -> str:
-        cached = self._images.get(region)
-        if cached:
-            return cached
-        images = self._client.pages(
-            region,
-            "describe_images",
-            "Images",
-            Owners=[mapping.UBUNTU_OWNER],
-            Filters=[
-                {"Name": "name", "Values": [mapping.UBUNTU_NAME_PATTERN]},
-                {"Name": "architecture", "Values": ["x86_64"]},
-                {"Name": "state", "Values": ["available"]},
-            ],
-        )
-        image_id = mapping.newest_ubuntu_image(images)
-        if image_id is None:
-            raise ProviderRequestRejected(
-                f"no Canonical Ubuntu x86_64 image in {region}; set options.image_id", provider=mapping.PROVIDER
-            )
-        self._images[region] = image_id
-        return image_id
-
-    # -------------------------------------------------------------------------------------- the boot
-
-    def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
-        """The base checks (user data, disk), with the firewall counted as EC2 counts it: inbound rules per
-        security group, IPv4 and IPv6 separately (``RULES_SOURCE``)."""
-        problems = [p for p in super().launch_problems(spec) if p.field != "launch.allowed_cidrs"]
-        if spec.boot is None:
-            return problems
-        wanted = mapping.wanted_permissions(spec.boot.ingress)
-        for family, version in (("IPv4", 4), ("IPv6", 6)):
-            count = sum(1 for _, _, cidr in wanted if (":" in cidr) == (version == 6))
-            if count > RULES_PER_GROUP_PER_FAMILY:
-                problems.append(
-                    LaunchProblem(
-                        "launch.allowed_cidrs",
-                        f"{count} (port, {family} range) pairs; an AWS security group takes at most "
-                        f"{RULES_PER_GROUP_PER_FAMILY} inbound {family} rules ({RULES_SOURCE})",
-                    )
-                )
-        return problems
-
-    def native_keys(self, spec: LaunchSpec) -> tuple[SshPublicKey, ...]:
-        """The keys EC2's own mechanism installs for this launch: one key pair per instance, so the first key
-        ``ImportKeyPair`` takes, or none. The boot script installs every key either way."""
-        key = mapping.native_key(spec.boot.ssh_keys) if spec.boot is not None else None
-        return (key,) if key is not None else ()
-
-    def _boot_params(self, spec: LaunchSpec) -> dict[str, Any]:
-        """The ``run_instances`` parameters that carry ``spec.boot``, after making what they name."""
-        boot = spec.boot
-        if boot is None:
-            return {}
-        facts = self._image(spec.region, boot.image or spec.image or self.options.get("image_id") or None)
-        if boot.disk_gb is not None and facts.root_snapshot_gb is not None and boot.disk_gb < facts.root_snapshot_gb:
-            # EC2 would refuse it at launch (InvalidBlockDeviceMapping); saying so first creates nothing.
-            raise ProviderRequestRejected(
-                f"launch.disk_gb: {boot.disk_gb} GB is smaller than image {facts.image_id}'s root snapshot "
-                f"({facts.root_snapshot_gb} GB) in {spec.region}",
-                code="InvalidBlockDeviceMapping",
-                provider=mapping.PROVIDER,
-            )
-        subnet = self._subnet(spec.region, spec.zone)
-        vpc_id = subnet[1] if subnet else self._default_vpc(spec.region)
-        params: dict[str, Any] = {
-            "ImageId": facts.image_id,
-            "SecurityGroupIds": [self._security_group(spec, vpc_id, boot.ingress)],
-            "UserData": self.user_data(spec),  # botocore base64-encodes it for the wire
-        }
-        key = mapping.native_key(boot.ssh_keys)
-        if key is not None:
-            params["KeyName"] = self._key_pair(spec.region, spec.order_ref, key)
-        if boot.disk_gb is not None:
-            params["BlockDeviceMappings"] = mapping.root_volume(facts, boot.disk_gb)
-        if subnet is not None:
-            params["SubnetId"] = subnet[0]
-        return params
-
-    def _image(self, region: str, image_id: str | None) -> mapping.ImageFacts:
-        """The image to boot (the buyer's, the account's ``image_id`` or the region's current DLAMI) as EC2
-        describes it; ``ImageUnavailable`` naming the region when it does not exist there."""
-        if image_id is None:
-            try:
-                image_id = self._client.parameter(region, mapping.DLAMI_PARAMETER)
-            except ImageUnavailable as exc:
-                raise ImageUnavailable(
-                    f"no GPU-ready default image in {region}: {mapping.DLAMI_PARAMETER} is not published there",
-                    code=exc.code,
-                    provider=mapping.PROVIDER,
-                    http_status=exc.http_status,
-                ) from exc
-        try:
-            images = self._client.call(region, "describe_images", ImageIds=[image_id]).get("Images") or []
-        except ImageUnavailable as exc:
-            raise ImageUnavailable(
-                f"image {image_id} does not exist in {region}",
-                code=exc.code,
-                provider=mapping.PROVIDER,
-                http_status=exc.http_status,
-            ) from exc
-        available = [i for i in images if i.get("ImageId") == image_id and i.get("State", "available") == "available"]
-        if not available:
-            raise ImageUnavailable(
-                f"image {image_id} is not available in {region}",
-                code="InvalidAMIID.Unavailable",
-                provider=mapping.PROVIDER,
-            )
-        return mapping.image_facts(available[0])
-
-    def _subnet(self, region: str, zone: str) -> tuple[str, str] | None:
-        """(subnet id, VPC id) of the account's ``subnet_id`` option in the launch's zone; None without the
-        option. A subnet is zonal, so an account lists one per zone it sells in."""
-        named = [s.strip() for s in self.options.get("subnet_id", "").split(",") if s.strip()]
-        if not named:
-            return None
-        subnets = self._client.pages(
-            region,
-            "describe_subnets",
-            "Subnets",
-            Filters=[{"Name": "subnet-id", "Values": named}, {"Name": "availability-zone", "Values": [zone]}],
-        )
-        if not subnets:
-            raise ProviderRequestRejected(
-                f"none of options.subnet_id ({', '.join(named)}) is in {zone}", provider=mapping.PROVIDER
-            )
-        try:
-            return str(subnets[0]["SubnetId"]), str(subnets[0]["VpcId"])
-        except (KeyError, TypeError) as exc:
-            raise mapping.malformed(f"unreadable subnet entry ({exc!r})") from None
-
-    def _default_vpc(self, region: str) -> str:
-        vpcs = self._client.pages(region, "describe_vpcs", "Vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])
-        if not vpcs:
-            raise ProviderRequestRejected(
-                f"{region} has no default VPC; set options.subnet_id", provider=mapping.PROVIDER
-            )
-        return str(vpcs[0]["VpcId"])
-
-    def _key_pair(self, region: str, order_ref: str, key: SshPublicKey) -> str:
-        """The order's key pair in ``region``, imported unless it exists: found by name, so a repeated launch
-        (or a racing one, answered ``InvalidKeyPair.Duplicate``) imports nothing twice."""
-        name = mapping.resource_name(order_ref)
-        found = self._client.call(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}])
-        if found.get("KeyPairs"):
-            return name
-        try:
-            self._client.call(
-                region,
-                "import_key_pair",
-                KeyName=name,
-                PublicKeyMaterial=key.public_key.encode(),
-                TagSpecifications=mapping.order_tags("key-pair", order_ref),
-            )
-        except ProviderRequestRejected as exc:
-            if exc.code not in mapping.ALREADY_THERE:
-                raise
-        return name
-
-    def _security_group(self, spec: LaunchSpec, vpc_id: str, ingress: Sequence[IngressRule]) -> str:
-        """The order's security group in the launch's VPC, with every (port, CIDR) of the boot let in: created
-        unless it exists, and only the missing rules added, so repeating the launch changes nothing."""
-        region, name = spec.region, mapping.resource_name(spec.order_ref)
-        group = self._find_group(region, vpc_id, name)
-        if group is None:
-            try:
-                self._client.call(
-                    region,
-                    "create_security_group",
-                    GroupName=name,
-                    Description=f"gpu-broker order {spec.order_ref}",
-                    VpcId=vpc_id,
-                    TagSpecifications=mapping.order_tags("security-group", spec.order_ref),
-                )
-            except ProviderRequestRejected as exc:
-                if exc.code not in mapping.ALREADY_THERE:
-                    raise
-            group = self._find_group(region, vpc_id, name)
-            if group is None:
-                raise mapping.malformed(f"security group {name} was created but is not found in {vpc_id}")
-        group_id = str(group["GroupId"])
-        present = mapping.existing_permissions(group.get("IpPermissions") or [])
-        missing = [p for p in mapping.wanted_permissions(ingress) if p not in present]
-        if missing:
-            try:
-                self._client.call(
-                    region,
-                    "authorize_security_group_ingress",
-                    GroupId=group_id,
-                    IpPermissions=mapping.ip_permissions(missing),
-                    TagSpecifications=mapping.order_tags("security-group-rule", spec.order_ref),
-                )
-            except ProviderRequestRejected as exc:
-                if exc.code not in mapping.ALREADY_THERE:  # a racing launch added them first
-                    raise
-        return group_id
-
-    def _find_group(self, region: str, vpc_id: str, name: str) -> dict[str, Any] | None:
-        groups = self._client.pages(
-            region,
-            "describe_security_groups",
-            "SecurityGroups",
-            Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}],
-        )
-        return dict(groups[0]) if groups else None
-
-    def release_order_resources(self, order_ref: str) -> list[OrderResource]:
-        """Delete the order's security groups and key pairs in every region. A group an instance still uses
-        (``DependencyViolation``, e.g. while it shuts down) is returned for a later sweep; what is gone is
-        skipped, so a repeat is harmless."""
-        remaining: list[OrderResource] = []
-        for region in self.regions:
-            groups = self._client.pages(
-                region, "describe_security_groups", "SecurityGroups", Filters=mapping.order_filter(order_ref)
-            )
-            for group in groups:
-                try:
-                    self._client.call(region, "delete_security_group", GroupId=str(group["GroupId"]))
-                except ProviderRequestRejected as exc:
-                    if exc.code == mapping.IN_USE:
-                        remaining.append(mapping.order_resource("security_group", group, region))
-                    elif exc.code not in mapping.GROUP_GONE:
-                        raise
-            keys = self._client.call(region, "describe_key_pairs", Filters=mapping.order_filter(order_ref))
-            for key in keys.get("KeyPairs") or []:
-                # DeleteKeyPair succeeds for a name that is already gone.
-                self._client.call(region, "delete_key_pair", KeyName=str(key["KeyName"]))
-        return remaining
-
-    def list_order_resources(self) -> list[OrderResource]:
-        """Security groups and key pairs tagged ``broker:order`` in every region of the account."""
-        found: list[OrderResource] = []
-        for region in self.regions:
-            groups = self._client.pages(
-                region, "describe_security_groups", "SecurityGroups", Filters=mapping.order_filter()
-            )
-            found.extend(mapping.order_resource("security_group", g, region) for g in groups)
-            keys = self._client.call(region, "describe_key_pairs", Filters=mapping.order_filter())
-            found.extend(mapping.order_resource("key_pair", k, region) for k in keys.get("KeyPairs") or [])
-        return sorted(found, key=lambda r: (r.region, r.kind, r.resource_id))
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Terminate the instance; a no-op (no API write) when it is already terminated.
@@ -673,7 +391,7 @@ class AwsAdapter(ProviderAdapter):
             entry = next(t for t in result["TerminatingInstances"] if t["InstanceId"] == instance_id)
             state_name = str(entry["CurrentState"]["Name"])
         except (KeyError, TypeError, StopIteration) as exc:
-            raise mapping.malformed(f"terminate_instances answer without {instance_id} ({exc!r})") from None
+            raise errors.malformed(f"terminate_instances answer without {instance_id} ({exc!r})") from None
         return InstanceHandle(
             instance_id=current.instance_id,
             region=current.region,

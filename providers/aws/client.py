@@ -23,7 +23,7 @@ import botocore.session
 from botocore.parsers import ResponseParserError
 
 from providers import ratelimit
-from providers.aws import mapping
+from providers.aws import errors
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
 
@@ -96,7 +96,7 @@ def _count_requests(client: Any, settings: ClientSettings, service: str, region:
         context[_RATE_PLAN] = (draws, CallDeadline(attempt_s))
 
     def _draw(group: str, default: ratelimit.Limit, cost: float) -> ratelimit.Draw:
-        key = ratelimit.BucketKey(mapping.PROVIDER, settings.access_key_id, region, group)
+        key = ratelimit.BucketKey(errors.PROVIDER, settings.access_key_id, region, group)
         return key, ratelimit.resolve(group, default, settings.rate_limits), cost
 
     def before_send(request: Any, **_: Any) -> None:
@@ -114,16 +114,16 @@ def _translate(exc: Exception) -> ProviderError:
         error = exc.response.get("Error") or {}
         status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         code = str(error.get("Code", ""))
-        return mapping.error_from_code(code, str(error.get("Message", "")) or str(exc), status)
+        return errors.error_from_code(code, str(error.get("Message", "")) or str(exc), status)
     name = type(exc).__name__
-    if isinstance(exc, sdk_errors.ConnectionError | sdk_errors.HTTPClientError) or name in mapping.TRANSPORT_ERRORS:
-        return mapping.transport_error(name, str(exc))
+    if isinstance(exc, sdk_errors.ConnectionError | sdk_errors.HTTPClientError) or name in errors.TRANSPORT_ERRORS:
+        return errors.transport_error(name, str(exc))
     if isinstance(exc, sdk_errors.NoCredentialsError | sdk_errors.PartialCredentialsError):
-        return CredentialsRejected(str(exc), code=name, provider=mapping.PROVIDER)
+        return CredentialsRejected(str(exc), code=name, provider=errors.PROVIDER)
     if isinstance(exc, ResponseParserError):
-        return mapping.malformed(f"{name}: {exc}")
+        return errors.malformed(f"{name}: {exc}")
     # Anything else (parameter validation, unknown SDK failure) would fail the same way again.
-    return ProviderRequestRejected(str(exc), code=name, provider=mapping.PROVIDER)
+    return ProviderRequestRejected(str(exc), code=name, provider=errors.PROVIDER)
 
 
 @contextmanager
@@ -198,7 +198,7 @@ class AwsClient:
                         )
                 except ValueError as exc:  # botocore's answer to a malformed endpoint URL or region name
                     raise ProviderRequestRejected(
-                        f"cannot build the {service} client: {exc}", provider=mapping.PROVIDER
+                        f"cannot build the {service} client: {exc}", provider=errors.PROVIDER
                     ) from exc
                 _count_requests(client, self.settings, service, region)
                 self._clients[key] = client
@@ -231,13 +231,13 @@ class AwsClient:
     def parameter(self, region: str, name: str) -> str:
         """The value of one Systems Manager parameter (e.g. the public parameter naming a region's current AMI).
 
-        ``ParameterNotFound`` becomes ``ImageUnavailable`` (``mapping.ERROR_CLASSES``)."""
+        ``ParameterNotFound`` becomes ``ImageUnavailable`` (``errors.ERROR_CLASSES``)."""
         with _sdk_errors():
             result = self._client("ssm", region).get_parameter(Name=name)
         try:
             return str(result["Parameter"]["Value"])
         except (KeyError, TypeError) as exc:
-            raise mapping.malformed(f"get_parameter answered without Parameter.Value ({exc!r})") from None
+            raise errors.malformed(f"get_parameter answered without Parameter.Value ({exc!r})") from None
 
     def price_list(self, **params: Any) -> list[Any]:
         """Every ``PriceList`` item of ``pricing.get_products`` across pages (items are JSON strings)."""

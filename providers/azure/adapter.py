@@ -19,15 +19,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from providers import ratelimit
-from providers.azure import mapping
-from providers.azure.client import (
+from providers.azure import catalog, errors, launching, mapping
+from providers.azure.client import AzureClient
+from providers.azure.pipeline import (
     AUTHORITY_URL,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_POLLING_INTERVAL,
     DEFAULT_READ_TIMEOUT,
     PRICES_URL,
-    AzureClient,
     ClientSettings,
 )
 from providers.base import ProviderAdapter, quota_refuse_short
@@ -78,8 +78,8 @@ class AzureAdapter(ProviderAdapter):
     """
 
     kind = "azure"
-    launch_limits: ClassVar[LaunchLimits] = mapping.LAUNCH_LIMITS
-    login_user: ClassVar[str] = mapping.DEFAULT_ADMIN_USERNAME  # the adminUsername every launch with a boot sets
+    launch_limits: ClassVar[LaunchLimits] = launching.LAUNCH_LIMITS
+    login_user: ClassVar[str] = launching.DEFAULT_ADMIN_USERNAME  # the adminUsername every launch with a boot sets
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -87,19 +87,19 @@ class AzureAdapter(ProviderAdapter):
             raise ValueError("regions: an Azure account needs at least one region (location)")
         missing = [key for key in REQUIRED_CREDENTIALS if not credentials.values.get(key)]
         if missing:
-            raise CredentialsRejected(f"credentials missing: {', '.join(missing)}", provider=mapping.PROVIDER)
+            raise CredentialsRejected(f"credentials missing: {', '.join(missing)}", provider=errors.PROVIDER)
         options = self.options
         self.resource_group = options.get("resource_group") or DEFAULT_RESOURCE_GROUP
         self.launch_wait_s = option_number(options, "launch_wait_s", DEFAULT_LAUNCH_WAIT_S, allow_zero=True)
         self.terminate_wait_s = option_number(options, "terminate_wait_s", DEFAULT_TERMINATE_WAIT_S, allow_zero=True)
-        self.launch_settings = mapping.LaunchSettings(
+        self.launch_settings = launching.LaunchSettings(
             subnet_id=options.get("subnet_id", ""),
             ssh_public_key=options.get("ssh_public_key", ""),
-            admin_username=options.get("admin_username") or mapping.DEFAULT_ADMIN_USERNAME,
-            image=options.get("image") or mapping.DEFAULT_IMAGE,
-            os_disk_type=options.get("os_disk_type") or mapping.DEFAULT_OS_DISK_TYPE,
+            admin_username=options.get("admin_username") or launching.DEFAULT_ADMIN_USERNAME,
+            image=options.get("image") or launching.DEFAULT_IMAGE,
+            os_disk_type=options.get("os_disk_type") or launching.DEFAULT_OS_DISK_TYPE,
             public_ip=_flag(options, "public_ip", True),
-            gpu_image=options.get("image") or mapping.DEFAULT_GPU_IMAGE,
+            gpu_image=options.get("image") or launching.DEFAULT_GPU_IMAGE,
         )
         self.subscription_id = credentials.values["subscription_id"]
         values = credentials.values
@@ -144,16 +144,16 @@ class AzureAdapter(ProviderAdapter):
         return offers
 
     def _region_offers(self, region: str) -> list[OfferQuote]:
-        specs: dict[str, mapping.SkuSpec] = {}
+        specs: dict[str, catalog.SkuSpec] = {}
         for item in self._client.skus(region):
-            spec = mapping.sku_spec(item, region)
+            spec = catalog.sku_spec(item, region)
             if spec is not None:
                 specs[spec.name] = spec
         offers: list[OfferQuote] = []
         for name in sorted(specs):
             spec = specs[name]
-            items = self._client.retail_prices(mapping.prices_filter(region, name))
-            prices = mapping.sku_prices(items, region, name)
+            items = self._client.retail_prices(catalog.prices_filter(region, name))
+            prices = catalog.sku_prices(items, region, name)
             if prices.on_demand is None:
                 continue
             for zone in spec.zones:
@@ -172,9 +172,9 @@ class AzureAdapter(ProviderAdapter):
         self,
         region: str,
         zone: str,
-        spec: mapping.SkuSpec,
+        spec: catalog.SkuSpec,
         pricing_model: PricingModel,
-        prices: mapping.SkuPrices,
+        prices: catalog.SkuPrices,
         extra: dict[str, Any],
     ) -> OfferQuote:
         price = prices.spot if pricing_model is PricingModel.SPOT else prices.on_demand
@@ -202,7 +202,7 @@ class AzureAdapter(ProviderAdapter):
         quotas = mapping.quota_uses(self._client.usages(spec.region))
         family = str(spec.offer_extra.get("family") or "")
         needs = mapping.quota_needs(family, spec.vcpus, spec.pricing_model is PricingModel.SPOT)
-        quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
+        quota_refuse_short(errors.PROVIDER, spec.region, quotas, needs)
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The VM's state from its instance view. A VM whose create failed is ``FAILED`` with ``error_class``,
@@ -211,7 +211,7 @@ class AzureAdapter(ProviderAdapter):
         """
         vm = self._client.get_vm(self.resource_group, instance_id)
         if vm is None:
-            raise mapping.rejected(
+            raise errors.rejected(
                 f"virtual machine {instance_id} not found in resource group {self.resource_group}",
                 code="ResourceNotFound",
             )
@@ -278,16 +278,16 @@ class AzureAdapter(ProviderAdapter):
         ``CapacityUnavailable`` (SkuNotAvailable, spot price), ``QuotaExceeded``, ``ImageUnavailable``,
         ``CredentialsRejected``, ``TransientProviderError`` (429) or ``ProviderRequestRejected``.
         """
-        name = mapping.vm_name(spec.client_token)
+        name = launching.vm_name(spec.client_token)
         if spec.boot is None:
-            return self._create(spec, name, mapping.vm_body(spec, name, self.launch_settings))
-        mapping.check_launchable(spec, self.launch_settings, with_boot=True)  # before anything is created
+            return self._create(spec, name, launching.vm_body(spec, name, self.launch_settings))
+        launching.check_launchable(spec, self.launch_settings, with_boot=True)  # before anything is created
         existing = self._client.get_vm(self.resource_group, name)
         if existing is not None:
             return self._handle_of(existing, spec, existed=True)
         boot = spec.boot
         script = self.user_data(spec) or b""
-        parts = mapping.BootParts(
+        parts = launching.BootParts(
             image=self._checked_image(spec, boot),
             custom_data=base64.b64encode(script).decode(),
             admin_username=self.login_user,
@@ -295,7 +295,7 @@ class AzureAdapter(ProviderAdapter):
             nsg_id=self._order_nsg(spec),
             disk_gb=boot.disk_gb,
         )
-        return self._create(spec, name, mapping.vm_body(spec, name, self.launch_settings, parts))
+        return self._create(spec, name, launching.vm_body(spec, name, self.launch_settings, parts))
 
     def _create(self, spec: LaunchSpec, name: str, body: dict[str, Any]) -> InstanceHandle:
         result = self._client.create_vm(self.resource_group, name, body, wait_s=self.launch_wait_s)
@@ -308,23 +308,23 @@ class AzureAdapter(ProviderAdapter):
             raise TransientProviderError(
                 f"virtual machine {name} was accepted but cannot be read yet",
                 code="NotFound",
-                provider=mapping.PROVIDER,
+                provider=errors.PROVIDER,
             )
         return self._handle_of(vm, spec, existed=result.existed)
 
     def _handle_of(self, vm: dict[str, Any], spec: LaunchSpec, *, existed: bool) -> InstanceHandle:
         handle = mapping.instance_handle(vm, resource_group=self.resource_group)
         if existed and handle.extra.get("client_token") not in ("", spec.client_token):
-            raise mapping.rejected(
+            raise errors.rejected(
                 f"virtual machine {handle.instance_id} exists for another client token",
                 code="IdempotentParameterMismatch",
             )
         return handle
 
-    def _checked_image(self, spec: LaunchSpec, boot: BootSpec) -> mapping.ImageRef:
+    def _checked_image(self, spec: LaunchSpec, boot: BootSpec) -> launching.ImageRef:
         """The image the launch runs (the buyer's, else the account's ``image`` option, else Ubuntu-HPC), read
         back from Azure in the launch's region. Raises ``ImageUnavailable`` when the region has no such image."""
-        image = mapping.parse_image(boot.image or spec.image or self.launch_settings.gpu_image)
+        image = launching.parse_image(boot.image or spec.image or self.launch_settings.gpu_image)
         region = spec.region
         if image.marketplace:
             if image.version.lower() == "latest":
@@ -333,7 +333,7 @@ class AzureAdapter(ProviderAdapter):
                 version = self._client.image_version(region, image.publisher, image.offer, image.sku, image.version)
                 found = version is not None
         else:
-            managed = mapping.managed_image_parts(image.resource_id)
+            managed = launching.managed_image_parts(image.resource_id)
             if managed is None or managed[0].lower() != self.subscription_id.lower():
                 # A gallery image or another subscription's: this client cannot read it, and ARM answers
                 # ImageNotFound / GalleryImageNotFound at create, which map to ImageUnavailable too.
@@ -343,19 +343,19 @@ class AzureAdapter(ProviderAdapter):
             found = record is not None and str(record.get("location", "")).lower() == region.lower()
         if not found:
             raise ImageUnavailable(
-                f"image {image} is not available in {region}", code="ImageNotFound", provider=mapping.PROVIDER
+                f"image {image} is not available in {region}", code="ImageNotFound", provider=errors.PROVIDER
             )
         return image
 
     def _order_nsg(self, spec: LaunchSpec) -> str:
         """The order's network security group in the launch's region, found by name and written only when missing
         or different (a PUT converges, so a race between two attempts leaves one group). Returns its id."""
-        name = mapping.nsg_name(spec.order_ref, spec.region)
-        wanted = mapping.nsg_body(spec)
+        name = launching.nsg_name(spec.order_ref, spec.region)
+        wanted = launching.nsg_body(spec)
         current = self._client.get_nsg(self.resource_group, name)
-        if current is None or not mapping.nsg_matches(current, wanted):
+        if current is None or not launching.nsg_matches(current, wanted):
             self._client.put_nsg(self.resource_group, name, wanted, wait_s=self.launch_wait_s)
-        return mapping.nsg_id(self.subscription_id, self.resource_group, name)
+        return launching.nsg_id(self.subscription_id, self.resource_group, name)
 
     def launch_problems(self, spec: LaunchSpec) -> list[LaunchProblem]:
         """The base checks (custom data size, OS disk range, rules per security group) and the image's form."""
@@ -363,13 +363,13 @@ class AzureAdapter(ProviderAdapter):
         image = spec.boot.image if spec.boot is not None else None
         if image:
             try:
-                mapping.parse_image(image)
+                launching.parse_image(image)
             except ProviderRequestRejected:
                 problems.append(
                     LaunchProblem(
                         "launch.image",
                         "an Azure image is publisher:offer:sku:version (e.g. "
-                        f"{mapping.DEFAULT_GPU_IMAGE}) or an image resource id",
+                        f"{launching.DEFAULT_GPU_IMAGE}) or an image resource id",
                     )
                 )
         return problems
@@ -413,7 +413,7 @@ class AzureAdapter(ProviderAdapter):
         regions = {r.lower() for r in self.regions}
         found: list[OrderResource] = []
         for nsg in self._client.list_nsgs(self.resource_group):
-            resource = mapping.order_resource(nsg)
+            resource = launching.order_resource(nsg)
             if resource is not None and resource.region.lower() in regions:
                 found.append(resource)
         return sorted(found, key=lambda r: (r.order_ref, r.region, r.resource_id))
@@ -436,7 +436,7 @@ class AzureAdapter(ProviderAdapter):
 
 
 def _native_keys(boot: BootSpec) -> tuple[str, ...]:
-    """The buyer's keys ARM itself installs: RSA and Ed25519 (``mapping.NATIVE_KEY_TYPES``). The boot script
+    """The buyer's keys ARM itself installs: RSA and Ed25519 (``launching.NATIVE_KEY_TYPES``). The boot script
     appends every key, these included, so no order is refused for its key type.
 
     ARM refuses a Linux VM with password login off and no key, so a launch whose keys are all of other types
@@ -444,7 +444,8 @@ def _native_keys(boot: BootSpec) -> tuple[str, ...]:
     keys = tuple(
         key.public_key
         for key in boot.ssh_keys
-        if key.key_type in mapping.NATIVE_KEY_TYPES and (key.key_type != "ssh-rsa" or key.bits >= mapping.RSA_MIN_BITS)
+        if key.key_type in launching.NATIVE_KEY_TYPES
+        and (key.key_type != "ssh-rsa" or key.bits >= launching.RSA_MIN_BITS)
     )
     if keys:
         return keys

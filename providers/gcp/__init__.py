@@ -1,1 +1,2 @@
-"""Google Cloud provider: ``adapter.GcpAdapter`` (the contract), ``mapping`` (pure tables), ``client`` (the SDKs)."""
+"""Google Cloud provider: ``adapter.GcpAdapter`` (the contract), the pure tables (``errors``, ``catalog``,
+``mapping``, ``launching``) and ``client`` (the SDKs)."""

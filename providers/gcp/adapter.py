@@ -12,7 +12,7 @@ from providers import ratelimit
 from providers.base import ProviderAdapter, quota_refuse_short, unknown_instance
 from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
 from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
-from providers.gcp import mapping
+from providers.gcp import catalog, errors, launching, mapping
 from providers.gcp.client import (
     BACKOFF_SECONDS,
     DEFAULT_CONNECT_TIMEOUT,
@@ -27,7 +27,7 @@ from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
 from untrusted.jsonbody import bounded_json
 
-USAGE_TYPES = {PricingModel.ON_DEMAND: mapping.ON_DEMAND, PricingModel.SPOT: mapping.PREEMPTIBLE}
+USAGE_TYPES = {PricingModel.ON_DEMAND: catalog.ON_DEMAND, PricingModel.SPOT: catalog.PREEMPTIBLE}
 # An instance name is "[a-z]([-a-z0-9]*[a-z0-9])?", at most 63 characters (Compute Engine API reference,
 # instances, https://cloud.google.com/compute/docs/reference/rest/v1/instances): nothing in it is special in a
 # regular expression or in a URL, so names join into a filter as they are.
@@ -68,16 +68,16 @@ def names_filters(names: Sequence[str]) -> list[str]:
 def _service_account_info(credentials: Credentials) -> dict[str, Any]:
     raw = credentials.values.get("service_account_json", "")
     if not raw:
-        raise CredentialsRejected("service_account_json is required", code="invalid_key", provider=mapping.PROVIDER)
+        raise CredentialsRejected("service_account_json is required", code="invalid_key", provider=errors.PROVIDER)
     try:
         info = bounded_json(raw, max_bytes=KEY_MAX_BYTES, max_depth=KEY_MAX_DEPTH)
     except ValueError as exc:
         raise CredentialsRejected(
-            f"service_account_json is not a key's JSON: {exc}", code="invalid_key", provider=mapping.PROVIDER
+            f"service_account_json is not a key's JSON: {exc}", code="invalid_key", provider=errors.PROVIDER
         ) from None
     if not isinstance(info, dict) or info.get("type", "service_account") != "service_account":
         raise CredentialsRejected(
-            "service_account_json is not a service account key", code="invalid_key", provider=mapping.PROVIDER
+            "service_account_json is not a service account key", code="invalid_key", provider=errors.PROVIDER
         )
     return info
 
@@ -90,7 +90,7 @@ class GcpAdapter(ProviderAdapter):
     Cloud Billing. Options (all strings): ``connect_timeout``/``read_timeout`` seconds (defaults 5/30),
     ``max_attempts`` for reads (default 3) and ``retry_backoff`` (first pause, seconds, default 0.25, doubling),
     ``page_size`` for list calls (default 500), ``image`` (default: Ubuntu 22.04 for a bare launch, the Deep
-    Learning VM family ``mapping.DLVM_FAMILY`` for a booted one; a buyer's own image wins over both),
+    Learning VM family ``launching.DLVM_FAMILY`` for a booted one; a buyer's own image wins over both),
     ``boot_disk_gb`` (100), ``network``/``subnetwork``, ``n1_bundles`` (comma-separated N1 host + GPU pairings to
     quote, e.g. ``n1-standard-8+1xT4``).
 
@@ -104,13 +104,13 @@ class GcpAdapter(ProviderAdapter):
 
     kind = "gcp"
     launch_limits = LaunchLimits(
-        user_data_max_bytes=mapping.METADATA_VALUE_MAX_BYTES,
+        user_data_max_bytes=launching.METADATA_VALUE_MAX_BYTES,
         user_data_measure=UserDataMeasure.RAW,
         user_data_field="the startup-script metadata value",
-        source=mapping.METADATA_SOURCE,
-        disk_gb_min=mapping.DISK_GB_MIN,
-        disk_gb_max=mapping.DISK_GB_MAX,
-        native_key_types=mapping.NATIVE_KEY_TYPES,
+        source=launching.METADATA_SOURCE,
+        disk_gb_min=launching.DISK_GB_MIN,
+        disk_gb_max=launching.DISK_GB_MAX,
+        native_key_types=launching.NATIVE_KEY_TYPES,
     )
     # The user the ssh-keys lines name: the guest agent creates it on first boot, with sudo.
     login_user = "gpu"
@@ -122,7 +122,7 @@ class GcpAdapter(ProviderAdapter):
         info = _service_account_info(credentials)
         project = credentials.values.get("project_id") or str(info.get("project_id") or "")
         if not project:
-            raise CredentialsRejected("project_id is required", code="invalid_key", provider=mapping.PROVIDER)
+            raise CredentialsRejected("project_id is required", code="invalid_key", provider=errors.PROVIDER)
         self.project = project
         self._client = GcpClient(
             ClientSettings(
@@ -138,9 +138,9 @@ class GcpAdapter(ProviderAdapter):
             )
         )
         raw_bundles = self.options.get("n1_bundles")
-        names = [b.strip() for b in raw_bundles.split(",") if b.strip()] if raw_bundles else mapping.DEFAULT_N1_BUNDLES
-        self._bundles = [mapping.parse_instance_type(name) for name in names]
-        self._boot_disk_gb = int(option_number(self.options, "boot_disk_gb", mapping.DEFAULT_BOOT_DISK_GB))
+        names = [b.strip() for b in raw_bundles.split(",") if b.strip()] if raw_bundles else catalog.DEFAULT_N1_BUNDLES
+        self._bundles = [catalog.parse_instance_type(name) for name in names]
+        self._boot_disk_gb = int(option_number(self.options, "boot_disk_gb", launching.DEFAULT_BOOT_DISK_GB))
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -151,7 +151,7 @@ class GcpAdapter(ProviderAdapter):
         """
         region = self._client.regions_get(self.regions[0])
         if not region.get("name"):
-            raise mapping.malformed("regions.get answered without a region name")
+            raise errors.malformed("regions.get answered without a region name")
 
     def list_offers(self) -> list[OfferQuote]:
         """One on-demand and, where every part has a Preemptible SKU, one spot quote per (zone, GPU machine) in the
@@ -162,18 +162,18 @@ class GcpAdapter(ProviderAdapter):
         Read-only; raises ``TransientProviderError``, ``CredentialsRejected`` or ``MalformedProviderResponse``.
         """
         machine_items = self._client.aggregated("machine_types")
-        limits = mapping.accelerator_limits(self._client.aggregated("accelerator_types"))
-        index = mapping.sku_index(self._client.skus())
-        bundles_by_host: dict[str, list[mapping.InstanceTypeName]] = {}
+        limits = catalog.accelerator_limits(self._client.aggregated("accelerator_types"))
+        index = catalog.sku_index(self._client.skus())
+        bundles_by_host: dict[str, list[catalog.InstanceTypeName]] = {}
         for bundle in self._bundles:
             bundles_by_host.setdefault(bundle.machine_type, []).append(bundle)
 
         offers: list[OfferQuote] = []
         for scope, item in machine_items:
-            zone = mapping.zone_of_scope(scope)
-            if zone is None or mapping.region_of_zone(zone) not in self.regions:
+            zone = catalog.zone_of_scope(scope)
+            if zone is None or catalog.region_of_zone(zone) not in self.regions:
                 continue
-            machine = mapping.machine_type(item, zone)
+            machine = catalog.machine_type(item, zone)
             if machine.accelerators:
                 accelerator = machine.accelerators[0][0]
                 count = sum(n for name, n in machine.accelerators if name == accelerator)
@@ -184,16 +184,16 @@ class GcpAdapter(ProviderAdapter):
         return sorted(offers, key=lambda q: (q.region, q.zone, q.instance_type, q.pricing_model.value))
 
     def _quotes(
-        self, index: mapping.SkuIndex, machine: mapping.MachineType, instance_type: str, accelerator: str, count: int
+        self, index: catalog.SkuIndex, machine: catalog.MachineType, instance_type: str, accelerator: str, count: int
     ) -> list[OfferQuote]:
-        family = mapping.host_family(machine.name)
+        family = catalog.host_family(machine.name)
         if family is None:
             return []
-        region = mapping.region_of_zone(machine.zone)
-        gpu = mapping.gpu_spec(machine.name, accelerator, count)
+        region = catalog.region_of_zone(machine.zone)
+        gpu = catalog.gpu_spec(machine.name, accelerator, count)
         quotes: list[OfferQuote] = []
         for pricing_model, usage_type in USAGE_TYPES.items():
-            composed = mapping.compose_price(
+            composed = catalog.compose_price(
                 index, region, usage_type, family, machine.vcpus, machine.memory_gib, accelerator, count
             )
             if composed is None:
@@ -236,7 +236,7 @@ class GcpAdapter(ProviderAdapter):
             handle = mapping.handle_without_instance(zone, name, self._operations(zone, name))
             if handle is None:
                 raise ProviderRequestRejected(
-                    f"instance {instance_id} not found in {region}", code="notFound", provider=mapping.PROVIDER
+                    f"instance {instance_id} not found in {region}", code="notFound", provider=errors.PROVIDER
                 )
             return handle
         handle = mapping.instance_handle(item)
@@ -246,12 +246,12 @@ class GcpAdapter(ProviderAdapter):
         operations = self._operations(zone, name)
         if status == "PROVISIONING":
             insert = mapping.latest_operation(operations, {"insert"})
-            if insert and mapping.operation_error(insert) is not None:
+            if insert and errors.operation_error(insert) is not None:
                 # The instance may linger a moment after a failed insert; the operation is the truth.
                 return self._with(handle, InstanceState.FAILED, insert)
         else:
             gone = mapping.latest_operation(operations, mapping.GONE_OPERATIONS)
-            if gone and gone.get("status") == "DONE" and mapping.operation_error(gone) is None:
+            if gone and gone.get("status") == "DONE" and errors.operation_error(gone) is None:
                 return self._with(handle, InstanceState.TERMINATED, gone)
         return handle
 
@@ -272,7 +272,7 @@ class GcpAdapter(ProviderAdapter):
         settling: list[str] = []
         for names_filter in names_filters(sorted(set(names.values()))):
             for scope, item in self._client.aggregated("instances", names_filter):
-                if mapping.zone_of_scope(scope) is None:
+                if catalog.zone_of_scope(scope) is None:
                     continue
                 handle = mapping.instance_handle(item)
                 if handle.instance_id not in names:  # the same name in a zone the broker did not ask about
@@ -315,8 +315,8 @@ class GcpAdapter(ProviderAdapter):
         handles = [
             mapping.instance_handle(item)
             for scope, item in items
-            if (zone := mapping.zone_of_scope(scope)) is not None
-            and mapping.region_of_zone(zone) in self.regions
+            if (zone := catalog.zone_of_scope(scope)) is not None
+            and catalog.region_of_zone(zone) in self.regions
             # The filter is GCP's; checking again keeps a filter the server ignored from returning strangers.
             and (item.get("labels") or {}).get(mapping.ORDER_LABEL) == value
         ]
@@ -342,18 +342,18 @@ class GcpAdapter(ProviderAdapter):
         With ``spec.boot`` None the launch is the bare one it always was: no image lookup, no firewall.
         """
         if spec.pricing_model is PricingModel.RESERVED:
-            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=mapping.PROVIDER)
-        if not spec.zone or mapping.region_of_zone(spec.zone) != spec.region:
+            raise ProviderRequestRejected("reserved capacity cannot be launched on demand", provider=errors.PROVIDER)
+        if not spec.zone or catalog.region_of_zone(spec.zone) != spec.region:
             raise ProviderRequestRejected(
-                f"zone {spec.zone!r} is not a zone of {spec.region}", code="invalid", provider=mapping.PROVIDER
+                f"zone {spec.zone!r} is not a zone of {spec.region}", code="invalid", provider=errors.PROVIDER
             )
-        instance_type = mapping.parse_instance_type(spec.instance_type)
+        instance_type = catalog.parse_instance_type(spec.instance_type)
         name = mapping.instance_name(spec.client_token)
         request_id = mapping.request_id("insert", spec.client_token)
         labels = mapping.labels(spec.order_ref, spec.tags)
-        network = self.options.get("network") or mapping.DEFAULT_NETWORK
+        network = self.options.get("network") or launching.DEFAULT_NETWORK
         metadata = {mapping.IDEMPOTENCY_METADATA: spec.client_token, mapping.ORDER_METADATA: spec.order_ref}
-        image = spec.image or self.options.get("image") or mapping.DEFAULT_IMAGE
+        image = spec.image or self.options.get("image") or launching.DEFAULT_IMAGE
         disk_gb = self._boot_disk_gb
         tags: tuple[str, ...] = ()
         if spec.boot is not None:
@@ -364,7 +364,7 @@ class GcpAdapter(ProviderAdapter):
             disk_gb = self._disk_gb(spec.boot.disk_gb, resolved, ref)
             tags = self._ensure_firewalls(spec.order_ref, spec.boot.ingress, network)
             metadata.update(self._boot_metadata(spec, ref))
-        resource = mapping.instance_resource(
+        resource = launching.instance_resource(
             name=name,
             zone=spec.zone,
             instance_type=instance_type,
@@ -389,7 +389,7 @@ class GcpAdapter(ProviderAdapter):
             ):
                 raise
             return mapping.instance_handle(existing, {"request_id": request_id})
-        mapping.raise_operation_error(operation)
+        errors.raise_operation_error(operation)
         if operation.get("status") == "DONE":
             current = self._client.instance_get(spec.zone, name)
             if current is not None:
@@ -417,11 +417,11 @@ class GcpAdapter(ProviderAdapter):
         """The region's GPU and vCPU quotas from ``regions.get`` against what the launch adds (the accelerator
         type from the offer's ``accelerator_type``). The project-wide GPUS_ALL_REGIONS quota is not read: it
         needs a second call (projects.get) and the launch still reports it."""
-        quotas = mapping.quota_uses(self._client.regions_get(spec.region))
+        quotas = catalog.quota_uses(self._client.regions_get(spec.region))
         accelerator = str(spec.offer_extra.get("accelerator_type") or "")
         spot = spec.pricing_model is PricingModel.SPOT
-        needs = mapping.quota_needs(quotas, accelerator, spec.gpu_count, spec.vcpus, spot)
-        quota_refuse_short(mapping.PROVIDER, spec.region, quotas, needs)
+        needs = catalog.quota_needs(quotas, accelerator, spec.gpu_count, spec.vcpus, spot)
+        quota_refuse_short(errors.PROVIDER, spec.region, quotas, needs)
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """``instances.delete`` (Spot and on-demand alike). Idempotent: an instance GCP no longer has (404) is
@@ -439,7 +439,7 @@ class GcpAdapter(ProviderAdapter):
         operation = self._client.delete(zone, name, mapping.request_id("delete", key))
         if operation is None:
             return dataclasses.replace(handle, state=InstanceState.TERMINATED)
-        mapping.raise_operation_error(operation)
+        errors.raise_operation_error(operation)
         state = InstanceState.TERMINATED if operation.get("status") == "DONE" else InstanceState.STOPPING
         return self._with(handle, state, operation)
 
@@ -460,12 +460,12 @@ class GcpAdapter(ProviderAdapter):
                 problems.append(LaunchProblem("launch.image", exc.message))
         return problems
 
-    def _image_ref(self, spec: LaunchSpec) -> mapping.ImageRef:
+    def _image_ref(self, spec: LaunchSpec) -> launching.ImageRef:
         """The buyer's image, else the account's ``image`` option, else the Deep Learning VM family. Pure."""
         chosen = (spec.boot.image if spec.boot is not None else None) or spec.image or self.options.get("image")
-        return mapping.image_ref(chosen, self.project) if chosen else mapping.DEFAULT_GPU_IMAGE
+        return launching.image_ref(chosen, self.project) if chosen else launching.DEFAULT_GPU_IMAGE
 
-    def _resolve_image(self, ref: mapping.ImageRef, zone: str) -> dict[str, Any]:
+    def _resolve_image(self, ref: launching.ImageRef, zone: str) -> dict[str, Any]:
         """The image the launch will boot. A family resolves to its newest image rolled out in the zone
         (``imageFamilyViews.get``), so a family missing from the region fails here rather than at insert. Raises
         ``ImageUnavailable`` naming the region when GCP has no usable image."""
@@ -473,14 +473,14 @@ class GcpAdapter(ProviderAdapter):
             image = self._client.image_family_view(ref.project, zone, ref.family)
         else:
             image = self._client.image_get(ref.project, ref.name)
-        if image is None or not mapping.image_usable(image):
-            region = mapping.region_of_zone(zone)
+        if image is None or not launching.image_usable(image):
+            region = catalog.region_of_zone(zone)
             raise ImageUnavailable(
-                f"image {ref} is not available in {region} ({zone})", code="notFound", provider=mapping.PROVIDER
+                f"image {ref} is not available in {region} ({zone})", code="notFound", provider=errors.PROVIDER
             )
         return image
 
-    def _disk_gb(self, requested: int | None, image: dict[str, Any], ref: mapping.ImageRef) -> int:
+    def _disk_gb(self, requested: int | None, image: dict[str, Any], ref: launching.ImageRef) -> int:
         """The boot disk: the buyer's size, else the account's default grown to the image's own size. A size
         below the image's is refused here, as GCP would refuse the insert."""
         image_gb = int(image.get("disk_size_gb") or 0)
@@ -490,20 +490,20 @@ class GcpAdapter(ProviderAdapter):
             raise ProviderRequestRejected(
                 f"a {requested} GB boot disk is smaller than image {ref} ({image_gb} GB)",
                 code="invalid",
-                provider=mapping.PROVIDER,
+                provider=errors.PROVIDER,
             )
         return requested
 
-    def _boot_metadata(self, spec: LaunchSpec, ref: mapping.ImageRef) -> dict[str, str]:
+    def _boot_metadata(self, spec: LaunchSpec, ref: launching.ImageRef) -> dict[str, str]:
         boot = spec.boot
         if boot is None:
             return {}
         script = self.user_data(spec) or b""
-        metadata = {mapping.STARTUP_SCRIPT_KEY: script.decode()}
+        metadata = {launching.STARTUP_SCRIPT_KEY: script.decode()}
         if boot.ssh_keys:
-            metadata[mapping.SSH_KEYS_KEY] = mapping.ssh_keys_value(self.login_user, boot.ssh_keys)
+            metadata[launching.SSH_KEYS_KEY] = launching.ssh_keys_value(self.login_user, boot.ssh_keys)
         if ref.is_deep_learning_vm:
-            metadata[mapping.DRIVER_METADATA_KEY] = mapping.DRIVER_METADATA_VALUE
+            metadata[launching.DRIVER_METADATA_KEY] = launching.DRIVER_METADATA_VALUE
         return metadata
 
     def _ensure_firewalls(self, order_ref: str, ingress: Iterable[IngressRule], network: str) -> tuple[str, ...]:
@@ -511,11 +511,11 @@ class GcpAdapter(ProviderAdapter):
         region reuses them): found by name first, inserted with a request id derived from the name, and an
         ``alreadyExists`` from a concurrent twin taken as success. Returns the network tag to put on the instance;
         none when the buyer opened no port."""
-        groups = mapping.firewall_groups(ingress)
+        groups = launching.firewall_groups(ingress)
         if not groups:
             return ()
-        bodies = [mapping.firewall_allow_resource(order_ref, g, network) for g in groups]
-        bodies.append(mapping.firewall_deny_resource(order_ref, network))
+        bodies = [launching.firewall_allow_resource(order_ref, g, network) for g in groups]
+        bodies.append(launching.firewall_deny_resource(order_ref, network))
         for body in bodies:
             if self._client.firewall_get(body["name"]) is not None:
                 continue
@@ -526,17 +526,17 @@ class GcpAdapter(ProviderAdapter):
                     continue
                 raise
             # A rule still being created is fine: GCP applies it when done, and the machine takes longer to boot.
-            mapping.raise_operation_error(self._client.settle_global(operation))
-        return (mapping.network_tag(order_ref),)
+            errors.raise_operation_error(self._client.settle_global(operation))
+        return (launching.network_tag(order_ref),)
 
     def release_order_resources(self, order_ref: str) -> list[OrderResource]:
         """Delete the order's firewall rules (GCP lets a rule go while instances still carry its tag). Idempotent:
         a rule already gone (404) is skipped, a repeated delete reuses its request id. Returns the rules whose
         delete GCP has not finished or refused, for the reconciler's next sweep."""
-        prefix = mapping.firewall_prefix(order_ref)
+        prefix = launching.firewall_prefix(order_ref)
         remaining: list[OrderResource] = []
         for item in self._client.firewalls(f'name eq "{prefix}.*"'):
-            resource = mapping.firewall_order_resource(item)
+            resource = launching.firewall_order_resource(item)
             if resource is None or resource.order_ref != order_ref:
                 continue
             key = f"{self.project}/{resource.resource_id}/{item.get('id', '')}"
@@ -544,13 +544,13 @@ class GcpAdapter(ProviderAdapter):
             if operation is None:
                 continue
             operation = self._client.settle_global(operation)
-            if operation.get("status") != "DONE" or mapping.operation_error(operation) is not None:
+            if operation.get("status") != "DONE" or errors.operation_error(operation) is not None:
                 remaining.append(resource)
         return remaining
 
     def list_order_resources(self) -> list[OrderResource]:
         """Every broker firewall rule of the project (found by name prefix, the order read from the description).
         Read-only."""
-        items = self._client.firewalls(f'name eq "{mapping.FIREWALL_PREFIX}.*"')
-        resources = [r for item in items if (r := mapping.firewall_order_resource(item)) is not None]
+        items = self._client.firewalls(f'name eq "{launching.FIREWALL_PREFIX}.*"')
+        resources = [r for item in items if (r := launching.firewall_order_resource(item)) is not None]
         return sorted(resources, key=lambda r: (r.order_ref, r.kind, r.resource_id))

@@ -33,7 +33,7 @@ from google.protobuf import message as protobuf_message
 from providers import ratelimit
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected, TransientProviderError
-from providers.gcp import mapping
+from providers.gcp import errors, mapping
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -91,7 +91,7 @@ class _RateLimitedAdapter(requests.adapters.BaseAdapter):
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
         s = self._settings
         region, group = ratelimit.gcp_group(request.method or "GET", urlsplit(request.url or "").path)
-        key = ratelimit.BucketKey(mapping.PROVIDER, s.project_id, region, group)
+        key = ratelimit.BucketKey(errors.PROVIDER, s.project_id, region, group)
         limit = ratelimit.resolve(group, ratelimit.GCP_LIMITS[group], s.rate_limits)
         deadline = _call_deadline.get() or CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
         ratelimit.acquire([(key, limit, 1)], deadline)
@@ -128,27 +128,27 @@ def _status_name(exc: api_exceptions.GoogleAPICallError) -> str:
 
 
 def _translate(exc: BaseException) -> ProviderError:
-    """SDK exception -> broker error; classification by GCP's code strings (see ``mapping.error_class_for``)."""
+    """SDK exception -> broker error; classification by GCP's code strings (see ``errors.error_class_for``)."""
     if isinstance(exc, api_exceptions.GoogleAPICallError):
         codes = [str(exc.reason or "")]
         codes += [str(e.get("reason", "")) for e in exc.errors if isinstance(e, dict)]
         codes.append(_status_name(exc))
-        return mapping.error_from_codes(codes, exc.message or str(exc), exc.code)
+        return errors.error_from_codes(codes, exc.message or str(exc), exc.code)
     if isinstance(exc, auth_exceptions.RefreshError):
         # A token endpoint answering invalid_grant is final; an unreachable one is not.
         if getattr(exc, "retryable", False):
-            return TransientProviderError(str(exc), code="RefreshError", provider=mapping.PROVIDER)
-        return CredentialsRejected(str(exc), code="invalid_grant", provider=mapping.PROVIDER)
+            return TransientProviderError(str(exc), code="RefreshError", provider=errors.PROVIDER)
+        return CredentialsRejected(str(exc), code="invalid_grant", provider=errors.PROVIDER)
     if isinstance(exc, requests.exceptions.RequestException | auth_exceptions.TransportError):
-        return mapping.transport_error(type(exc).__name__, str(exc))
+        return errors.transport_error(type(exc).__name__, str(exc))
     if isinstance(exc, api_exceptions.RetryError):
-        return TransientProviderError(str(exc), code="RetryError", provider=mapping.PROVIDER)
+        return TransientProviderError(str(exc), code="RetryError", provider=errors.PROVIDER)
     if isinstance(exc, auth_exceptions.GoogleAuthError):
-        return CredentialsRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+        return CredentialsRejected(str(exc), code=type(exc).__name__, provider=errors.PROVIDER)
     if isinstance(exc, json_format.ParseError | protobuf_message.Error):
-        return mapping.malformed(f"{type(exc).__name__}: {exc}")
+        return errors.malformed(f"{type(exc).__name__}: {exc}")
     # Anything else (a request the SDK refused to build) would fail the same way again.
-    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=mapping.PROVIDER)
+    return ProviderRequestRejected(str(exc), code=type(exc).__name__, provider=errors.PROVIDER)
 
 
 @contextmanager
@@ -182,7 +182,7 @@ def credentials_from_info(info: dict[str, Any]) -> Any:
         return service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
     except (ValueError, KeyError, TypeError, auth_exceptions.GoogleAuthError) as exc:
         raise CredentialsRejected(
-            f"unusable service account key: {exc}", code="invalid_key", provider=mapping.PROVIDER
+            f"unusable service account key: {exc}", code="invalid_key", provider=errors.PROVIDER
         ) from None
 
 

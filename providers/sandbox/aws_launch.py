@@ -35,7 +35,7 @@ from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBacken
 from moto.ec2.models.instance_types import INSTANCE_TYPES
 from moto.ec2.models.security_groups import SecurityGroupBackend
 
-from providers.aws import mapping
+from providers.aws import catalog
 from providers.community.lease import GpuSeen
 from providers.sandbox.boot import simulated_gpus
 
@@ -242,7 +242,7 @@ def instance_gpus(instance_type: str) -> list[GpuSeen]:
     entry = INSTANCE_TYPES.get(instance_type) or {}
     if not entry.get("GpuInfo"):
         return []
-    gpu = mapping.gpu_spec(instance_type, entry["GpuInfo"])
+    gpu = catalog.gpu_spec(instance_type, entry["GpuInfo"])
     return simulated_gpus(gpu.model, gpu.count, gpu.memory_gb)
 
 

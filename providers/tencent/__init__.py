@@ -1,2 +1,2 @@
-"""Tencent Cloud CVM provider: ``adapter.TencentAdapter`` (the contract), ``mapping`` (pure tables) and
-``client`` (the only module importing the SDK)."""
+"""Tencent Cloud CVM provider: ``adapter.TencentAdapter`` (the contract), the pure tables (``errors``, ``catalog``,
+``mapping``, ``launching``) and ``client`` (the only module importing the SDK)."""

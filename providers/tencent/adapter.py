@@ -11,7 +11,7 @@ from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequ
 from providers.launch import BootSpec, IngressRule, LaunchLimits, OrderResource, UserDataMeasure
 from providers.options import option_number
 from providers.sshkeys import SshPublicKey
-from providers.tencent import mapping
+from providers.tencent import catalog, errors, launching, mapping
 from providers.tencent.client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
@@ -26,7 +26,7 @@ from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSp
 CHARGE_FILTER = {"Name": "instance-charge-type", "Values": [mapping.ON_DEMAND_CHARGE, mapping.SPOT_CHARGE]}
 UBUNTU_FILTERS = [
     {"Name": "image-type", "Values": ["PUBLIC_IMAGE"]},
-    {"Name": "platform", "Values": [mapping.UBUNTU_PLATFORM]},
+    {"Name": "platform", "Values": [launching.UBUNTU_PLATFORM]},
 ]
 # DescribeInstances InstanceIds: "You can query up to 100 instances in each request", and not together with
 # Filters; Limit at most 100 (CVM API reference, DescribeInstances, https://www.tencentcloud.com/document/api/213/33258).
@@ -68,7 +68,7 @@ class TencentAdapter(ProviderAdapter):
 
     kind = "tencent"
     launch_limits: ClassVar[LaunchLimits] = LaunchLimits(
-        user_data_max_bytes=mapping.USER_DATA_MAX_BYTES,
+        user_data_max_bytes=launching.USER_DATA_MAX_BYTES,
         user_data_measure=UserDataMeasure.BASE64,
         user_data_field="CVM RunInstances UserData",
         source="CVM RunInstances: UserData is base64-encoded, at most 16 KB, "
@@ -79,8 +79,8 @@ class TencentAdapter(ProviderAdapter):
         disk_gb_min=20,
         disk_gb_max=16384,
         # DescribeSecurityGroupLimits: 100 rules per security group, less the egress rules every group gets.
-        ingress_rules_max=mapping.SECURITY_GROUP_POLICY_LIMIT - len(mapping.EGRESS_POLICIES),
-        native_key_types=mapping.NATIVE_KEY_TYPES,
+        ingress_rules_max=launching.SECURITY_GROUP_POLICY_LIMIT - len(launching.EGRESS_POLICIES),
+        native_key_types=launching.NATIVE_KEY_TYPES,
     )
     login_user: ClassVar[str] = "ubuntu"  # CVM's Ubuntu public images log in as ubuntu (DefaultLoginUser)
 
@@ -91,7 +91,7 @@ class TencentAdapter(ProviderAdapter):
         secret_id = credentials.values.get("secret_id", "")
         secret_key = credentials.values.get("secret_key", "")
         if not secret_id or not secret_key:
-            raise CredentialsRejected("secret_id and secret_key are required", provider=mapping.PROVIDER)
+            raise CredentialsRejected("secret_id and secret_key are required", provider=errors.PROVIDER)
         self._client = TencentClient(
             ClientSettings(
                 secret_id=secret_id,
@@ -106,7 +106,7 @@ class TencentAdapter(ProviderAdapter):
             )
         )
         self._images: dict[tuple[str, str], str] = {}
-        self.currency = mapping.site_currency(self.options.get("site") or mapping.DEFAULT_SITE)
+        self.currency = catalog.site_currency(self.options.get("site") or catalog.DEFAULT_SITE)
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -117,7 +117,7 @@ class TencentAdapter(ProviderAdapter):
         """
         result = self._client.call(self.regions[0], "DescribeZones")
         if not isinstance(result.get("ZoneSet"), list):
-            raise mapping.malformed("DescribeZones answered without ZoneSet")
+            raise errors.malformed("DescribeZones answered without ZoneSet")
 
     def list_offers(self) -> list[OfferQuote]:
         """One quote per (zone, GPU type, charge type) that CVM sells now, per hour in the site's currency.
@@ -135,22 +135,22 @@ class TencentAdapter(ProviderAdapter):
         result = self._client.call(region, "DescribeZoneInstanceConfigInfos", {"Filters": [CHARGE_FILTER]})
         items = result.get("InstanceTypeQuotaSet")
         if not isinstance(items, list):
-            raise mapping.malformed("DescribeZoneInstanceConfigInfos answered without InstanceTypeQuotaSet")
+            raise errors.malformed("DescribeZoneInstanceConfigInfos answered without InstanceTypeQuotaSet")
         configs: list[Any] = []
         # GpuType lives only in DescribeInstanceTypeConfigs, whose filters take one value each: one call per
         # GPU family keeps the read to the GPU part of a catalogue of thousands of (zone, type) rows.
-        for family in mapping.gpu_families(items):
+        for family in catalog.gpu_families(items):
             answer = self._client.call(
                 region,
                 "DescribeInstanceTypeConfigs",
                 {"Filters": [{"Name": "instance-family", "Values": [family]}]},
             )
             configs.extend(answer.get("InstanceTypeConfigSet") or [])
-        identities = mapping.gpu_identities(configs)
+        identities = catalog.gpu_identities(configs)
         offers = [
             offer
             for item in items
-            if (offer := mapping.offer_from_quota_item(item, region, identities, currency=self.currency))
+            if (offer := catalog.offer_from_quota_item(item, region, identities, currency=self.currency))
         ]
         return sorted(offers, key=lambda q: (q.zone, q.instance_type, q.pricing_model.value))
 
@@ -161,7 +161,7 @@ class TencentAdapter(ProviderAdapter):
         found = [h for h in mapping.handles(result.get("InstanceSet") or [], region) if h.instance_id == instance_id]
         if not found:
             raise ProviderRequestRejected(
-                f"instance {instance_id} not found in {region}", code=mapping.NOT_FOUND_CODE, provider=mapping.PROVIDER
+                f"instance {instance_id} not found in {region}", code=errors.NOT_FOUND_CODE, provider=errors.PROVIDER
             )
         return found[0]
 
@@ -212,10 +212,10 @@ class TencentAdapter(ProviderAdapter):
         charge = mapping.CHARGE_FOR_MODEL.get(spec.pricing_model)
         if charge is None:
             raise ProviderRequestRejected(
-                f"{spec.pricing_model.value} capacity cannot be launched on demand", provider=mapping.PROVIDER
+                f"{spec.pricing_model.value} capacity cannot be launched on demand", provider=errors.PROVIDER
             )
         if spec.pricing_model is PricingModel.SPOT and spec.max_price is None:
-            raise ProviderRequestRejected("a CVM spot launch needs max_price (the bid)", provider=mapping.PROVIDER)
+            raise ProviderRequestRejected("a CVM spot launch needs max_price (the bid)", provider=errors.PROVIDER)
         if spec.boot is None:
             image_id = (
                 spec.image or self.options.get("image_id") or self._default_image(spec.region, spec.instance_type)
@@ -243,7 +243,7 @@ class TencentAdapter(ProviderAdapter):
         result = self._client.launch(spec.region, params)
         ids = result.get("InstanceIdSet")
         if not isinstance(ids, list) or len(ids) != 1:
-            raise mapping.malformed(f"RunInstances returned InstanceIdSet {ids!r} for InstanceCount=1")
+            raise errors.malformed(f"RunInstances returned InstanceIdSet {ids!r} for InstanceCount=1")
         # RunInstances answers with ids only; the handle is built from the request rather than a describe that
         # the API's eventual consistency could answer with "not found" this early.
         return InstanceHandle(
@@ -267,7 +267,7 @@ class TencentAdapter(ProviderAdapter):
         if image_id is None:
             raise ProviderRequestRejected(
                 f"no public Ubuntu x86_64 image for {instance_type} in {region}; set options.image_id",
-                provider=mapping.PROVIDER,
+                provider=errors.PROVIDER,
             )
         return image_id
 
@@ -278,7 +278,7 @@ class TencentAdapter(ProviderAdapter):
         images = self._client.pages(
             region, "DescribeImages", "ImageSet", {"Filters": UBUNTU_FILTERS, "InstanceType": instance_type}
         )
-        image_id = mapping.newest_ubuntu_image(images)
+        image_id = launching.newest_ubuntu_image(images)
         if image_id is not None:
             self._images[(region, instance_type)] = image_id
         return image_id
@@ -303,24 +303,24 @@ class TencentAdapter(ProviderAdapter):
             if newest is None:
                 raise ImageUnavailable(
                     f"no public Ubuntu x86_64 image for {spec.instance_type} in {spec.region}",
-                    provider=mapping.PROVIDER,
+                    provider=errors.PROVIDER,
                 )
             return newest
         found = self._client.call(
             spec.region, "DescribeImages", {"ImageIds": [chosen], "InstanceType": spec.instance_type}
         )
         if not any(str(image.get("ImageId")) == chosen for image in found.get("ImageSet") or []):
-            raise ImageUnavailable(f"image {chosen} does not exist in {spec.region}", provider=mapping.PROVIDER)
+            raise ImageUnavailable(f"image {chosen} does not exist in {spec.region}", provider=errors.PROVIDER)
         return chosen
 
     def _boot_params(self, spec: LaunchSpec, boot: BootSpec) -> dict[str, Any]:
         """RunInstances fields for the boot, after making sure its key pairs and security group exist."""
         script = self.user_data(spec)
         assert script is not None  # a spec with a boot always renders one
-        native = [key for key in boot.ssh_keys if key.key_type in mapping.NATIVE_KEY_TYPES]
+        native = [key for key in boot.ssh_keys if key.key_type in launching.NATIVE_KEY_TYPES]
         key_ids = self._ensure_key_pairs(spec.region, spec.order_ref, native)
         group_id = self._ensure_security_group(spec.region, spec.order_ref, boot.ingress)
-        params: dict[str, Any] = {"UserData": mapping.encode_user_data(script), "SecurityGroupIds": [group_id]}
+        params: dict[str, Any] = {"UserData": launching.encode_user_data(script), "SecurityGroupIds": [group_id]}
         if key_ids:
             params["LoginSettings"] = {"KeyIds": key_ids}
         if boot.disk_gb is not None:
@@ -333,33 +333,33 @@ class TencentAdapter(ProviderAdapter):
         if not keys:
             return []
         mine = {
-            mapping.canonical_public_key(str(kp.get("PublicKey") or "")): str(kp["KeyId"])
+            launching.canonical_public_key(str(kp.get("PublicKey") or "")): str(kp["KeyId"])
             for kp in self._order_key_pairs(region, order_ref)
         }
         return [mine.get(key.public_key) or self._import_key_pair(region, order_ref, key.public_key) for key in keys]
 
     def _import_key_pair(self, region: str, order_ref: str, public_key: str) -> str:
-        name = mapping.key_pair_name(order_ref, public_key)
+        name = launching.key_pair_name(order_ref, public_key)
         params = {
             "KeyName": name,
             "ProjectId": 0,
             "PublicKey": public_key,
-            "TagSpecification": [{"ResourceType": "keypair", "Tags": mapping.order_tags(order_ref)}],
+            "TagSpecification": [{"ResourceType": "keypair", "Tags": launching.order_tags(order_ref)}],
         }
         try:
             return str(self._client.write(region, "ImportKeyPair", params)["KeyId"])
         except ProviderRequestRejected as exc:
-            if exc.code == mapping.KEY_NAME_TAKEN_CODE:
+            if exc.code == launching.KEY_NAME_TAKEN_CODE:
                 # An earlier import whose answer was lost: the name is derived from (order, key), so it is ours.
                 found = self._key_pairs(region, [{"Name": "key-name", "Values": [name]}])
-            elif exc.code == mapping.PUBLIC_KEY_TAKEN_CODE:
+            elif exc.code == launching.PUBLIC_KEY_TAKEN_CODE:
                 # CVM takes one copy of a public key per account: the buyer's key is already here (another of
                 # their orders, or the seller's own). Use it; it is not this order's to delete.
                 found = self._key_pairs(region, [])
             else:
                 raise
             for key_pair in found:
-                if mapping.canonical_public_key(str(key_pair.get("PublicKey") or "")) == public_key:
+                if launching.canonical_public_key(str(key_pair.get("PublicKey") or "")) == public_key:
                     return str(key_pair["KeyId"])
             raise
 
@@ -379,24 +379,24 @@ class TencentAdapter(ProviderAdapter):
                 region,
                 "CreateSecurityGroup",
                 {
-                    "GroupName": mapping.security_group_name(order_ref),
-                    "GroupDescription": mapping.SECURITY_GROUP_DESCRIPTION,
+                    "GroupName": launching.security_group_name(order_ref),
+                    "GroupDescription": launching.SECURITY_GROUP_DESCRIPTION,
                     "ProjectId": "0",
-                    "Tags": mapping.order_tags(order_ref),
+                    "Tags": launching.order_tags(order_ref),
                 },
                 service=VPC,
             )
             group_id = str((created.get("SecurityGroup") or {}).get("SecurityGroupId") or "")
             if not group_id:
-                raise mapping.malformed("CreateSecurityGroup answered without SecurityGroup.SecurityGroupId")
+                raise errors.malformed("CreateSecurityGroup answered without SecurityGroup.SecurityGroupId")
         present = self._client.call(region, "DescribeSecurityGroupPolicies", {"SecurityGroupId": group_id}, service=VPC)
         policy_set = present.get("SecurityGroupPolicySet") or {}
         # CreateSecurityGroupPolicies takes one direction per request (https://cloud.tencent.com/document/api/215/15807).
         for direction, wanted in (
-            ("Ingress", mapping.ingress_policies(ingress)),
-            ("Egress", list(mapping.EGRESS_POLICIES)),
+            ("Ingress", launching.ingress_policies(ingress)),
+            ("Egress", list(launching.EGRESS_POLICIES)),
         ):
-            missing = mapping.missing_policies(wanted, policy_set.get(direction) or [])
+            missing = launching.missing_policies(wanted, policy_set.get(direction) or [])
             if missing:
                 self._client.write(
                     region,
@@ -435,8 +435,8 @@ class TencentAdapter(ProviderAdapter):
                     region,
                     "DeleteKeyPairs",
                     {"KeyIds": [resource.resource_id]},
-                    mapping.KEY_PAIR_IN_USE_CODES,
-                    mapping.KEY_PAIR_GONE_CODES,
+                    launching.KEY_PAIR_IN_USE_CODES,
+                    launching.KEY_PAIR_GONE_CODES,
                 ):
                     remaining.append(resource)
             for group in self._order_security_groups(region, order_ref):
@@ -451,8 +451,8 @@ class TencentAdapter(ProviderAdapter):
                     region,
                     "DeleteSecurityGroup",
                     {"SecurityGroupId": resource.resource_id},
-                    mapping.SECURITY_GROUP_IN_USE_CODES,
-                    mapping.SECURITY_GROUP_GONE_CODES,
+                    launching.SECURITY_GROUP_IN_USE_CODES,
+                    launching.SECURITY_GROUP_GONE_CODES,
                     service=VPC,
                 ):
                     remaining.append(resource)
@@ -506,7 +506,7 @@ class TencentAdapter(ProviderAdapter):
             kind=kind,
             resource_id=resource_id,
             region=region,
-            order_ref=mapping.order_of(tags) or "",
+            order_ref=launching.order_of(tags) or "",
             extra={"name": str(name or "")},
         )
 
@@ -524,12 +524,12 @@ class TencentAdapter(ProviderAdapter):
         try:
             self._client.call(region, "TerminateInstances", {"InstanceIds": [instance_id]})
         except ProviderRequestRejected as exc:
-            if exc.code not in mapping.ALREADY_TERMINATING_CODES:
+            if exc.code not in errors.ALREADY_TERMINATING_CODES:
                 raise
         try:
             return self.describe(region, instance_id)
         except ProviderRequestRejected as exc:
-            if exc.code != mapping.NOT_FOUND_CODE:
+            if exc.code != errors.NOT_FOUND_CODE:
                 raise
             # Released at once: nothing is left to describe, so report the last known handle as terminated.
             return InstanceHandle(

@@ -30,7 +30,7 @@ from tencentcloud.vpc.v20170312 import vpc_client
 from providers import ratelimit
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import ProviderError, ProviderRequestRejected, TransientProviderError
-from providers.tencent import mapping
+from providers.tencent import errors
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_READ_TIMEOUT = 20.0
@@ -75,7 +75,7 @@ def split_endpoint(endpoint_url: str | None) -> tuple[str, str | None]:
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/") or parts.query:
         raise ProviderRequestRejected(
             f"endpoint_url {endpoint_url!r} is not an http(s) origin such as https://cvm.tencentcloudapi.com",
-            provider=mapping.PROVIDER,
+            provider=errors.PROVIDER,
         )
     return parts.scheme, parts.netloc
 
@@ -88,7 +88,7 @@ def _text(value: Any) -> str:
 
 def translate(exc: TencentCloudSDKException) -> ProviderError:
     """SDK exception -> broker error, classified by ``get_code()`` only."""
-    return mapping.error_from_code(_text(exc.get_code()), _text(exc.get_message()), _text(exc.get_request_id()))
+    return errors.error_from_code(_text(exc.get_code()), _text(exc.get_message()), _text(exc.get_request_id()))
 
 
 class TencentClient:
@@ -142,7 +142,7 @@ class TencentClient:
         # region the request names) and per sub-account (the SecretId's).
         group = f"{service}/{action}"
         limit = ratelimit.resolve(group, ratelimit.tencent_limit(group), self.settings.rate_limits)
-        key = ratelimit.BucketKey(mapping.PROVIDER, self.settings.secret_id, self.endpoint or "nearest", group)
+        key = ratelimit.BucketKey(errors.PROVIDER, self.settings.secret_id, self.endpoint or "nearest", group)
         ratelimit.acquire([(key, limit, 1)], deadline or self._deadline())
         try:
             response = getattr(self._client(service, region), action)(request)
@@ -190,7 +190,7 @@ class TencentClient:
             page = self.call(region, action, {**(params or {}), **paging}, service=service)
             batch = page.get(result_key) or []
             if not isinstance(batch, list):
-                raise mapping.malformed(f"{action}: {result_key} is not a list")
+                raise errors.malformed(f"{action}: {result_key} is not a list")
             items.extend(batch)
             offset += len(batch)
             total = page.get("TotalCount")

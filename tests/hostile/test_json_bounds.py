@@ -33,8 +33,8 @@ from marketplace.launch.config import launch_secrets
 from marketplace.models import LaunchConfiguration, Order
 from marketplace.portal.clouds import validate_service_account_json
 from marketplace.web.drafts import SESSION_KEY, draft_load
-from providers.aws.mapping import on_demand_usd
-from providers.azure.client import _json as azure_json
+from providers.aws.catalog import on_demand_usd
+from providers.azure.pipeline import _json as azure_json
 from providers.endpoints import account_endpoints
 from providers.errors import CredentialsRejected, MalformedProviderResponse
 from providers.gcp.adapter import _service_account_info

@@ -6,7 +6,7 @@ import base64
 import json
 from typing import Any
 
-from providers.alibaba import mapping
+from providers.alibaba import launching, mapping
 from providers.alibaba.adapter import AlibabaAdapter
 from providers.alibaba.client import AlibabaClient, ClientSettings
 from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
@@ -50,7 +50,7 @@ def launched_view(sandbox: AlibabaSandbox, handle: InstanceHandle) -> LaunchedVi
             "DescribeSecurityGroupAttribute",
             {"RegionId": region, "SecurityGroupId": group_id, "Direction": "ingress"},
         )
-        ingress |= mapping.ingress_pairs(rules["Permissions"]["Permission"])
+        ingress |= launching.ingress_pairs(rules["Permissions"]["Permission"])
         groups = client.call(region, "DescribeSecurityGroups", {"RegionId": region, "SecurityGroupId": group_id})
         tags += [
             mapping.tags_dict(g.get("Tags")).get(mapping.ORDER_TAG, "")

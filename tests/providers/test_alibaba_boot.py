@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from providers.alibaba import mapping
+from providers.alibaba import launching, mapping
 from providers.alibaba.adapter import AlibabaAdapter
 from providers.alibaba.client import AlibabaClient, ClientSettings
 from providers.boot import lease_file
@@ -184,7 +184,7 @@ def test_the_firewall_lets_in_only_the_buyers_ranges_as_authorize_security_group
         ("8000/8000", ALICE_NET, "", "TCP"),
     ]
     assert {(r["Direction"], r["Policy"]) for r in rules} == {("ingress", "Accept")}
-    assert mapping.ingress_pairs(rules) == {(22, ALICE_NET), (8000, ALICE_NET), (22, ALICE_NET6), (8000, ALICE_NET6)}
+    assert launching.ingress_pairs(rules) == {(22, ALICE_NET), (8000, ALICE_NET), (22, ALICE_NET6), (8000, ALICE_NET6)}
 
 
 def test_the_key_pair_holds_the_first_key_import_key_pair_takes(
@@ -238,8 +238,8 @@ def test_the_boot_script_logs_in_as_root_and_installs_the_gpu_driver_first(adapt
     assert client.login_user == "root"
     # The installer Alibaba documents, from the region's mirror named by the instance metadata, before the agent.
     assert "100.100.100.200/latest/meta-data/source-address" in script
-    assert f"/opsx/ecs/linux/binary/script/{mapping.GPU_INSTALLER}" in script
-    assert script.index(mapping.GPU_INSTALLER) < script.index("BROKER_LEASE_JSON")
+    assert f"/opsx/ecs/linux/binary/script/{launching.GPU_INSTALLER}" in script
+    assert script.index(launching.GPU_INSTALLER) < script.index("BROKER_LEASE_JSON")
 
 
 def test_the_launched_view_reads_back_what_the_launch_carried(sandbox: AlibabaSandbox, adapter: AdapterFactory) -> None:
@@ -476,7 +476,7 @@ def test_a_missing_default_image_fails_before_anything_is_created(
     with pytest.raises(ImageUnavailable) as missing:
         adapter().launch(_spec(_boot()))
 
-    assert REGION in str(missing.value) and mapping.DEFAULT_IMAGE_FAMILY in str(missing.value)
+    assert REGION in str(missing.value) and launching.DEFAULT_IMAGE_FAMILY in str(missing.value)
     assert sandbox.instances() == []
     assert {"ImportKeyPair", "CreateSecurityGroup", "RunInstances"} & set(_actions(sandbox)) == set()
 
@@ -670,8 +670,8 @@ def test_describe_images_answers_the_newest_build_of_a_family_first(ecs: Alibaba
     images = ecs.call(
         REGION,
         "DescribeImages",
-        {"RegionId": REGION, "ImageFamily": mapping.DEFAULT_IMAGE_FAMILY, "ImageOwnerAlias": "system"},
+        {"RegionId": REGION, "ImageFamily": launching.DEFAULT_IMAGE_FAMILY, "ImageOwnerAlias": "system"},
     )["Images"]["Image"]
 
     assert [i["ImageId"] for i in images] == [NEWEST_UBUNTU, "ubuntu_22_04_x64_20G_alibase_20230815.vhd"]
-    assert mapping.newest_image(reversed(images)) == images[0]
+    assert launching.newest_image(reversed(images)) == images[0]

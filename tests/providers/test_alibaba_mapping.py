@@ -12,7 +12,7 @@ import Tea.exceptions as tea_errors
 from alibabacloud_tea_openapi.exceptions import ClientException, ServerException, ThrottlingException
 
 from providers import gpu_names
-from providers.alibaba import mapping
+from providers.alibaba import catalog, errors, mapping
 from providers.alibaba.client import _translate, backoff_seconds, split_endpoint
 from providers.errors import (
     CapacityUnavailable,
@@ -108,7 +108,7 @@ def test_each_alibaba_error_code_maps_to_its_broker_class(
 
 
 def test_every_code_in_the_table_is_covered_by_the_parametrized_test() -> None:
-    assert set(mapping.ERROR_CLASSES) - {c for c, _, _ in CLOUD_APIS_CODES} <= {
+    assert set(errors.ERROR_CLASSES) - {c for c, _, _ in CLOUD_APIS_CODES} <= {
         "LastOrderProcessing",
         "OperationDenied.ResourceControl",
         "InvalidSecurityToken.Malformed",
@@ -121,10 +121,10 @@ def test_every_code_in_the_table_is_covered_by_the_parametrized_test() -> None:
 
 
 def test_the_code_wins_over_the_status() -> None:
-    assert mapping.error_class_for("Throttling.User", 400) is TransientProviderError
-    assert mapping.error_class_for("OperationDenied.NoStock", 500) is CapacityUnavailable
-    assert mapping.error_class_for("InvalidAccessKeyId.NotFound", 503) is CredentialsRejected
-    assert mapping.error_class_for("Brand.NewCode", None) is ProviderRequestRejected
+    assert errors.error_class_for("Throttling.User", 400) is TransientProviderError
+    assert errors.error_class_for("OperationDenied.NoStock", 500) is CapacityUnavailable
+    assert errors.error_class_for("InvalidAccessKeyId.NotFound", 503) is CredentialsRejected
+    assert errors.error_class_for("Brand.NewCode", None) is ProviderRequestRejected
 
 
 def test_a_throttling_exception_with_retry_after_is_transient() -> None:
@@ -205,15 +205,15 @@ def test_malformed_endpoint_urls_are_final(endpoint: str) -> None:
 def test_families_map_to_canonical_gpu_keys(
     instance_type: str, spec: str, amount: int, memory: str, expected: tuple[str, int, int, str]
 ) -> None:
-    family = mapping.instance_family(instance_type)
-    gpu = mapping.gpu_spec(instance_type, family, spec, amount, Decimal(memory))
+    family = catalog.instance_family(instance_type)
+    gpu = catalog.gpu_spec(instance_type, family, spec, amount, Decimal(memory))
 
     assert (gpu.model, gpu.count, gpu.memory_gb, gpu.interconnect) == expected
 
 
 def test_every_mapped_family_has_a_canonical_key_spec_word_and_memory() -> None:
-    assert set(mapping.FAMILY_GPU.values()) <= gpu_names.ALL
-    assert set(mapping.FAMILY_GPU.values()) == set(mapping.GPU_SPEC_WORD) == set(mapping.NOMINAL_MEMORY_GB)
+    assert set(catalog.FAMILY_GPU.values()) <= gpu_names.ALL
+    assert set(catalog.FAMILY_GPU.values()) == set(catalog.GPU_SPEC_WORD) == set(catalog.NOMINAL_MEMORY_GB)
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_every_mapped_family_has_a_canonical_key_spec_word_and_memory() -> None:
     ],
 )
 def test_instance_family(instance_type: str, family_field: str, family: str) -> None:
-    assert mapping.instance_family(instance_type, family_field) == family
+    assert catalog.instance_family(instance_type, family_field) == family
 
 
 def _type_entry(**overrides: Any) -> dict[str, Any]:
@@ -244,7 +244,7 @@ def _type_entry(**overrides: Any) -> dict[str, Any]:
 
 
 def test_an_instance_type_entry_maps_with_its_caveat() -> None:
-    spec = mapping.instance_type_spec(_type_entry())
+    spec = catalog.instance_type_spec(_type_entry())
 
     assert spec is not None
     assert (spec.instance_type, spec.family, spec.vcpus, spec.memory_gib) == (
@@ -264,11 +264,11 @@ def test_an_instance_type_entry_maps_with_its_caveat() -> None:
 
 
 def test_cpu_only_types_are_skipped_and_unreadable_entries_are_malformed() -> None:
-    assert mapping.instance_type_spec(_type_entry(GPUAmount=0, GPUSpec="", GPUMemorySize=0.0)) is None
+    assert catalog.instance_type_spec(_type_entry(GPUAmount=0, GPUSpec="", GPUMemorySize=0.0)) is None
     with pytest.raises(MalformedProviderResponse):
-        mapping.instance_type_spec({"InstanceTypeId": "ecs.gn7i-c8g1.2xlarge", "GPUAmount": 1})
+        catalog.instance_type_spec({"InstanceTypeId": "ecs.gn7i-c8g1.2xlarge", "GPUAmount": 1})
     with pytest.raises(MalformedProviderResponse):
-        mapping.instance_type_spec(_type_entry(MemorySize=None))
+        catalog.instance_type_spec(_type_entry(MemorySize=None))
 
 
 def test_zone_stock_reads_every_zone_and_category() -> None:
@@ -309,14 +309,14 @@ def test_zone_stock_reads_every_zone_and_category() -> None:
         }
     }
 
-    assert mapping.zone_stock(body) == {
+    assert catalog.zone_stock(body) == {
         "ecs.gn7i-c8g1.2xlarge": {"cn-shanghai-e": "WithStock", "cn-shanghai-g": "Available"},
         "ecs.ebmgn7e.32xlarge": {"cn-shanghai-e": "WithoutStock"},
     }
-    assert mapping.zone_stock({}) == {}
-    assert mapping.STOCK_BUYABLE == {"WithStock", "ClosedWithStock"}
+    assert catalog.zone_stock({}) == {}
+    assert catalog.STOCK_BUYABLE == {"WithStock", "ClosedWithStock"}
     with pytest.raises(MalformedProviderResponse):
-        mapping.zone_stock({"AvailableZones": {"AvailableZone": [{"RegionId": "cn-shanghai"}]}})
+        catalog.zone_stock({"AvailableZones": {"AvailableZone": [{"RegionId": "cn-shanghai"}]}})
 
 
 def test_price_is_read_as_exact_decimals() -> None:
@@ -324,11 +324,11 @@ def test_price_is_read_as_exact_decimals() -> None:
         "PriceInfo": {"Price": {"OriginalPrice": 9.53, "DiscountPrice": 0.0, "TradePrice": 9.53, "Currency": "CNY"}}
     }
 
-    assert mapping.price_from_body(body) == mapping.Price(
+    assert catalog.price_from_body(body) == catalog.Price(
         trade=Decimal("9.53"), original=Decimal("9.53"), discount=Decimal("0.0"), currency="CNY"
     )
     with pytest.raises(MalformedProviderResponse):
-        mapping.price_from_body({"PriceInfo": {}})
+        catalog.price_from_body({"PriceInfo": {}})
 
 
 # DescribePrice's PriceInfo.Price.Currency: "China site: CNY. International site: USD." (ECS API reference,
@@ -337,7 +337,7 @@ def test_price_is_read_as_exact_decimals() -> None:
 def test_a_price_keeps_the_currency_its_answer_states() -> None:
     body = {"PriceInfo": {"Price": {"OriginalPrice": 1.52, "TradePrice": 1.52, "Currency": "USD"}}}
 
-    assert mapping.price_from_body(body).currency == "USD"
+    assert catalog.price_from_body(body).currency == "USD"
 
 
 @pytest.mark.parametrize("currency", [None, "", "RMB", "usd", 7])
@@ -347,7 +347,7 @@ def test_a_price_without_a_sites_currency_is_refused_not_assumed(currency: Any) 
         price["Currency"] = currency
 
     with pytest.raises(MalformedProviderResponse, match="Currency"):
-        mapping.price_from_body({"PriceInfo": {"Price": price}})
+        catalog.price_from_body({"PriceInfo": {"Price": price}})
 
 
 def test_newest_spot_price_per_zone() -> None:
@@ -357,21 +357,21 @@ def test_newest_spot_price_per_zone() -> None:
         {"ZoneId": "cn-shanghai-f", "SpotPrice": 1.3, "Timestamp": "2024-05-01T09:00:00Z"},
     ]
 
-    newest = mapping.newest_spot_prices(rows)
+    newest = catalog.newest_spot_prices(rows)
 
     assert newest == {
-        "cn-shanghai-e": mapping.SpotPoint(Decimal("1.4"), Decimal("9.53"), datetime(2024, 5, 1, 11, tzinfo=UTC)),
-        "cn-shanghai-f": mapping.SpotPoint(Decimal("1.3"), None, datetime(2024, 5, 1, 9, tzinfo=UTC)),
+        "cn-shanghai-e": catalog.SpotPoint(Decimal("1.4"), Decimal("9.53"), datetime(2024, 5, 1, 11, tzinfo=UTC)),
+        "cn-shanghai-f": catalog.SpotPoint(Decimal("1.3"), None, datetime(2024, 5, 1, 9, tzinfo=UTC)),
     }
-    assert mapping.newest_spot_prices([]) == {}
+    assert catalog.newest_spot_prices([]) == {}
     with pytest.raises(MalformedProviderResponse):
-        mapping.newest_spot_prices([{"ZoneId": "cn-shanghai-e", "SpotPrice": "x", "Timestamp": "now"}])
+        catalog.newest_spot_prices([{"ZoneId": "cn-shanghai-e", "SpotPrice": "x", "Timestamp": "now"}])
 
 
 def test_ecs_timestamps_parse_and_format() -> None:
-    assert mapping.parse_time("2017-12-10T04:04Z") == datetime(2017, 12, 10, 4, 4, tzinfo=UTC)
-    assert mapping.parse_time("2017-09-20T15:00:00Z") == datetime(2017, 9, 20, 15, tzinfo=UTC)
-    assert mapping.format_time(datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2024-01-02T03:04:05Z"
+    assert catalog.parse_time("2017-12-10T04:04Z") == datetime(2017, 12, 10, 4, 4, tzinfo=UTC)
+    assert catalog.parse_time("2017-09-20T15:00:00Z") == datetime(2017, 9, 20, 15, tzinfo=UTC)
+    assert catalog.format_time(datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2024-01-02T03:04:05Z"
 
 
 @pytest.mark.parametrize(
@@ -384,7 +384,7 @@ def test_ecs_timestamps_parse_and_format() -> None:
     ],
 )
 def test_spot_strategy(model: PricingModel, max_price: Decimal | None, expected: tuple[str, Decimal | None]) -> None:
-    assert mapping.spot_strategy(model, max_price) == expected
+    assert catalog.spot_strategy(model, max_price) == expected
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import botocore.parsers
 import pytest
 
 from providers import gpu_names
-from providers.aws import mapping
+from providers.aws import catalog, errors, launching, mapping
 from providers.aws.client import _translate
 from providers.errors import (
     CapacityUnavailable,
@@ -70,8 +70,8 @@ def test_each_aws_error_code_maps_to_its_broker_class(code: str, status: int, ex
 
 
 def test_capacity_codes_win_over_their_5xx_status() -> None:
-    assert mapping.error_class_for("InsufficientInstanceCapacity", 500) is CapacityUnavailable
-    assert mapping.error_class_for("InsufficientInstanceCapacity", None) is CapacityUnavailable
+    assert errors.error_class_for("InsufficientInstanceCapacity", 500) is CapacityUnavailable
+    assert errors.error_class_for("InsufficientInstanceCapacity", None) is CapacityUnavailable
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def _slice_info(name: str, mib: int, partition: float) -> dict[str, Any]:
 def test_a_gpu_partition_is_a_fraction_of_the_card_not_zero_gpus(
     instance_type: str, mib: int, partition: float, share: Fraction, memory_gb: int
 ) -> None:
-    spec = mapping.gpu_spec(instance_type, _slice_info("L4", mib, partition))
+    spec = catalog.gpu_spec(instance_type, _slice_info("L4", mib, partition))
 
     assert (spec.model, spec.count, spec.fraction, spec.memory_gb, spec.interconnect) == (
         gpu_names.L4,
@@ -140,7 +140,7 @@ def test_a_gpu_partition_is_a_fraction_of_the_card_not_zero_gpus(
 
 def test_a_slice_whose_memory_is_not_its_share_of_the_card_is_not_that_card() -> None:
     # An "L4" half with an eighth's memory contradicts the catalogue: keep the provider's name for quarantine.
-    spec = mapping.gpu_spec("g6f.4xlarge", _slice_info("L4", 2861, 0.5))
+    spec = catalog.gpu_spec("g6f.4xlarge", _slice_info("L4", 2861, 0.5))
 
     assert (spec.model, spec.fraction) == ("L4 (1/2 partition)", Fraction(1))
 
@@ -148,7 +148,7 @@ def test_a_slice_whose_memory_is_not_its_share_of_the_card_is_not_that_card() ->
 @pytest.mark.parametrize("partition", [0, -0.5, 1.5])
 def test_a_partition_size_outside_zero_to_one_is_malformed(partition: float) -> None:
     with pytest.raises(MalformedProviderResponse):
-        mapping.gpu_spec("g6f.large", _slice_info("L4", 2861, partition))
+        catalog.gpu_spec("g6f.large", _slice_info("L4", 2861, partition))
 
 
 def test_a_fractional_type_carries_its_share_in_extra_and_a_whole_one_does_not() -> None:
@@ -160,8 +160,8 @@ def test_a_fractional_type_carries_its_share_in_extra_and_a_whole_one_does_not()
             "GpuInfo": gpu_info,
         }
 
-    sliced = mapping.instance_type_spec(item("g6f.large", _slice_info("L4", 2861, 0.125)))
-    whole = mapping.instance_type_spec(item("g6.xlarge", _gpu_info("L4", 22888, count=1)))
+    sliced = catalog.instance_type_spec(item("g6f.large", _slice_info("L4", 2861, 0.125)))
+    whole = catalog.instance_type_spec(item("g6.xlarge", _gpu_info("L4", 22888, count=1)))
 
     assert sliced is not None and whole is not None
     assert sliced.extra[GPU_FRACTION] == 0.125
@@ -197,19 +197,19 @@ def test_a_fractional_type_carries_its_share_in_extra_and_a_whole_one_does_not()
 def test_gpu_info_and_family_map_to_canonical_keys(
     instance_type: str, gpu_info: dict[str, Any], expected: tuple[str, int, int, str]
 ) -> None:
-    spec = mapping.gpu_spec(instance_type, gpu_info)
+    spec = catalog.gpu_spec(instance_type, gpu_info)
 
     assert (spec.model, spec.count, spec.memory_gb, spec.interconnect) == expected
 
 
 def test_every_mapped_key_is_a_canonical_gpu_name() -> None:
-    assert set(mapping.FAMILY_GPU.values()) <= gpu_names.ALL
-    assert set(mapping.NOMINAL_MEMORY_GB) <= gpu_names.ALL
+    assert set(catalog.FAMILY_GPU.values()) <= gpu_names.ALL
+    assert set(catalog.NOMINAL_MEMORY_GB) <= gpu_names.ALL
 
 
 def test_unreadable_gpu_info_is_malformed() -> None:
     with pytest.raises(MalformedProviderResponse):
-        mapping.gpu_spec("p4d.24xlarge", {"Gpus": [{"Name": "A100"}]})
+        catalog.gpu_spec("p4d.24xlarge", {"Gpus": [{"Name": "A100"}]})
 
 
 @pytest.mark.parametrize(
@@ -257,10 +257,10 @@ def test_on_demand_price_is_read_from_json_string_items() -> None:
         },
     }
 
-    assert mapping.on_demand_usd([json.dumps(item)]) == (Decimal("1.006"), "SKU1")
-    assert mapping.on_demand_usd([]) is None
+    assert catalog.on_demand_usd([json.dumps(item)]) == (Decimal("1.006"), "SKU1")
+    assert catalog.on_demand_usd([]) is None
     with pytest.raises(MalformedProviderResponse):
-        mapping.on_demand_usd(["{not json"])
+        catalog.on_demand_usd(["{not json"])
 
 
 def test_newest_ubuntu_release_is_chosen() -> None:
@@ -271,8 +271,8 @@ def test_newest_ubuntu_release_is_chosen() -> None:
         {"ImageId": "ami-pending", "Name": "ubuntu/images/ubuntu-oracular-24.10-amd64-server-1", "State": "pending"},
     ]
 
-    assert mapping.newest_ubuntu_image(images) == "ami-new"
-    assert mapping.newest_ubuntu_image([]) is None
+    assert launching.newest_ubuntu_image(images) == "ami-new"
+    assert launching.newest_ubuntu_image([]) is None
 
 
 # ------------------------------------------------------------------------------------------------ boot
@@ -280,16 +280,16 @@ def test_newest_ubuntu_release_is_chosen() -> None:
 
 @pytest.mark.parametrize("code", ["InvalidAMIID.NotFound", "InvalidAMIID.Unavailable", "ParameterNotFound"])
 def test_an_image_the_region_lacks_is_image_unavailable(code: str) -> None:
-    assert mapping.error_class_for(code, 400) is ImageUnavailable
+    assert errors.error_class_for(code, 400) is ImageUnavailable
 
 
 def test_the_key_pair_gets_the_first_key_ec2_imports() -> None:
     ecdsa, rsa3072, rsa4096, ed25519 = parsed(ecdsa_public(), rsa_public(), rsa_public(4096), ed25519_public())
 
     # ImportKeyPair takes RSA (1024, 2048 or 4096 bits) and ED25519 (EC2 User Guide, create-key-pairs).
-    assert mapping.native_key([ecdsa, rsa3072, ed25519]) == ed25519
-    assert mapping.native_key([rsa4096, ed25519]) == rsa4096
-    assert mapping.native_key([ecdsa, rsa3072]) is None
+    assert launching.native_key([ecdsa, rsa3072, ed25519]) == ed25519
+    assert launching.native_key([rsa4096, ed25519]) == rsa4096
+    assert launching.native_key([ecdsa, rsa3072]) is None
 
 
 def test_ingress_becomes_one_permission_per_port_with_ipv6_ranges_apart() -> None:
@@ -299,10 +299,10 @@ def test_ingress_becomes_one_permission_per_port_with_ipv6_ranges_apart() -> Non
         IngressRule(port=53, cidrs=("198.51.100.0/24",), protocol="udp"),
     ]
 
-    wanted = mapping.wanted_permissions(rules)
+    wanted = launching.wanted_permissions(rules)
 
     assert wanted == [("tcp", 22, "203.0.113.0/24"), ("tcp", 22, "2001:db8::/32"), ("udp", 53, "198.51.100.0/24")]
-    assert mapping.ip_permissions(wanted) == [
+    assert launching.ip_permissions(wanted) == [
         {
             "IpProtocol": "tcp",
             "FromPort": 22,
@@ -312,7 +312,7 @@ def test_ingress_becomes_one_permission_per_port_with_ipv6_ranges_apart() -> Non
         },
         {"IpProtocol": "udp", "FromPort": 53, "ToPort": 53, "IpRanges": [{"CidrIp": "198.51.100.0/24"}]},
     ]
-    assert mapping.existing_permissions(mapping.ip_permissions(wanted)) == set(wanted)
+    assert launching.existing_permissions(launching.ip_permissions(wanted)) == set(wanted)
 
 
 def test_existing_permissions_skip_port_ranges_and_all_traffic() -> None:
@@ -321,7 +321,7 @@ def test_existing_permissions_skip_port_ranges_and_all_traffic() -> None:
         {"IpProtocol": "tcp", "FromPort": 1000, "ToPort": 2000, "IpRanges": [{"CidrIp": "10.0.0.0/8"}]},
     ]
 
-    assert mapping.existing_permissions(permissions) == set()
+    assert launching.existing_permissions(permissions) == set()
 
 
 def test_image_facts_read_the_root_device_and_its_snapshot_size() -> None:
@@ -334,12 +334,12 @@ def test_image_facts_read_the_root_device_and_its_snapshot_size() -> None:
         ],
     }
 
-    assert mapping.image_facts(image) == mapping.ImageFacts("ami-0abc", "/dev/sda1", 75)
-    assert mapping.root_volume(mapping.image_facts(image), 300) == [
+    assert launching.image_facts(image) == launching.ImageFacts("ami-0abc", "/dev/sda1", 75)
+    assert launching.root_volume(launching.image_facts(image), 300) == [
         {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 300, "VolumeType": "gp3", "DeleteOnTermination": True}}
     ]
     with pytest.raises(MalformedProviderResponse):
-        mapping.image_facts({"ImageId": "ami-0abc"})
+        launching.image_facts({"ImageId": "ami-0abc"})
 
 
 def test_tagged_resources_become_order_resources() -> None:
@@ -347,11 +347,11 @@ def test_tagged_resources_become_order_resources() -> None:
     group = {"GroupId": "sg-1", "GroupName": "broker-ord-7", "VpcId": "vpc-1", "Tags": tags}
     key = {"KeyPairId": "key-1", "KeyName": "broker-ord-7", "Tags": tags}
 
-    assert mapping.order_resource("security_group", group, "us-east-1") == OrderResource(
+    assert launching.order_resource("security_group", group, "us-east-1") == OrderResource(
         "security_group", "sg-1", "us-east-1", "ord-7", {"name": "broker-ord-7", "vpc_id": "vpc-1"}
     )
-    assert mapping.order_resource("key_pair", key, "us-east-1") == OrderResource(
+    assert launching.order_resource("key_pair", key, "us-east-1") == OrderResource(
         "key_pair", "key-1", "us-east-1", "ord-7", {"name": "broker-ord-7"}
     )
-    assert mapping.order_filter("ord-7") == [{"Name": "tag:broker:order", "Values": ["ord-7"]}]
-    assert mapping.order_filter() == [{"Name": "tag-key", "Values": ["broker:order"]}]
+    assert launching.order_filter("ord-7") == [{"Name": "tag:broker:order", "Values": ["ord-7"]}]
+    assert launching.order_filter() == [{"Name": "tag-key", "Values": ["broker:order"]}]

@@ -22,7 +22,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from providers.aws import mapping
+from providers.aws import catalog
 from providers.aws.adapter import PRICE_FILTER_VALUE_MAX, PRICE_TYPES_PER_CALL, AwsAdapter, any_of_values
 from providers.sandbox.aws import AwsSandbox
 from providers.sandbox.aws_keys import ALICE
@@ -90,7 +90,7 @@ def test_a_type_priced_by_another_product_in_usd_per_hour_is_still_quoted() -> N
             "terms": {"OnDemand": {f"{sku}.T": {"priceDimensions": {f"{sku}.T.R": dimension}}}},
         }
 
-    read = mapping.on_demand_usd_by_type([product("A", "Hrs", "CNY"), product("B", "Hrs", "USD")])
+    read = catalog.on_demand_usd_by_type([product("A", "Hrs", "CNY"), product("B", "Hrs", "USD")])
 
     assert (read.prices, read.refused) == ({"g5.xlarge": (Decimal("1.5"), "B")}, [])
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import pytest
 
-from providers.azure import mapping
+from providers.azure import launching
 from providers.azure.adapter import AzureAdapter
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected
@@ -468,7 +468,7 @@ def test_a_launch_without_a_boot_is_unchanged(adapter, sandbox):
 
 
 def test_limits_cite_microsofts_reference():
-    limits = mapping.LAUNCH_LIMITS
+    limits = launching.LAUNCH_LIMITS
 
     assert (limits.user_data_max_bytes, limits.user_data_measure.value, limits.user_data_field) == (
         65535,

@@ -7,10 +7,11 @@ from decimal import Decimal
 import pytest
 
 from providers import gpu_names
-from providers.azure import mapping
+from providers.azure import catalog, errors, launching, mapping
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
+    MalformedProviderResponse,
     ProviderRequestRejected,
     QuotaExceeded,
     TransientProviderError,
@@ -36,21 +37,21 @@ from providers.types import InstanceState, LaunchSpec, PricingModel
     ],
 )
 def test_the_size_name_decides_the_gpu_model(size, reported, expected):
-    spec = mapping.gpu_spec(size, reported)
+    spec = catalog.gpu_spec(size, reported)
 
     assert spec is not None
     assert (spec.model, spec.count, spec.memory_gb, spec.interconnect) == expected
 
 
 def test_a_full_node_size_keeps_its_documented_gpu_count_over_a_wrong_report():
-    spec = mapping.gpu_spec("Standard_ND96isr_H100_v5", 12)
+    spec = catalog.gpu_spec("Standard_ND96isr_H100_v5", 12)
 
     assert spec is not None
     assert (spec.count, spec.reported_count) == (8, 12)
 
 
 def test_a10_slices_are_not_whole_cards():
-    spec = mapping.gpu_spec("Standard_NC8ads_A10_v4", 1)
+    spec = catalog.gpu_spec("Standard_NC8ads_A10_v4", 1)
 
     assert spec is not None
     assert (spec.model, spec.count, spec.memory_gb) == ("A10 (1/3 partition)", 1, 8)
@@ -58,11 +59,11 @@ def test_a10_slices_are_not_whole_cards():
 
 
 def test_an_unknown_gpu_size_keeps_its_name_and_a_size_without_gpus_is_skipped():
-    unknown = mapping.gpu_spec("Standard_NV36ads_A10_v5", 1)
+    unknown = catalog.gpu_spec("Standard_NV36ads_A10_v5", 1)
 
     assert unknown is not None and unknown.model == "Standard_NV36ads_A10_v5"
-    assert mapping.gpu_spec("Standard_D4s_v5", None) is None
-    assert mapping.gpu_spec("Standard_D4s_v5", 0) is None
+    assert catalog.gpu_spec("Standard_D4s_v5", None) is None
+    assert catalog.gpu_spec("Standard_D4s_v5", 0) is None
 
 
 def _sku(**overrides):
@@ -86,7 +87,7 @@ def _sku(**overrides):
 
 
 def test_sku_spec_reads_capabilities_and_names_zones_region_dash_number():
-    spec = mapping.sku_spec(_sku(), "eastus")
+    spec = catalog.sku_spec(_sku(), "eastus")
 
     assert spec is not None
     assert (spec.name, spec.vcpus, spec.memory_gib, spec.spot_capable) == (
@@ -100,7 +101,7 @@ def test_sku_spec_reads_capabilities_and_names_zones_region_dash_number():
 
 
 def test_a_size_without_zones_is_offered_once_under_the_region_name():
-    spec = mapping.sku_spec(_sku(locations=["westus"], locationInfo=[{"location": "westus", "zones": []}]), "westus")
+    spec = catalog.sku_spec(_sku(locations=["westus"], locationInfo=[{"location": "westus", "zones": []}]), "westus")
 
     assert spec is not None and spec.zones == ["westus"]
 
@@ -126,27 +127,27 @@ def test_zone_restrictions_hide_zones_and_location_restrictions_hide_the_size():
     )
     elsewhere = _sku(restrictions=[{"type": "Location", "values": ["westus"], "reasonCode": "QuotaId"}])
 
-    spec = mapping.sku_spec(zone_restricted, "eastus")
+    spec = catalog.sku_spec(zone_restricted, "eastus")
 
     assert spec is not None
     assert spec.zones == ["eastus-1", "eastus-2"]
     assert spec.extra["restricted_zones"] == ["3"]
-    assert mapping.sku_spec(location_restricted, "eastus") is None
-    assert mapping.sku_spec(all_zones, "eastus") is None
-    assert mapping.sku_spec(elsewhere, "eastus") is not None
+    assert catalog.sku_spec(location_restricted, "eastus") is None
+    assert catalog.sku_spec(all_zones, "eastus") is None
+    assert catalog.sku_spec(elsewhere, "eastus") is not None
 
 
 def test_non_vm_and_non_gpu_skus_are_skipped():
-    assert mapping.sku_spec(_sku(resourceType="disks"), "eastus") is None
+    assert catalog.sku_spec(_sku(resourceType="disks"), "eastus") is None
     assert (
-        mapping.sku_spec(_sku(name="Standard_D4s_v5", capabilities=[{"name": "vCPUs", "value": "4"}]), "eastus") is None
+        catalog.sku_spec(_sku(name="Standard_D4s_v5", capabilities=[{"name": "vCPUs", "value": "4"}]), "eastus") is None
     )
-    assert mapping.sku_spec(_sku(), "westus") is None  # listed for another location
+    assert catalog.sku_spec(_sku(), "westus") is None  # listed for another location
 
 
 def test_unreadable_capabilities_are_malformed():
-    with pytest.raises(mapping.MalformedProviderResponse):
-        mapping.sku_spec(
+    with pytest.raises(MalformedProviderResponse):
+        catalog.sku_spec(
             _sku(capabilities=[{"name": "GPUs", "value": "8"}, {"name": "vCPUs", "value": "many"}]), "eastus"
         )
 
@@ -181,7 +182,7 @@ def test_sku_prices_take_linux_pay_as_you_go_rows_only():
         _price("NC4as T4 v3", 0.1, armRegionName="westus"),
     ]
 
-    prices = mapping.sku_prices(items, "eastus", "Standard_NC4as_T4_v3")
+    prices = catalog.sku_prices(items, "eastus", "Standard_NC4as_T4_v3")
 
     assert (prices.on_demand, prices.spot, prices.currency) == (Decimal("0.526"), Decimal("0.062699"), "USD")
     assert prices.on_demand_meter == "m-NC4as T4 v3-0.526"
@@ -193,22 +194,22 @@ def test_the_newest_price_wins():
         _price("NC4as T4 v3", 0.526, effectiveStartDate="2025-01-01T00:00:00Z"),
     ]
 
-    assert mapping.sku_prices(items, "eastus", "Standard_NC4as_T4_v3").on_demand == Decimal("0.526")
+    assert catalog.sku_prices(items, "eastus", "Standard_NC4as_T4_v3").on_demand == Decimal("0.526")
 
 
 def test_no_price_rows_mean_no_prices():
-    prices = mapping.sku_prices([], "eastus", "Standard_NC4as_T4_v3")
+    prices = catalog.sku_prices([], "eastus", "Standard_NC4as_T4_v3")
 
     assert (prices.on_demand, prices.spot) == (None, None)
 
 
 def test_prices_filter_names_region_and_size_and_refuses_quotes():
-    assert mapping.prices_filter("eastus", "Standard_NC4as_T4_v3") == (
+    assert catalog.prices_filter("eastus", "Standard_NC4as_T4_v3") == (
         "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' "
         "and armSkuName eq 'Standard_NC4as_T4_v3' and priceType eq 'Consumption'"
     )
     with pytest.raises(ProviderRequestRejected):
-        mapping.prices_filter("eastus", "x' or 'a' eq 'a")
+        catalog.prices_filter("eastus", "x' or 'a' eq 'a")
 
 
 @pytest.mark.parametrize(
@@ -251,46 +252,46 @@ def test_prices_filter_names_region_and_size_and_refuses_quotes():
     ],
 )
 def test_error_codes_are_classified(code, message, status, expected):
-    error = mapping.error_from_code(code, message, status)
+    error = errors.error_from_code(code, message, status)
 
     assert type(error) is expected
     assert (error.code, error.http_status, error.provider) == (code, status, "azure")
 
 
 def test_vm_names_are_deterministic_and_valid():
-    readable = mapping.vm_name("ord-0123abcd-a1")
-    hashed = mapping.vm_name("Order_42/attempt 1".replace(" ", "-"))
-    long_token = mapping.vm_name("x" * 64 + "-a1")
+    readable = launching.vm_name("ord-0123abcd-a1")
+    hashed = launching.vm_name("Order_42/attempt 1".replace(" ", "-"))
+    long_token = launching.vm_name("x" * 64 + "-a1")
 
     assert readable == "ord-0123abcd-a1"
-    assert hashed == mapping.vm_name("Order_42/attempt-1")
+    assert hashed == launching.vm_name("Order_42/attempt-1")
     assert hashed.startswith("vm-") and len(hashed) == 43
-    assert len(long_token) <= mapping.VM_NAME_MAX_LENGTH
+    assert len(long_token) <= launching.VM_NAME_MAX_LENGTH
     # A token that looks like a hashed name is hashed too, so the two can never meet.
-    assert mapping.vm_name(hashed) != hashed
+    assert launching.vm_name(hashed) != hashed
     with pytest.raises(ProviderRequestRejected):
-        mapping.vm_name("")
+        launching.vm_name("")
 
 
 def test_zone_names_round_trip():
-    assert mapping.azure_zones("eastus", "eastus-2") == ["2"]
-    assert mapping.azure_zones("westus", "westus") == []
-    assert mapping.azure_zones("westus", "") == []
+    assert catalog.azure_zones("eastus", "eastus-2") == ["2"]
+    assert catalog.azure_zones("westus", "westus") == []
+    assert catalog.azure_zones("westus", "") == []
     with pytest.raises(ProviderRequestRejected):
-        mapping.azure_zones("eastus", "us-east-1a")
+        catalog.azure_zones("eastus", "us-east-1a")
 
 
 def test_image_references():
-    assert mapping.image_reference("Canonical:ubuntu-24_04-lts:server:latest") == {
+    assert launching.image_reference("Canonical:ubuntu-24_04-lts:server:latest") == {
         "publisher": "Canonical",
         "offer": "ubuntu-24_04-lts",
         "sku": "server",
         "version": "latest",
     }
     image_id = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/gpu"
-    assert mapping.image_reference(image_id) == {"id": image_id}
+    assert launching.image_reference(image_id) == {"id": image_id}
     with pytest.raises(ProviderRequestRejected):
-        mapping.image_reference("ubuntu")
+        launching.image_reference("ubuntu")
 
 
 def _spec(**overrides):
@@ -308,11 +309,11 @@ def _spec(**overrides):
     return LaunchSpec(**values)
 
 
-SETTINGS = mapping.LaunchSettings(subnet_id="/subscriptions/s/subnets/x", ssh_public_key="ssh-ed25519 AAAA k")
+SETTINGS = launching.LaunchSettings(subnet_id="/subscriptions/s/subnets/x", ssh_public_key="ssh-ed25519 AAAA k")
 
 
 def test_vm_body_for_a_spot_launch():
-    body = mapping.vm_body(_spec(), "ord-1-a1", SETTINGS)
+    body = launching.vm_body(_spec(), "ord-1-a1", SETTINGS)
 
     assert body["location"] == "eastus"
     assert body["zones"] == ["1"]
@@ -324,14 +325,14 @@ def test_vm_body_for_a_spot_launch():
         {"maxPrice": 0.07},
     )
     nic = properties["networkProfile"]["networkInterfaceConfigurations"][0]
-    assert properties["networkProfile"]["networkApiVersion"] == mapping.NETWORK_API_VERSION
+    assert properties["networkProfile"]["networkApiVersion"] == launching.NETWORK_API_VERSION
     assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"] == {"id": "/subscriptions/s/subnets/x"}
     assert properties["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == "ssh-ed25519 AAAA k"
 
 
 def test_vm_body_on_demand_regional_without_public_ip():
-    settings = mapping.LaunchSettings(subnet_id="/s", ssh_public_key="k", public_ip=False)
-    body = mapping.vm_body(
+    settings = launching.LaunchSettings(subnet_id="/s", ssh_public_key="k", public_ip=False)
+    body = launching.vm_body(
         _spec(pricing_model=PricingModel.ON_DEMAND, region="westus", zone="westus", max_price=None), "n", settings
     )
 
@@ -345,11 +346,11 @@ def test_vm_body_on_demand_regional_without_public_ip():
 
 def test_vm_body_needs_subnet_and_key_and_refuses_reserved():
     with pytest.raises(ProviderRequestRejected, match="subnet_id"):
-        mapping.vm_body(_spec(), "n", mapping.LaunchSettings(subnet_id="", ssh_public_key="k"))
+        launching.vm_body(_spec(), "n", launching.LaunchSettings(subnet_id="", ssh_public_key="k"))
     with pytest.raises(ProviderRequestRejected, match="ssh_public_key"):
-        mapping.vm_body(_spec(), "n", mapping.LaunchSettings(subnet_id="/s", ssh_public_key=""))
+        launching.vm_body(_spec(), "n", launching.LaunchSettings(subnet_id="/s", ssh_public_key=""))
     with pytest.raises(ProviderRequestRejected, match="reserved"):
-        mapping.vm_body(_spec(pricing_model=PricingModel.RESERVED), "n", SETTINGS)
+        launching.vm_body(_spec(pricing_model=PricingModel.RESERVED), "n", SETTINGS)
 
 
 @pytest.mark.parametrize(
@@ -410,7 +411,7 @@ def test_a_failed_create_describes_as_failed_with_its_error():
 
 
 def test_an_unreadable_vm_is_malformed():
-    with pytest.raises(mapping.MalformedProviderResponse):
+    with pytest.raises(MalformedProviderResponse):
         mapping.instance_handle({"name": "x", "location": "eastus", "properties": {}}, resource_group="broker")
 
 
@@ -418,7 +419,7 @@ def test_an_unreadable_vm_is_malformed():
 
 
 def test_image_refs_keep_a_marketplace_urn_or_a_resource_id():
-    urn = mapping.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest")
+    urn = launching.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest")
     managed = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/gpu"
     gallery = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/galleries/x/images/y/versions/1.0.0"
 
@@ -427,24 +428,24 @@ def test_image_refs_keep_a_marketplace_urn_or_a_resource_id():
         "microsoft-dsvm:ubuntu-hpc:2204:latest",
         "2204",
     )
-    assert mapping.parse_image(managed).reference() == {"id": managed}
-    assert mapping.managed_image_parts(managed) == ("s", "g", "gpu")
-    assert mapping.managed_image_parts(gallery) is None
+    assert launching.parse_image(managed).reference() == {"id": managed}
+    assert launching.managed_image_parts(managed) == ("s", "g", "gpu")
+    assert launching.managed_image_parts(gallery) is None
 
 
 def test_an_orders_security_group_is_named_per_order_and_region():
-    assert mapping.nsg_name("ord-1f2e", "eastus") == "nsg-ord-1f2e-eastus"
-    hashed = mapping.nsg_name("ord/with spaces", "westus")
+    assert launching.nsg_name("ord-1f2e", "eastus") == "nsg-ord-1f2e-eastus"
+    hashed = launching.nsg_name("ord/with spaces", "westus")
     # NSG names: letters, digits, '_', '.', '-', at most 80 (Naming rules and restrictions for Azure resources).
     assert hashed.startswith("nsg-") and hashed.endswith("-westus") and len(hashed) <= 80
-    assert hashed == mapping.nsg_name("ord/with spaces", "westus")
-    assert len(mapping.nsg_name("ord-" + "x" * 100, "southcentralus")) <= 80
+    assert hashed == launching.nsg_name("ord/with spaces", "westus")
+    assert len(launching.nsg_name("ord-" + "x" * 100, "southcentralus")) <= 80
 
 
 def test_security_rules_are_one_inbound_allow_per_port_and_range_from_priority_100():
     from providers.launch import IngressRule
 
-    rules = mapping.security_rules(
+    rules = launching.security_rules(
         [IngressRule(port=22, cidrs=("203.0.113.0/24", "2001:db8::/48")), IngressRule(8000, ("10.0.0.0/8",), "udp")]
     )
 
@@ -464,9 +465,9 @@ def test_an_existing_group_matches_when_its_rules_and_order_tag_do():
         "properties": {"securityRules": [{"name": "x", "properties": {"priority": 100, "provisioningState": "S"}}]},
     }
 
-    assert mapping.nsg_matches(read_back, wanted)
-    assert not mapping.nsg_matches({**read_back, "tags": {}}, wanted)
-    assert not mapping.nsg_matches({"tags": {"broker:order": "ord-1"}, "properties": {}}, wanted)
+    assert launching.nsg_matches(read_back, wanted)
+    assert not launching.nsg_matches({**read_back, "tags": {}}, wanted)
+    assert not launching.nsg_matches({"tags": {"broker:order": "ord-1"}, "properties": {}}, wanted)
 
 
 def test_order_resources_come_from_tagged_groups_only():
@@ -477,7 +478,7 @@ def test_order_resources_come_from_tagged_groups_only():
         "tags": {"broker:order": "ord-1"},
     }
 
-    resource = mapping.order_resource(nsg)
+    resource = launching.order_resource(nsg)
 
     assert resource is not None
     assert (resource.kind, resource.resource_id, resource.region, resource.order_ref) == (
@@ -486,12 +487,12 @@ def test_order_resources_come_from_tagged_groups_only():
         "eastus",
         "ord-1",
     )
-    assert mapping.order_resource({**nsg, "tags": {}}) is None
+    assert launching.order_resource({**nsg, "tags": {}}) is None
 
 
 def test_vm_body_with_a_boot_carries_custom_data_keys_disk_image_and_the_group():
-    boot = mapping.BootParts(
-        image=mapping.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest"),
+    boot = launching.BootParts(
+        image=launching.parse_image("microsoft-dsvm:ubuntu-hpc:2204:latest"),
         custom_data="IyEvYmluL2Jhc2gK",
         admin_username="azureuser",
         public_keys=("ssh-ed25519 AAAAkey",),
@@ -499,7 +500,7 @@ def test_vm_body_with_a_boot_carries_custom_data_keys_disk_image_and_the_group()
         disk_gb=200,
     )
 
-    body = mapping.vm_body(_spec(), "vm", mapping.LaunchSettings(subnet_id="/s", ssh_public_key=""), boot)
+    body = launching.vm_body(_spec(), "vm", launching.LaunchSettings(subnet_id="/s", ssh_public_key=""), boot)
     properties = body["properties"]
 
     assert properties["osProfile"]["customData"] == "IyEvYmluL2Jhc2gK"

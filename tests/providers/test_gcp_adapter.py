@@ -19,7 +19,7 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.gcp import mapping
+from providers.gcp import catalog, mapping
 from providers.gcp.adapter import GcpAdapter
 from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
 from providers.sandbox.gcp_seed import REGION_ZONES
@@ -483,7 +483,7 @@ def test_spot_counts_against_the_preemptible_quota_where_the_project_has_one(san
 
 
 def test_quota_needs_skip_what_the_provider_does_not_report():
-    quotas = mapping.quota_uses({"quotas": [{"metric": "CPUS", "limit": 24, "usage": 20}, {"metric": "bad"}]})
+    quotas = catalog.quota_uses({"quotas": [{"metric": "CPUS", "limit": 24, "usage": 20}, {"metric": "bad"}]})
     assert set(quotas) == {"CPUS"}
-    assert mapping.quota_needs(quotas, "nvidia-unknown", 1, 8, spot=False) == {"CPUS": 8}
-    assert mapping.quota_needs(quotas, "nvidia-l4", 2, 0, spot=True) == {"NVIDIA_L4_GPUS": 2}
+    assert catalog.quota_needs(quotas, "nvidia-unknown", 1, 8, spot=False) == {"CPUS": 8}
+    assert catalog.quota_needs(quotas, "nvidia-l4", 2, 0, spot=True) == {"NVIDIA_L4_GPUS": 2}

@@ -27,7 +27,7 @@ from dataclasses import replace
 import pytest
 
 from providers.errors import ImageUnavailable, ProviderRequestRejected
-from providers.gcp import mapping
+from providers.gcp import launching, mapping
 from providers.gcp.adapter import GcpAdapter
 from providers.gcp.client import ClientSettings, GcpClient
 from providers.launch import BootSpec, IngressRule
@@ -151,7 +151,7 @@ def test_a_script_over_256_kib_is_refused_before_launch_with_a_field_error(gcp_a
     problems = adapter.launch_problems(_spec(_boot(workload={"kind": "script", "script": script, "env": []})))
 
     assert [p.field for p in problems] == ["launch.workload"]
-    assert "262144" in problems[0].message and mapping.METADATA_SOURCE in problems[0].message
+    assert "262144" in problems[0].message and launching.METADATA_SOURCE in problems[0].message
 
 
 def test_the_sandbox_refuses_a_startup_script_over_256_kib_as_compute_engine_does(sandbox, gcp_adapter):
@@ -175,7 +175,7 @@ def test_many_keys_overflow_the_startup_script_first(gcp_adapter):
     problems = adapter.launch_problems(spec)
 
     assert [p.field for p in problems] == ["launch.workload"]
-    assert len(mapping.ssh_keys_value("gpu", spec.boot.ssh_keys).encode()) < mapping.METADATA_VALUE_MAX_BYTES
+    assert len(launching.ssh_keys_value("gpu", spec.boot.ssh_keys).encode()) < launching.METADATA_VALUE_MAX_BYTES
 
 
 # ------------------------------------------------------------------------------------------- image, disk
@@ -267,7 +267,7 @@ def test_a_disk_outside_10_to_65536_gb_is_refused_before_launch(gcp_adapter):
     ],
 )
 def test_image_references_in_every_documented_form(value, expected):
-    ref = mapping.image_ref(value, PROJECT)
+    ref = launching.image_ref(value, PROJECT)
 
     assert (ref.project, ref.name, ref.family) == expected
 
@@ -398,8 +398,8 @@ def test_the_deny_rule_closes_the_default_networks_ssh_to_everyone_else(sandbox,
 
 def test_a_rule_a_concurrent_twin_is_still_creating_counts_as_created(sandbox, gcp_adapter, alice_key):
     adapter = gcp_adapter()
-    group = mapping.firewall_groups(_boot().ingress)[0]
-    twin = mapping.firewall_allow_resource("ord-alice1", group, mapping.DEFAULT_NETWORK)
+    group = launching.firewall_groups(_boot().ingress)[0]
+    twin = launching.firewall_allow_resource("ord-alice1", group, launching.DEFAULT_NETWORK)
     other_worker = GcpClient(ClientSettings(PROJECT, json.loads(alice_key), endpoint_url=sandbox.url))
     # Another worker's insert of the same rule, under its own request id, not done yet: GET still answers 404.
     other_worker.firewall_insert(twin, "8a1d2b3c-4e5f-4a6b-8c7d-9e0f1a2b3c4d")

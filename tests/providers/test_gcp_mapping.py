@@ -16,7 +16,7 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.gcp import mapping
+from providers.gcp import catalog, errors, mapping
 from providers.types import InstanceState
 
 # Every GCP code CLOUD-APIS.md lists, with the class the broker must give it.
@@ -37,21 +37,21 @@ CLOUD_APIS_CODES = [
 
 @pytest.mark.parametrize(("code", "status", "expected"), CLOUD_APIS_CODES)
 def test_every_listed_code_has_its_class(code, status, expected):
-    error = mapping.error_from_codes([code], "message", status)
+    error = errors.error_from_codes([code], "message", status)
 
     assert type(error) is expected
     assert error.provider == "gcp"
     assert error.code == (code or str(status))
 
 
-@pytest.mark.parametrize(("code", "expected"), sorted(mapping.ERROR_CLASSES.items()))
+@pytest.mark.parametrize(("code", "expected"), sorted(errors.ERROR_CLASSES.items()))
 def test_the_whole_table_classifies_without_a_status(code, expected):
-    assert mapping.error_class_for([code]) == (expected, code)
+    assert errors.error_class_for([code]) == (expected, code)
 
 
 @pytest.mark.parametrize("status", [None, 400, 404, 409, 412])
 def test_an_unknown_code_is_final_unless_the_status_says_otherwise(status):
-    cls, code = mapping.error_class_for(["SOMETHING_NEW"], status)
+    cls, code = errors.error_class_for(["SOMETHING_NEW"], status)
 
     assert (cls, code) == (ProviderRequestRejected, "SOMETHING_NEW")
 
@@ -59,13 +59,13 @@ def test_an_unknown_code_is_final_unless_the_status_says_otherwise(status):
 def test_a_quota_reason_wins_over_the_403_status_name():
     # A synchronous quota 403 carries ErrorInfo QUOTA_EXCEEDED, errors[].reason quotaExceeded and the
     # PERMISSION_DENIED status name: the most specific code must decide.
-    cls, code = mapping.error_class_for(["QUOTA_EXCEEDED", "quotaExceeded", "PERMISSION_DENIED"], 403)
+    cls, code = errors.error_class_for(["QUOTA_EXCEEDED", "quotaExceeded", "PERMISSION_DENIED"], 403)
 
     assert (cls, code) == (QuotaExceeded, "QUOTA_EXCEEDED")
 
 
 def test_a_capacity_code_wins_over_its_503():
-    cls, _ = mapping.error_class_for(["ZONE_RESOURCE_POOL_EXHAUSTED"], 503)
+    cls, _ = errors.error_class_for(["ZONE_RESOURCE_POOL_EXHAUSTED"], 503)
 
     assert cls is CapacityUnavailable
 
@@ -77,12 +77,12 @@ def test_operation_error_is_classified_from_its_codes():
         "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "message": "no room"}]},
     }
 
-    failure = mapping.operation_error(operation)
+    failure = errors.operation_error(operation)
 
-    assert failure == mapping.OperationError("capacity", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "no room", 503)
+    assert failure == errors.OperationError("capacity", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "no room", 503)
     with pytest.raises(CapacityUnavailable):
-        mapping.raise_operation_error(operation)
-    assert mapping.operation_error({"status": "DONE", "error": {"errors": []}}) is None
+        errors.raise_operation_error(operation)
+    assert errors.operation_error({"status": "DONE", "error": {"errors": []}}) is None
 
 
 # ------------------------------------------------------------------------------------------------- GPUs
@@ -103,19 +103,19 @@ def test_operation_error_is_classified_from_its_codes():
     ],
 )
 def test_gpu_keys_follow_the_family_table(machine, accelerator, count, model, memory, interconnect):
-    spec = mapping.gpu_spec(machine, accelerator, count)
+    spec = catalog.gpu_spec(machine, accelerator, count)
 
     assert (spec.model, spec.count, spec.memory_gb, spec.interconnect) == (model, count, memory, interconnect)
 
 
 def test_a_gpu_that_contradicts_its_family_keeps_the_raw_name():
-    assert mapping.gpu_spec("a2-highgpu-1g", "nvidia-l4", 1).model == "nvidia-l4"
-    assert mapping.gpu_spec("n1-standard-8", "nvidia-tesla-p100", 1).model == "nvidia-tesla-p100"
-    assert mapping.gpu_spec("x9-weird-1g", "nvidia-future-x", 1).model == "nvidia-future-x"
+    assert catalog.gpu_spec("a2-highgpu-1g", "nvidia-l4", 1).model == "nvidia-l4"
+    assert catalog.gpu_spec("n1-standard-8", "nvidia-tesla-p100", 1).model == "nvidia-tesla-p100"
+    assert catalog.gpu_spec("x9-weird-1g", "nvidia-future-x", 1).model == "nvidia-future-x"
 
 
 def test_every_canonical_key_used_exists():
-    assert {a.key for a in mapping.ACCELERATORS.values() if a.key} <= gpu_names.ALL
+    assert {a.key for a in catalog.ACCELERATORS.values() if a.key} <= gpu_names.ALL
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -131,16 +131,16 @@ def test_every_canonical_key_used_exists():
     ],
 )
 def test_instance_type_names_round_trip(name, machine, accelerator, count):
-    parsed = mapping.parse_instance_type(name)
+    parsed = catalog.parse_instance_type(name)
 
     assert (parsed.machine_type, parsed.accelerator, parsed.count) == (machine, accelerator, count)
-    assert mapping.parse_instance_type(str(parsed)) == parsed
+    assert catalog.parse_instance_type(str(parsed)) == parsed
 
 
 @pytest.mark.parametrize("name", ["", "A2-HIGHGPU", "n1-standard-8+1xK80", "a2-highgpu-1g+1xT4", "n1-standard-8+0xT4"])
 def test_bad_instance_type_names_are_rejected(name):
     with pytest.raises(ProviderRequestRejected):
-        mapping.parse_instance_type(name)
+        catalog.parse_instance_type(name)
 
 
 @pytest.mark.parametrize("token", ["ord-1-a1", "ORD 77 / attempt #2", "x" * 200, "---", "é"])
@@ -221,7 +221,7 @@ A2_SKUS = [
 
 
 def test_sku_index_keeps_gpu_core_and_ram_rates_only():
-    index = mapping.sku_index(A2_SKUS)
+    index = catalog.sku_index(A2_SKUS)
 
     assert {k: v.price for k, v in index.items()} == {
         ("us-central1", "OnDemand", "gpu", "nvidia-tesla-a100"): Decimal("2.933908"),
@@ -234,13 +234,13 @@ def test_sku_index_keeps_gpu_core_and_ram_rates_only():
 def test_a_ram_sku_in_an_unexpected_unit_is_skipped_not_misread():
     skus = [_sku("A2 Instance Ram running in Iowa", "OnDemand", "us-central1", "0", 4237000, unit="GBy.mo")]
 
-    assert mapping.sku_index(skus) == {}
+    assert catalog.sku_index(skus) == {}
 
 
 def test_machine_price_is_the_rounded_sum_of_its_skus():
-    index = mapping.sku_index(A2_SKUS)
+    index = catalog.sku_index(A2_SKUS)
 
-    composed = mapping.compose_price(index, "us-central1", "OnDemand", "A2", 12, Decimal(85), "nvidia-tesla-a100", 1)
+    composed = catalog.compose_price(index, "us-central1", "OnDemand", "A2", 12, Decimal(85), "nvidia-tesla-a100", 1)
 
     assert composed is not None
     assert composed.exact == Decimal("3.673385")
@@ -248,7 +248,7 @@ def test_machine_price_is_the_rounded_sum_of_its_skus():
     assert composed.currency == "USD"
     # No spot vCPU/RAM SKU: no spot price, never a guess.
     assert (
-        mapping.compose_price(index, "us-central1", "Preemptible", "A2", 12, Decimal(85), "nvidia-tesla-a100", 1)
+        catalog.compose_price(index, "us-central1", "Preemptible", "A2", 12, Decimal(85), "nvidia-tesla-a100", 1)
         is None
     )
 
@@ -285,9 +285,9 @@ N1_T4_SPOT_SKUS = [
 
 
 def test_a_spot_gpu_sku_in_cloud_billing_wording_prices_the_spot_machine():
-    index = mapping.sku_index(N1_T4_SPOT_SKUS)
+    index = catalog.sku_index(N1_T4_SPOT_SKUS)
 
-    spot = mapping.compose_price(
+    spot = catalog.compose_price(
         index, "us-central1", "Preemptible", "N1 Predefined", 8, Decimal(30), "nvidia-tesla-t4", 1
     )
 
@@ -311,14 +311,14 @@ def test_a_spot_gpu_sku_in_cloud_billing_wording_prices_the_spot_machine():
     ],
 )
 def test_a_sku_whose_description_contradicts_its_usage_type_is_skipped(description, usage):
-    assert mapping.sku_index([_sku(description, usage, "us-central1", "0", 131100000)]) == {}
+    assert catalog.sku_index([_sku(description, usage, "us-central1", "0", 131100000)]) == {}
 
 
 def test_unreadable_skus_are_malformed():
     broken = _sku("A2 Instance Core running in Iowa", "OnDemand", "us-central1", "zero", 31611000)
 
     with pytest.raises(MalformedProviderResponse):
-        mapping.sku_index([broken])
+        catalog.sku_index([broken])
 
 
 # --------------------------------------------------------------------------------------------- instances

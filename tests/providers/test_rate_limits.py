@@ -26,7 +26,7 @@ from providers.alibaba.client import ClientSettings as AlibabaSettings
 from providers.aws.client import AwsClient
 from providers.aws.client import ClientSettings as AwsSettings
 from providers.azure.client import AzureClient
-from providers.azure.client import ClientSettings as AzureSettings
+from providers.azure.pipeline import ClientSettings as AzureSettings
 from providers.errors import TransientProviderError
 from providers.gcp.client import ClientSettings as GcpSettings
 from providers.gcp.client import GcpClient

@@ -37,7 +37,7 @@ from providers.errors import ImageUnavailable, ProviderRequestRejected, Transien
 from providers.launch import BootSpec, IngressRule, UserDataMeasure
 from providers.sandbox.boot import BootMode
 from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
-from providers.tencent import mapping
+from providers.tencent import launching
 from providers.tencent.adapter import GPU_DRIVER_PRELUDE, TencentAdapter
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
@@ -218,7 +218,7 @@ def test_describe_instances_shows_the_keys_group_and_disk_and_the_attributes_the
     assert attributes["InstanceSet"] == [
         {
             "InstanceId": handle.instance_id,
-            "Attributes": {"UserData": mapping.encode_user_data(tencent.user_data(spec) or b"")},
+            "Attributes": {"UserData": launching.encode_user_data(tencent.user_data(spec) or b"")},
         }
     ]
 
@@ -270,7 +270,7 @@ def test_user_data_over_16_kb_encoded_is_refused_before_launch_with_a_field_erro
 
     assert tencent.launch_problems(near) == []
     # Under 16 KB raw, over it once base64-encoded: the encoded field is what RunInstances' 16 KB limit reads.
-    assert len(tencent.user_data(over) or b"") < 16384 < len(mapping.encode_user_data(tencent.user_data(over) or b""))
+    assert len(tencent.user_data(over) or b"") < 16384 < len(launching.encode_user_data(tencent.user_data(over) or b""))
     assert [p.field for p in problems] == ["launch.workload"]
     assert "16384" in problems[0].message and "base64" in problems[0].message
 
@@ -640,16 +640,16 @@ def test_describe_filters_key_pairs_and_groups_by_tag(sandbox: TencentSandbox):
 def test_the_mapping_names_key_pairs_per_order_and_key_within_cvms_rules():
     rsa = parsed(rsa_public())[0].public_key
 
-    name = mapping.key_pair_name(ORDER, rsa)
+    name = launching.key_pair_name(ORDER, rsa)
 
-    assert name == mapping.key_pair_name(ORDER, rsa + " alice@laptop")
-    assert name != mapping.key_pair_name(OTHER_ORDER, rsa)
+    assert name == launching.key_pair_name(ORDER, rsa + " alice@laptop")
+    assert name != launching.key_pair_name(OTHER_ORDER, rsa)
     assert len(name) == 25 and name.startswith("brk_") and name.replace("_", "").isalnum()
-    assert mapping.ingress_policies([IngressRule(port=443, cidrs=(ALICE_V6,))]) == [
+    assert launching.ingress_policies([IngressRule(port=443, cidrs=(ALICE_V6,))]) == [
         {"Protocol": "TCP", "Port": "443", "Ipv6CidrBlock": ALICE_V6, "Action": "ACCEPT"}
     ]
-    present = [{**mapping.EGRESS_POLICIES[0], "PolicyIndex": 0, "PolicyDescription": ""}]
-    assert mapping.missing_policies(mapping.EGRESS_POLICIES, present) == [mapping.EGRESS_POLICIES[1]]
+    present = [{**launching.EGRESS_POLICIES[0], "PolicyIndex": 0, "PolicyDescription": ""}]
+    assert launching.missing_policies(launching.EGRESS_POLICIES, present) == [launching.EGRESS_POLICIES[1]]
 
 
 def test_the_control_api_shows_key_pairs_and_security_groups(sandbox: TencentSandbox, adapter: AdapterFactory):

@@ -18,7 +18,7 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.tencent import mapping
+from providers.tencent import catalog, errors, launching, mapping
 from providers.tencent.client import ClientSettings, TencentClient, split_endpoint, translate
 from providers.types import InstanceState, PricingModel
 
@@ -76,26 +76,26 @@ CLOUD_APIS_CODES: list[tuple[str, type[ProviderError]]] = [
 
 @pytest.mark.parametrize(("code", "expected"), CLOUD_APIS_CODES)
 def test_each_tencent_error_code_maps_to_its_broker_class(code: str, expected: type[ProviderError]) -> None:
-    error = mapping.error_from_code(code, "provider says no", "req-1")
+    error = errors.error_from_code(code, "provider says no", "req-1")
 
     assert type(error) is expected
     assert (error.code, error.provider, error.message) == (code, "tencent", "provider says no (RequestId req-1)")
 
 
-@pytest.mark.parametrize(("code", "expected"), sorted(mapping.ERROR_CLASSES.items()))
+@pytest.mark.parametrize(("code", "expected"), sorted(errors.ERROR_CLASSES.items()))
 def test_every_entry_of_the_table_is_what_the_classifier_returns(code: str, expected: type[ProviderError]) -> None:
-    assert mapping.error_class_for(code) is expected
+    assert errors.error_class_for(code) is expected
 
 
-@pytest.mark.parametrize(("prefix", "expected"), mapping.ERROR_PREFIXES)
+@pytest.mark.parametrize(("prefix", "expected"), errors.ERROR_PREFIXES)
 def test_every_prefix_family_classifies_its_members(prefix: str, expected: type[ProviderError]) -> None:
-    assert mapping.error_class_for(prefix + "Anything") is expected
-    assert mapping.error_class_for("X" + prefix) is ProviderRequestRejected
+    assert errors.error_class_for(prefix + "Anything") is expected
+    assert errors.error_class_for("X" + prefix) is ProviderRequestRejected
 
 
 def test_the_retryable_flag_follows_the_class() -> None:
-    assert mapping.error_from_code("RequestLimitExceeded", "").retryable is True
-    assert mapping.error_from_code("ResourceInsufficient.SpecifiedInstanceType", "").retryable is False
+    assert errors.error_from_code("RequestLimitExceeded", "").retryable is True
+    assert errors.error_from_code("ResourceInsufficient.SpecifiedInstanceType", "").retryable is False
 
 
 def test_sdk_exceptions_translate_by_code_only() -> None:
@@ -132,18 +132,18 @@ def test_sdk_exceptions_translate_by_code_only() -> None:
 def test_family_and_gpu_type_map_to_canonical_keys(
     instance_type: str, gpu_type: str, memory: Decimal | None, expected: str | None
 ) -> None:
-    assert mapping.gpu_model_key(instance_type, gpu_type, memory) == expected
+    assert catalog.gpu_model_key(instance_type, gpu_type, memory) == expected
 
 
 def test_every_mapped_key_is_a_canonical_gpu_name() -> None:
-    assert set(mapping.FAMILY_GPU.values()) <= gpu_names.ALL
-    assert set(mapping.FAMILY_GPU.values()) == set(mapping.NOMINAL_MEMORY_GB) == set(mapping.GPU_TYPE_TOKEN)
+    assert set(catalog.FAMILY_GPU.values()) <= gpu_names.ALL
+    assert set(catalog.FAMILY_GPU.values()) == set(catalog.NOMINAL_MEMORY_GB) == set(catalog.GPU_TYPE_TOKEN)
 
 
 def test_gpu_spec_of_a_multi_gpu_sxm2_type_is_nvlink() -> None:
-    spec = mapping.gpu_spec("GN10Xp.20XLARGE320", 8, 8.0, "NVIDIA V100", 32.0)
+    spec = catalog.gpu_spec("GN10Xp.20XLARGE320", 8, 8.0, "NVIDIA V100", 32.0)
 
-    assert spec == mapping.GpuSpec(
+    assert spec == catalog.GpuSpec(
         model=gpu_names.V100_32_SXM2,
         count=8,
         memory_gb=32,
@@ -155,20 +155,20 @@ def test_gpu_spec_of_a_multi_gpu_sxm2_type_is_nvlink() -> None:
 
 
 def test_a_vgpu_slice_keeps_the_raw_name_with_its_share() -> None:
-    spec = mapping.gpu_spec("GN7vw.4XLARGE32", 1, 0.25, "NVIDIA T4", 4.0)
+    spec = catalog.gpu_spec("GN7vw.4XLARGE32", 1, 0.25, "NVIDIA T4", 4.0)
 
     assert spec is not None
     assert (spec.model, spec.count, spec.memory_gb) == ("NVIDIA T4 (1/4 partition)", 1, 4)
 
 
 def test_types_without_gpus_have_no_gpu_spec() -> None:
-    assert mapping.gpu_spec("S5.MEDIUM4", 0, 0.0, "", None) is None
-    assert mapping.gpu_spec("S5.MEDIUM4", None, None, "", None) is None
+    assert catalog.gpu_spec("S5.MEDIUM4", 0, 0.0, "", None) is None
+    assert catalog.gpu_spec("S5.MEDIUM4", None, None, "", None) is None
 
 
 def test_an_unreadable_gpu_count_is_malformed() -> None:
     with pytest.raises(MalformedProviderResponse):
-        mapping.gpu_spec("GN7.2XLARGE32", "many", None, "T4", None)
+        catalog.gpu_spec("GN7.2XLARGE32", "many", None, "T4", None)
 
 
 # ------------------------------------------------------------------------------------------- catalogue
@@ -194,11 +194,11 @@ def _quota_row(**overrides: Any) -> dict[str, Any]:
     return row
 
 
-IDENTITIES = {"GN7.2XLARGE32": mapping.GpuIdentity("NVIDIA T4", 16.0)}
+IDENTITIES = {"GN7.2XLARGE32": catalog.GpuIdentity("NVIDIA T4", 16.0)}
 
 
 def test_a_selling_row_becomes_an_offer_at_the_account_price() -> None:
-    offer = mapping.offer_from_quota_item(_quota_row(), "ap-guangzhou", IDENTITIES, currency="CNY")
+    offer = catalog.offer_from_quota_item(_quota_row(), "ap-guangzhou", IDENTITIES, currency="CNY")
 
     assert offer is not None
     assert (offer.region, offer.zone, offer.instance_type, offer.pricing_model) == (
@@ -222,13 +222,13 @@ def test_a_selling_row_becomes_an_offer_at_the_account_price() -> None:
 def test_the_list_price_is_used_when_no_discounted_price_is_stated() -> None:
     row = _quota_row(Price={"UnitPrice": 8.68, "ChargeUnit": "HOUR"})
 
-    offer = mapping.offer_from_quota_item(row, "ap-guangzhou", IDENTITIES, currency="CNY")
+    offer = catalog.offer_from_quota_item(row, "ap-guangzhou", IDENTITIES, currency="CNY")
 
     assert offer is not None and offer.price == Decimal("8.68")
 
 
 def test_spot_rows_are_spot_offers() -> None:
-    offer = mapping.offer_from_quota_item(
+    offer = catalog.offer_from_quota_item(
         _quota_row(InstanceChargeType="SPOTPAID"), "ap-guangzhou", IDENTITIES, currency="CNY"
     )
 
@@ -249,14 +249,14 @@ def test_spot_rows_are_spot_offers() -> None:
     ],
 )
 def test_rows_the_broker_cannot_buy_are_left_out(overrides: dict[str, Any]) -> None:
-    assert mapping.offer_from_quota_item(_quota_row(**overrides), "ap-guangzhou", IDENTITIES, currency="CNY") is None
+    assert catalog.offer_from_quota_item(_quota_row(**overrides), "ap-guangzhou", IDENTITIES, currency="CNY") is None
 
 
 def test_an_unreadable_row_is_malformed() -> None:
     with pytest.raises(MalformedProviderResponse):
-        mapping.offer_from_quota_item(_quota_row(Cpu="eight"), "ap-guangzhou", IDENTITIES, currency="CNY")
+        catalog.offer_from_quota_item(_quota_row(Cpu="eight"), "ap-guangzhou", IDENTITIES, currency="CNY")
     with pytest.raises(MalformedProviderResponse):
-        mapping.offer_from_quota_item({"Zone": "ap-guangzhou-3"}, "ap-guangzhou", IDENTITIES, currency="CNY")
+        catalog.offer_from_quota_item({"Zone": "ap-guangzhou-3"}, "ap-guangzhou", IDENTITIES, currency="CNY")
 
 
 def test_gpu_families_and_identities_come_from_gpu_rows_only() -> None:
@@ -266,8 +266,8 @@ def test_gpu_families_and_identities_come_from_gpu_rows_only() -> None:
         {"InstanceType": "GN7.2XLARGE32", "Zone": "ap-guangzhou-4", "GpuType": "NVIDIA T4", "GpuMemory": 16.0},
     ]
 
-    assert mapping.gpu_families(rows) == ["GN7"]
-    assert mapping.gpu_identities(configs) == {"GN7.2XLARGE32": mapping.GpuIdentity("NVIDIA T4", 16.0)}
+    assert catalog.gpu_families(rows) == ["GN7"]
+    assert catalog.gpu_identities(configs) == {"GN7.2XLARGE32": catalog.GpuIdentity("NVIDIA T4", 16.0)}
 
 
 # ------------------------------------------------------------------------------------------- instances
@@ -402,8 +402,8 @@ def test_the_newest_usable_ubuntu_image_is_chosen() -> None:
         {"ImageId": "img-c7", "OsName": "CentOS 30.1 64bit", "Platform": "CentOS"},
     ]
 
-    assert mapping.newest_ubuntu_image(images) == "img-u2404"
-    assert mapping.newest_ubuntu_image([]) is None
+    assert launching.newest_ubuntu_image(images) == "img-u2404"
+    assert launching.newest_ubuntu_image([]) is None
 
 
 # -------------------------------------------------------------------------------------------- settings
