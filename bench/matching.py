@@ -51,7 +51,8 @@ from marketplace.matching import (  # noqa: E402
     score_vectors,
 )
 from marketplace.matching.assignment import KEEP_COLUMNS, build_problem  # noqa: E402
-from marketplace.matching.optimize import Problem, exact, greedy, solve  # noqa: E402
+from marketplace.matching.assignment_problem import Problem, greedy  # noqa: E402
+from marketplace.matching.optimize import exact, solve  # noqa: E402
 from marketplace.matching.profiles import work  # noqa: E402
 
 

@@ -14,7 +14,8 @@ from decimal import Decimal
 
 import numpy as np
 
-from marketplace.matching.optimize import Problem, Solution, exact, solve, trace
+from marketplace.matching.assignment_problem import Problem, Solution
+from marketplace.matching.optimize import exact, solve, trace
 from marketplace.matching.ranking import quotes_for
 from marketplace.matching.scoring import RULES, OfferBook, as_book, score_vectors
 from marketplace.matching.types import Assignment, Demand, DemandAssignment, Exclusion, OfferView

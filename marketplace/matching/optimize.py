@@ -1,8 +1,8 @@
 """Batch assignment as a generalised assignment problem, solved near-optimally with a certified bound.
 
-The problem: each demand takes at most one of its columns (a feasible offer at a cost) or stays unplaced
-at a penalty; the columns sharing a capacity row (an offer with finite stock, or a pool of GPUs several
-offers draw on, such as an independent machine's lease sizes) may use at most its capacity, each column
+The problem (``assignment_problem.py``): each demand takes at most one of its columns (a feasible offer at a cost)
+or stays unplaced at a penalty; the columns sharing a capacity row (an offer with finite stock, or a pool of GPUs
+several offers draw on, such as an independent machine's lease sizes) may use at most its capacity, each column
 taking its ``units`` of it. Minimise the total.
 
 ``solve`` answers within its time limit, always with a feasible choice:
@@ -35,109 +35,24 @@ from typing import Any
 
 import highspy
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from marketplace.matching.assignment_problem import (
+    EPS,
+    FloatArray,
+    IntArray,
+    Problem,
+    Solution,
+    greedy,
+    improve,
+    residual_of,
+    take_cheapest,
+)
 
-_EPS = 1e-9
 TRACE = bool(os.environ.get("MATCHING_TRACE"))
 _FIRST_COLUMNS = 30  # per demand, in the first LP
 _ADD_COLUMNS = 20  # at most, per demand and round of pricing
 _MILP_MAX_COLUMNS = 60_000  # in the restricted MILP
 _MILP_GRACE_S = 0.1  # past its deadline before a MILP still running is abandoned
-
-
-@dataclass(frozen=True, eq=False)
-class Problem:
-    """Columns sorted by demand, then cost. ``row`` is a column's capacity row, -1 for unlimited stock;
-    ``units`` is what the column takes of that row (instances, or GPUs of a divisible listing or a pool)."""
-
-    demand: IntArray
-    row: IntArray
-    units: FloatArray
-    cost: FloatArray
-    capacity: FloatArray
-    unplaced: FloatArray
-    starts: IntArray  # columns of demand d are starts[d]:starts[d + 1]
-    label: IntArray  # the caller's id of each column (an offer's index), kept in the sorted order
-    # Per demand, a lower bound on the cost of every column of it left out of the problem (the cheapest
-    # one left out; inf when none was): what keeps the bound valid for the whole problem when only each
-    # demand's cheapest columns were built (see ``assignment.build_problem``'s ``keep``).
-    floor: FloatArray
-
-    @classmethod
-    def build(
-        cls,
-        demand: npt.ArrayLike,
-        row: npt.ArrayLike,
-        units: npt.ArrayLike,
-        cost: npt.ArrayLike,
-        capacity: npt.ArrayLike,
-        unplaced: npt.ArrayLike,
-        label: npt.ArrayLike | None = None,
-        presorted: bool = False,
-        floor: npt.ArrayLike | None = None,
-    ) -> Problem:
-        """Columns in any order, or already by demand then cost when ``presorted`` (a sort of millions of
-        columns is the slowest step otherwise). ``floor``: per demand, a lower bound on the cost of any
-        column of it not given (default inf: every column is given)."""
-        d = np.asarray(demand, dtype=np.int64)
-        c = np.asarray(cost, dtype=np.float64)
-        penalty = np.asarray(unplaced, dtype=np.float64)
-        labels = np.arange(len(c)) if label is None else np.asarray(label, dtype=np.int64)
-        rows = np.asarray(row, dtype=np.int64)
-        amounts = np.asarray(units, dtype=np.float64)
-        if not presorted:
-            order = np.lexsort((c, d))
-            d, c, rows, amounts, labels = d[order], c[order], rows[order], amounts[order], labels[order]
-        return cls(
-            demand=d,
-            row=rows,
-            units=amounts,
-            cost=c,
-            capacity=np.asarray(capacity, dtype=np.float64),
-            unplaced=penalty,
-            starts=np.searchsorted(d, np.arange(len(penalty) + 1)).astype(np.int64),
-            label=labels,
-            floor=np.full(len(penalty), np.inf) if floor is None else np.asarray(floor, dtype=np.float64),
-        )
-
-    @property
-    def n_demands(self) -> int:
-        return len(self.unplaced)
-
-    @property
-    def n_columns(self) -> int:
-        return len(self.cost)
-
-    def columns_of(self, d: int) -> slice:
-        return slice(int(self.starts[d]), int(self.starts[d + 1]))
-
-    def objective(self, choice: IntArray) -> float:
-        placed = choice >= 0
-        return float(self.cost[choice[placed]].sum() + self.unplaced[~placed].sum())
-
-    def fits(self, choice: IntArray) -> bool:
-        """True when ``choice`` respects every capacity and gives each demand one of its own columns."""
-        placed = choice[choice >= 0]
-        if np.any(self.demand[placed] != np.flatnonzero(choice >= 0)):
-            return False
-        rows = self.row[placed]
-        limited = rows >= 0
-        used = np.bincount(rows[limited], weights=self.units[placed][limited], minlength=len(self.capacity))
-        return bool(np.all(used <= self.capacity + 1e-9))
-
-
-@dataclass(frozen=True, eq=False)
-class Solution:
-    choice: IntArray  # per demand, its column or -1
-    objective: float
-    lower_bound: float
-    gap: float
-    method: str
-    optimal: bool
-    seconds: float
 
 
 def trace(message: str) -> None:
@@ -157,78 +72,9 @@ def _wait_for_abandoned_solvers() -> None:
 
 
 def _gap(objective: float, bound: float) -> float:
-    if objective <= _EPS:
+    if objective <= EPS:
         return 0.0
     return max(0.0, (objective - bound) / objective)
-
-
-def _residual(problem: Problem, choice: IntArray) -> FloatArray:
-    residual = problem.capacity.copy()
-    placed = choice[choice >= 0]
-    rows = problem.row[placed]
-    np.subtract.at(residual, rows[rows >= 0], problem.units[placed][rows >= 0])
-    return residual
-
-
-def _take_cheapest(problem: Problem, d: int, residual: FloatArray, candidates: IntArray | None = None) -> int:
-    """The cheapest column of ``d`` (among ``candidates`` if given) that fits the residual capacity and
-    beats leaving it unplaced, taken (residual updated); -1 if none."""
-    cols = np.arange(problem.starts[d], problem.starts[d + 1]) if candidates is None else candidates
-    if cols.size == 0:
-        return -1
-    room = np.append(residual, np.inf)[problem.row[cols]]  # row -1 (unlimited) reads the appended inf
-    ok = (room >= problem.units[cols] - 1e-9) & (problem.cost[cols] < problem.unplaced[d])
-    if not ok.any():
-        return -1
-    j = int(cols[np.argmax(ok)])  # columns are in cost order
-    if problem.row[j] >= 0:
-        residual[problem.row[j]] -= problem.units[j]
-    return j
-
-
-def greedy(problem: Problem, order: npt.ArrayLike | None = None) -> IntArray:
-    """Each demand in turn takes its cheapest column with room. Default order: largest regret first
-    (the demands that lose most by missing their best column go first)."""
-    n = problem.n_demands
-    if order is None:
-        best = np.full(n, np.inf)
-        second = problem.unplaced.copy()
-        has = problem.starts[1:] > problem.starts[:-1]
-        best[has] = problem.cost[problem.starts[:-1][has]]
-        two = (problem.starts[1:] - problem.starts[:-1]) >= 2
-        second[two] = np.minimum(second[two], problem.cost[problem.starts[:-1][two] + 1])
-        order = np.argsort(-(second - np.where(has, best, second)), kind="stable")
-    residual = problem.capacity.copy()
-    choice = np.full(n, -1, dtype=np.int64)
-    for d in np.asarray(order, dtype=np.int64):
-        choice[d] = _take_cheapest(problem, int(d), residual)
-    return choice
-
-
-def improve(problem: Problem, choice: IntArray, deadline: float) -> IntArray:
-    """Move demands to cheaper columns that have room, until no move helps or time runs out."""
-    choice = choice.copy()
-    residual = _residual(problem, choice)
-    improved = True
-    while improved and time.perf_counter() < deadline:
-        improved = False
-        for d in range(problem.n_demands):
-            current = int(choice[d])
-            current_cost = problem.unplaced[d] if current < 0 else problem.cost[current]
-            cols = np.arange(problem.starts[d], problem.starts[d + 1])
-            cols = cols[problem.cost[cols] < current_cost - 1e-9]
-            if cols.size == 0:
-                continue
-            if current >= 0 and problem.row[current] >= 0:
-                residual[problem.row[current]] += problem.units[current]
-            j = _take_cheapest(problem, d, residual, cols)
-            if j < 0:
-                if current >= 0 and problem.row[current] >= 0:
-                    residual[problem.row[current]] -= problem.units[current]
-                continue
-            choice[d] = j
-            improved = True
-    return choice
 
 
 @dataclass(frozen=True, eq=False)
@@ -387,9 +233,9 @@ def _round(problem: Problem, relaxation: _Relaxation, *, by_value: bool = False)
         if j < 0 and by_value:
             left.append(d)
             continue
-        choice[d] = j if j >= 0 else _take_cheapest(problem, d, residual)
+        choice[d] = j if j >= 0 else take_cheapest(problem, d, residual)
     for d in sorted(left, key=lambda d: -problem.unplaced[d]):
-        choice[d] = _take_cheapest(problem, d, residual)
+        choice[d] = take_cheapest(problem, d, residual)
     return choice
 
 
@@ -399,7 +245,7 @@ def _make_room(problem: Problem, choice: IntArray, deadline: float) -> IntArray:
     they lose together. ``improve`` only moves into room; this is the move a pool of GPUs needs (a 4-GPU
     job in place of two pairs that fit elsewhere). Demands with the most at stake go first."""
     choice = choice.copy()
-    residual = _residual(problem, choice)
+    residual = residual_of(problem, choice)
     members: dict[int, set[int]] = {}
     for placed in np.flatnonzero(choice >= 0):
         r = int(problem.row[choice[placed]])

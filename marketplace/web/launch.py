@@ -182,8 +182,6 @@ _FIELD_OF = [
 
 
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
-
-
 _ENV_ITEM = re.compile(r"^workload\.env\[(\d+)\]")
 
 

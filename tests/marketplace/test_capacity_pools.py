@@ -14,7 +14,8 @@ import pytest
 from bench import host_market as hm
 from marketplace.matching import Demand, OfferBook, OfferView, assign, rank, rank_offers
 from marketplace.matching.assignment import build_problem
-from marketplace.matching.optimize import Problem, _make_room, exact, greedy, solve
+from marketplace.matching.assignment_problem import Problem, greedy
+from marketplace.matching.optimize import _make_room, exact, solve
 from providers import gpu_names as g
 from providers.community.adapter import MachineListing, lease_instance_type
 from tests.marketplace.test_ranking import NOW, SPECS, offer

@@ -10,7 +10,8 @@ import pytest
 from bench import market
 from marketplace.matching import Demand, OfferBook, Profile, assign
 from marketplace.matching.assignment import build_problem
-from marketplace.matching.optimize import Problem, exact, greedy, solve
+from marketplace.matching.assignment_problem import Problem, greedy
+from marketplace.matching.optimize import exact, solve
 from providers import gpu_names as g
 from tests.marketplace.test_ranking import NOW, offer
 
