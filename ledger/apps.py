@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.apps import AppConfig
 from django.db.backends.signals import connection_created
 
-# SQLite has no session settings: the append-only triggers ask this per-thread flag through a SQL function.
-wipe_allowed = threading.local()
+from ledger.maintenance import wipe_allowed
 
 
 def _register_sqlite_functions(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -32,15 +32,8 @@ from kombu.exceptions import OperationalError
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import (
-    ProofUnavailable,
-    checkpoint_sign_claim,
-    checkpoint_sign_release,
-    inclusion_proofs,
-    key_history,
-    verifier_key,
-    verifier_keys,
-)
+from ledger.checkpoints import ProofUnavailable, checkpoint_sign_claim, checkpoint_sign_release, inclusion_proofs
+from ledger.keys import key_history, verifier_key, verifier_keys
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.services import SEQUENCE_BATCHES_PER_CALL, ledger_sequence
 

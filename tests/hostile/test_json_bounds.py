@@ -124,7 +124,7 @@ LIMIT_AFTER_IMPORTS = textwrap.dedent("""
     django.setup()
     import broker.urls
     import ledger.chain
-    from ledger.checkpoints import _embedded_chain
+    from ledger.anchoring import _embedded_chain
 
     _embedded_chain()  # py-evm, imported when the embedded chain first runs
     print(sys.getrecursionlimit())
