@@ -16,7 +16,7 @@
 - ``key_history_json``: every signing key with the checkpoints it signed and the handover note that links it
   to the key before (in the bundle, in receipts, and at ``GET /api/v1/ledger/key``).
 
-Formats are versioned by their ``format`` field; ``ledger/audit.py`` is their reader.
+Formats are versioned by their ``format`` field; ``ledger/audit/`` is their reader.
 """
 
 from __future__ import annotations
