@@ -21,5 +21,6 @@ class LedgerConfig(AppConfig):
 
     def ready(self) -> None:
         connection_created.connect(_register_sqlite_functions, dispatch_uid="ledger-sqlite-functions")
-        # Registered in every process: receipts queue the prompt signing by the task's name.
+        # Registered in every process: receipts queue the prompt signing by the task's name. Imported here, the
+        # one place Django allows: the task module imports the models, which load only after this module.
         from ledger import tasks  # noqa: F401
