@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.apps import AppConfig
 from django.db.backends.signals import connection_created
 
-# SQLite has no session settings: the append-only triggers ask this per-thread flag through a SQL function.
-wipe_allowed = threading.local()
+from ledger.maintenance import wipe_allowed
 
 
 def _register_sqlite_functions(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -23,5 +21,6 @@ class LedgerConfig(AppConfig):
 
     def ready(self) -> None:
         connection_created.connect(_register_sqlite_functions, dispatch_uid="ledger-sqlite-functions")
-        # Registered in every process: receipts queue the prompt signing by the task's name.
+        # Registered in every process: receipts queue the prompt signing by the task's name. Imported here, the
+        # one place Django allows: the task module imports the models, which load only after this module.
         from ledger import tasks  # noqa: F401

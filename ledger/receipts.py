@@ -16,7 +16,7 @@
 - ``key_history_json``: every signing key with the checkpoints it signed and the handover note that links it
   to the key before (in the bundle, in receipts, and at ``GET /api/v1/ledger/key``).
 
-Formats are versioned by their ``format`` field; ``ledger/audit.py`` is their reader.
+Formats are versioned by their ``format`` field; ``ledger/audit/`` is their reader.
 """
 
 from __future__ import annotations
@@ -32,15 +32,8 @@ from kombu.exceptions import OperationalError
 
 from ledger import merkle
 from ledger.canonical import canonical_bytes
-from ledger.checkpoints import (
-    ProofUnavailable,
-    checkpoint_sign_claim,
-    checkpoint_sign_release,
-    inclusion_proofs,
-    key_history,
-    verifier_key,
-    verifier_keys,
-)
+from ledger.checkpoints import ProofUnavailable, checkpoint_sign_claim, checkpoint_sign_release, inclusion_proofs
+from ledger.keys import key_history, verifier_key, verifier_keys
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.services import SEQUENCE_BATCHES_PER_CALL, ledger_sequence
 

@@ -11,14 +11,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from ledger import merkle, note
-from ledger.apps import wipe_allowed
+from ledger.anchoring import anchor_sender
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
-from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead, PersonalDatum
+from ledger.chain import AnchorError, read_anchor
+from ledger.keys import key_history, verifier_keys
+from ledger.maintenance import wipe_allowed
+from ledger.models import GENESIS_HASH, Anchor, Checkpoint, LedgerEntry, LedgerHead, PersonalDatum
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +106,6 @@ def ledger_sequence_follow(*, stop: threading.Event, idle_s: float = 0.02) -> in
     chained. Between empty looks it waits ``idle_s``, so an entry waits about that long at most; a look is one
     query on the index of queued entries. A database error (a restart, a failover) is logged and retried after a
     pause rather than ending the process."""
-    from django.db import DatabaseError, close_old_connections
-
     total = 0
     while not stop.is_set():
         try:
@@ -264,12 +266,6 @@ def ledger_verify(*, chain: Any = None) -> VerifyResult:
 
 def _checkpoints_problem(leaves: list[bytes], chain: Any) -> str:
     """The first checkpoint or anchor that disagrees with the entries, or ""."""
-    from django.conf import settings
-
-    from ledger.chain import AnchorError, read_anchor
-    from ledger.checkpoints import anchor_sender, key_history, verifier_keys
-    from ledger.models import Anchor, Checkpoint
-
     checkpoints = list(Checkpoint.objects.order_by("size"))
     if not checkpoints:
         return ""

@@ -1,6 +1,6 @@
 // Checks a ledger receipt in the browser: each entry's hashes recomputed from its fields, its RFC 9162
 // inclusion proof against the checkpoint root, and the checkpoint's Ed25519 signature (C2SP signed note).
-// The same checks as ledger/audit.py, so a buyer need not take the server's word for "verified".
+// The same checks as ledger/audit/, so a buyer need not take the server's word for "verified".
 "use strict";
 
 (async function () {

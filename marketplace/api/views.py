@@ -18,7 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.checkpoints import consistency_proof, verifier_key
+from ledger.checkpoints import consistency_proof
+from ledger.keys import verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import (
     PENDING,

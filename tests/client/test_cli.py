@@ -13,7 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import note
-from ledger.checkpoints import ledger_checkpoint_and_anchor, verifier_key
+from ledger.checkpoints import ledger_checkpoint_and_anchor
+from ledger.keys import verifier_key
 from marketplace.models import Order, OrderState
 from tests.client.conftest import CLIENT_DIR
 

@@ -11,7 +11,8 @@ from brokerclient import BrokerClient, ReceiptInvalid, verify_receipt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger import note
-from ledger.checkpoints import ledger_checkpoint_and_anchor, verifier_key
+from ledger.checkpoints import ledger_checkpoint_and_anchor
+from ledger.keys import verifier_key
 from marketplace.models import Offer, Order, OrderState
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -27,8 +27,8 @@ from ledger.checkpoints import (
     checkpoint_sign_claim,
     checkpoint_sign_release,
     ledger_checkpoint_and_anchor,
-    verifier_key,
 )
+from ledger.keys import verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.services import SEQUENCER_LOCK_KEY, ledger_append, ledger_sequence
 from tests.client.conftest import CLIENT_DIR

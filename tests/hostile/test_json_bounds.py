@@ -26,7 +26,7 @@ from django.test import RequestFactory
 from rest_framework.test import APIClient
 
 from broker.limits import RECURSION_LIMIT, recursion_limit_ensure
-from ledger import audit
+from ledger.audit import cli as audit_cli
 from marketplace.api.parsers import MAX_DEPTH
 from marketplace.api.tokens import api_token_create
 from marketplace.launch.config import launch_secrets
@@ -124,7 +124,7 @@ LIMIT_AFTER_IMPORTS = textwrap.dedent("""
     django.setup()
     import broker.urls
     import ledger.chain
-    from ledger.checkpoints import _embedded_chain
+    from ledger.anchoring import _embedded_chain
 
     _embedded_chain()  # py-evm, imported when the embedded chain first runs
     print(sys.getrecursionlimit())
@@ -285,8 +285,8 @@ def test_the_auditor_refuses_a_deep_bundle(tmp_path):
     bundle = tmp_path / "bundle.json"
     bundle.write_text('{"format": ' + _nested(DEEP) + "}")
 
-    with pytest.raises(audit._Unreadable, match="deeper than 64 levels"):
-        audit._load_json(str(bundle), "bundle")
+    with pytest.raises(audit_cli._Unreadable, match="deeper than 64 levels"):
+        audit_cli._load_json(str(bundle), "bundle")
 
 
 def test_the_client_refuses_a_deep_answer_naming_the_limit():

@@ -19,9 +19,11 @@ from django.db import transaction
 
 from ledger import audit as audit_module
 from ledger import merkle, note
+from ledger.anchoring import chain
 from ledger.audit import FAILED, NOT_CHECKED, OK, AuditReport, audit
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
-from ledger.checkpoints import chain, checkpoint_create, ledger_checkpoint_and_anchor, signing_key, verifier_key
+from ledger.checkpoints import checkpoint_create, ledger_checkpoint_and_anchor
+from ledger.keys import signing_key, verifier_key
 from ledger.receipts import BUNDLE_FORMAT, RECEIPT_FORMAT, audit_bundle, receipt
 from ledger.services import ledger_append, ledger_sequence
 

@@ -24,7 +24,8 @@ from django.utils import timezone
 
 from ledger import merkle, note
 from ledger.audit import OK, AuditReport, audit
-from ledger.checkpoints import checkpoint_create, signing_key
+from ledger.checkpoints import checkpoint_create
+from ledger.keys import signing_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import audit_bundle, receipt
 from ledger.services import ledger_append, ledger_sequence, ledger_verify

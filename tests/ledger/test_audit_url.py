@@ -24,7 +24,8 @@ from django.db import transaction
 from ledger import merkle, note
 from ledger.audit import FetchError, audit, bundle_from_api
 from ledger.chain import Web3
-from ledger.checkpoints import ledger_checkpoint_and_anchor, signing_key, verifier_key
+from ledger.checkpoints import ledger_checkpoint_and_anchor
+from ledger.keys import signing_key, verifier_key
 from ledger.models import Checkpoint, LedgerEntry
 from ledger.receipts import audit_bundle
 from ledger.services import ledger_append, ledger_sequence

@@ -8,17 +8,17 @@ import pytest
 from django.db import transaction
 
 from ledger import merkle, note
+from ledger.anchoring import chain
 from ledger.canonical import entry_envelope
 from ledger.chain import AnchorError, read_anchor
 from ledger.checkpoints import (
     ProofUnavailable,
-    chain,
     checkpoint_create,
     consistency_proof,
     inclusion_proofs,
     ledger_checkpoint_and_anchor,
-    verifier_key,
 )
+from ledger.keys import verifier_key
 from ledger.models import Checkpoint, LedgerEntry, PersonalDatum
 from ledger.services import (
     ledger_append,
@@ -159,7 +159,7 @@ def test_a_size_that_is_not_ascii_decimal_is_refused(size):
 def test_a_rotated_key_still_verifies_the_old_checkpoints(settings):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from ledger.checkpoints import signing_key
+    from ledger.keys import signing_key
 
     _append(2)
     checkpoint_create()
@@ -186,7 +186,7 @@ def test_a_receipt_names_the_key_that_signed_its_checkpoint_across_a_rotation(se
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from ledger import note
-    from ledger.checkpoints import signing_key
+    from ledger.keys import signing_key
     from ledger.receipts import receipt
 
     _append(2)

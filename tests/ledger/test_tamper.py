@@ -18,10 +18,12 @@ from django.conf import settings
 from django.db import transaction
 
 from ledger import merkle, note
+from ledger.anchoring import chain
 from ledger.audit import AuditReport, audit
 from ledger.canonical import canonical_bytes, entry_envelope, sha256_hex
 from ledger.chain import anchor_data
-from ledger.checkpoints import chain, ledger_checkpoint_and_anchor, signing_key, verifier_key
+from ledger.checkpoints import ledger_checkpoint_and_anchor
+from ledger.keys import signing_key, verifier_key
 from ledger.models import GENESIS_HASH, Checkpoint, LedgerEntry, LedgerHead
 from ledger.receipts import audit_bundle, receipt
 from ledger.services import ledger_append, ledger_sequence, ledger_verify

@@ -12,7 +12,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.checkpoints import chain, ledger_checkpoint_and_anchor, verifier_key
+from ledger.anchoring import chain
+from ledger.checkpoints import ledger_checkpoint_and_anchor
+from ledger.keys import verifier_key
 from ledger.receipts import audit_bundle
 from ledger.services import ledger_sequence, ledger_sequence_follow, ledger_verify, personal_erase
 
