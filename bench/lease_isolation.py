@@ -32,9 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from providers.community.agent import free_ports
 from providers.community.containers import ContainerRuntime, lease_uid, runtime_probe
-from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
+from providers.community.devices import FakeDevices
+from providers.community.executor import LeaseExecutor
+from providers.community.lease_plan import LeasePlan, user_plan
+from providers.community.ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "tenant-one-secret-4f1d"  # noqa: S105 - the bait, not a credential

@@ -1,5 +1,6 @@
-"""The lease agent as one file a fresh machine can run: a zipapp of ``lease.py``, ``protocol.py`` and
-the bounded JSON reader they use (``untrusted/jsonbody.py``).
+"""The lease agent as one file a fresh machine can run: a zipapp of ``lease.py``, its executors
+(``executor_base.py``, ``lease_executors.py``), ``protocol.py`` and the bounded JSON reader they use
+(``untrusted/jsonbody.py``). Each holds to the standard library, since a fresh image has nothing else.
 
 The boot script downloads it from ``/agent/v1/lease/agent.pyz`` and checks it against the SHA-256 the broker
 put in the script, so a changed file in transit (or on a mirror) is refused before it runs. The archive is
@@ -18,6 +19,8 @@ _HERE = Path(__file__).resolve().parent
 _SOURCES = {
     "providers/community/protocol.py": _HERE / "protocol.py",
     "providers/community/lease.py": _HERE / "lease.py",
+    "providers/community/executor_base.py": _HERE / "executor_base.py",
+    "providers/community/lease_executors.py": _HERE / "lease_executors.py",
     "untrusted/__init__.py": _HERE.parent.parent / "untrusted" / "__init__.py",
     "untrusted/jsonbody.py": _HERE.parent.parent / "untrusted" / "jsonbody.py",
 }

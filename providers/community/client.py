@@ -34,7 +34,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from providers.community import protocol
+from django.utils import timezone
+
+from providers.community import commands, protocol
 from providers.endpoints import address_allowed
 from providers.errors import (
     CapacityUnavailable,
@@ -211,10 +213,6 @@ class OutboundAgentClient(AgentClient):
         super().__init__("", key_id, secret, deadline=deadline)
 
     def _send(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
-        from django.utils import timezone
-
-        from providers.community import commands
-
         deadline = time.monotonic() + self.deadline
         # The agent runs the command only before this: past it the broker has stopped waiting (below).
         expires_at = timezone.now() + dt.timedelta(seconds=self.deadline)

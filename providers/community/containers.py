@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from providers.community.lease import ExecutorError, _tail
+from providers.community.executor_base import ExecutorError, _tail
 
 LEASE_IMAGE = "gpu-broker-lease:1"
 LEASE_UID_FIRST = 3_000_000  # above every distribution's ranges for accounts and subordinate ids

@@ -2,11 +2,11 @@
 
 One ``LeaseExecutor`` for every lease, real or simulated. It is put together from three layers:
 
-- devices: ``NvidiaDevices`` reads ``nvidia-smi`` (and its MIG instances); ``FakeDevices`` stands in for them
-  under ``--simulate``. Nothing else differs between a real host and a simulated one.
-- the runner: a container through Docker with the NVIDIA runtime (``docker_run_argv``) where the host has
-  Docker, else a process in its own session and process group (``ProcessGroup``). A container image cannot run
-  without Docker, so there a stand-in process holds the lease's ports in its place.
+- devices (``devices.py``): ``NvidiaDevices`` reads ``nvidia-smi`` (and its MIG instances); ``FakeDevices``
+  stands in for them under ``--simulate``. Nothing else differs between a real host and a simulated one.
+- the runner: a container through Docker with the NVIDIA runtime (``lease_plan.docker_run_argv``) where the
+  host has Docker, else a process in its own session and process group (``processes.ProcessGroup``). A
+  container image cannot run without Docker, so there a stand-in process holds the lease's ports in its place.
 - the login: SSH inside the container on the lease's first port, the host's sshd for a per-lease unprivileged
   user, or (simulated) an SSH banner on a port of the lease's own. Never the host's root. The buyer's keys go
   into the lease home's ``.ssh/authorized_keys`` with ``restrict,pty`` (no tunnels to other leases' ports);
@@ -26,387 +26,31 @@ import base64
 import contextlib
 import os
 import pwd
-import random
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from providers.community.containers import SSH_PORT_IN_CONTAINER, ContainerRuntime, LeaseWalls, Limits
-from providers.community.lease import ExecutorError, GpuSeen, SshSeen, _tail, telemetry_sample
+from providers.community.devices import FakeDevices, NvidiaDevices, visible_devices
+from providers.community.executor_base import ExecutorError, GpuSeen, SshSeen, _tail
+from providers.community.lease_plan import (
+    AUTHORIZED_KEYS_IN_CONTAINER,
+    LeasePlan,
+    authorized_keys_text,
+    container_name,
+    docker_run_argv,
+)
+from providers.community.processes import _STAND_IN, ProcessGroup, disk_usage
 
 DISK_QUOTA_EXCEEDED = "disk quota exceeded"
-PIDS_LIMIT = 4096
 PULL_LOGIN_S = 120
 PULL_S = 3600  # a large image over a slow uplink; the broker's boot deadline ends the lease sooner anyway
 RUN_S = 300
-_MIG_LINE = re.compile(r"^\s+MIG .*\(UUID: (MIG-[0-9A-Za-z-]+)\)")
-_GPU_LINE = re.compile(r"^GPU (\d+):")
-# What ``nvidia-smi mig -cgi ... -C`` prints: "Successfully created GPU instance ID  5 on GPU  0 using profile
-# MIG 3g.40gb (ID  9)", then "Successfully created compute instance ID  0 on GPU  0 GPU instance ID  5 ...".
-_GI_CREATED = re.compile(r"created GPU instance ID\s+(\d+)")
-_CI_CREATED = re.compile(r"created compute instance ID\s+(\d+)")
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    """A MIG instance the agent created for one lease: the GPU it is on, its UUID (what the lease's
-    ``CUDA_VISIBLE_DEVICES`` names), and the GPU and compute instance ids it is destroyed by."""
-
-    gpu_index: int
-    uuid: str
-    gpu_instance: int
-    compute_instance: int
-
-
-# ------------------------------------------------------------------------------------------------ devices
-
-
-class NvidiaDevices:
-    """The host's GPUs through ``nvidia-smi``."""
-
-    def _smi(self, *args: str) -> str:
-        binary = shutil.which("nvidia-smi")
-        if binary is None:
-            raise ExecutorError("nvidia-smi not found: the NVIDIA driver is not installed")
-        out = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30, check=False)  # noqa: S603
-        if out.returncode != 0:
-            raise ExecutorError(f"nvidia-smi failed: {' '.join(out.stderr.split())[:200]}")
-        return out.stdout
-
-    def _query(self, fields: str) -> list[list[str]]:
-        text = self._smi(f"--query-gpu={fields}", "--format=csv,noheader,nounits")
-        return [[part.strip() for part in line.split(",")] for line in text.strip().splitlines()]
-
-    def gpus(self, indexes: tuple[int, ...]) -> list[GpuSeen]:
-        rows = self._query("index,name,memory.total")
-        return [GpuSeen(int(i), name, round(float(mib) / 1024)) for i, name, mib in rows if int(i) in indexes]
-
-    def telemetry(self, indexes: tuple[int, ...], busy: bool) -> list[dict[str, Any]]:
-        rows = self._query("index,utilization.gpu,temperature.gpu,power.draw,memory.used")
-        return [
-            telemetry_sample(int(i), float(u), float(t), float(p), float(m) / 1024)
-            for i, u, t, p, m in rows
-            if int(i) in indexes
-        ]
-
-    def mig_instances(self) -> dict[int, list[str]]:
-        """GPU index -> the UUIDs of the MIG instances the host created on it (none where MIG is off)."""
-        found: dict[int, list[str]] = {}
-        current = -1
-        for line in self._smi("-L").splitlines():
-            if gpu := _GPU_LINE.match(line):
-                current = int(gpu.group(1))
-            elif (mig := _MIG_LINE.match(line)) and current >= 0:
-                found.setdefault(current, []).append(mig.group(1))
-        return found
-
-    def mig_create(self, index: int, profile: str) -> MigDevice:
-        """A GPU instance of ``profile`` on GPU ``index`` (in MIG mode) with its default compute instance, as
-        NVIDIA's MIG User Guide creates one ("Creating GPU Instances": ``nvidia-smi mig -cgi <profile> -C``,
-        here with ``-i <index>``). Its UUID is the one MIG device ``nvidia-smi -L`` lists on that GPU that it
-        did not before, so callers serialise creations on the host (the agent's lock). ``ExecutorError`` when
-        the driver refuses (no room, MIG mode off), with nothing left behind."""
-        before = set(self.mig_instances().get(index, []))
-        out = self._smi("mig", "-i", str(index), "-cgi", profile, "-C")
-        gi, ci = _GI_CREATED.search(out), _CI_CREATED.search(out)
-        new = [found for found in self.mig_instances().get(index, []) if found not in before]
-        if gi is None or ci is None or len(new) != 1:
-            if gi is not None:
-                # Half made (no compute instance, or no device to name): take the GPU instance away again.
-                with contextlib.suppress(ExecutorError):
-                    self._smi("mig", "-i", str(index), "-gi", gi.group(1), "-dci")
-                    self._smi("mig", "-i", str(index), "-gi", gi.group(1), "-dgi")
-            raise ExecutorError(
-                f"nvidia-smi made no {profile} MIG device on GPU {index}: {' '.join(out.split())[:200]}"
-            )
-        return MigDevice(index, new[0], int(gi.group(1)), int(ci.group(1)))
-
-    def mig_destroy(self, device: MigDevice) -> None:
-        """Destroy the lease's MIG instance: its compute instances, then its GPU instance, in the order the
-        MIG User Guide's "Destroying GPU Instances" gives (``nvidia-smi mig -dci``, then ``-dgi``), with
-        ``-i`` and ``-gi`` naming only this one. ``ExecutorError`` when the driver refuses (a process still
-        on it)."""
-        gpu, gi = str(device.gpu_index), str(device.gpu_instance)
-        self._smi("mig", "-i", gpu, "-gi", gi, "-dci")
-        self._smi("mig", "-i", gpu, "-gi", gi, "-dgi")
-
-
-@dataclass
-class FakeDevices:
-    """GPUs that are not there, for ``--simulate``: the models given, and MIG instances if the test says so.
-    MIG instances made for leases (``mig_create``) get a fake UUID and are listed like the host's own."""
-
-    models: list[tuple[str, int]] | list[tuple[str, int, int]]  # (name, memory GB[, rated power W])
-    mig: dict[int, list[str]] = field(default_factory=dict)
-    created: list[MigDevice] = field(default_factory=list)  # live ones this host made, oldest first
-
-    def gpus(self, indexes: tuple[int, ...]) -> list[GpuSeen]:
-        return [GpuSeen(i, *self.models[i]) for i in indexes if 0 <= i < len(self.models)]
-
-    def telemetry(self, indexes: tuple[int, ...], busy: bool) -> list[dict[str, Any]]:
-        samples = []
-        for gpu in self.gpus(indexes):
-            util = random.uniform(88, 99) if busy else random.uniform(0, 4)  # noqa: S311 - a simulation
-            power = gpu.power_limit_w * (0.1 + 0.8 * util / 100)
-            samples.append(telemetry_sample(gpu.index, util, 36 + util * 0.4, power, gpu.memory_gb * 0.7 * busy))
-        return samples
-
-    def mig_instances(self) -> dict[int, list[str]]:
-        return {index: list(uuids) for index, uuids in self.mig.items()}
-
-    def mig_create(self, index: int, profile: str) -> MigDevice:
-        """``NvidiaDevices.mig_create`` without the driver: a fake UUID on GPU ``index``."""
-        if not 0 <= index < len(self.models):
-            raise ExecutorError(f"no GPU {index} to make a {profile} MIG device on")
-        gpu_instance = 1 + max((d.gpu_instance for d in self.created if d.gpu_index == index), default=0)
-        device = MigDevice(index, f"MIG-{uuid.uuid4()}", gpu_instance, 0)
-        self.mig.setdefault(index, []).append(device.uuid)
-        self.created.append(device)
-        return device
-
-    def mig_destroy(self, device: MigDevice) -> None:
-        if device in self.created:
-            self.created.remove(device)
-            self.mig[device.gpu_index].remove(device.uuid)
-            if not self.mig[device.gpu_index]:
-                del self.mig[device.gpu_index]
-
-
-def visible_devices(indexes: tuple[int, ...], mig: dict[int, list[str]], own: tuple[str, ...] = ()) -> list[str]:
-    """What ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` name: a GPU's MIG instances where the host
-    enabled MIG on it (CUDA sees only those), else the GPU's index. ``own``: the MIG devices the agent made for
-    this lease alone (a MIG slice), which are then all it sees, whatever else runs on that GPU."""
-    if own:
-        return list(own)
-    devices: list[str] = []
-    for index in indexes:
-        devices.extend(mig.get(index) or [str(index)])
-    return devices
-
-
-# ------------------------------------------------------------------------------------------- the lease plan
-
-
-@dataclass(frozen=True)
-class UserPlan:
-    """The lease's unprivileged account: created with ``useradd`` only by a root agent on a real host; else
-    recorded, and the workload runs as the agent's own (non-root on a real host) user."""
-
-    name: str
-    useradd: tuple[str, ...]
-    userdel: tuple[str, ...]
-
-
-def user_plan(name: str, home: Path) -> UserPlan:
-    # No extra groups: not sudo, not docker (docker group membership is root on the host).
-    return UserPlan(
-        name=name,
-        useradd=("useradd", "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash", "--user-group",
-                 "--no-log-init", name),
-        userdel=("userdel", name),
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LeasePlan:
-    """What one lease owns on the host. ``host_ports[0]`` is kept for the lease's SSH endpoint."""
-
-    lease_id: str
-    gpu_indexes: tuple[int, ...]
-    host_ports: tuple[int, ...]
-    work_dir: Path
-    disk_quota_bytes: int
-    user: UserPlan
-    exposed: tuple[int, ...] = ()  # the workload's ports, published on host_ports[1:]
-    authorized_keys: tuple[str, ...] = ()  # the buyer's public keys ("<type> <base64>"), checked by the agent
-    mig_devices: tuple[str, ...] = ()  # a MIG slice's lease: the MIG device (UUID) the agent made for it alone
-    uid: int = 0  # a walled lease's own uid (``containers.lease_uid``); 0 where the host cannot wall leases
-    share: float = 1.0  # the part of the host's GPUs it rented: its CPU, memory and process limits follow
-    login_name: str = "lease"  # the user name its SSH login takes, inside its container
-
-
-# sshd(8), AUTHORIZED_KEYS FILE FORMAT: "restrict" turns off port, agent and X11 forwarding and the pty, and
-# "pty" gives the terminal back. A lease's login cannot tunnel to another lease's ports or the host's loopback;
-# it reaches its workload on the ports the lease publishes.
-KEY_OPTIONS = "restrict,pty"
-AUTHORIZED_KEYS_IN_CONTAINER = "/etc/gpu-broker/authorized_keys"
-
-
-def authorized_keys_text(keys: tuple[str, ...]) -> str:
-    """The lease login's ``authorized_keys``: each buyer key on its own line, restricted."""
-    return "".join(f"{KEY_OPTIONS} {key}\n" for key in keys)
-
-
-def docker_run_argv(
-    plan: LeasePlan,
-    workload: dict[str, Any],
-    *,
-    devices: list[str],
-    mig: bool,
-    env_file: Path,
-    user: str,
-    docker: str = "docker",
-    config_dir: Path | None = None,
-) -> list[str]:
-    """The ``docker run`` for a lease's container: only its GPUs, its disk quota, its ports, an unprivileged
-    ``user`` (``uid:gid``: Docker needs no account of that number inside the image), no capabilities and no
-    privilege escalation, the buyer's keys read-only for the image's sshd, labelled with the lease so cleanup
-    finds it. ``config_dir``: the lease's own Docker client configuration (its registry login)."""
-    args = [docker, *(("--config", str(config_dir)) if config_dir is not None else ())]
-    args += [
-        "run",
-        "-d",
-        "--name",
-        container_name(plan.lease_id),
-        "--label",
-        f"gpu-broker.lease={plan.lease_id}",
-    ]
-    if mig:
-        # MIG instances are named by UUID to the NVIDIA runtime, which --gpus does not take for every toolkit.
-        args += ["--runtime", "nvidia", "-e", f"NVIDIA_VISIBLE_DEVICES={','.join(devices)}"]
-    else:
-        args += ["--gpus", f'"device={",".join(devices)}"']
-    args += ["--storage-opt", f"size={plan.disk_quota_bytes}"]
-    args += ["--user", user, "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-    args += ["--pids-limit", str(PIDS_LIMIT)]
-    args += ["-p", f"{plan.host_ports[0]}:22"]
-    for port, host_port in zip(plan.exposed, plan.host_ports[1:], strict=False):
-        args += ["-p", f"{host_port}:{port}"]
-    if plan.authorized_keys:
-        keys = plan.work_dir / ".ssh" / "authorized_keys"
-        args += ["--mount", f"type=bind,source={keys},target={AUTHORIZED_KEYS_IN_CONTAINER},readonly"]
-    if workload.get("shm_size_gb"):
-        args += ["--shm-size", f"{int(workload['shm_size_gb'])}g"]
-    args += ["--env-file", str(env_file)]  # a file, not argv: secret values stay out of the process list
-    command = [str(c) for c in workload.get("command") or []]
-    if command:
-        args += ["--entrypoint", command[0]]
-    args += [str(workload["image"]), *command[1:], *(str(a) for a in workload.get("args") or [])]
-    return args
-
-
-def container_name(lease_id: str) -> str:
-    return f"gpu-broker-{lease_id}"
-
-
-# ----------------------------------------------------------------------------------------- process groups
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, from ``/proc``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name is in parentheses and may hold spaces: split after the last ')'.
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-@dataclass
-class ProcessGroup:
-    """A workload process started in its own session (so its own process group), ended as a group."""
-
-    process: subprocess.Popen[bytes]
-
-    @classmethod
-    def start(cls, argv: list[str], *, env: dict[str, str], cwd: Path, log: Path, uid: int | None) -> ProcessGroup:
-        with open(log, "ab") as out:
-            process = subprocess.Popen(  # noqa: S603 - the buyer's workload, as the lease's user
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, user=uid, group=_gid(uid), extra_groups=[] if uid is not None else None,
-            )  # fmt: skip
-        return cls(process)
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid  # a session leader's group id is its pid
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, grace_s: float) -> dict[str, Any]:
-        """SIGTERM to the group, SIGKILL to whatever is left after ``grace_s``: (processes, forced)."""
-        members = set(_group_members(self.pgid))
-        if self.process.poll() is None:
-            members.add(self.process.pid)
-        forced = False
-        if members:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and (self.process.poll() is None or _group_members(self.pgid)):
-                time.sleep(0.05)
-            if self.process.poll() is None or _group_members(self.pgid):
-                forced = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-        return {"processes": sorted(members), "forced": forced}
-
-
-def _gid(uid: int | None) -> int | None:
-    return None if uid is None else pwd.getpwuid(uid).pw_gid
-
-
-def disk_usage(path: Path) -> int:
-    """Bytes a directory tree holds on disk (allocated blocks, symlinks not followed)."""
-    total = 0
-    stack = [path]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                stat = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            total += stat.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-    return total
-
-
-# Stands in for a container image where there is no Docker: answers HTTP on each of the lease's ports.
-_STAND_IN = """
-import socket, sys, threading
-def serve(host_port, port):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], host_port))
-    s.listen(16)
-    body = ("simulated workload (%s) on the machine's port %d\\n" % (sys.argv[2], port)).encode()
-    head = "HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: %d\\r\\nConnection: close\\r\\n\\r\\n"
-    while True:
-        c, _ = s.accept()
-        try:
-            c.recv(4096); c.sendall((head % len(body)).encode() + body)
-        except OSError:
-            pass
-        c.close()
-pairs = [a.split(":") for a in sys.argv[3:]]
-for host_port, port in pairs:
-    threading.Thread(target=serve, args=(int(host_port), int(port))).start()
-"""
-
-
-# ------------------------------------------------------------------------------------------------ executor
 
 
 class LeaseExecutor:

@@ -36,7 +36,7 @@ from moto.ec2.models.instance_types import INSTANCE_TYPES
 from moto.ec2.models.security_groups import SecurityGroupBackend
 
 from providers.aws import catalog
-from providers.community.lease import GpuSeen
+from providers.community.executor_base import GpuSeen
 from providers.sandbox.boot import simulated_gpus
 
 Refusal = tuple[str, str, int]  # (code, message, HTTP status)

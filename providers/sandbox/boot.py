@@ -35,10 +35,14 @@ from typing import Any
 
 from providers import gpu_names
 from providers.boot import BootScriptUnreadable, lease_file_from_script
-from providers.community.agent import free_ports
 from providers.community.containers import ContainerRuntime, lease_uid, leftovers_clear, runtime_probe
-from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
-from providers.community.lease import GpuSeen, LeaseAgent, SimulatedExecutor, Transport
+from providers.community.devices import FakeDevices
+from providers.community.executor import LeaseExecutor
+from providers.community.executor_base import GpuSeen
+from providers.community.lease import LeaseAgent, Transport
+from providers.community.lease_executors import SimulatedExecutor
+from providers.community.lease_plan import LeasePlan, user_plan
+from providers.community.ports import free_ports
 from providers.gpu_specs import GPU_SPECS
 from providers.sandbox.faults import BOOT_ACTION, BOOT_KINDS, FaultKind, FaultRegistry
 

@@ -27,8 +27,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from providers.community.agent import Agent, Answer, parse_simulated
+from providers.community.agent import Agent
 from providers.community.containers import LEASE_UID_FIRST, ContainerRuntime
+from providers.community.host_gpus import parse_simulated
+from providers.community.instances import Answer
 from providers.community.protocol import HEARTBEAT_S
 from providers.sandbox.boot import sandbox_runtime
 

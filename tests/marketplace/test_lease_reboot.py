@@ -23,14 +23,8 @@ from marketplace.launch.config import LaunchChoice
 from marketplace.models import Lease, LeaseHeartbeat, LeaseState, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from providers.boot import lease_file_from_script
-from providers.community.lease import (
-    EXIT_BUSY,
-    LeaseAgent,
-    SimulatedExecutor,
-    hold_lock,
-    main,
-    parse_simulated,
-)
+from providers.community.lease import EXIT_BUSY, LeaseAgent, hold_lock, main
+from providers.community.lease_executors import SimulatedExecutor, parse_simulated
 from providers.sandbox import aws_keys
 from tests.leases import LAUNCH, ClientTransport, held_agent
 from tests.machines import Machine

@@ -146,7 +146,7 @@ def test_a_machine_that_never_reports_is_terminated_and_the_order_fails_over(
 def test_a_machine_with_the_wrong_gpus_is_refused_and_failed_over(
     acme, alice, hosts, django_capture_on_commit_callbacks, client
 ):
-    from providers.community.executor import FakeDevices
+    from providers.community.devices import FakeDevices
 
     order = _place(acme, alice, django_capture_on_commit_callbacks)
     agent = held_agent(order, hosts)

@@ -22,7 +22,9 @@ from providers.boot import (
     user_data_problems,
 )
 from providers.community.bundle import agent_bundle, agent_bundle_sha256
-from providers.community.lease import EXIT_OVER, host_key_fingerprint, parse_simulated
+from providers.community.executor_base import host_key_fingerprint
+from providers.community.lease import EXIT_OVER
+from providers.community.lease_executors import parse_simulated
 from providers.launch import BootSpec, IngressRule, LaunchLimits, UserDataMeasure
 from tests.machines import Machine
 from tests.sshkeys import ed25519_public, parsed
@@ -124,7 +126,7 @@ def test_host_key_fingerprints_and_simulated_gpus():
 
 
 def test_a_simulated_machine_draws_no_more_power_than_its_gpus_are_rated_for():
-    from providers.community.lease import SimulatedExecutor
+    from providers.community.lease_executors import SimulatedExecutor
     from providers.sandbox.boot import RATED_POWER_W, simulated_gpus
 
     executor = SimulatedExecutor(simulated_gpus("T4", 2, 16))

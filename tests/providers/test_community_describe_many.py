@@ -23,7 +23,7 @@ from django.test import Client
 from django.utils import timezone
 
 from providers.community import protocol
-from providers.community.agent import parse_simulated
+from providers.community.host_gpus import parse_simulated
 from providers.community.services import machine_list
 from providers.errors import MalformedProviderResponse, TransientProviderError
 from providers.models import AgentCommand, Machine, MachineState, ProviderAccount
@@ -295,7 +295,7 @@ def test_an_outbound_agent_answers_the_listing_through_its_command_queue(fleet, 
 def test_an_agent_forgets_ended_leases_past_its_bounds_and_never_a_live_one(fleet, hosts):
     """An agent up for months would otherwise hold every lease it ever ran: it keeps at most ``KEEP_ENDED``
     ended ones, none older than ``KEEP_ENDED_S``; a forgotten one answers not_found, as the protocol says."""
-    from providers.community.agent import KEEP_ENDED, KEEP_ENDED_S
+    from providers.community.instances import KEEP_ENDED, KEEP_ENDED_S
 
     host = hosts("fra-h100-1")
     (live,) = _leases(fleet, "fra-h100-1", [1])

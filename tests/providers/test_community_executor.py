@@ -23,18 +23,13 @@ from werkzeug.test import Client
 
 from providers.boot import render_boot_script
 from providers.community import protocol
-from providers.community.agent import Agent, PortPool, parse_simulated
-from providers.community.executor import (
-    DISK_QUOTA_EXCEEDED,
-    FakeDevices,
-    LeaseExecutor,
-    LeasePlan,
-    UserPlan,
-    docker_run_argv,
-    user_plan,
-    visible_devices,
-)
-from providers.community.lease import ExecutorError
+from providers.community.agent import Agent
+from providers.community.devices import FakeDevices, visible_devices
+from providers.community.executor import DISK_QUOTA_EXCEEDED, LeaseExecutor
+from providers.community.executor_base import ExecutorError
+from providers.community.host_gpus import parse_simulated
+from providers.community.lease_plan import LeasePlan, UserPlan, docker_run_argv, user_plan
+from providers.community.ports import PortPool
 from providers.launch import BootSpec, IngressRule
 
 KEY_ID, SECRET = "mk_h100host", "s3cret-of-the-machine"

@@ -32,9 +32,12 @@ from werkzeug.test import Client
 
 from providers.boot import render_boot_script
 from providers.community import protocol
-from providers.community.agent import Agent, parse_simulated
-from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, UserPlan
-from providers.community.lease import ExecutorError
+from providers.community.agent import Agent
+from providers.community.devices import FakeDevices
+from providers.community.executor import LeaseExecutor
+from providers.community.executor_base import ExecutorError
+from providers.community.host_gpus import parse_simulated
+from providers.community.lease_plan import LeasePlan, UserPlan
 from providers.launch import BootSpec, IngressRule
 from providers.sshkeys import SshPublicKey
 from tests.sshkeys import ed25519_public, parsed

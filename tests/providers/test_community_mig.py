@@ -27,9 +27,10 @@ from werkzeug.test import Client
 
 from providers.boot import render_boot_script
 from providers.community import protocol
-from providers.community.agent import Agent, parse_simulated
-from providers.community.executor import MigDevice, NvidiaDevices, visible_devices
-from providers.community.lease import ExecutorError
+from providers.community.agent import Agent
+from providers.community.devices import MigDevice, NvidiaDevices, visible_devices
+from providers.community.executor_base import ExecutorError
+from providers.community.host_gpus import parse_simulated
 from providers.community.mig import MIG_TABLES, mig_place, mig_table_for_memory
 from providers.launch import BootSpec
 

@@ -18,9 +18,10 @@ from django.test import Client
 from django.utils import timezone
 
 from providers.community import protocol
-from providers.community.agent import Agent, parse_simulated
+from providers.community.agent import Agent
 from providers.community.agent import main as agent_main
 from providers.community.commands import command_enqueue
+from providers.community.host_gpus import parse_simulated
 from providers.community.services import machine_list
 from providers.errors import CapacityUnavailable
 from providers.models import AgentCommand, AgentCommandState, Machine, MachineState

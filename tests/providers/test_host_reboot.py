@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Order
-from providers.community.agent import free_ports
 from providers.community.containers import FIREWALL_CHAIN
+from providers.community.ports import free_ports
 from providers.community.services import machine_list
 from providers.models import Machine, MachineState
 from providers.services import provider_account_connect

@@ -12,15 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from providers.community.lease import (
-    CONTAINER_NAME,
-    ExecutorError,
-    HostExecutor,
-    LeaseAgent,
-    SimulatedExecutor,
-    parse_simulated,
-    write_private,
-)
+from providers.community.executor_base import ExecutorError
+from providers.community.lease import LeaseAgent, write_private
+from providers.community.lease_executors import CONTAINER_NAME, HostExecutor, SimulatedExecutor, parse_simulated
 
 CONTAINER = {"kind": "container", "image": "ghcr.io/acme/train:1", "env": []}
 

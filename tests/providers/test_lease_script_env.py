@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.community.lease import ExecutorError, HostExecutor
+from providers.community.executor_base import ExecutorError
+from providers.community.lease_executors import HostExecutor
 
 USER = "nobody"  # an unprivileged account every Debian-family system has
 

@@ -27,9 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from providers.community.agent import free_ports
 from providers.community.containers import FIREWALL_CHAIN, lease_uid, leftovers_clear
-from providers.community.executor import FakeDevices, LeaseExecutor, LeasePlan, user_plan
+from providers.community.devices import FakeDevices
+from providers.community.executor import LeaseExecutor
+from providers.community.lease_plan import LeasePlan, user_plan
+from providers.community.ports import free_ports
 from tests.containers import lease_runtime, stand_in_gpus
 
 H100 = ("H100", 80)

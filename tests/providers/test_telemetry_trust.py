@@ -18,7 +18,8 @@ from marketplace.management.commands.demo import DEMO_MACHINES
 from marketplace.models import GpuModel
 from marketplace.orders.selectors import order_telemetry
 from providers.community import protocol
-from providers.community.agent import Agent, parse_simulated
+from providers.community.agent import Agent
+from providers.community.host_gpus import parse_simulated
 from providers.community.plausibility import CardLimits, telemetry_problems
 from providers.community.services import MachineInvalid, machine_heartbeat, machine_list
 from providers.models import Machine, MachineHeartbeat, MachineState
