@@ -31,7 +31,7 @@ from providers.community.lease import (
     main,
     parse_simulated,
 )
-from providers.sandbox import aws_keys
+from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH, ClientTransport, held_agent
 from tests.machines import Machine
 
