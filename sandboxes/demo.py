@@ -16,7 +16,7 @@ from typing import Any
 from providers.manifest import SandboxAccount
 from sandboxes import DEMO_REGIONS
 from sandboxes.aws import keys as aws_keys
-from sandboxes.tencent.app import DEFAULT_SECRETS
+from sandboxes.tencent.auth import DEFAULT_SECRETS
 
 
 def _aws(sandbox: Any) -> SandboxAccount:

@@ -64,6 +64,7 @@ from sandboxes.faults import IMAGE_ACTION, OUTCOME_KINDS, TRANSPORT_KINDS, Fault
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.tencent import access, auth
 from sandboxes.tencent.access import ApiError
+from sandboxes.tencent.auth import DEFAULT_SECRETS
 from sandboxes.tencent.catalogue import (
     DEFAULT_SITE,
     ON_DEMAND,
@@ -83,7 +84,6 @@ API_VERSION = "2017-03-12"  # CVM's and VPC's version alike
 SERVICE = "cvm"
 VPC_SERVICE = "vpc"
 SERVICES = frozenset({SERVICE, VPC_SERVICE})
-DEFAULT_SECRETS = {"AKIDsandbox00000001": "sandbox-secret-key-0001"}
 ORDERING_TIMEOUT = 30.0  # how long a same-token request waits for the first one before giving up
 _INSTANCE_ID = re.compile(r"^ins-[a-z0-9]{8}$")
 _IMAGE_ID = re.compile(r"^img-[a-z0-9]{8}$")

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 ALGORITHM = "TC3-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_CLOCK_SKEW_SECONDS = 300  # Tencent rejects a timestamp more than five minutes away from its clock
+# The one key the sandbox knows from the start (the demo account's): its signatures are checked as Tencent checks them.
+DEFAULT_SECRETS = {"AKIDsandbox00000001": "sandbox-secret-key-0001"}
 _AUTHORIZATION = re.compile(
     r"^TC3-HMAC-SHA256 Credential=(?P<secret_id>[^/\s]+)/(?P<date>\d{4}-\d{2}-\d{2})/(?P<service>[a-z0-9]+)"
     r"/tc3_request, SignedHeaders=(?P<headers>[a-z0-9;-]+), Signature=(?P<signature>[0-9a-f]{64})$"
