@@ -19,7 +19,8 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from sandboxes.aws.app import AwsSandbox, load_seed
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.catalogue import load_seed
 from sandboxes.aws.keys import CHARLIE
 
 
