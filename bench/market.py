@@ -1,6 +1,6 @@
 """A seeded generator of offers and demands shaped like the real catalogue, for the matching benchmark and tests.
 
-Offers are drawn from the sandboxes' real list prices (providers/sandbox/data: AWS, Azure, GCP, Alibaba
+Offers are drawn from the sandboxes' real list prices (sandboxes/<kind>/prices.csv: AWS, Azure, GCP, Alibaba
 Cloud, Tencent Cloud, with their sources), resold by several accounts per cloud with a little price spread,
 on-demand and spot; independent providers add 8-GPU machines sold per GPU (divisible) at a discount, some
 of them as MIG slices. ``scarce`` sets stock low enough that demands compete for the good offers.
@@ -23,7 +23,7 @@ from marketplace.matching import Demand, GpuSpec, OfferView, Profile, Tolerance
 from providers import gpu_names as g
 from providers.gpu_specs import GPU_SPECS
 
-DATA = Path(__file__).resolve().parent.parent / "providers" / "sandbox" / "data"
+DATA = Path(__file__).resolve().parent.parent / "sandboxes"  # each cloud sandbox keeps its prices.csv
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 CNY_PER_USD = 7.2
 
@@ -87,7 +87,7 @@ def catalogue() -> list[tuple[str, str, str, int, float, float | None]]:
         "tencent": ("on_demand_cny", "spot_cny", "CNY"),
     }
     for kind, (od, spot, currency) in files.items():
-        with open(DATA / f"{kind}_prices.csv", newline="", encoding="utf-8") as fh:
+        with open(DATA / kind / "prices.csv", newline="", encoding="utf-8") as fh:
             for r in csv.DictReader(fh):
                 if kind == "gcp" and r["record"] != "machine":
                     continue

@@ -49,7 +49,7 @@ def main() -> int:
     from marketplace.orders.readiness import order_poll
     from marketplace.orders.services import PlaceRequest, order_place
     from providers.models import Provider, ProviderAccount
-    from providers.sandbox.demo import SANDBOX_ACCOUNTS, start_all
+    from sandboxes.demo import SANDBOX_ACCOUNTS, start_all
 
     # Its own database, and only this run's account on sale: failover must not wander to another seller.
     ProviderAccount.objects.update(enabled=False)

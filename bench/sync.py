@@ -62,12 +62,12 @@ def django_on(database_url: str, **env: str) -> None:
 def sandboxes_serving(manifest_name: str) -> Iterator[list[Any]]:
     """Every sandbox cloud in a process of its own, as real clouds are remote (in process they would compete
     with the broker for the GIL, and a benchmark would measure that); yields their accounts' specs."""
-    from providers.sandbox.demo import read_manifest
+    from providers.manifest import read_manifest
 
     manifest = ROOT / "var" / manifest_name
     manifest.unlink(missing_ok=True)
     server = subprocess.Popen(
-        [sys.executable, "-m", "providers.sandbox", "serve", "--port", "0", "--manifest", str(manifest)],
+        [sys.executable, "-m", "sandboxes", "serve", "--port", "0", "--manifest", str(manifest)],
         cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:

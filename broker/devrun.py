@@ -26,7 +26,7 @@ from pathlib import Path
 
 from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, SYNC_QUEUE, WEBHOOK_QUEUE
 from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
-from providers.sandbox.demo import manifest_service_url
+from providers.manifest import manifest_service_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -203,7 +203,7 @@ def main() -> int:
         walls = [] if no_containers else ["--containers"]
         sandbox = start(
             "sandbox",
-            [PY, "-m", "providers.sandbox", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
+            [PY, "-m", "sandboxes", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
              "--manifest", str(manifest), *walls],
         )  # fmt: skip
         chain_line = f"  Anchors go to {os.environ.get('LEDGER_CHAIN_RPC_URL')} (LEDGER_CHAIN_RPC_URL).\n"
@@ -255,7 +255,7 @@ def main() -> int:
                 },
             )
         # Independent providers' machines: simulated hosts whose agents register with the broker just started.
-        start("hosts", [PY, "-m", "providers.sandbox.community", "--broker", f"http://127.0.0.1:{args.port}",
+        start("hosts", [PY, "-m", "sandboxes.community.hosts", "--broker", f"http://127.0.0.1:{args.port}",
                         "--hosts", str(hosts), *walls])  # fmt: skip
         time.sleep(3)
         _manage("offers", "sync")

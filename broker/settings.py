@@ -297,7 +297,7 @@ OFFER_SYNC_IN_FLIGHT = env_int("BROKER_OFFER_SYNC_IN_FLIGHT", 64, minimum=1)
 # The marketplace's commission on what buyers pay, deducted in providers' payout statements.
 COMMISSION_SHARE = env_float("BROKER_COMMISSION_SHARE", 0.12, minimum=0.0)
 # Payments (issue 22). The defaults reach the Stripe sandbox that the run command starts on 127.0.0.1
-# (providers/sandbox/stripe_api.py); live payments set STRIPE_API_BASE=https://api.stripe.com and real keys.
+# (sandboxes/stripe/app.py); live payments set STRIPE_API_BASE=https://api.stripe.com and real keys.
 STRIPE_API_BASE = env_str("STRIPE_API_BASE", "http://127.0.0.1:8706")
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_sandbox")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")

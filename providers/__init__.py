@@ -1,1 +1,2 @@
-"""Everything that talks to a provider: the adapter contract, one package per provider, and the sandboxes."""
+"""Everything that talks to a provider: the adapter contract and one package per provider (their emulators live in
+``sandboxes``, outside production)."""

@@ -8,7 +8,7 @@ import pytest
 
 from broker.celery import app as celery_app
 from marketplace.models import Organization, OrganizationKind, Role
-from providers.sandbox import aws_keys
+from sandboxes.aws import keys as aws_keys
 from tests.factories import MembershipFactory, OrganizationFactory, SshKeyFactory
 
 
@@ -128,7 +128,7 @@ TEST_AWS_REGIONS = ["us-east-1", "eu-west-1"]
 
 @pytest.fixture(scope="session")
 def aws_sandbox_server():
-    from providers.sandbox.aws import start_aws_sandbox
+    from sandboxes.aws.app import start_aws_sandbox
 
     sandbox = start_aws_sandbox()
     _SANDBOX_SERVERS.append(sandbox)
@@ -154,7 +154,7 @@ def _aws_quotes(aws_sandbox_server):
     return AwsAdapter(credentials, TEST_AWS_REGIONS).list_offers()
 
 
-# Petra's key is one the AWS sandbox knows: it refuses any other (providers/sandbox/aws_keys.py).
+# Petra's key is one the AWS sandbox knows: it refuses any other (sandboxes/aws/keys.py).
 AWS_TEST_CREDENTIALS = aws_keys.PETRA.credentials()
 
 
@@ -189,7 +189,7 @@ TENCENT_TEST_CREDENTIALS = {"secret_id": "AKIDPETRATENCENT0001", "secret_key": "
 
 @pytest.fixture(scope="session")
 def tencent_sandbox_server():
-    from providers.sandbox.tencent import start_tencent_sandbox
+    from sandboxes.tencent.app import start_tencent_sandbox
 
     # Instances start at once, so an eagerly run poll sees them running on its first look.
     sandbox = start_tencent_sandbox(launch_seconds=0, terminate_seconds=0)
@@ -231,7 +231,7 @@ def tencent_account(db, tencent_sandbox):
 
 @pytest.fixture(scope="session")
 def gcp_sandbox_server():
-    from providers.sandbox.gcp import GcpSandbox
+    from sandboxes.gcp.app import GcpSandbox
 
     # Operations finish at once, so an eagerly run poll sees the instance running on its first look.
     sandbox = GcpSandbox(settle_seconds=0)
@@ -276,7 +276,7 @@ def machines_phone_home(live_server, settings, aws_sandbox_server):
     """Sandboxed machines boot by themselves: each launch's boot script names the live server as the broker
     (``BROKER_PUBLIC_URL``), and every sandbox runs the agents of the instances it boots in threads, which
     phone home over HTTP as real machines do. Returns the URL, for worker processes' environment."""
-    from providers.sandbox.boot import BootMode
+    from sandboxes.boot import BootMode
 
     settings.PUBLIC_URL = live_server.url
     started = [s for s in _SANDBOX_SERVERS if s is not None]
@@ -320,8 +320,8 @@ def held_hosts(fleet):
 
 @pytest.fixture(scope="session")
 def _stripe_server():
-    """One Stripe sandbox for the session (providers/sandbox/stripe_api.py); each test resets it."""
-    from providers.sandbox.stripe_api import start_stripe_sandbox
+    """One Stripe sandbox for the session (sandboxes/stripe/app.py); each test resets it."""
+    from sandboxes.stripe.app import start_stripe_sandbox
 
     server = start_stripe_sandbox()
     yield server

@@ -236,3 +236,20 @@ def test_every_process_knows_the_tasks_services_queue_by_name():
         env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "broker.settings"},
     )  # fmt: skip
     assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_production_never_imports_the_sandboxes():
+    """The sandboxes emulate the outside world for tests and the demo (issue 34, point 2): no production module
+    imports them, at the top or inside a function; the run command starts them as a process of their own."""
+    offenders = []
+    for app in ("broker", "marketplace", "providers", "ledger", "untrusted"):
+        for path in sorted((ROOT / app).rglob("*.py")):
+            imported = set()
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    imported.add(node.module)
+            if any(name == "sandboxes" or name.startswith("sandboxes.") for name in imported):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == [], f"production imports the sandboxes: {offenders}"

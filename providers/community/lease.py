@@ -4,7 +4,7 @@
     python3 agent.pyz lease --spec lease.json --simulate "NVIDIA H100 80GB HBM3:80x8"   # no GPUs needed
 
 The same code runs inside an independent host's agent for each lease it starts (``agent.py``), and in the
-sandboxes, which "boot" an instance by starting it from the instance's user data (``providers/sandbox/boot.py``).
+sandboxes, which "boot" an instance by starting it from the instance's user data (``sandboxes/boot.py``).
 
 A lease's life, every step but the first signed with the lease's own key (``protocol.py``):
 

@@ -18,7 +18,7 @@ import pytest
 
 from marketplace.models import LeaseHeartbeat, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
-from providers.sandbox import aws_keys
+from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH
 
 

@@ -16,7 +16,7 @@ import pytest
 from marketplace.launch.leases import boot_token
 from marketplace.models import AttemptOutcome, Lease, LeaseState, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place
-from providers.sandbox import aws_keys
+from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH
 from tests.machines import Machine
 

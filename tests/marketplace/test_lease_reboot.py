@@ -25,7 +25,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from providers.boot import lease_file_from_script
 from providers.community.lease import EXIT_BUSY, LeaseAgent, hold_lock, main
 from providers.community.lease_executors import SimulatedExecutor, parse_simulated
-from providers.sandbox import aws_keys
+from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH, ClientTransport, held_agent
 from tests.machines import Machine
 

@@ -9,8 +9,8 @@ from django.core.management.base import CommandError
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, OfferStatus, PricePoint, QuarantinedOffer
 from providers.models import ProviderAccount, SyncStatus
-from providers.sandbox.aws_keys import BOB
 from providers.services import provider_account_connect
+from sandboxes.aws.keys import BOB
 from tests.conftest import AWS_TEST_CREDENTIALS
 
 pytestmark = pytest.mark.django_db

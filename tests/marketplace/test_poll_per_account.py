@@ -19,9 +19,9 @@ from marketplace.models import Instance, Lease, Offer, Order, OrderState
 from marketplace.orders.running import NOT_LISTED, orders_check_running
 from marketplace.tasks import orders_sweep_task
 from providers.models import Machine, ProviderAccount
-from providers.sandbox.aws_keys import CONTRACT
 from providers.services import adapter_for_account, provider_account_connect
 from providers.types import InstanceState
+from sandboxes.aws.keys import CONTRACT
 from tests.conftest import TEST_AWS_REGIONS
 from tests.leases import boot_if_launched, running_order
 

@@ -29,7 +29,7 @@ from marketplace.billing.stripe_gateway import (
     WebhookRejected,
     stripe_gateway,
 )
-from providers.sandbox.stripe_api import DEFAULT_SECRET_KEY, StripeSandbox
+from sandboxes.stripe.app import DEFAULT_SECRET_KEY, StripeSandbox
 from tests.providers.test_stripe_sandbox import start_sandbox
 
 WEBHOOK_SECRET = "whsec_gateway_tests"

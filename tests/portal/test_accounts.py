@@ -13,7 +13,7 @@ from ledger.models import LedgerEntry
 from marketplace.models import Offer, OfferStatus, ProviderProfile, ProviderState
 from marketplace.portal.clouds import CLOUDS
 from providers.models import ProviderAccount, SyncStatus
-from providers.sandbox import DEMO_REGIONS
+from sandboxes import DEMO_REGIONS
 from tests.conftest import AWS_TEST_CREDENTIALS, TENCENT_TEST_CREDENTIALS
 from tests.factories import ProviderAccountFactory
 from tests.portal.conftest import client_for

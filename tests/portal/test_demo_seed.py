@@ -16,7 +16,7 @@ from marketplace.portal.services import (
     provider_details_update,
     provider_terms_accept,
 )
-from providers.sandbox.demo import write_manifest
+from sandboxes.demo import write_manifest
 
 pytestmark = pytest.mark.django_db
 

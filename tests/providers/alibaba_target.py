@@ -9,8 +9,8 @@ from typing import Any
 from providers.alibaba import launching, mapping
 from providers.alibaba.adapter import AlibabaAdapter
 from providers.alibaba.client import AlibabaClient, ClientSettings
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
 from providers.types import Credentials, InstanceHandle
+from sandboxes.alibaba.app import AlibabaSandbox, start_alibaba_sandbox
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "alibaba"

@@ -9,9 +9,9 @@ import boto3
 
 from providers.aws.adapter import AwsAdapter
 from providers.aws.mapping import ORDER_TAG
-from providers.sandbox.aws import AwsSandbox, start_aws_sandbox
-from providers.sandbox.aws_keys import CONTRACT, UNKNOWN_ACCESS_KEY_ID
 from providers.types import Credentials, InstanceHandle
+from sandboxes.aws.app import AwsSandbox, start_aws_sandbox
+from sandboxes.aws.keys import CONTRACT, UNKNOWN_ACCESS_KEY_ID
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "aws"

@@ -6,10 +6,10 @@ import base64
 from typing import Any
 
 from providers.azure.adapter import AzureAdapter
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
-from providers.sandbox.azure_launch import nsg_ids
-from providers.sandbox.azure_network import ingress_pairs
 from providers.types import Credentials, InstanceHandle
+from sandboxes.azure.app import AzureSandbox, start_azure_sandbox
+from sandboxes.azure.launch import nsg_ids
+from sandboxes.azure.network import ingress_pairs
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "azure"

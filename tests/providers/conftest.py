@@ -11,13 +11,13 @@ import requests
 from django.conf import settings as django_settings
 
 from providers.aws.adapter import AwsAdapter
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE
-from providers.sandbox.azure import AzureSandbox, start_azure_sandbox
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
 from providers.types import Credentials
+from sandboxes.alibaba.app import AlibabaSandbox, start_alibaba_sandbox
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE
+from sandboxes.azure.app import AzureSandbox, start_azure_sandbox
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
+from sandboxes.tencent.app import TencentSandbox, start_tencent_sandbox
 from tests.providers.contract import ContractTarget, load, target_modules
 
 AdapterFactory = Callable[..., AwsAdapter]

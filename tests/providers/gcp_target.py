@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 from providers.gcp.adapter import GcpAdapter
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.gcp_boot import ssh_key_lines
-from providers.sandbox.gcp_seed import REGION_ZONES
 from providers.types import Credentials, InstanceHandle
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
+from sandboxes.gcp.boot import ssh_key_lines
+from sandboxes.gcp.seed import REGION_ZONES
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "gcp"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
 from providers.tencent.adapter import TencentAdapter
 from providers.tencent.mapping import ORDER_TAG
 from providers.types import Credentials, InstanceHandle
+from sandboxes.tencent.app import TencentSandbox, start_tencent_sandbox
 from tests.providers.contract import ContractTarget, LaunchedView
 
 KIND = "tencent"

@@ -20,8 +20,8 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.registry import ADAPTERS, build_adapter
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
 from providers.types import Credentials, InstanceState, LaunchSpec, OfferQuote, PricingModel
+from sandboxes.alibaba.app import AlibabaSandbox, start_alibaba_sandbox
 
 AdapterFactory = Callable[..., AlibabaAdapter]
 ALICE_SECRET = "alice-secret"

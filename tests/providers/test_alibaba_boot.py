@@ -40,9 +40,9 @@ from providers.alibaba.client import AlibabaClient, ClientSettings
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderError, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule, WorkloadKind
-from providers.sandbox.alibaba import AlibabaSandbox, start_alibaba_sandbox
-from providers.sandbox.boot import BootMode
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
+from sandboxes.alibaba.app import AlibabaSandbox, start_alibaba_sandbox
+from sandboxes.boot import BootMode
 from tests.providers.alibaba_target import launched_view
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 

@@ -19,9 +19,9 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.registry import build_adapter
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE, BOB, UNKNOWN_ACCESS_KEY_ID
 from providers.types import Credentials, InstanceState, LaunchSpec, OfferQuote, PricingModel
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE, BOB, UNKNOWN_ACCESS_KEY_ID
 
 AdapterFactory = Callable[..., AwsAdapter]
 

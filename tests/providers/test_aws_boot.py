@@ -25,11 +25,11 @@ import pytest
 from providers.aws.adapter import AwsAdapter
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE
-from providers.sandbox.aws_launch import dlami_id
-from providers.sandbox.boot import BootMode
 from providers.types import InstanceState, LaunchSpec, PricingModel
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE
+from sandboxes.aws.launch import dlami_id
+from sandboxes.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 AdapterFactory = Callable[..., AwsAdapter]

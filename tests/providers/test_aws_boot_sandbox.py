@@ -22,10 +22,10 @@ import pytest
 
 from providers.boot import render_boot_script
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import CHARLIE
-from providers.sandbox.aws_launch import DLAMI_PARAMETER, dlami_id
-from providers.sandbox.boot import BootMode
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import CHARLIE
+from sandboxes.aws.launch import DLAMI_PARAMETER, dlami_id
+from sandboxes.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed
 
 UBUNTU = "ami-785db401"  # one of moto's Canonical images, in every region

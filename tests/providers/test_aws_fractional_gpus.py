@@ -27,10 +27,10 @@ from marketplace.catalog.selectors import offer_views
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, QuarantinedOffer
 from providers.aws.adapter import AwsAdapter
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import PETRA
 from providers.services import provider_account_connect
 from providers.types import GPU_FRACTION, OfferQuote, PricingModel
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import PETRA
 from tests.leases import running_order
 
 AdapterFactory = Callable[..., AwsAdapter]

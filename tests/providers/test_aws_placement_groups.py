@@ -25,9 +25,9 @@ import pytest
 
 from providers.aws.adapter import AwsAdapter
 from providers.errors import ProviderRequestRejected, TransientProviderError
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE
 from providers.types import LaunchSpec, PricingModel
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE
 
 AdapterFactory = Callable[..., AwsAdapter]
 GROUP = "gb-0123456789abcdef0123456789abcdef-r1"

@@ -24,9 +24,9 @@ import pytest
 
 from providers.aws import catalog
 from providers.aws.adapter import PRICE_FILTER_VALUE_MAX, PRICE_TYPES_PER_CALL, AwsAdapter, any_of_values
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE
 from providers.types import PricingModel
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE
 
 AdapterFactory = Callable[..., AwsAdapter]
 REGION = "eu-central-1"

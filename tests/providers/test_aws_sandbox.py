@@ -19,8 +19,9 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from providers.sandbox.aws import AwsSandbox, load_seed
-from providers.sandbox.aws_keys import CHARLIE
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.catalogue import load_seed
+from sandboxes.aws.keys import CHARLIE
 
 
 def _client(sandbox: AwsSandbox, service: str, region: str = "us-east-1", key: str = CHARLIE.access_key_id) -> Any:
@@ -251,7 +252,7 @@ def test_the_standalone_sandbox_serves_until_interrupted() -> None:
         [
             sys.executable,
             "-m",
-            "providers.sandbox",
+            "sandboxes",
             "serve",
             "--host",
             "127.0.0.1",

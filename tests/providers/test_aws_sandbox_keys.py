@@ -21,11 +21,11 @@ import pytest
 from providers.aws.adapter import AwsAdapter
 from providers.aws.client import AwsClient, ClientSettings
 from providers.errors import CredentialsRejected
-from providers.sandbox import aws_keys
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_launch import DLAMI_PARAMETER
-from providers.sandbox.demo import SANDBOX_ACCOUNTS
 from providers.types import Credentials
+from sandboxes.aws import keys as aws_keys
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.launch import DLAMI_PARAMETER
+from sandboxes.demo import SANDBOX_ACCOUNTS
 
 # AWS's own documentation example key: well formed, and a key the sandbox has never been given.
 DOCUMENTATION_KEY = "AKIAIOSFODNN7EXAMPLE"

@@ -16,8 +16,8 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.sandbox.azure import AzureSandbox
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
+from sandboxes.azure.app import AzureSandbox
 
 REGIONS = ["eastus", "southcentralus", "westus", "westus3"]
 LAUNCH = "VirtualMachines_CreateOrUpdate"

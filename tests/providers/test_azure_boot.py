@@ -32,10 +32,10 @@ from providers.azure.adapter import AzureAdapter
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule, WorkloadKind
-from providers.sandbox.azure import AzureSandbox
-from providers.sandbox.azure_network import ingress_pairs
-from providers.sandbox.boot import BootMode
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
+from sandboxes.azure.app import AzureSandbox
+from sandboxes.azure.network import ingress_pairs
+from sandboxes.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 REGIONS = ["eastus", "southcentralus", "westus", "westus3"]

@@ -22,8 +22,8 @@ import pytest
 
 from providers.azure.adapter import AzureAdapter
 from providers.errors import MalformedProviderResponse, TransientProviderError
-from providers.sandbox.azure import AzureSandbox
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from sandboxes.azure.app import AzureSandbox
 
 REGIONS = ["eastus", "westus"]
 LIST_ALL = "VirtualMachines_ListAll"

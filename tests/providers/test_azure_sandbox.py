@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
-from providers.sandbox.azure import AzureSandbox
+from sandboxes.azure.app import AzureSandbox
 from tests.sshkeys import ed25519_public
 
 SUB = "00000000-0000-0000-0000-0000000005b0"

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from providers.boot import render_boot_script
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.azure import AzureSandbox
-from providers.sandbox.boot import BootMode
+from sandboxes.azure.app import AzureSandbox
+from sandboxes.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed
 
 SUB = "00000000-0000-0000-0000-0000000005b0"

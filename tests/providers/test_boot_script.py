@@ -127,7 +127,7 @@ def test_host_key_fingerprints_and_simulated_gpus():
 
 def test_a_simulated_machine_draws_no_more_power_than_its_gpus_are_rated_for():
     from providers.community.lease_executors import SimulatedExecutor
-    from providers.sandbox.boot import RATED_POWER_W, simulated_gpus
+    from sandboxes.boot import RATED_POWER_W, simulated_gpus
 
     executor = SimulatedExecutor(simulated_gpus("T4", 2, 16))
     executor.start({"kind": "container", "image": "x"}, {}, "ubuntu")

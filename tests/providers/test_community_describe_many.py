@@ -1,7 +1,7 @@
 """Polling independent hosts grows with the machines, not with the leases (issue 23, point 4): the community
 adapter's ``describe_many`` asks each machine's agent once for every instance it holds, however many of its
 leases are asked about, and reads the asked ones out of that list. Requests are counted where they arrive: at the
-simulated hosts (``providers.sandbox.community.SimulatedHost``), whichever way they came (HTTP or the command
+simulated hosts (``sandboxes.community.hosts.SimulatedHost``), whichever way they came (HTTP or the command
 queue of an outbound-only agent).
 
 The wire format is the host agent protocol's own reference, the docstring of providers/community/protocol.py: the
@@ -27,15 +27,15 @@ from providers.community.host_gpus import parse_simulated
 from providers.community.services import machine_list
 from providers.errors import MalformedProviderResponse, TransientProviderError
 from providers.models import AgentCommand, Machine, MachineState, ProviderAccount
-from providers.sandbox.community import (
+from providers.services import adapter_for_account
+from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from sandboxes.community.hosts import (
     LISTING_ALL,
     LISTING_NO_ROUTE,
     LISTING_OLDER_AGENT,
     HostCall,
     SimulatedHost,
 )
-from providers.services import adapter_for_account
-from providers.types import InstanceHandle, InstanceState, LaunchSpec, PricingModel
 from tests.hosts import LISTING, HostilePeer, stop_hosts
 from tests.leases import ClientTransport
 

@@ -16,8 +16,8 @@ import pytest
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec
-from providers.sandbox.boot import BootMode
 from providers.types import InstanceHandle, InstanceState, LaunchSpec
+from sandboxes.boot import BootMode
 from tests.providers.contract import ContractTarget, contract_boot, launchable, live, settle, spec_for
 from tests.sshkeys import ecdsa_public, parsed
 

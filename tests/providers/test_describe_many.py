@@ -23,11 +23,11 @@ from providers.base import ProviderAdapter
 from providers.errors import ProviderError
 from providers.gcp.adapter import names_filters
 from providers.gcp.mapping import split_instance_id
-from providers.sandbox.aws_keys import ALICE, CONTRACT
 from providers.tencent.adapter import DESCRIBE_IDS_MAX as TENCENT_IDS_MAX
 from providers.tencent.client import ClientSettings as TencentSettings
 from providers.tencent.client import TencentClient
 from providers.types import InstanceHandle, InstanceState, LaunchSpec
+from sandboxes.aws.keys import ALICE, CONTRACT
 from tests.providers import alibaba_target, aws_target, tencent_target
 from tests.providers.contract import ContractTarget, launchable, settle, spec_for
 

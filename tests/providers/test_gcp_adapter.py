@@ -21,9 +21,9 @@ from providers.errors import (
 )
 from providers.gcp import catalog, mapping
 from providers.gcp.adapter import GcpAdapter
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.gcp_seed import REGION_ZONES
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
+from sandboxes.gcp.seed import REGION_ZONES
 
 PROJECT = "alice-gpus"
 ALL_REGIONS = sorted(REGION_ZONES)

@@ -31,11 +31,11 @@ from providers.gcp import launching, mapping
 from providers.gcp.adapter import GcpAdapter
 from providers.gcp.client import ClientSettings, GcpClient
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.boot import BootMode
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.gcp_seed import REGION_ZONES
 from providers.sshkeys import SshPublicKey
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from sandboxes.boot import BootMode
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
+from sandboxes.gcp.seed import REGION_ZONES
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 PROJECT = "alice-gpus"

@@ -16,9 +16,9 @@ from google.oauth2 import service_account
 
 from providers.errors import CredentialsRejected
 from providers.gcp.client import _translate
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
-from providers.sandbox.gcp_auth import sign_jwt
-from providers.sandbox.gcp_seed import REGION_ZONES
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
+from sandboxes.gcp.auth import sign_jwt
+from sandboxes.gcp.seed import REGION_ZONES
 
 PROJECT = "wire-test"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"

@@ -17,7 +17,7 @@ import requests
 from google.auth.transport.requests import Request as AuthRequest
 from google.oauth2 import service_account
 
-from providers.sandbox.gcp import GcpSandbox, start_gcp_sandbox
+from sandboxes.gcp.app import GcpSandbox, start_gcp_sandbox
 
 PROJECT = "wire-boot"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from providers.sandbox.gcp_seed import (
+from sandboxes.gcp.seed import (
     ON_DEMAND,
     PREEMPTIBLE,
     SEED_PATH,

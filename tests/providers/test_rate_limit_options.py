@@ -34,16 +34,16 @@ from providers.alibaba.client import ACTIONS as ALIBABA_CLIENT_ACTIONS
 from providers.errors import ProviderRequestRejected, TransientProviderError
 from providers.models import Provider, ProviderAccount
 from providers.ratelimit import RATE_LIMITED, BucketKey, Limit
-from providers.sandbox.alibaba import AlibabaSandbox
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import CHARLIE
-from providers.sandbox.azure import AzureSandbox
-from providers.sandbox.boot import BootMode
-from providers.sandbox.gcp import GcpSandbox
-from providers.sandbox.tencent import TencentSandbox
 from providers.services import AccountInvalid, adapter_for_account, provider_account_connect
 from providers.tencent.client import split_endpoint
 from providers.types import InstanceHandle, InstanceState
+from sandboxes.alibaba.app import AlibabaSandbox
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import CHARLIE
+from sandboxes.azure.app import AzureSandbox
+from sandboxes.boot import BootMode
+from sandboxes.gcp.app import GcpSandbox
+from sandboxes.tencent.app import TencentSandbox
 from tests.providers.contract import ContractTarget, contract_boot, launchable, settle, spec_for
 
 pytestmark = pytest.mark.django_db

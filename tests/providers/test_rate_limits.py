@@ -31,16 +31,16 @@ from providers.errors import TransientProviderError
 from providers.gcp.client import ClientSettings as GcpSettings
 from providers.gcp.client import GcpClient
 from providers.ratelimit import RATE_LIMITED, BucketKey, Limit, RateLimiter
-from providers.sandbox.alibaba import AlibabaSandbox
-from providers.sandbox.aws import AwsSandbox
-from providers.sandbox.aws_keys import ALICE, BOB
-from providers.sandbox.azure import AzureSandbox
-from providers.sandbox.faults import FaultKind
-from providers.sandbox.gcp import GcpSandbox
-from providers.sandbox.tencent import TencentSandbox
 from providers.tencent.client import ClientSettings as TencentSettings
 from providers.tencent.client import TencentClient
 from providers.types import LaunchSpec, PricingModel
+from sandboxes.alibaba.app import AlibabaSandbox
+from sandboxes.aws.app import AwsSandbox
+from sandboxes.aws.keys import ALICE, BOB
+from sandboxes.azure.app import AzureSandbox
+from sandboxes.faults import FaultKind
+from sandboxes.gcp.app import GcpSandbox
+from sandboxes.tencent.app import TencentSandbox
 
 CLOUDS = ["aws", "azure", "gcp", "alibaba", "tencent"]
 TINY_REFILL = 0.001  # a token every 1,000 s: within a test, a taken token stays taken

@@ -16,8 +16,8 @@ import pytest
 from providers.boot import render_boot_script
 from providers.community.executor import LeaseExecutor
 from providers.launch import BootSpec, IngressRule
-from providers.sandbox.boot import Booter, simulated_gpus
-from providers.sandbox.faults import FaultRegistry
+from sandboxes.boot import Booter, simulated_gpus
+from sandboxes.faults import FaultRegistry
 from tests.containers import lease_runtime
 from tests.sshkeys import ed25519_public, parsed
 

@@ -19,8 +19,8 @@ import pytest
 
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer
-from providers.sandbox.alibaba import AlibabaSandbox
 from providers.services import provider_account_connect
+from sandboxes.alibaba.app import AlibabaSandbox
 from tests.conftest import TENCENT_TEST_CREDENTIALS
 
 pytestmark = pytest.mark.django_db

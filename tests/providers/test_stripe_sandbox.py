@@ -36,7 +36,7 @@ import pytest
 import requests
 import stripe
 
-from providers.sandbox.stripe_api import DEFAULT_SECRET_KEY, DEFAULT_WEBHOOK_SECRET, StripeSandbox
+from sandboxes.stripe.app import DEFAULT_SECRET_KEY, DEFAULT_WEBHOOK_SECRET, StripeSandbox
 
 RETURN_URL = "https://broker.example/pay/return"
 

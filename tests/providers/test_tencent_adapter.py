@@ -20,11 +20,11 @@ from providers.errors import (
     QuotaExceeded,
     TransientProviderError,
 )
-from providers.sandbox.server import ServerThread
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
-from providers.sandbox.tencent_catalogue import load_seed
 from providers.tencent.adapter import TencentAdapter
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, PricingModel
+from sandboxes.server import ServerThread
+from sandboxes.tencent.app import TencentSandbox, start_tencent_sandbox
+from sandboxes.tencent.catalogue import load_seed
 
 AdapterFactory = Callable[..., TencentAdapter]
 SECRET_ID = "AKIDalice00000000001"
@@ -520,7 +520,7 @@ def test_terminate_writes_once_and_is_idempotent(sandbox: TencentSandbox, adapte
 def test_the_demo_account_signs_with_a_key_the_sandbox_checks(sandbox: TencentSandbox) -> None:
     # The run command's account and the README's portal credentials must pass a sandbox that checks signatures,
     # as Tencent does, not only one that takes any id it does not know.
-    from providers.sandbox.demo import SANDBOX_ACCOUNTS
+    from sandboxes.demo import SANDBOX_ACCOUNTS
 
     demo = SANDBOX_ACCOUNTS["tencent"](sandbox)
     sandbox.set_strict(True)

@@ -35,11 +35,11 @@ from tencentcloud.vpc.v20170312 import vpc_client
 from providers.boot import lease_file
 from providers.errors import ImageUnavailable, ProviderRequestRejected, TransientProviderError
 from providers.launch import BootSpec, IngressRule, UserDataMeasure
-from providers.sandbox.boot import BootMode
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
 from providers.tencent import launching
 from providers.tencent.adapter import GPU_DRIVER_PRELUDE, TencentAdapter
 from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
+from sandboxes.boot import BootMode
+from sandboxes.tencent.app import TencentSandbox, start_tencent_sandbox
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
 
 SECRET_ID = "AKIDalice00000000001"

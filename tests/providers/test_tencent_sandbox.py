@@ -17,8 +17,8 @@ from tencentcloud.common.profile.client_profile import ClientProfile
 from tencentcloud.common.profile.http_profile import HttpProfile
 from tencentcloud.cvm.v20170312 import cvm_client
 
-from providers.sandbox.tencent import TencentSandbox, start_tencent_sandbox
-from providers.sandbox.tencent_catalogue import REGIONS, load_seed
+from sandboxes.tencent.app import TencentSandbox, start_tencent_sandbox
+from sandboxes.tencent.catalogue import REGIONS, load_seed
 
 SECRET_ID = "AKIDcharlie000000001"
 SECRET_KEY = "charlie-secret-key"

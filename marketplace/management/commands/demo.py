@@ -31,8 +31,8 @@ from marketplace.portal.services import (
 )
 from providers.community.protocol import new_secret
 from providers.community.services import machine_list
+from providers.manifest import read_manifest
 from providers.models import Machine, MachineState
-from providers.sandbox.demo import read_manifest
 from providers.services import provider_account_connect
 
 
@@ -170,7 +170,7 @@ def _seed_ssh_key(organization: Organization, user: Any) -> None:
 
 
 # The demo's independent provider: machines listed at plausible community prices (USD per GPU-hour), each
-# run by a simulated agent (providers/sandbox/community.py). The H100 host rents 2 GPUs or more at a time and
+# run by a simulated agent (sandboxes/community/hosts.py). The H100 host rents 2 GPUs or more at a time and
 # the L40S host single GPUs; the A100 host is sold whole.
 DEMO_MACHINES = [
     ("fra-h100-1", "H100-SXM5", 8, 80, "DE", "eu-de", "1.95", "0.95", 2, [], "H100:80x8"),

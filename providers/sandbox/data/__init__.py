@@ -1,1 +1,0 @@
-"""Seed data for the sandboxes (a package only so the CSV files ship with the wheel)."""
