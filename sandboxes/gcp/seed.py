@@ -3,8 +3,9 @@ derived from them.
 
 GCP does not sell a machine at a price; Cloud Billing lists one SKU per resource (a GPU card-hour, a vCPU-hour,
 a GiB-hour of RAM, per region and usage type) and a machine costs the sum. The shared list
-(``/work/shared/data/gpu-list-prices.csv``) gives per-machine totals computed as ``host + GPU`` and names both
-inputs in its ``source`` column. ``derive_skus`` turns those into SKU rates such that, for every machine row,
+(``../shared/data/gpu-list-prices.csv``, beside the project's folder) gives per-machine totals computed as
+``host + GPU`` and names both inputs in its ``source`` column. ``derive_skus`` turns those into SKU rates such
+that, for every machine row,
 ``round_half_up(sum of SKU rate x quantity, 5 decimals)`` equals the row's on-demand and spot totals exactly:
 
 - GPU rate per card (per region, accelerator and usage type): the simplest decimal inside every row's rounding
@@ -35,7 +36,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 SEED_PATH = Path(__file__).parent / "prices.csv"
-SHARED_CSV = Path("/work/shared/data/gpu-list-prices.csv")
+SHARED_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu-list-prices.csv"
 BILLING_SERVICE = "services/6F81-5844-456A"  # Compute Engine in the Cloud Billing Catalog
 
 PRICE_PLACES = Decimal("0.00001")  # the precision of the shared list's totals (and of the adapter's quotes)
