@@ -388,7 +388,7 @@ class CommunityAdapter(ProviderAdapter):
         As the contract says, the whole call fails, reporting none: a machine that cannot be reached raises
         ``TransientProviderError`` for all the ids asked, and an id of a machine the account does not have raises
         ``ProviderRequestRejected`` (``unknown_machine``) before any agent is asked. The broker's sweep asks about
-        one machine per call (marketplace/orders/provisioning.py, ``_read_group``), so a silent machine leaves
+        one machine per call (marketplace/orders/running.py, ``_read_group``), so a silent machine leaves
         only its own leases unanswered."""
         asked: dict[str, dict[str, str]] = {}  # machine name -> {instance id: agent id}
         for instance_id in dict.fromkeys(instance_ids):
