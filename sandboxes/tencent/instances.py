@@ -18,13 +18,7 @@ from sandboxes.boot import Booter, simulated_gpus
 from sandboxes.faults import OUTCOME_KINDS, Fault, FaultKind, FaultRegistry
 from sandboxes.tencent import access
 from sandboxes.tencent.access import ApiError
-from sandboxes.tencent.catalogue import (
-    ON_DEMAND,
-    PUBLIC_IMAGES,
-    REGIONS,
-    SPOT,
-    SeedPrice,
-)
+from sandboxes.tencent.catalogue import ON_DEMAND, PUBLIC_IMAGES, REGIONS, SPOT, SeedPrice
 from sandboxes.tencent.state import (
     _IMAGE_ID,
     _INSTANCE_ID,

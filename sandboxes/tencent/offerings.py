@@ -19,13 +19,7 @@ from sandboxes.tencent.catalogue import (
     SeedPrice,
     quota_rows,
 )
-from sandboxes.tencent.state import (
-    _filters,
-    _int,
-    _matches,
-    _Request,
-    _string_list,
-)
+from sandboxes.tencent.state import _filters, _int, _matches, _Request, _string_list
 
 
 class OfferingHandlers:

@@ -13,15 +13,7 @@ from typing import Any
 
 from sandboxes.tencent import access
 from sandboxes.tencent.access import ApiError
-from sandboxes.tencent.state import (
-    RELEASED_STATES,
-    _filters,
-    _Instance,
-    _int,
-    _matches,
-    _Request,
-    _string_list,
-)
+from sandboxes.tencent.state import RELEASED_STATES, _filters, _Instance, _int, _matches, _Request, _string_list
 
 
 class SecurityHandlers:

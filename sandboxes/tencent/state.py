@@ -16,9 +16,7 @@ from werkzeug.wrappers import Response
 
 from sandboxes.faults import FaultKind
 from sandboxes.tencent.access import ApiError
-from sandboxes.tencent.catalogue import (
-    SeedPrice,
-)
+from sandboxes.tencent.catalogue import SeedPrice
 
 API_VERSION = "2017-03-12"  # CVM's and VPC's version alike
 SERVICE = "cvm"
