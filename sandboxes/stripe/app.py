@@ -33,11 +33,9 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -46,62 +44,20 @@ from werkzeug.wrappers import Request, Response
 from sandboxes.faults import FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.stripe import wire
-from sandboxes.stripe.wire import StripeError, invalid, missing
-
-DEFAULT_SECRET_KEY = "sk_test_sandbox"  # noqa: S105 (a test-mode key)
-# The endpoint secret events are signed with until a test sets another (the broker's default STRIPE_WEBHOOK_SECRET).
-DEFAULT_WEBHOOK_SECRET = "whsec_sandbox"  # noqa: S105
-API_VERSION = "2026-10-28.endive"  # what events carry when the request named no Stripe-Version
-DELIVERY_TIMEOUT = 5.0
-COURIER_RETRY_S = 5.0  # how soon ``auto`` delivery tries an event the endpoint did not take again
-MAX_PENDING_EVENTS = 10_000
-# Stripe's test PaymentMethods (https://docs.stripe.com/testing#declined-payments): decline code and message.
-DECLINES = {
-    "pm_card_chargeDeclined": ("generic_decline", "Your card was declined."),
-    "pm_card_chargeDeclinedInsufficientFunds": ("insufficient_funds", "Your card has insufficient funds."),
-}
-SUCCEEDS = frozenset({"pm_card_visa", "pm_card_mastercard", "pm_card_amex"})
-THREE_D_SECURE = "pm_card_authenticationRequired"
-TEST_METHODS = SUCCEEDS | set(DECLINES) | {THREE_D_SECURE}
-# What an unverified Express account still owes (https://docs.stripe.com/api/accounts/object#account_object-requirements).
-ONBOARDING_DUE = ["business_type", "external_account", "tos_acceptance.date", "tos_acceptance.ip"]
-# Payout failure codes (https://docs.stripe.com/api/payouts/failures) and the message each carries.
-PAYOUT_FAILURES = {
-    "account_closed": "The bank account has been closed.",
-    "account_frozen": "The bank account has been frozen.",
-    "bank_account_restricted": "The bank account has restrictions on either the type or number of payouts allowed.",
-    "could_not_process": "The bank could not process this payout.",
-    "insufficient_funds": "Your Stripe account has insufficient funds to cover the payout.",
-    "invalid_account_number": "The routing number seems correct, but the account number is invalid.",
-    "no_account": "The bank account details on file are probably incorrect.",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One API request the sandbox received (before auth and faults), for tests asserting what was asked."""
-
-    action: str
-    account: str | None
-    idempotency_key: str | None
-
-
-@dataclass(slots=True)
-class _Ctx:
-    operation: str
-    account: str | None
-    idempotency_key: str | None
-    request_id: str | None
-    host_url: str
-    api_version: str
-    events: list[str] = field(default_factory=list)
-
-
-Handler = Callable[[_Ctx, dict[str, Any], str], dict[str, Any]]
-
-
-def _now() -> int:
-    return int(time.time())
+from sandboxes.stripe.connect import ConnectHandlers
+from sandboxes.stripe.payments import PaymentHandlers
+from sandboxes.stripe.state import (
+    API_VERSION,
+    COURIER_RETRY_S,
+    DEFAULT_SECRET_KEY,
+    DEFAULT_WEBHOOK_SECRET,
+    DELIVERY_TIMEOUT,
+    PAYOUT_FAILURES,
+    Call,
+    Handler,
+    _Ctx,
+)
+from sandboxes.stripe.wire import StripeError, invalid
 
 
 def _form_page(title: str, text: str, buttons: list[tuple[str, str]], hidden: dict[str, str] | None = None) -> Response:
@@ -124,7 +80,7 @@ def _page(title: str, text: str) -> Response:
     return Response(body, mimetype="text/html")
 
 
-class StripeSandbox(SandboxApp):
+class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
     """The Stripe sandbox WSGI app. ``start()`` serves it; ``reset()`` forgets every object, key, event and fault."""
 
     kind = "stripe"
@@ -543,352 +499,6 @@ class StripeSandbox(SandboxApp):
             before = self._endpoint is not None and self._endpoint["deliver"] == "before_answer"
         if before and ctx.events:
             self.deliver_events(ctx.events)
-
-    # ------------------------------------------------------------------------------------ state
-
-    def _control_ctx(self) -> _Ctx:
-        return _Ctx("control", None, None, None, "", API_VERSION)
-
-    def _find(self, kind: str, object_id: str) -> dict[str, Any]:
-        """An object of ``kind`` for a control route (KeyError, answered 404, when there is none); lock held."""
-        found = self._objects.get(object_id)
-        if found is None or found["object"] != kind:
-            raise KeyError(object_id[:40])
-        return found
-
-    def _lookup(self, ctx: _Ctx, kind: str, object_id: str, param: str = "id") -> dict[str, Any]:
-        """An object of ``kind`` on the account the request acts for, or Stripe's 404 resource_missing."""
-        found = self._objects.get(object_id)
-        if found is None or found["object"] != kind or self._scope[object_id] != (ctx.account or ""):
-            raise missing(kind, object_id, param)
-        return found
-
-    def _store(self, ctx: _Ctx, obj: dict[str, Any]) -> dict[str, Any]:
-        self._objects[obj["id"]] = obj
-        self._scope[obj["id"]] = ctx.account or ""
-        return obj
-
-    def _base(self, prefix: str, kind: str, params: dict[str, Any]) -> dict[str, Any]:
-        meta = wire.metadata(params)
-        return {"id": wire.new_id(prefix), "object": kind, "created": _now(), "livemode": False, "metadata": meta}
-
-    def _emit(
-        self,
-        ctx: _Ctx,
-        type_: str,
-        obj: dict[str, Any],
-        *,
-        account: str | None = None,
-        previous: dict[str, Any] | None = None,
-    ) -> None:
-        """Record an event in Stripe's shape (https://docs.stripe.com/api/events/object); lock held."""
-        data: dict[str, Any] = {"object": copy.deepcopy(obj)}
-        if previous is not None:
-            data["previous_attributes"] = previous
-        event: dict[str, Any] = {
-            "id": wire.new_id("evt_"),
-            "object": "event",
-            "api_version": ctx.api_version,
-            "created": _now(),
-            "data": data,
-            "livemode": False,
-            "pending_webhooks": 1 if self._endpoint is not None else 0,
-            "request": {"id": ctx.request_id, "idempotency_key": ctx.idempotency_key},
-            "type": type_,
-        }
-        account = account or ctx.account
-        if account:
-            event["account"] = account  # Connect events name the connected account
-        self._objects[event["id"]] = event
-        self._scope[event["id"]] = ""
-        self._payloads[event["id"]] = json.dumps(event, indent=2)
-        if len(self._pending) < MAX_PENDING_EVENTS:
-            self._pending.append(event["id"])
-        ctx.events.append(event["id"])
-        if self._endpoint is not None and self._endpoint["deliver"] == "auto":
-            self._wake.set()
-
-    def _signed(self, event_id: str, secret: str) -> dict[str, Any]:
-        payload = self._payloads[event_id]
-        event_type = self._objects[event_id]["type"]
-        return {"id": event_id, "type": event_type, "payload": payload, "signature": wire.sign(payload, secret)}
-
-    # ------------------------------------------------------------------------- customers, payments
-
-    def _customer_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        customer = self._base("cus_", "customer", params)
-        customer.update(email=wire.string(params, "email", max_len=512), name=wire.string(params, "name", max_len=256))
-        customer.update(description=wire.string(params, "description"), balance=0, currency=None, delinquent=False)
-        return copy.deepcopy(self._store(ctx, customer))
-
-    def _customer_get(self, ctx: _Ctx, params: dict[str, Any], customer: str) -> dict[str, Any]:
-        return copy.deepcopy(self._lookup(ctx, "customer", customer))
-
-    def _pi_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/payment_intents/create; ``confirm=true`` confirms in the same call."""
-        pi = self._base("pi_", "payment_intent", params)
-        pi.update(amount=wire.amount(params), currency=wire.currency(params))
-        customer = wire.string(params, "customer", max_len=255)
-        if customer is not None:
-            self._lookup(ctx, "customer", customer, "customer")
-        pi.update(
-            customer=customer,
-            payment_method=None,
-            status="requires_payment_method",
-            amount_received=0,
-            amount_capturable=0,
-            capture_method="automatic",
-            confirmation_method="automatic",
-            client_secret=f"{pi['id']}_secret_{wire.new_id('', 24)}",
-            description=wire.string(params, "description"),
-            latest_charge=None,
-            last_payment_error=None,
-            next_action=None,
-            payment_method_types=["card"],
-            canceled_at=None,
-            cancellation_reason=None,
-        )
-        self._attach_method(pi, params)
-        confirm = wire.boolean(params, "confirm")
-        if wire.boolean(params, "off_session") and not confirm:
-            raise invalid("off_session can only be used when confirm=true.", param="off_session")
-        if confirm and pi["payment_method"] is None:
-            raise invalid("confirm=true needs a payment_method.", param="payment_method", code="parameter_missing")
-        self._store(ctx, pi)
-        if confirm:
-            self._confirm(ctx, pi, params)
-        return copy.deepcopy(pi)
-
-    def _pi_get(self, ctx: _Ctx, params: dict[str, Any], pi_id: str) -> dict[str, Any]:
-        return copy.deepcopy(self._lookup(ctx, "payment_intent", pi_id))
-
-    def _pi_confirm(self, ctx: _Ctx, params: dict[str, Any], pi_id: str) -> dict[str, Any]:
-        pi = self._lookup(ctx, "payment_intent", pi_id)
-        if pi["status"] not in ("requires_payment_method", "requires_confirmation", "requires_action"):
-            raise invalid(
-                f"This PaymentIntent's status is {pi['status']}; it cannot be confirmed.",
-                code="payment_intent_unexpected_state",
-            )
-        self._attach_method(pi, params)
-        self._confirm(ctx, pi, params)
-        return copy.deepcopy(pi)
-
-    @staticmethod
-    def _attach_method(pi: dict[str, Any], params: dict[str, Any]) -> None:
-        method = wire.string(params, "payment_method", max_len=255)
-        if method is None:
-            return
-        if method not in TEST_METHODS:
-            raise missing("PaymentMethod", method, "payment_method")
-        pi.update(payment_method=method, status="requires_confirmation")
-
-    def _confirm(self, ctx: _Ctx, pi: dict[str, Any], params: dict[str, Any]) -> None:
-        """The outcome the test PaymentMethod stands for (https://docs.stripe.com/testing)."""
-        method = pi["payment_method"]
-        if method is None:
-            raise invalid(
-                "You cannot confirm this PaymentIntent because it's missing a payment method.",
-                param="payment_method",
-                code="payment_intent_unexpected_state",
-            )
-        pi["last_payment_error"] = None
-        if method in SUCCEEDS:
-            self._succeed(ctx, pi)
-        elif method in DECLINES:
-            decline_code, message = DECLINES[method]
-            self._decline(ctx, pi, "card_declined", decline_code, message)
-        elif wire.boolean(params, "off_session"):
-            # Off-session there is nobody to authenticate: Stripe declines (https://docs.stripe.com/declines/codes).
-            message = "Your card was declined. This transaction requires authentication."
-            self._decline(ctx, pi, "authentication_required", "authentication_required", message)
-        else:
-            return_url = wire.string(params, "return_url", max_len=2048)
-            url = f"{ctx.host_url}_sandbox/stripe/authenticate/{pi['id']}"
-            redirect = {"url": url, "return_url": return_url}
-            pi.update(status="requires_action", next_action={"type": "redirect_to_url", "redirect_to_url": redirect})
-            self._emit(ctx, "payment_intent.requires_action", pi)
-
-    def _charge(self, ctx: _Ctx, pi: dict[str, Any], status: str) -> dict[str, Any]:
-        charge: dict[str, Any] = {"id": wire.new_id("ch_"), "object": "charge", "created": _now(), "livemode": False}
-        charge.update(amount=pi["amount"], currency=pi["currency"], customer=pi["customer"], payment_intent=pi["id"])
-        paid = status == "succeeded"
-        charge.update(status=status, paid=paid, captured=paid, amount_captured=pi["amount"] if paid else 0)
-        charge.update(amount_refunded=0, refunded=False, payment_method=pi["payment_method"], metadata={})
-        charge["balance_transaction"] = wire.new_id("txn_") if paid else None
-        self._store(ctx, charge)
-        self._scope[charge["id"]] = self._scope[pi["id"]]
-        pi["latest_charge"] = charge["id"]
-        return charge
-
-    def _succeed(self, ctx: _Ctx, pi: dict[str, Any]) -> None:
-        self._charge(ctx, pi, "succeeded")
-        pi.update(status="succeeded", amount_received=pi["amount"], next_action=None, last_payment_error=None)
-        self._emit(ctx, "payment_intent.succeeded", pi, account=self._scope[pi["id"]] or None)
-
-    def _fail(self, ctx: _Ctx, pi: dict[str, Any], error: dict[str, Any]) -> None:
-        pi.update(status="requires_payment_method", last_payment_error=error, next_action=None)
-        self._emit(ctx, "payment_intent.payment_failed", pi, account=self._scope[pi["id"]] or None)
-
-    def _decline(self, ctx: _Ctx, pi: dict[str, Any], code: str, decline_code: str, message: str) -> None:
-        """A card error: the PI keeps the error in ``last_payment_error`` and the call answers 402 with it and
-        the PI (https://docs.stripe.com/api/errors)."""
-        charge = self._charge(ctx, pi, "failed")
-        method = {"id": pi["payment_method"], "object": "payment_method", "type": "card"}
-        error = StripeError(402, "card_error", message, code=code, decline_code=decline_code)
-        error.error.update(charge=charge["id"], payment_method=method)
-        self._fail(ctx, pi, copy.deepcopy(error.error))
-        error.error["payment_intent"] = copy.deepcopy(pi)
-        raise error
-
-    def _refund_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/refunds/create: ``amount`` defaults to what remains refundable."""
-        pi_id = wire.string(params, "payment_intent", required=True, max_len=255) or ""
-        pi = self._lookup(ctx, "payment_intent", pi_id, "payment_intent")
-        if pi["status"] != "succeeded":
-            raise invalid(
-                f"This PaymentIntent ({pi_id}) does not have a successful charge to refund.",
-                param="payment_intent",
-                code="charge_not_refundable",
-            )
-        charge = self._objects[pi["latest_charge"]]
-        remaining = charge["amount"] - charge["amount_refunded"]
-        if remaining <= 0:
-            raise invalid(f"Charge {charge['id']} has already been refunded.", code="charge_already_refunded")
-        amount = wire.amount(params, required=False) or remaining
-        if amount > remaining:
-            raise invalid(
-                f"Refund amount ({amount}) is greater than unrefunded amount on charge ({remaining})",
-                param="amount",
-                code="amount_too_large",
-            )
-        refund = self._base("re_", "refund", params)
-        refund.update(amount=amount, currency=pi["currency"], charge=charge["id"], payment_intent=pi_id)
-        refund.update(status="succeeded", reason=None, balance_transaction=wire.new_id("txn_"))
-        self._store(ctx, refund)
-        charge["amount_refunded"] += amount
-        charge["refunded"] = charge["amount_refunded"] == charge["amount"]
-        self._emit(ctx, "refund.created", refund)
-        self._emit(ctx, "charge.refunded", charge)
-        return copy.deepcopy(refund)
-
-    def _event_get(self, ctx: _Ctx, params: dict[str, Any], event_id: str) -> dict[str, Any]:
-        event = self._objects.get(event_id)
-        if event is None or event["object"] != "event":
-            raise missing("event", event_id)
-        return copy.deepcopy(event)
-
-    # ------------------------------------------------------------------------------------ connect
-
-    def _account_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """An Express account, unverified (https://docs.stripe.com/api/accounts/create)."""
-        kind = wire.string(params, "type", required=True, max_len=20)
-        if kind != "express":
-            raise invalid("The sandbox creates Express accounts only (type=express).", param="type")
-        country = (wire.string(params, "country", max_len=2) or "US").upper()
-        if not re.fullmatch(r"[A-Z]{2}", country):
-            raise invalid(f"Invalid country: {country}", param="country")
-        requested = params.get("capabilities") or {}
-        if not isinstance(requested, dict):
-            raise invalid("capabilities must be a hash.", param="capabilities")
-        names = sorted(n for n, v in requested.items() if isinstance(v, dict) and v.get("requested") == "true")
-        if "transfers" not in names:
-            # Express accounts must request transfers (https://docs.stripe.com/connect/express-accounts).
-            raise invalid("Express accounts must request the transfers capability.", param="capabilities")
-        acct = self._base("acct_", "account", params)
-        acct.update(type="express", country=country, email=wire.string(params, "email", max_len=512))
-        acct.update(default_currency="usd", charges_enabled=False, payouts_enabled=False, details_submitted=False)
-        acct["capabilities"] = {name: "inactive" for name in names}
-        acct["requirements"] = {
-            "currently_due": list(ONBOARDING_DUE),
-            "eventually_due": list(ONBOARDING_DUE),
-            "past_due": list(ONBOARDING_DUE),
-            "pending_verification": [],
-            "disabled_reason": "requirements.past_due",
-            "current_deadline": None,
-            "errors": [],
-        }
-        self._store(ctx, acct)
-        self._scope[acct["id"]] = ""
-        return copy.deepcopy(acct)
-
-    def _account_get(self, ctx: _Ctx, params: dict[str, Any], account: str) -> dict[str, Any]:
-        acct = self._objects.get(account)
-        if acct is None or acct["object"] != "account":
-            raise missing("account", account)
-        return copy.deepcopy(acct)
-
-    def _account_link_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/account_links/create: a short-lived onboarding url."""
-        account = wire.string(params, "account", required=True, max_len=255) or ""
-        self._account_get(ctx, params, account)
-        for name in ("refresh_url", "return_url"):
-            value = wire.string(params, name, required=name == "refresh_url", max_len=2048)
-            if value is not None and not value.startswith(("http://", "https://")):
-                raise invalid(f"Not a valid URL: {name}", param=name, code="url_invalid")
-        if wire.string(params, "type", required=True, max_len=40) not in ("account_onboarding", "account_update"):
-            raise invalid("type must be account_onboarding or account_update.", param="type")
-        created = _now()
-        back = wire.string(params, "return_url", max_len=2048) or ""
-        url = f"{ctx.host_url}_sandbox/stripe/onboarding/{account}" + (
-            f"?{urlencode({'return_url': back})}" if back else ""
-        )
-        return {"object": "account_link", "created": created, "expires_at": created + 300, "url": url}
-
-    def _transfer_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/transfers/create to a connected account whose transfers capability is active."""
-        amount, currency = wire.amount(params), wire.currency(params)
-        destination = wire.string(params, "destination", required=True, max_len=255) or ""
-        acct = self._objects.get(destination)
-        if acct is None or acct["object"] != "account":
-            raise missing("account", destination, "destination")
-        if acct["capabilities"].get("transfers") != "active":
-            raise invalid(
-                "Your destination account needs to have at least one of the following capabilities enabled: "
-                "transfers, crypto_transfers, legacy_payments",
-                param="destination",
-                code="insufficient_capabilities_for_transfer",
-            )
-        transfer = self._base("tr_", "transfer", params)
-        transfer.update(amount=amount, currency=currency, destination=destination, amount_reversed=0, reversed=False)
-        transfer.update(balance_transaction=wire.new_id("txn_"), destination_payment=wire.new_id("py_"))
-        self._store(ctx, transfer)
-        funds = self._balances.setdefault(destination, {})
-        funds[currency] = funds.get(currency, 0) + (amount or 0)
-        self._emit(ctx, "transfer.created", transfer)
-        return copy.deepcopy(transfer)
-
-    def _balance_get(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/balance/balance_object of the account in ``Stripe-Account`` (or platform)."""
-        funds = self._balances.get(ctx.account or "", {}) or {"usd": 0}
-        available = [{"amount": v, "currency": c, "source_types": {"card": v}} for c, v in sorted(funds.items())]
-        pending = [{"amount": 0, "currency": c, "source_types": {"card": 0}} for c in sorted(funds)]
-        return {"object": "balance", "available": available, "pending": pending, "livemode": False}
-
-    def _payout_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
-        """https://docs.stripe.com/api/payouts/create from the available balance of the account acting."""
-        amount, currency = wire.amount(params) or 0, wire.currency(params)
-        account = ctx.account or ""
-        acct = self._objects.get(account)
-        if acct is not None and not acct["payouts_enabled"]:
-            raise invalid("Payouts are not enabled for this account.", code="payouts_not_allowed")
-        funds = self._balances.setdefault(account, {})
-        if amount > funds.get(currency, 0):
-            raise invalid(
-                "You have insufficient funds in your Stripe account for this transfer.",
-                param="amount",
-                code="balance_insufficient",
-            )
-        funds[currency] -= amount
-        payout = self._base("po_", "payout", params)
-        payout.update(amount=amount, currency=currency, status="pending", arrival_date=payout["created"] + 2 * 86400)
-        payout.update(automatic=False, method="standard", type="bank_account", source_type="card")
-        payout.update(destination="ba_" + account.removeprefix("acct_")[:24], failure_code=None, failure_message=None)
-        payout.update(balance_transaction=wire.new_id("txn_"), failure_balance_transaction=None)
-        self._store(ctx, payout)
-        return copy.deepcopy(payout)
-
-    def _payout_get(self, ctx: _Ctx, params: dict[str, Any], payout: str) -> dict[str, Any]:
-        return copy.deepcopy(self._lookup(ctx, "payout", payout))
 
 
 def start_stripe_sandbox(host: str = "127.0.0.1", port: int = 0, **options: Any) -> StripeSandbox:
