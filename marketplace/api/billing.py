@@ -36,6 +36,7 @@ from marketplace.billing.payments import (
 from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable, WebhookRejected
 from marketplace.models import BookAccountKind, Organization
 from marketplace.models.billing import BillingProfile, TopUp, TopUpState
+from marketplace.numbers import DecimalSerializerField
 from marketplace.orders.selectors import BuyerPermission
 from providers.text import name_problem
 
@@ -80,7 +81,7 @@ def topup_body(topup: TopUp) -> dict[str, Any]:
     }
 
 
-class _Money(serializers.DecimalField):
+class _Money(DecimalSerializerField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_digits=10, decimal_places=2, **kwargs)
 

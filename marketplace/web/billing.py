@@ -37,6 +37,7 @@ from marketplace.billing.verification import (
 )
 from marketplace.models import BookAccountKind, Organization
 from marketplace.models.billing import BillingProfile, TopUp, TopUpState
+from marketplace.numbers import DecimalFormField
 from marketplace.orders.selectors import BuyerPermission, buyer_role_allows
 from marketplace.portal.countries import COUNTRIES
 from marketplace.web.orgs import buyer_access
@@ -57,7 +58,7 @@ def _sandbox_payments() -> bool:
 
 
 class TopUpForm(forms.Form):
-    amount = forms.DecimalField(
+    amount = DecimalFormField(
         label="Amount (USD)",
         min_value=Decimal(MIN_TOPUP_MINOR) / 100,
         max_value=Decimal(MAX_TOPUP_MINOR) / 100,
@@ -90,14 +91,14 @@ class ProfileForm(forms.Form):
             raise forms.ValidationError(problem)
         return value
 
-    auto_topup_below = forms.DecimalField(
+    auto_topup_below = DecimalFormField(
         label="Auto top-up when credit falls below (USD)",
         required=False,
         min_value=Decimal(0),
         max_value=Decimal(MAX_TOPUP_MINOR) / 100,
         decimal_places=2,
     )
-    auto_topup_amount = forms.DecimalField(
+    auto_topup_amount = DecimalFormField(
         label="Auto top-up amount (USD)",
         required=False,
         min_value=Decimal(MIN_TOPUP_MINOR) / 100,

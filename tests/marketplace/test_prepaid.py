@@ -441,6 +441,17 @@ def test_the_billing_page_tops_up_through_3d_secure_and_comes_back_credited(alic
     assert "Added $25.00 USD" in browser.get("/billing/").content.decode()
 
 
+def test_the_billing_page_refuses_an_amount_in_other_digits_and_charges_nothing(alice, ready_to_pay, stripe_sandbox):
+    browser = Client()
+    browser.force_login(alice)
+    sent = browser.post(
+        "/billing/",
+        {"action": "topup", "amount": "\u0662\u0665", "payment_method": "pm_card_visa", "nonce": "n2"},
+    )
+    assert sent.status_code == 400 and "digits 0-9" in sent.content.decode()
+    assert not TopUp.objects.exists() and not stripe_sandbox.get_objects("payment_intent")
+
+
 def test_a_member_may_not_top_up_and_a_bad_amount_is_named(api, bob, ready_to_pay, stripe_sandbox):
     member = APIClient()
     member.force_authenticate(bob)
@@ -449,6 +460,12 @@ def test_a_member_may_not_top_up_and_a_bad_amount_is_named(api, bob, ready_to_pa
     for amount in ["1.00", "100000.00", "-5", "1e9", "abc"]:
         bad = _topup(api, amount, key=f"bad-{amount}")
         assert bad.status_code == 400 and "amount" in bad.json()["error"]["fields"], amount
+    # Arabic-Indic and fullwidth digits: Decimal() reads them as 100 and 50, a person may not have meant to
+    # (issue 35); the amount is refused and the refusal says how to write it.
+    for amount in ["\u0661\u0660\u0660", "\uff15\uff10.00"]:
+        bad = _topup(api, amount, key=f"digits-{amount}")
+        assert bad.status_code == 400, amount
+        assert "digits 0-9" in str(bad.json()["error"]["fields"]["amount"]), amount
     no_key = _post(api, "/api/v1/billing/topups", {"amount": "50.00", "payment_method": "pm_card_visa"})
     assert no_key.status_code == 400 and no_key.json()["error"]["code"] == "idempotency_key_required"
     assert not stripe_sandbox.get_objects("payment_intent")

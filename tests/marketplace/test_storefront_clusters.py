@@ -74,6 +74,8 @@ def test_a_buyer_asks_for_two_machines_orders_the_group_and_follows_its_nodes(
     shown = browser.get(placed["Location"]).content.decode()
     text = _text(shown)
     assert f"Cluster {str(cluster.public_id)[:8]} running" in text and "2 \u00d7 4\u00d7 A10G" in text
+    # Each amount names its currency once (issue 35: the page showed "USD USD")
+    assert "USD USD" not in text and "for the group, USD" not in text and text.count(" USD") == 3
     assert len(re.findall(r'href="/orders/[0-9a-f-]+/"', shown)) == 2
     # Each node's own page, and the orders list, lead back to the cluster
     node = Order.objects.get(cluster=cluster, cluster_node=2)
