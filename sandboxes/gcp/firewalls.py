@@ -16,7 +16,13 @@ from sandboxes.gcp import boot as gcp_boot
 from sandboxes.gcp import filters as gcp_filter
 from sandboxes.gcp.auth import Principal
 from sandboxes.gcp.state import _UUID, _GlobalOperation, _Request
-from sandboxes.gcp.wire import API_BASE, MAX_RESULTS, ApiError, encode_token, now_iso, numeric_id, page_bounds
+from sandboxes.gcp.wire import (
+    API_BASE,
+    ApiError,
+    list_page,
+    now_iso,
+    numeric_id,
+)
 from sandboxes.server import json_response
 
 
@@ -71,16 +77,15 @@ class FirewallHandlers:
             found = [dict(f) for (p, _), f in sorted(self._firewalls.items()) if p == request.project]
         found = [f for f in found if matches(f)]
         query = json.dumps(["firewalls", request.project, request.query.get("filter", "")])
-        offset, size = page_bounds(request.query, query, MAX_RESULTS)
-        body: dict[str, Any] = {
-            "kind": "compute#firewallList",
-            "id": f"projects/{request.project}/global/firewalls",
-            "items": found[offset : offset + size],
-            "selfLink": f"{API_BASE}projects/{request.project}/global/firewalls",
-        }
-        if offset + size < len(found):
-            body["nextPageToken"] = encode_token(offset + size, query)
-        return json_response(body)
+        return json_response(
+            list_page(
+                request.query,
+                query,
+                found,
+                kind="compute#firewallList",
+                path=f"projects/{request.project}/global/firewalls",
+            )
+        )
 
     def _repeated_global(self, request: _Request) -> Response | None:
         """A repeated request id answers with the first operation, as it is now. Caller holds the lock."""

@@ -24,14 +24,12 @@ from sandboxes.gcp.seed import GPU_LABELS, SeedMachine
 from sandboxes.gcp.state import _UUID, KIND_CODES, LAUNCH_ACTION, SandboxInstance, _Instance, _Operation, _Request
 from sandboxes.gcp.wire import (
     API_BASE,
-    MAX_RESULTS,
     OPERATION_ERRORS,
     ApiError,
-    encode_token,
     last_segment,
+    list_page,
     now_iso,
     numeric_id,
-    page_bounds,
 )
 from sandboxes.server import json_response
 
@@ -162,16 +160,15 @@ class InstanceHandlers:
             ]
         found = [i for i in found if matches(i)]
         query = json.dumps(["instances", request.project, zone, request.query.get("filter", "")])
-        offset, size = page_bounds(request.query, query, MAX_RESULTS)
-        body: dict[str, Any] = {
-            "kind": "compute#instanceList",
-            "id": f"projects/{request.project}/zones/{zone}/instances",
-            "items": found[offset : offset + size],
-            "selfLink": f"{API_BASE}projects/{request.project}/zones/{zone}/instances",
-        }
-        if offset + size < len(found):
-            body["nextPageToken"] = encode_token(offset + size, query)
-        return json_response(body)
+        return json_response(
+            list_page(
+                request.query,
+                query,
+                found,
+                kind="compute#instanceList",
+                path=f"projects/{request.project}/zones/{zone}/instances",
+            )
+        )
 
     def _instances_aggregated(self, request: _Request) -> Response:
         with self._lock:

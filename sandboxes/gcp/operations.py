@@ -17,7 +17,13 @@ from sandboxes.boot import Booter
 from sandboxes.gcp import filters as gcp_filter
 from sandboxes.gcp.auth import Principal
 from sandboxes.gcp.state import _GlobalOperation, _Instance, _Operation, _Request
-from sandboxes.gcp.wire import API_BASE, MAX_RESULTS, ApiError, encode_token, now_iso, numeric_id, page_bounds
+from sandboxes.gcp.wire import (
+    API_BASE,
+    ApiError,
+    list_page,
+    now_iso,
+    numeric_id,
+)
 from sandboxes.server import json_response
 
 
@@ -141,13 +147,12 @@ class OperationHandlers:
                 self._complete(op)
             items = [dict(o.body) for o in listed]
         query = json.dumps(["operations", request.project, zone, request.query.get("filter", "")])
-        offset, size = page_bounds(request.query, query, MAX_RESULTS)
-        body: dict[str, Any] = {
-            "kind": "compute#operationList",
-            "id": f"projects/{request.project}/zones/{zone}/operations",
-            "items": items[offset : offset + size],
-            "selfLink": f"{API_BASE}projects/{request.project}/zones/{zone}/operations",
-        }
-        if offset + size < len(items):
-            body["nextPageToken"] = encode_token(offset + size, query)
-        return json_response(body)
+        return json_response(
+            list_page(
+                request.query,
+                query,
+                items,
+                kind="compute#operationList",
+                path=f"projects/{request.project}/zones/{zone}/operations",
+            )
+        )

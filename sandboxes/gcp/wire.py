@@ -155,6 +155,21 @@ def page_bounds(query_params: dict[str, str], query: str, maximum: int, key: str
     return offset, size
 
 
+def list_page(query_params: dict[str, str], query: str, found: list[Any], *, kind: str, path: str) -> dict[str, Any]:
+    """One page of a Compute Engine list answer: ``kind``, ``id`` and ``selfLink`` (``path`` under the API's
+    base), the page's ``items``, and ``nextPageToken`` while more remain."""
+    offset, size = page_bounds(query_params, query, MAX_RESULTS)
+    body: dict[str, Any] = {
+        "kind": kind,
+        "id": path,
+        "items": found[offset : offset + size],
+        "selfLink": f"{API_BASE}{path}",
+    }
+    if offset + size < len(found):
+        body["nextPageToken"] = encode_token(offset + size, query)
+    return body
+
+
 # ------------------------------------------------------------------------------------------- catalogue
 
 
