@@ -188,7 +188,8 @@ class InvoiceAdmin(_ReadOnlyAdmin):
 
 @admin.register(StripeEvent)
 class StripeEventAdmin(_ReadOnlyAdmin):
-    list_display = ["event_id", "type", "account", "received_at", "outcome"]
+    list_display = ["event_id", "type", "account", "received_at", "ignored", "outcome"]
+    list_filter = ["ignored", "type"]
 
 
 @admin.register(BookEntry)

@@ -29,10 +29,10 @@ from marketplace.billing.payments import (
     billing_profile,
     billing_profile_read,
     email_verified,
-    stripe_event_receive,
     topup_refresh,
     topup_start,
 )
+from marketplace.billing.stripe_events import stripe_event_receive
 from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable, WebhookRejected
 from marketplace.models import BookAccountKind, Organization
 from marketplace.models.billing import BillingProfile, TopUp, TopUpState

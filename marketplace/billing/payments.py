@@ -3,9 +3,9 @@
 A top-up is stored (committed) before Stripe is called, keyed by the buyer's Idempotency-Key, and the
 PaymentIntent is created with an idempotency key derived from it, so a retry after a lost answer never charges
 twice. Whatever tells us first that a PaymentIntent succeeded, the call's answer, the 3-D Secure return or the
-webhook, credits the book under one key per PaymentIntent, so it is credited once. Webhook events are verified
-by signature and taken once by event id; a payment event is applied from the PaymentIntent as Stripe has it now
-(read back), so events arriving in any order cannot undo a success.
+webhook, credits the book under one key per PaymentIntent, so it is credited once. Webhook events
+(``stripe_events``) apply a PaymentIntent as Stripe has it now (read back), so events arriving in any order cannot
+undo a success.
 """
 
 from __future__ import annotations
@@ -23,16 +23,14 @@ from django.utils import timezone
 
 from marketplace.billing.book import BookError, Line, book_account, book_post, credit_available
 from marketplace.billing.credit import CURRENCY, money
-from marketplace.billing.payouts import payout_event_handle
 from marketplace.billing.stripe_gateway import (
-    EventView,
     PaymentError,
     PaymentIntentView,
     PaymentUnavailable,
     stripe_gateway,
 )
 from marketplace.models import BookAccountKind, BookLine, Order, Organization
-from marketplace.models.billing import BillingProfile, EmailVerification, StripeEvent, TopUp, TopUpState
+from marketplace.models.billing import BillingProfile, EmailVerification, TopUp, TopUpState
 
 log = logging.getLogger(__name__)
 
@@ -305,39 +303,6 @@ def _order_lines_total(order: Order, kind: str, account_kind: str) -> int:
         total=Sum("amount_minor")
     )["total"]
     return int(total or 0)
-
-
-def stripe_event_receive(payload: bytes, signature_header: str) -> str:
-    """Take one webhook event: verified (``WebhookRejected`` otherwise), taken once by its id, applied. Returns
-    what was done. Raises ``PaymentUnavailable`` when Stripe cannot be read back, so nothing is recorded and
-    Stripe sends the event again."""
-    gateway = stripe_gateway()
-    event = gateway.event_verify(payload, signature_header)
-    if StripeEvent.objects.filter(event_id=event.id).exists():
-        return "duplicate: already taken"
-    intent = None
-    if event.type.startswith("payment_intent.") and isinstance(event.object.get("id"), str):
-        intent = gateway.payment_intent_retrieve(event.object["id"])  # the state now, whatever the order
-    try:
-        with transaction.atomic():
-            record = StripeEvent.objects.create(event_id=event.id, type=event.type[:64], account=event.account or "")
-            outcome = _event_apply(event, intent)
-            StripeEvent.objects.filter(pk=record.pk).update(outcome=outcome[:255])
-    except IntegrityError:
-        return "duplicate: already taken"
-    return outcome
-
-
-def _event_apply(event: EventView, intent: PaymentIntentView | None) -> str:
-    if intent is not None:
-        topup_id = intent.metadata.get("topup", "")
-        topup = TopUp.objects.filter(public_id=topup_id).first() if re.fullmatch(r"[0-9a-f-]{36}", topup_id) else None
-        if topup is None:
-            return f"ignored: PaymentIntent {intent.id} is no top-up of ours"
-        return f"top-up {topup.public_id}: {topup_apply(topup, intent).state}"
-    if event.type.startswith(("payout.", "transfer.")) or event.type == "account.updated":
-        return payout_event_handle(event)
-    return f"ignored: {event.type}"
 
 
 def auto_topups_due(*, before_each: Callable[[], None] | None = None) -> int:

@@ -283,9 +283,13 @@ class StripeGateway:
         options: Any = {"idempotency_key": idempotency_key}
         return self._payment_intent(self._call(lambda: self._client.v1.payment_intents.create(params, options)))
 
-    def payment_intent_retrieve(self, payment_intent: str) -> PaymentIntentView:
-        """The PaymentIntent as Stripe holds it now (after 3-D Secure, for instance). Safe to repeat."""
-        return self._payment_intent(self._call(lambda: self._client.v1.payment_intents.retrieve(payment_intent)))
+    def payment_intent_retrieve(self, payment_intent: str, *, account: str | None = None) -> PaymentIntentView:
+        """The PaymentIntent as Stripe holds it now (after 3-D Secure, for instance), on the platform or, with
+        ``account``, on that connected account (https://docs.stripe.com/connect/authentication). Safe to repeat."""
+        options: Any = {"stripe_account": account} if account else {}
+        return self._payment_intent(
+            self._call(lambda: self._client.v1.payment_intents.retrieve(payment_intent, options=options))
+        )
 
     def refund_create(
         self, *, payment_intent: str, amount_minor: int, idempotency_key: str, metadata: dict[str, str]
@@ -374,15 +378,13 @@ class StripeGateway:
         }
         options: Any = {"idempotency_key": idempotency_key, "stripe_account": account}
         data = _Answer(self._call(lambda: self._client.v1.payouts.create(params, options)), "payout")
-        return PayoutView(
-            id=data.text("id"),
-            account=account,
-            amount_minor=data.integer("amount"),
-            currency=data.currency(),
-            status=data.text("status"),
-            failure_code=data.opt_text("failure_code"),
-            failure_message=data.opt_text("failure_message"),
-        )
+        return self._payout(data, account)
+
+    def payout_retrieve(self, payout: str, *, account: str) -> PayoutView:
+        """A connected account's payout as Stripe holds it now. Safe to repeat."""
+        options: Any = {"stripe_account": account}
+        data = _Answer(self._call(lambda: self._client.v1.payouts.retrieve(payout, options=options)), "payout")
+        return self._payout(data, account)
 
     # -- webhooks
 
@@ -434,6 +436,18 @@ class StripeGateway:
             error_code=error.opt_text("code") if error is not None else None,
             error_message=error.opt_text("message") if error is not None else None,
             metadata=data.metadata(),
+        )
+
+    @staticmethod
+    def _payout(data: _Answer, account: str) -> PayoutView:
+        return PayoutView(
+            id=data.text("id"),
+            account=account,
+            amount_minor=data.integer("amount"),
+            currency=data.currency(),
+            status=data.text("status"),
+            failure_code=data.opt_text("failure_code"),
+            failure_message=data.opt_text("failure_message"),
         )
 
     @staticmethod

@@ -152,6 +152,8 @@ class StripeEvent(models.Model):
     account = models.CharField(max_length=64, blank=True, default="")
     received_at = models.DateTimeField(auto_now_add=True)
     outcome = models.CharField(max_length=255, blank=True, default="")
+    # Answered 2xx and changed nothing: an object we do not have, a type we do not handle, another account's event.
+    ignored = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"{self.event_id} ({self.type})"
