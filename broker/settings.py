@@ -302,6 +302,12 @@ STRIPE_API_BASE = env_str("STRIPE_API_BASE", "http://127.0.0.1:8706")
 STRIPE_API_KEY = env_str("STRIPE_API_KEY", "sk_test_sandbox")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")
 STRIPE_TIMEOUT_SECONDS = env_float("STRIPE_TIMEOUT_SECONDS", 10.0, minimum=1.0, maximum=60.0)
+# The broker as the seller on its invoices. BROKER_COUNTRY decides the EU reverse charge: a business buyer with a
+# valid VAT id in another member state is invoiced without VAT ("" = established outside the EU).
+BROKER_LEGAL_NAME = env_str("BROKER_LEGAL_NAME", "GPU Broker")
+BROKER_LEGAL_ADDRESS = env_str("BROKER_LEGAL_ADDRESS", "")
+BROKER_TAX_ID = env_str("BROKER_TAX_ID", "")
+BROKER_COUNTRY = env_str("BROKER_COUNTRY", "")
 # A provider's payable is paid out once it reaches this many minor units (cents): smaller payouts cost more in
 # fees than they are worth.
 PAYOUT_MINIMUM_MINOR = env_int("BROKER_PAYOUT_MINIMUM_MINOR", 1000, minimum=1)

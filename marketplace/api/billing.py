@@ -34,6 +34,7 @@ from marketplace.billing.payments import (
 )
 from marketplace.billing.stripe_events import stripe_event_receive
 from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable, WebhookRejected
+from marketplace.billing.vat_ids import VatIdInvalid, tax_id_for_profile
 from marketplace.models import BookAccountKind, Organization
 from marketplace.models.billing import BillingProfile, TopUp, TopUpState
 from marketplace.numbers import DecimalSerializerField
@@ -130,8 +131,11 @@ class BillingApi(APIView):
         profile = billing_profile(organization)
         if "country" in data:
             profile.country = data["country"]
-        if "tax_id" in data:
-            profile.tax_id = data["tax_id"].strip()
+        if "tax_id" in data or "country" in data:
+            try:
+                profile.tax_id = tax_id_for_profile(profile.country, data.get("tax_id", profile.tax_id))
+            except VatIdInvalid as exc:
+                return error_response("tax_id_invalid", str(exc), 400)
         if "auto_topup_below" in data:
             below, amount = data["auto_topup_below"], data["auto_topup_amount"]
             profile.auto_topup_below_minor = None if below is None else int(below * 100)

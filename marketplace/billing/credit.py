@@ -24,7 +24,8 @@ from django.conf import settings
 from django.db.models import Sum
 
 from marketplace.billing.book import Line, book_account, book_post, credit_available
-from marketplace.billing.tax import TaxRate, tax_memo, tax_minor, tax_rate_for
+from marketplace.billing.tax import TaxRate, reverse_charge_rate, tax_memo, tax_minor, tax_rate_for
+from marketplace.billing.vat_ids import reverse_charge_applies
 from marketplace.models import (
     BookAccountKind,
     BookLine,
@@ -68,9 +69,16 @@ def money(amount_minor: int) -> str:
 
 
 def tax_rate_of(organization_id: int, on: dt.date) -> TaxRate | None:
-    """The tax the organisation's billing country charges on ``on``; None without a country (or a rate)."""
-    country = BillingProfile.objects.filter(organization_id=organization_id).values_list("country", flat=True).first()
-    return tax_rate_for(country, on=on) if country else None
+    """The tax the organisation's billing country charges on ``on``; None without a country (or a rate); the
+    reverse charge (rate 0) for a business in another EU member state than the broker's with a valid VAT id."""
+    found = BillingProfile.objects.filter(organization_id=organization_id).values_list("country", "tax_id").first()
+    if not found or not found[0]:
+        return None
+    country, tax_id = found
+    supplier = str(getattr(settings, "BROKER_COUNTRY", "") or "")
+    if reverse_charge_applies(buyer_country=country, buyer_vat_id=tax_id, supplier_country=supplier):
+        return reverse_charge_rate(country)
+    return tax_rate_for(country, on=on)
 
 
 def with_tax(amount_minor: int, rate: TaxRate | None) -> int:

@@ -31,6 +31,7 @@ from django.utils import timezone
 from ledger.canonical import canonical_bytes, sha256_hex
 from ledger.services import ledger_append
 from marketplace.billing.tax import tax_memo_parse
+from marketplace.billing.vat_ids import REVERSE_CHARGE_NOTE
 from marketplace.models import BillingProfile, BookAccountKind, BookLine, Invoice, InvoiceLine, Organization
 from marketplace.orders.selectors import month_bounds
 
@@ -139,7 +140,7 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
     usage = {row.order_id: row for row in InvoiceLine.objects.filter(order_id__in=order_ids)}
     lines: list[DraftLine] = []
     payments: list[Payment] = []
-    untaxed = 0
+    untaxed = reverse_charged = 0
     for line in buyer_lines:
         entry = line.entry
         if entry.kind == TOPUP:
@@ -152,6 +153,7 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
             tax = taxes.get(entry.pk, 0)
             named = tax_memo_parse(entry.memo)
             untaxed += named is None
+            reverse_charged += named is not None and named.reverse_charge
             lines.append(
                 DraftLine(
                     type="charge", at=entry.created_at, order=str(order.public_id) if order else "",
@@ -183,6 +185,9 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
     if untaxed:
         where = f"the buyer's country ({buyer['country']})" if buyer["country"] else "no billing country given"
         tax_note = f"No tax charged on {untaxed} line(s): no tax rate applies ({where})."
+    if reverse_charged:
+        # The words Article 226(11a) of Directive 2006/112/EC requires, with both parties' VAT ids shown above.
+        tax_note = f"{tax_note} {REVERSE_CHARGE_NOTE}".strip()
     subtotal = sum(item.net_minor for item in lines)
     tax_total = sum(item.tax_minor for item in lines)
     return InvoiceDraft(

@@ -14,10 +14,12 @@ import functools
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
+from typing import NamedTuple
 
 RATES_CSV = Path(__file__).parent / "data" / "tax_rates.csv"
 COLUMNS = ["country", "name", "rate", "valid_from", "source"]
 NO_TAX_MEMO = "tax none"
+REVERSE_CHARGE_MARK = "reverse-charge"
 
 
 class TaxTableError(ValueError):
@@ -30,6 +32,17 @@ class TaxRate:
     name: str  # one word, e.g. VAT, GST (it goes into the book entry's memo)
     rate: Decimal  # a fraction: 0.20 is 20 %
     source: str  # the official page stating it
+    # The buyer accounts for the tax (EU reverse charge, ``vat_ids``): the rate is 0 and the invoice says so.
+    reverse_charge: bool = False
+
+
+class MemoTax(NamedTuple):
+    """What a charge's memo says about its tax."""
+
+    country: str
+    name: str
+    rate: Decimal
+    reverse_charge: bool
 
 
 def _country_ok(value: str) -> bool:
@@ -109,17 +122,30 @@ def tax_minor(amount_minor: int, rate: TaxRate | None) -> int:
     return int((Decimal(amount_minor) * rate.rate).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
+def reverse_charge_rate(country: str) -> TaxRate:
+    """No VAT charged: the business buyer in ``country`` accounts for it (Article 196 of Directive 2006/112/EC)."""
+    source = "https://eur-lex.europa.eu/legal-content/EN/ALL/?uri=CELEX:32006L0112"
+    return TaxRate(country=country, name="VAT", rate=Decimal(0), source=source, reverse_charge=True)
+
+
 def tax_memo(rate: TaxRate | None) -> str:
-    """What a charge's book entry says about its tax: ``tax GB VAT 0.20``, or ``tax none``."""
+    """What a charge's book entry says about its tax: ``tax GB VAT 0.20``, ``tax DE VAT 0 reverse-charge``, or
+    ``tax none``."""
     if rate is None:
         return NO_TAX_MEMO
-    return f"tax {rate.country} {rate.name} {format(rate.rate, 'f')}"
+    memo = f"tax {rate.country} {rate.name} {format(rate.rate, 'f')}"
+    return f"{memo} {REVERSE_CHARGE_MARK}" if rate.reverse_charge else memo
 
 
-def tax_memo_parse(memo: str) -> tuple[str, str, Decimal] | None:
-    """(country, name, rate) from a ``tax_memo``; None for ``tax none`` and for any other text."""
-    parts = memo.split(" ") if len(memo) <= 64 else []
+def tax_memo_parse(memo: str) -> MemoTax | None:
+    """(country, name, rate, reverse_charge) from a ``tax_memo``; None for ``tax none`` and for any other text."""
+    parts = memo.split(" ") if len(memo) <= 80 else []
+    reverse = len(parts) == 5 and parts[4] == REVERSE_CHARGE_MARK
+    if reverse:
+        parts = parts[:4]
     if len(parts) != 4 or parts[0] != "tax" or not _country_ok(parts[1]) or not _name_ok(parts[2]):
         return None
     rate = _rate_of(parts[3])
-    return None if rate is None else (parts[1], parts[2], rate)
+    if rate is None or (reverse and rate != 0):
+        return None
+    return MemoTax(parts[1], parts[2], rate, reverse)

@@ -29,6 +29,7 @@ from marketplace.billing.payments import (
     topup_start,
 )
 from marketplace.billing.stripe_gateway import PaymentError
+from marketplace.billing.vat_ids import VatIdInvalid, tax_id_for_profile
 from marketplace.billing.verification import (
     VerificationFailed,
     email_verification_send,
@@ -110,6 +111,11 @@ class ProfileForm(forms.Form):
         data = super().clean()
         if (data.get("auto_topup_below") is None) != (data.get("auto_topup_amount") is None):
             raise forms.ValidationError("Give both auto top-up figures, or neither to turn it off.")
+        if data.get("country") and "tax_id" in data:
+            try:
+                data["tax_id"] = tax_id_for_profile(data["country"], data["tax_id"])
+            except VatIdInvalid as exc:
+                self.add_error("tax_id", str(exc))
         return data
 
 

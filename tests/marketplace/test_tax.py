@@ -12,6 +12,7 @@ from marketplace.billing.tax import (
     TaxRate,
     TaxTableError,
     load_tax_rates,
+    reverse_charge_rate,
     tax_memo,
     tax_memo_parse,
     tax_minor,
@@ -78,9 +79,12 @@ def test_the_memo_names_the_rate_and_parses_back():
     assert tax_memo(GB) == "tax GB VAT 0.20"
     assert tax_memo(swiss) == "tax CH VAT 0.081"
     assert tax_memo(None) == "tax none"
-    assert tax_memo_parse("tax GB VAT 0.20") == ("GB", "VAT", Decimal("0.20"))
-    assert tax_memo_parse("tax CH VAT 0.081") == ("CH", "VAT", Decimal("0.081"))
-    for other in ["tax none", "", "tax GB VAT", "tax gb VAT 0.2", "tax GB VAT 1.5", "tax GB VAT NaN", "x" * 500]:
+    assert tax_memo_parse("tax GB VAT 0.20") == ("GB", "VAT", Decimal("0.20"), False)
+    assert tax_memo_parse("tax CH VAT 0.081") == ("CH", "VAT", Decimal("0.081"), False)
+    assert tax_memo(reverse_charge_rate("DE")) == "tax DE VAT 0 reverse-charge"
+    assert tax_memo_parse("tax DE VAT 0 reverse-charge") == ("DE", "VAT", Decimal(0), True)
+    malformed = ["tax none", "", "tax GB VAT", "tax gb VAT 0.2", "tax GB VAT 1.5", "tax GB VAT NaN", "x" * 500]
+    for other in [*malformed, "tax DE VAT 0.19 reverse-charge", "tax DE VAT 0 reverse"]:
         assert tax_memo_parse(other) is None
 
 
