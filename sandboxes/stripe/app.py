@@ -4,12 +4,22 @@ Wire (``sandboxes/stripe/wire.py``): ``/v1/...`` with ``Authorization: Bearer <s
 with bracket nesting, JSON objects with Stripe's id prefixes and ``object`` field, and Stripe's error objects. The
 real ``stripe`` SDK runs against it unchanged (``base_addresses={"api": sandbox.url}``).
 
-What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa``
-succeeds, ``pm_card_chargeDeclined*`` decline with 402, ``pm_card_authenticationRequired`` needs 3-D Secure,
-finished through ``authenticate``); refunds up to what remains; Connect Express accounts (unverified until
-``verify_account``), account links, transfers (only to an account whose ``transfers`` capability is active),
-per-account balances and payouts (``pending`` until ``settle_payout``); events for every state change, signed
-for a webhook endpoint exactly as Stripe signs them; ``Idempotency-Key`` replay and conflict; ``Stripe-Account``.
+What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa`` and the
+other brands succeed, ``pm_card_chargeDeclined*``/``pm_card_visa_chargeDeclined*`` decline with 402 and their codes,
+``pm_card_authenticationRequired``/``pm_card_threeDSecure2Required`` need 3-D Secure, finished through
+``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers to the same outcomes), and cancelled
+(``/cancel``); charges; refunds up to what remains; Connect Express accounts (unverified until ``verify_account``),
+account links, transfers (only to an account whose ``transfers`` capability is active), per-account balances and
+payouts (``pending`` until ``settle_payout``); balance transactions for charges (with Stripe's card fee), refunds,
+transfers (both sides), payouts and failed payouts; events for every state change, signed for a webhook endpoint
+exactly as Stripe signs them; ``Idempotency-Key`` replay and conflict; ``Stripe-Account``.
+
+As strict as Stripe: each endpoint takes only the parameters ``params.py`` lists for it (any other is 400
+``parameter_unknown``); a charge below its currency's minimum is ``amount_too_small`` and an unsupported currency
+is refused (``currencies.py``); ``expand`` reaches only the fields Stripe documents as expandable ("This property
+cannot be expanded"). Lists of payment intents, refunds, transfers, payouts, events and balance transactions page
+newest first with ``limit``/``starting_after``/``ending_before`` and filter by ``created``. Every object carries the
+fields its reference page lists (``shapes.py``).
 
 Faults (``sandbox.faults``, actions named ``<resource>.<verb>``, default ``payment_intents.create``): ``throttle``
 is 429 ``rate_limit``; ``capacity``/``quota`` are 500 ``api_error``; ``credentials`` is 401; ``slow`` sleeps
