@@ -27,6 +27,12 @@ def card_fee(amount: int) -> int:
     return (amount * CARD_FEE_PER_MILLE + 500) // 1000 + CARD_FEE_FIXED
 
 
+def _brand(method: str) -> str:
+    """The card brand a test PaymentMethod names (``pm_card_amex`` -> amex); the declining ones are Visa cards."""
+    name = method.removeprefix("pm_card_").split("_")[0]
+    return name if name in ("mastercard", "amex", "discover", "diners", "jcb", "unionpay") else "visa"
+
+
 class PaymentHandlers(ObjectStore):
     """Customers, PaymentIntents, refunds and events, mixed into ``StripeSandbox``."""
 
@@ -164,7 +170,7 @@ class PaymentHandlers(ObjectStore):
             paid=paid,
             payment_intent=pi["id"],
             payment_method=pi["payment_method"],
-            payment_method_details={"card": {"brand": "visa", "last4": "4242"}, "type": "card"},
+            payment_method_details={"card": {"brand": _brand(pi["payment_method"])}, "type": "card"},
             receipt_email=pi["receipt_email"],
             status=status,
         )
