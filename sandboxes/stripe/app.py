@@ -4,12 +4,22 @@ Wire (``sandboxes/stripe/wire.py``): ``/v1/...`` with ``Authorization: Bearer <s
 with bracket nesting, JSON objects with Stripe's id prefixes and ``object`` field, and Stripe's error objects. The
 real ``stripe`` SDK runs against it unchanged (``base_addresses={"api": sandbox.url}``).
 
-What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa``
-succeeds, ``pm_card_chargeDeclined*`` decline with 402, ``pm_card_authenticationRequired`` needs 3-D Secure,
-finished through ``authenticate``); refunds up to what remains; Connect Express accounts (unverified until
-``verify_account``), account links, transfers (only to an account whose ``transfers`` capability is active),
-per-account balances and payouts (``pending`` until ``settle_payout``); events for every state change, signed
-for a webhook endpoint exactly as Stripe signs them; ``Idempotency-Key`` replay and conflict; ``Stripe-Account``.
+What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa`` and the
+other brands succeed, ``pm_card_chargeDeclined*``/``pm_card_visa_chargeDeclined*`` decline with 402 and their codes,
+``pm_card_authenticationRequired``/``pm_card_threeDSecure2Required`` need 3-D Secure, finished through
+``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers to the same outcomes), and cancelled
+(``/cancel``); charges; refunds up to what remains; Connect Express accounts (unverified until ``verify_account``),
+account links, transfers (only to an account whose ``transfers`` capability is active), per-account balances and
+payouts (``pending`` until ``settle_payout``); balance transactions for charges (with Stripe's card fee), refunds,
+transfers (both sides), payouts and failed payouts; events for every state change, signed for a webhook endpoint
+exactly as Stripe signs them; ``Idempotency-Key`` replay and conflict; ``Stripe-Account``.
+
+As strict as Stripe: each endpoint takes only the parameters ``params.py`` lists for it (any other is 400
+``parameter_unknown``); a charge below its currency's minimum is ``amount_too_small`` and an unsupported currency
+is refused (``currencies.py``); ``expand`` reaches only the fields Stripe documents as expandable ("This property
+cannot be expanded"). Lists of payment intents, refunds, transfers, payouts, events and balance transactions page
+newest first with ``limit``/``starting_after``/``ending_before`` and filter by ``created``. Every object carries the
+fields its reference page lists (``shapes.py``).
 
 Faults (``sandbox.faults``, actions named ``<resource>.<verb>``, default ``payment_intents.create``): ``throttle``
 is 429 ``rate_limit``; ``capacity``/``quota`` are 500 ``api_error``; ``credentials`` is 401; ``slow`` sleeps
@@ -45,6 +55,7 @@ from sandboxes.faults import FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.stripe import wire
 from sandboxes.stripe.connect import ConnectHandlers
+from sandboxes.stripe.params import allowed_params, check_expand
 from sandboxes.stripe.payments import PaymentHandlers
 from sandboxes.stripe.state import (
     API_VERSION,
@@ -92,26 +103,39 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
         self._lock = threading.Lock()
         self._wake = threading.Event()  # an event to deliver (``auto``)
         self._courier: threading.Thread | None = None
-        self._routes: list[tuple[str, re.Pattern[str], str, Handler]] = [
-            ("POST", re.compile(r"^/v1/customers$"), "customers.create", self._customer_create),
-            ("GET", re.compile(r"^/v1/customers/([\w-]+)$"), "customers.retrieve", self._customer_get),
-            ("POST", re.compile(r"^/v1/payment_intents$"), "payment_intents.create", self._pi_create),
-            ("GET", re.compile(r"^/v1/payment_intents/([\w-]+)$"), "payment_intents.retrieve", self._pi_get),
-            (
-                "POST",
-                re.compile(r"^/v1/payment_intents/([\w-]+)/confirm$"),
-                "payment_intents.confirm",
-                self._pi_confirm,
-            ),
-            ("POST", re.compile(r"^/v1/refunds$"), "refunds.create", self._refund_create),
-            ("POST", re.compile(r"^/v1/accounts$"), "accounts.create", self._account_create),
-            ("GET", re.compile(r"^/v1/accounts/([\w-]+)$"), "accounts.retrieve", self._account_get),
-            ("POST", re.compile(r"^/v1/account_links$"), "account_links.create", self._account_link_create),
-            ("POST", re.compile(r"^/v1/transfers$"), "transfers.create", self._transfer_create),
-            ("GET", re.compile(r"^/v1/balance$"), "balance.retrieve", self._balance_get),
-            ("POST", re.compile(r"^/v1/payouts$"), "payouts.create", self._payout_create),
-            ("GET", re.compile(r"^/v1/payouts/([\w-]+)$"), "payouts.retrieve", self._payout_get),
-            ("GET", re.compile(r"^/v1/events/([\w-]+)$"), "events.retrieve", self._event_get),
+        self._routes: list[tuple[str, re.Pattern[str], str, Handler, frozenset[str]]] = [
+            (method, re.compile(f"^{path}$"), operation, handler, allowed_params(operation))
+            for method, path, operation, handler in (
+                ("POST", r"/v1/customers", "customers.create", self._customer_create),
+                ("GET", r"/v1/customers/([\w-]+)", "customers.retrieve", self._customer_get),
+                ("GET", r"/v1/payment_intents", "payment_intents.list", self._pi_list),
+                ("POST", r"/v1/payment_intents", "payment_intents.create", self._pi_create),
+                ("GET", r"/v1/payment_intents/([\w-]+)", "payment_intents.retrieve", self._pi_get),
+                ("POST", r"/v1/payment_intents/([\w-]+)/confirm", "payment_intents.confirm", self._pi_confirm),
+                ("POST", r"/v1/payment_intents/([\w-]+)/cancel", "payment_intents.cancel", self._pi_cancel),
+                ("GET", r"/v1/refunds", "refunds.list", self._refund_list),
+                ("POST", r"/v1/refunds", "refunds.create", self._refund_create),
+                ("GET", r"/v1/refunds/([\w-]+)", "refunds.retrieve", self._refund_get),
+                ("POST", r"/v1/accounts", "accounts.create", self._account_create),
+                ("GET", r"/v1/accounts/([\w-]+)", "accounts.retrieve", self._account_get),
+                ("POST", r"/v1/account_links", "account_links.create", self._account_link_create),
+                ("GET", r"/v1/transfers", "transfers.list", self._transfer_list),
+                ("POST", r"/v1/transfers", "transfers.create", self._transfer_create),
+                ("GET", r"/v1/transfers/([\w-]+)", "transfers.retrieve", self._transfer_get),
+                ("GET", r"/v1/balance", "balance.retrieve", self._balance_get),
+                ("GET", r"/v1/balance_transactions", "balance_transactions.list", self._balance_transaction_list),
+                (
+                    "GET",
+                    r"/v1/balance_transactions/([\w-]+)",
+                    "balance_transactions.retrieve",
+                    self._balance_transaction_get,
+                ),
+                ("GET", r"/v1/payouts", "payouts.list", self._payout_list),
+                ("POST", r"/v1/payouts", "payouts.create", self._payout_create),
+                ("GET", r"/v1/payouts/([\w-]+)", "payouts.retrieve", self._payout_get),
+                ("GET", r"/v1/events", "events.list", self._event_list),
+                ("GET", r"/v1/events/([\w-]+)", "events.retrieve", self._event_get),
+            )
         ]
         self.reset()
 
@@ -264,7 +288,9 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
                 if code not in PAYOUT_FAILURES:
                     raise ValueError(f"failure_code must be one of {sorted(PAYOUT_FAILURES)}")
                 po.update(status="failed", failure_code=code, failure_message=PAYOUT_FAILURES[code])
-                po["failure_balance_transaction"] = wire.new_id("txn_")
+                po["failure_balance_transaction"] = self._balance_transaction(
+                    account, "payout_failure", po["amount"], po["currency"], po["id"], category="payout_reversal"
+                )
                 funds = self._balances.setdefault(account, {})
                 funds[po["currency"]] = funds.get(po["currency"], 0) + po["amount"]
             else:
@@ -386,7 +412,7 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
         return response(environ, start_response)
 
     def _parse(self, http: Request, request_id: str) -> tuple[_Ctx, dict[str, Any], Handler, str]:
-        for method, pattern, operation, handler in self._routes:  # noqa: B007 (the match found is used below)
+        for method, pattern, operation, handler, allowed in self._routes:  # noqa: B007 (the match is used below)
             match = pattern.match(http.path)
             if match and http.method == method:
                 break
@@ -403,6 +429,8 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             raise invalid("Idempotency keys are at most 255 characters long.")
         self.record_call(Call(operation, account, key))
         self._authenticate(http.headers.get("Authorization", ""))
+        wire.known_params(params, allowed)
+        check_expand(operation, wire.expand_paths(params))
         version = (http.headers.get("Stripe-Version") or API_VERSION)[:40]
         ctx = _Ctx(operation, account, key, request_id, http.host_url, version)
         return ctx, params, handler, match.group(1) if match.groups() else ""
@@ -484,6 +512,7 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
                 return saved[1], copy.deepcopy(saved[2]), True
         try:
             status, payload = 200, handler(ctx, params, arg)
+            self._expand(payload, wire.expand_paths(params))
         except StripeError as exc:
             # Stripe saves an answer once the endpoint ran: a card decline is one, a refused parameter is not.
             if exc.status != 402:

@@ -1,5 +1,5 @@
-"""The Stripe sandbox's Connect: Express accounts and their onboarding links, transfers to them, balances and
-payouts.
+"""The Stripe sandbox's Connect: Express accounts and their onboarding links, transfers to them, balances,
+payouts, and the balance transactions each leaves on both sides.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 from sandboxes.stripe import wire
 from sandboxes.stripe.objects import ObjectStore
+from sandboxes.stripe.shapes import new_object
 from sandboxes.stripe.state import ONBOARDING_DUE, _Ctx, _now
 from sandboxes.stripe.wire import invalid, missing
 
@@ -35,21 +36,16 @@ class ConnectHandlers(ObjectStore):
         if "transfers" not in names:
             # Express accounts must request transfers (https://docs.stripe.com/connect/express-accounts).
             raise invalid("Express accounts must request the transfers capability.", param="capabilities")
-        acct = self._base("acct_", "account", params)
-        acct.update(type="express", country=country, email=wire.string(params, "email", max_len=512))
-        acct.update(default_currency="usd", charges_enabled=False, payouts_enabled=False, details_submitted=False)
+        acct = self._base("acct_", "account", params, type="express", country=country)
+        acct.update(email=wire.string(params, "email", max_len=512), default_currency="usd")
         acct["capabilities"] = {name: "inactive" for name in names}
-        acct["requirements"] = {
-            "currently_due": list(ONBOARDING_DUE),
-            "eventually_due": list(ONBOARDING_DUE),
-            "past_due": list(ONBOARDING_DUE),
-            "pending_verification": [],
-            "disabled_reason": "requirements.past_due",
-            "current_deadline": None,
-            "errors": [],
-        }
-        self._store(ctx, acct)
-        self._scope[acct["id"]] = ""
+        acct["requirements"].update(
+            currently_due=list(ONBOARDING_DUE),
+            eventually_due=list(ONBOARDING_DUE),
+            past_due=list(ONBOARDING_DUE),
+            disabled_reason="requirements.past_due",
+        )
+        self._store(ctx, acct, "")
         return copy.deepcopy(acct)
 
     def _account_get(self, ctx: _Ctx, params: dict[str, Any], account: str) -> dict[str, Any]:
@@ -73,7 +69,7 @@ class ConnectHandlers(ObjectStore):
         url = f"{ctx.host_url}_sandbox/stripe/onboarding/{account}" + (
             f"?{urlencode({'return_url': back})}" if back else ""
         )
-        return {"object": "account_link", "created": created, "expires_at": created + 300, "url": url}
+        return new_object("account_link", created=created, expires_at=created + 300, url=url)
 
     def _transfer_create(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
         """https://docs.stripe.com/api/transfers/create to a connected account whose transfers capability is active."""
@@ -89,14 +85,56 @@ class ConnectHandlers(ObjectStore):
                 param="destination",
                 code="insufficient_capabilities_for_transfer",
             )
-        transfer = self._base("tr_", "transfer", params)
-        transfer.update(amount=amount, currency=currency, destination=destination, amount_reversed=0, reversed=False)
-        transfer.update(balance_transaction=wire.new_id("txn_"), destination_payment=wire.new_id("py_"))
+        group = wire.string(params, "transfer_group", max_len=255)
+        transfer = self._base("tr_", "transfer", params, amount=amount, currency=currency, destination=destination)
+        transfer.update(description=wire.string(params, "description"), transfer_group=group)
+        transfer["balance_transaction"] = self._balance_transaction(
+            ctx.account or "", "transfer", -(amount or 0), currency, transfer["id"]
+        )
+        transfer["destination_payment"] = self._destination_payment(transfer)
         self._store(ctx, transfer)
         funds = self._balances.setdefault(destination, {})
         funds[currency] = funds.get(currency, 0) + (amount or 0)
         self._emit(ctx, "transfer.created", transfer)
         return copy.deepcopy(transfer)
+
+    def _destination_payment(self, transfer: dict[str, Any]) -> str:
+        """The payment a transfer makes on the connected account: a ``py_`` charge there whose balance transaction
+        is of type ``payment`` (https://docs.stripe.com/connect/separate-charges-and-transfers); lock held."""
+        payment = new_object(
+            "charge",
+            id=wire.new_id("py_"),
+            created=transfer["created"],
+            amount=transfer["amount"],
+            amount_captured=transfer["amount"],
+            captured=True,
+            currency=transfer["currency"],
+            paid=True,
+            source_transfer=transfer["id"],
+            status="succeeded",
+        )
+        destination = transfer["destination"]
+        payment["balance_transaction"] = self._balance_transaction(
+            destination, "payment", transfer["amount"], transfer["currency"], payment["id"], category="charge"
+        )
+        self._objects[payment["id"]] = payment
+        self._scope[payment["id"]] = destination
+        return str(payment["id"])
+
+    def _transfer_get(self, ctx: _Ctx, params: dict[str, Any], transfer: str) -> dict[str, Any]:
+        return copy.deepcopy(self._lookup(ctx, "transfer", transfer))
+
+    def _transfer_list(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
+        """https://docs.stripe.com/api/transfers/list, filtered by ``destination`` or ``transfer_group``."""
+        destination = wire.string(params, "destination", max_len=255)
+        group = wire.string(params, "transfer_group", max_len=255)
+        return self._page(
+            ctx,
+            "transfer",
+            params,
+            "/v1/transfers",
+            lambda t: destination in (None, t["destination"]) and group in (None, t["transfer_group"]),
+        )
 
     def _balance_get(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
         """https://docs.stripe.com/api/balance/balance_object of the account in ``Stripe-Account`` (or platform)."""
@@ -120,13 +158,39 @@ class ConnectHandlers(ObjectStore):
                 code="balance_insufficient",
             )
         funds[currency] -= amount
-        payout = self._base("po_", "payout", params)
-        payout.update(amount=amount, currency=currency, status="pending", arrival_date=payout["created"] + 2 * 86400)
-        payout.update(automatic=False, method="standard", type="bank_account", source_type="card")
-        payout.update(destination="ba_" + account.removeprefix("acct_")[:24], failure_code=None, failure_message=None)
-        payout.update(balance_transaction=wire.new_id("txn_"), failure_balance_transaction=None)
+        payout = self._base("po_", "payout", params, amount=amount, currency=currency, status="pending")
+        payout.update(arrival_date=payout["created"] + 2 * 86400, description=wire.string(params, "description"))
+        payout.update(statement_descriptor=wire.string(params, "statement_descriptor", max_len=22))
+        payout["destination"] = "ba_" + account.removeprefix("acct_")[:24]
+        payout["balance_transaction"] = self._balance_transaction(
+            account, "payout", -amount, currency, payout["id"], description=payout["description"] or "STRIPE PAYOUT"
+        )
         self._store(ctx, payout)
         return copy.deepcopy(payout)
 
     def _payout_get(self, ctx: _Ctx, params: dict[str, Any], payout: str) -> dict[str, Any]:
         return copy.deepcopy(self._lookup(ctx, "payout", payout))
+
+    def _payout_list(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
+        """https://docs.stripe.com/api/payouts/list of the acting account, filtered by ``status``."""
+        status = wire.string(params, "status", max_len=20)
+        return self._page(ctx, "payout", params, "/v1/payouts", lambda p: status in (None, p["status"]))
+
+    def _balance_transaction_get(self, ctx: _Ctx, params: dict[str, Any], txn: str) -> dict[str, Any]:
+        return copy.deepcopy(self._lookup(ctx, "balance_transaction", txn))
+
+    def _balance_transaction_list(self, ctx: _Ctx, params: dict[str, Any], _: str) -> dict[str, Any]:
+        """https://docs.stripe.com/api/balance_transactions/list of the acting account, filtered by ``type``,
+        ``source`` and ``currency`` (``payout`` is for automatic payouts only, which the sandbox does not make)."""
+        type_ = wire.string(params, "type", max_len=40)
+        source = wire.string(params, "source", max_len=255)
+        currency = wire.currency(params) if params.get("currency") else None
+        return self._page(
+            ctx,
+            "balance_transaction",
+            params,
+            "/v1/balance_transactions",
+            lambda t: (
+                type_ in (None, t["type"]) and source in (None, t["source"]) and currency in (None, t["currency"])
+            ),
+        )

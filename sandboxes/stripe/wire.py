@@ -15,6 +15,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
+from sandboxes.stripe import currencies
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_FIELDS = 500
 MAX_DEPTH = 5
@@ -24,6 +26,10 @@ MAX_METADATA_KEY = 40
 MAX_METADATA_VALUE = 500
 _KEY = re.compile(r"^([A-Za-z0-9_.\-]+)((?:\[[^\[\]]*\])*)$")
 _CURRENCY = re.compile(r"^[a-z]{3}$")
+MAX_LIMIT = 100  # a list page holds 1 to 100 objects, 10 unless asked (https://docs.stripe.com/api/pagination)
+DEFAULT_LIMIT = 10
+MAX_EXPAND = 20
+_TIMESTAMP_BOUNDS = ("gt", "gte", "lt", "lte")
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
@@ -147,10 +153,103 @@ def amount(params: dict[str, Any], name: str = "amount", *, required: bool = Tru
 
 
 def currency(params: dict[str, Any]) -> str:
+    """A currency Stripe supports (https://docs.stripe.com/currencies), lower-cased."""
     value = string(params, "currency", required=True, max_len=3) or ""
-    if not _CURRENCY.match(value.lower()):
-        raise invalid(f"Invalid currency: {value}.", param="currency")
+    if not _CURRENCY.match(value.lower()) or value.lower() not in currencies.SUPPORTED:
+        raise invalid(
+            f"Invalid currency: {value.lower()}. Stripe currently supports these currencies: "
+            + ", ".join(sorted(currencies.SUPPORTED)),
+            param="currency",
+        )
     return value.lower()
+
+
+def charge_amount(params: dict[str, Any], currency_code: str) -> int:
+    """The ``amount`` of a charge: at least Stripe's minimum for the currency
+    (https://docs.stripe.com/currencies#minimum-and-maximum-charge-amounts), a multiple of 10 in a three-decimal
+    currency (https://docs.stripe.com/currencies#three-decimal)."""
+    number = amount(params) or 0
+    floor = currencies.MINIMUM_CHARGE.get(currency_code, 1)
+    if number < floor:
+        raise invalid(
+            f"Amount must be at least {currencies.display(floor, currency_code)}",
+            param="amount",
+            code="amount_too_small",
+        )
+    if currency_code in currencies.THREE_DECIMAL and number % 10:
+        raise invalid(
+            f"Amounts in {currency_code} must be rounded to the nearest ten (the last digit must be 0).",
+            param="amount",
+            code="invalid_amount",
+        )
+    return number
+
+
+def known_params(params: dict[str, Any], allowed: frozenset[str]) -> None:
+    """Refuse a parameter the endpoint does not take, as Stripe does: 400 ``parameter_unknown`` naming it
+    (https://docs.stripe.com/error-codes/parameter-unknown). A misspelt parameter is an error, never ignored."""
+    for name in params:
+        if name not in allowed:
+            raise invalid(f"Received unknown parameter: {name[:80]}", param=name[:80], code="parameter_unknown")
+
+
+def expand_paths(params: dict[str, Any]) -> list[str]:
+    """The ``expand`` list (https://docs.stripe.com/api/expanding_objects): dotted paths, at most four levels."""
+    value = params.get("expand")
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > MAX_EXPAND or not all(isinstance(v, str) for v in value):
+        raise invalid("Invalid array: expand must be a list of strings.", param="expand")
+    for path in value:
+        if not path or len(path) > 200 or path.count(".") > 3:
+            raise invalid(f"This property cannot be expanded ({path[:200]}).", param="expand")
+    return list(value)
+
+
+def timestamp_filter(params: dict[str, Any], name: str) -> tuple[int | None, int | None]:
+    """A list's ``created`` (or other time) filter, an exact time or a hash of ``gt``/``gte``/``lt``/``lte``
+    (https://docs.stripe.com/api/payment_intents/list), as the inclusive range ``(lowest, highest)``."""
+    value = params.get(name)
+    if value is None or value == "":
+        return None, None
+    if isinstance(value, str):
+        value = {"gte": value, "lte": value}
+    if not isinstance(value, dict):
+        raise invalid(f"Invalid {name}: an integer or a hash of gt, gte, lt, lte.", param=name)
+    low: int | None = None
+    high: int | None = None
+    for bound, text in value.items():
+        if bound not in _TIMESTAMP_BOUNDS:
+            raise invalid(
+                f"Received unknown parameter: {name}[{bound[:20]}]",
+                param=f"{name}[{bound[:20]}]",
+                code="parameter_unknown",
+            )
+        if not isinstance(text, str) or not text.isdigit() or len(text) > 12:
+            raise invalid(
+                f"Invalid integer: {str(text)[:20]}", param=f"{name}[{bound}]", code="parameter_invalid_integer"
+            )
+        number = int(text) + (1 if bound == "gt" else -1 if bound == "lt" else 0)
+        if bound in ("gt", "gte"):
+            low = number if low is None else max(low, number)
+        else:
+            high = number if high is None else min(high, number)
+    return low, high
+
+
+def page_limit(params: dict[str, Any]) -> int:
+    """``limit``: 1 to 100, 10 when not given (https://docs.stripe.com/api/pagination)."""
+    text = string(params, "limit", max_len=6)
+    if text is None:
+        return DEFAULT_LIMIT
+    if not text.isdigit():
+        raise invalid(f"Invalid integer: {text}", param="limit", code="parameter_invalid_integer")
+    number = int(text)
+    if not 1 <= number <= MAX_LIMIT:
+        raise invalid(f"This value must be between 1 and {MAX_LIMIT} (inclusive).", param="limit")
+    return number
 
 
 def metadata(params: dict[str, Any]) -> dict[str, str]:
