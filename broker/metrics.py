@@ -39,6 +39,7 @@ from marketplace.models import (
     Instance,
     LeaseHeartbeat,
     LeaseState,
+    MismatchKind,
     Offer,
     OfferStatus,
     Order,
@@ -46,6 +47,8 @@ from marketplace.models import (
     Payout,
     PayoutState,
     PeriodicRun,
+    ReconciliationMismatch,
+    ReconciliationRun,
     TopUp,
     TopUpState,
 )
@@ -75,7 +78,7 @@ class BrokerCollector:
         yield from self._machines()
         yield from self._leases()
         yield from self._jobs(now)
-        yield from self._money()
+        yield from self._money(now)
 
     # --- Catalogue and accounts ------------------------------------------------------------------------------
 
@@ -322,7 +325,7 @@ class BrokerCollector:
 
     # --- Money (issue 22) ------------------------------------------------------------------------------------
 
-    def _money(self) -> Iterator[Metric]:
+    def _money(self, now: dt.datetime) -> Iterator[Metric]:
         topups = GaugeMetricFamily("broker_topups", "Card top-ups by state.", labels=["state"])
         counted = dict(TopUp.objects.order_by().values_list("state").annotate(n=Count("pk")))
         for state in TopUpState.values:
@@ -350,6 +353,30 @@ class BrokerCollector:
         for currency, total in sorted(totals.items()):
             imbalance.add_metric([currency], total)
         yield from (topups, payouts, balances, imbalance)
+        yield from self._reconciliation(now)
+
+    def _reconciliation(self, now: dt.datetime) -> Iterator[Metric]:
+        mismatches = GaugeMetricFamily(
+            "broker_reconciliation_mismatches",
+            "Disagreements between Stripe and the book not yet reviewed by staff, by kind: alert above 0.",
+            labels=["kind"],
+        )
+        counted = dict(
+            ReconciliationMismatch.objects.filter(reviewed_at__isnull=True)
+            .order_by()
+            .values_list("kind")
+            .annotate(n=Count("pk"))
+        )
+        for kind in MismatchKind.values:
+            mismatches.add_metric([kind], counted.get(kind, 0))
+        age = GaugeMetricFamily(
+            "broker_reconciliation_age_seconds",
+            "Seconds since a reconciliation last finished (absent before the first): alert when it stops running.",
+        )
+        last = ReconciliationRun.objects.filter(finished_at__isnull=False).aggregate(last=Max("finished_at"))["last"]
+        if last is not None:
+            age.add_metric([], max(0.0, (now - last).total_seconds()))
+        yield from (mismatches, age)
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -323,6 +323,7 @@ UNVERIFIED_HEARTBEAT_RETENTION_S = env_float("BROKER_UNVERIFIED_HEARTBEAT_RETENT
 AGENT_HEARTBEATS_PER_MINUTE = env_int("BROKER_AGENT_HEARTBEATS_PER_MINUTE", 12, minimum=1)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
+RECONCILE_INTERVAL_S = env_float("BROKER_RECONCILE_INTERVAL_S", 3600.0, minimum=60.0)
 _PERIODIC = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
@@ -340,6 +341,8 @@ _PERIODIC = {
     },
     "payouts-due": {"task": "marketplace.payouts_due", "schedule": 86400.0},
     "billing-sweep": {"task": "marketplace.billing_sweep", "schedule": 60.0},
+    # Stripe against the book, yesterday and today (marketplace/billing/reconciliation.py).
+    "reconcile-stripe": {"task": "marketplace.reconcile_stripe", "schedule": RECONCILE_INTERVAL_S},
 }
 # Each interval run is told its interval, so that two beats make one run per interval (marketplace/jobs.py).
 CELERY_BEAT_SCHEDULE = beat_schedule(_PERIODIC)

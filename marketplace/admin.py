@@ -4,6 +4,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from marketplace.billing.credit import money
 from marketplace.billing.payments import TopUpRefused, order_refund, order_refundable_minor
@@ -22,6 +23,8 @@ from marketplace.models import (
     ProviderProfile,
     ProviderState,
     QuarantinedOffer,
+    ReconciliationMismatch,
+    ReconciliationRun,
     StripeEvent,
     TopUp,
 )
@@ -190,6 +193,56 @@ class InvoiceAdmin(_ReadOnlyAdmin):
 class StripeEventAdmin(_ReadOnlyAdmin):
     list_display = ["event_id", "type", "account", "received_at", "ignored", "outcome"]
     list_filter = ["ignored", "type"]
+
+
+class _MismatchInline(admin.TabularInline):
+    model = ReconciliationMismatch
+    extra = 0
+    can_delete = False
+    fields = ["kind", "stripe_object", "account", "book_key", "stripe_minor", "book_minor", "detail", "reviewed_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(ReconciliationRun)
+class ReconciliationRunAdmin(_ReadOnlyAdmin):
+    list_display = ["day", "finished_at", "stripe_items", "book_items", "matched", "mismatches", "error"]
+    inlines = [_MismatchInline]
+
+
+@admin.register(ReconciliationMismatch)
+class ReconciliationMismatchAdmin(admin.ModelAdmin):
+    """Where staff see what Stripe and the book disagree on. Nothing here changes money: staff correct the book
+    through its services (a refund, a payout) and then mark the mismatch reviewed with a note."""
+
+    list_display = ["found_at", "kind", "detail", "stripe_object", "book_key", "reviewed_at", "review_note"]
+    list_filter = ["kind", ("reviewed_at", admin.EmptyFieldListFilter)]
+    search_fields = ["stripe_object", "book_key", "account", "detail"]
+    fields = [
+        "run", "kind", "detail", "stripe_object", "account", "book_key", "currency", "stripe_minor", "book_minor",
+        "found_at", "reviewed_at", "reviewed_by", "review_note",
+    ]  # fmt: skip
+    readonly_fields = [f for f in fields if f != "review_note"]
+    actions = ["mark_reviewed"]
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
+        # Writing a note is reviewing it.
+        if obj.review_note and obj.reviewed_at is None:
+            obj.reviewed_at, obj.reviewed_by = timezone.now(), request.user
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Mark reviewed (checked by hand)", permissions=["change"])
+    def mark_reviewed(self, request, queryset):  # type: ignore[no-untyped-def]
+        done = queryset.filter(reviewed_at__isnull=True).update(reviewed_at=timezone.now(), reviewed_by=request.user)
+        self.message_user(request, f"{done} mismatch(es) marked reviewed.")
 
 
 @admin.register(BookEntry)

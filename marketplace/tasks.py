@@ -5,7 +5,12 @@ and ``webhooks/tasks.py``; services queue work by task name (``marketplace.taskk
 from __future__ import annotations
 
 from marketplace.api.tasks import idempotency_expire_task
-from marketplace.billing.tasks import billing_sweep_task, invoices_issue_due_task, payouts_due_task
+from marketplace.billing.tasks import (
+    billing_sweep_task,
+    invoices_issue_due_task,
+    payouts_due_task,
+    reconcile_stripe_task,
+)
 from marketplace.catalog.tasks import machines_withdraw_silent_task, offers_sync_account_task, offers_sync_all_task
 from marketplace.orders.tasks import (
     cluster_advance_task,
@@ -41,5 +46,6 @@ __all__ = [
     "orders_silence_sweep_task",
     "orders_sweep_task",
     "payouts_due_task",
+    "reconcile_stripe_task",
     "webhook_tasks",
 ]

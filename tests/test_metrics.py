@@ -79,7 +79,7 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
     ledger_checkpoint_and_anchor()
 
     # A fixed number of aggregate queries, however many offers, orders, attempts and leases there are.
-    with django_assert_max_num_queries(18):
+    with django_assert_max_num_queries(20):
         samples = _scrape(client)
 
     expected = Offer.objects.values("account__kind", "status").annotate(n=Count("pk"))

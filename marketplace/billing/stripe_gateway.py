@@ -27,6 +27,7 @@ MAX_WEBHOOK_BYTES = 256 * 1024
 MAX_SIGNATURE_HEADER = 4096
 WEBHOOK_TOLERANCE_SECONDS = 300  # Stripe's default (https://docs.stripe.com/webhooks#verify-manually)
 MAX_METADATA_KEYS = 50
+MAX_LISTED = 100_000  # items one list call may page through (a day's movements, with room)
 _CURRENCY = re.compile(r"^[A-Za-z]{3}$")
 _COUNTRY = re.compile(r"^[A-Za-z]{2}$")
 T = TypeVar("T")
@@ -131,6 +132,24 @@ class PayoutView:
     status: str
     failure_code: str | None
     failure_message: str | None
+    created: int = 0
+
+
+@dataclass(frozen=True)
+class BalanceTransactionView:
+    """One movement of an account's Stripe balance (https://docs.stripe.com/api/balance_transactions/object):
+    ``amount`` gross and ``net`` after Stripe's ``fee``; ``source`` the object that moved it, and for a charge
+    the PaymentIntent it belongs to."""
+
+    id: str
+    type: str
+    amount_minor: int
+    fee_minor: int
+    net_minor: int
+    currency: str
+    created: int
+    source: str | None
+    payment_intent: str | None
 
 
 @dataclass(frozen=True)
@@ -302,14 +321,7 @@ class StripeGateway:
             "metadata": _metadata(metadata),
         }
         answer = self._call(lambda: self._client.v1.refunds.create(params, {"idempotency_key": idempotency_key}))
-        data = _Answer(answer, "refund")
-        return RefundView(
-            id=data.text("id"),
-            amount_minor=data.integer("amount"),
-            currency=data.currency(),
-            payment_intent=data.text("payment_intent"),
-            status=data.text("status"),
-        )
+        return self._refund(_Answer(answer, "refund"))
 
     # -- Connect
 
@@ -357,13 +369,7 @@ class StripeGateway:
             "metadata": _metadata(metadata),
         }
         answer = self._call(lambda: self._client.v1.transfers.create(params, {"idempotency_key": idempotency_key}))
-        data = _Answer(answer, "transfer")
-        return TransferView(
-            id=data.text("id"),
-            amount_minor=data.integer("amount"),
-            currency=data.currency(),
-            destination=data.text("destination"),
-        )
+        return self._transfer(_Answer(answer, "transfer"))
 
     def payout_create(
         self, *, account: str, amount_minor: int, currency: str, idempotency_key: str, metadata: dict[str, str]
@@ -385,6 +391,47 @@ class StripeGateway:
         options: Any = {"stripe_account": account}
         data = _Answer(self._call(lambda: self._client.v1.payouts.retrieve(payout, options=options)), "payout")
         return self._payout(data, account)
+
+    def transfer_retrieve(self, transfer: str) -> TransferView:
+        """A transfer to a connected account as Stripe holds it. Safe to repeat."""
+        data = _Answer(self._call(lambda: self._client.v1.transfers.retrieve(transfer)), "transfer")
+        return self._transfer(data)
+
+    def refund_retrieve(self, refund: str) -> RefundView:
+        """A refund as Stripe holds it. Safe to repeat."""
+        return self._refund(_Answer(self._call(lambda: self._client.v1.refunds.retrieve(refund)), "refund"))
+
+    # -- lists, for reconciliation
+
+    def balance_transactions(
+        self,
+        *,
+        created_from: int,
+        created_before: int,
+        account: str | None = None,
+        max_items: int = MAX_LISTED,
+        page_size: int = 100,
+    ) -> list[BalanceTransactionView]:
+        """Every balance transaction created in [``created_from``, ``created_before``) (unix seconds), on the platform
+        or on ``account``, page after page (https://docs.stripe.com/api/pagination), each charge's PaymentIntent
+        read through ``expand[]=data.source``. More than ``max_items`` is ``PaymentError("too_many")``."""
+        params: Any = {
+            "created": {"gte": created_from, "lt": created_before},
+            "limit": page_size,
+            "expand": ["data.source"],
+        }
+        options: Any = {"stripe_account": account} if account else {}
+        items = self._list(lambda: self._client.v1.balance_transactions.list(params, options), max_items)
+        return [self._balance_transaction(_Answer(item, "balance_transaction")) for item in items]
+
+    def payouts(
+        self, *, account: str, created_from: int, created_before: int, max_items: int = MAX_LISTED, page_size: int = 100
+    ) -> list[PayoutView]:
+        """Every payout of connected ``account`` created in [``created_from``, ``created_before``), page after page."""
+        params: Any = {"created": {"gte": created_from, "lt": created_before}, "limit": page_size}
+        options: Any = {"stripe_account": account}
+        items = self._list(lambda: self._client.v1.payouts.list(params, options), max_items)
+        return [self._payout(_Answer(item, "payout"), account) for item in items]
 
     # -- webhooks
 
@@ -448,7 +495,69 @@ class StripeGateway:
             status=data.text("status"),
             failure_code=data.opt_text("failure_code"),
             failure_message=data.opt_text("failure_message"),
+            created=data.integer("created"),
         )
+
+    @staticmethod
+    def _transfer(data: _Answer) -> TransferView:
+        return TransferView(
+            id=data.text("id"),
+            amount_minor=data.integer("amount"),
+            currency=data.currency(),
+            destination=data.text("destination"),
+        )
+
+    @staticmethod
+    def _refund(data: _Answer) -> RefundView:
+        return RefundView(
+            id=data.text("id"),
+            amount_minor=data.integer("amount"),
+            currency=data.currency(),
+            payment_intent=data.text("payment_intent"),
+            status=data.text("status"),
+        )
+
+    @staticmethod
+    def _balance_transaction(data: _Answer) -> BalanceTransactionView:
+        raw_source = data.data.get("source")
+        source: str | None = None
+        payment_intent: str | None = None
+        if isinstance(raw_source, str):
+            source = raw_source
+        elif isinstance(raw_source, dict):  # expanded
+            expanded = _Answer(raw_source, f"{data.what}.source")
+            source = expanded.text("id")
+            if expanded.opt_text("object") == "charge":
+                payment_intent = expanded.opt_text("payment_intent")
+        elif raw_source is not None:
+            raise data._bad("source", "id or object")
+        return BalanceTransactionView(
+            id=data.text("id"),
+            type=data.text("type"),
+            amount_minor=data.integer("amount"),
+            fee_minor=data.integer("fee"),
+            net_minor=data.integer("net"),
+            currency=data.currency(),
+            created=data.integer("created"),
+            source=source,
+            payment_intent=payment_intent,
+        )
+
+    @staticmethod
+    def _list(call: Callable[[], Any], max_items: int) -> list[dict[str, Any]]:
+        """Every item of a Stripe list, following its cursor; its errors as ours, and a bound on its length."""
+        items: list[dict[str, Any]] = []
+        try:
+            for item in call().auto_paging_iter():
+                if len(items) >= max_items:
+                    raise PaymentError("too_many", f"Stripe listed more than {max_items} items")
+                data = item.to_dict() if hasattr(item, "to_dict") else item
+                if not isinstance(data, dict):
+                    raise PaymentError("malformed_response", "Stripe listed a non-object")
+                items.append(data)
+        except stripe.StripeError as exc:
+            raise _translate(exc) from exc
+        return items
 
     @staticmethod
     def _account(answer: Any) -> AccountView:

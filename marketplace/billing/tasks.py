@@ -1,6 +1,8 @@
-"""Celery tasks of billing: the periodic payouts, invoices and top-up sweeps."""
+"""Celery tasks of billing: the periodic payouts, invoices, top-up sweeps and reconciliation."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 from celery import shared_task
 from django.utils import timezone
@@ -8,6 +10,7 @@ from django.utils import timezone
 from marketplace.billing.invoices import invoices_issue_due
 from marketplace.billing.payments import auto_topups_due, topups_settle_stale
 from marketplace.billing.payouts import payouts_due
+from marketplace.billing.reconciliation import reconcile_days
 from marketplace.jobs import one_at_a_time
 from marketplace.taskkit import TASK_OPTIONS, stops_at_soft_limit, sweep_time_check
 
@@ -37,3 +40,15 @@ def billing_sweep_task() -> dict[str, int]:
     """Every minute: charge the saved card of organisations whose credit fell below their auto top-up, and
     settle top-ups whose answer or webhook never came (marketplace.billing.payments)."""
     return {"auto_topups": auto_topups_due(before_each=sweep_time_check), **topups_settle_stale()}
+
+
+@shared_task(name="marketplace.reconcile_stripe", **TASK_OPTIONS)
+@stops_at_soft_limit
+@one_at_a_time("reconcile-stripe")
+def reconcile_stripe_task() -> dict[str, int]:
+    """Match yesterday's and today's Stripe movements against the book (marketplace.billing.reconciliation);
+    hourly, so yesterday is matched once more after it ended and today's mismatches show within the hour. A
+    day whose Stripe could not be read is logged and tried again next time."""
+    today = timezone.now().date()
+    runs = reconcile_days([today - dt.timedelta(days=1), today])
+    return {str(run.day): run.mismatches for run in runs}

@@ -240,3 +240,54 @@ class EmailVerification(models.Model):
 
     def __str__(self) -> str:
         return f"verified address of user {self.user_id}"
+
+
+class ReconciliationRun(models.Model):
+    """One UTC day of Stripe's money movements matched against the book (``billing/reconciliation.py``). Run again,
+    the day's counts and its unreviewed mismatches are replaced; reviewed ones stay."""
+
+    day = models.DateField(unique=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    stripe_items = models.IntegerField(default=0)
+    book_items = models.IntegerField(default=0)
+    matched = models.IntegerField(default=0)
+    mismatches = models.IntegerField(default=0)
+    error = models.CharField(max_length=255, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"reconciliation {self.day}"
+
+
+class MismatchKind(models.TextChoices):
+    MISSING_IN_BOOK = "missing_in_book", "at Stripe, not in the book"
+    MISSING_AT_STRIPE = "missing_at_stripe", "in the book, not at Stripe"
+    AMOUNT_DIFFERS = "amount_differs", "amounts differ"
+    STATUS_DIFFERS = "status_differs", "payout status differs"
+
+
+class ReconciliationMismatch(models.Model):
+    """One thing Stripe and the book disagree on. Nothing is fixed automatically: staff look, correct the book
+    through its services if needed, and mark it reviewed with a note."""
+
+    run = models.ForeignKey(ReconciliationRun, on_delete=models.CASCADE, related_name="found")
+    kind = models.CharField(max_length=24, choices=MismatchKind.choices)
+    stripe_object = models.CharField(max_length=64, blank=True, default="")
+    account = models.CharField(max_length=64, blank=True, default="", help_text="the connected account, if any")
+    book_key = models.CharField(max_length=128, blank=True, default="")
+    currency = models.CharField(max_length=3)
+    stripe_minor = models.BigIntegerField(null=True, blank=True)
+    book_minor = models.BigIntegerField(null=True, blank=True)
+    detail = models.CharField(max_length=255)
+    found_at = models.DateTimeField()
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    review_note = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        ordering = ["-found_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail[:60]}"

@@ -239,7 +239,9 @@ def test_connect_onboarding_transfer_and_payouts(gateway: StripeGateway, sandbox
         status="pending",
         failure_code=None,
         failure_message=None,
+        created=paid.created,
     )
+    assert paid.created > 0
     assert sandbox.balance(account.id) == {"usd": 2000}
 
     sandbox.settle_payout(paid.id, "paid")
