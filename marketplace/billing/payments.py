@@ -15,6 +15,8 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -248,17 +250,21 @@ def topup_refund(*, topup: TopUp, amount_minor: int, by: AbstractBaseUser) -> in
 
 
 def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> int:
-    """Give back part of a finished order's charge as credit (the marketplace bears it: the provider keeps its
-    payable). Refused for an order that has not ended or was not charged, and beyond what it was charged less
-    earlier refunds. ``key`` makes a retry harmless: the same key returns the refund it made."""
+    """Give back part of a finished order's charge as credit. The refund takes back its share of what the charge
+    paid out: the provider's part from its payable (clawed back from its next payouts once it was paid, so the
+    payable may go below zero), the commission and the tax, each in proportion (``_refund_shares``). Refused for
+    an order that has not ended or was not charged, and beyond what it was charged less earlier refunds. ``key``
+    makes a retry harmless: the same key returns the refund it made."""
     if order.state not in Order.FINAL_STATES:
         raise TopUpRefused("order_not_finished", f"order {order.public_id} is {order.state}: end it before a refund")
     entry_key = f"order:{order.pk}:refund:{key}"[:128]
     with transaction.atomic():
         organization = Organization.objects.select_for_update().get(pk=order.organization_id)
-        done = BookLine.objects.filter(entry__key=entry_key, account__kind=BookAccountKind.REFUNDS).first()
+        done = BookLine.objects.filter(
+            entry__key=entry_key, account__kind=BookAccountKind.BUYER_CREDIT, account__organization=organization
+        ).first()
         if done is not None:
-            return done.amount_minor
+            return -done.amount_minor
         charged, refunded = _order_charged_refunded(order)
         if charged <= 0:
             raise TopUpRefused("not_charged", f"order {order.public_id} was not charged: there is nothing to refund")
@@ -268,20 +274,40 @@ def order_refund(*, order: Order, amount_minor: int, key: str, reason: str) -> i
                 f"order {order.public_id} was charged {money(charged)} and refunded {money(refunded)}: "
                 f"a refund is at most {money(charged - refunded)}",
             )
-        book_post(
-            kind="order.refund",
-            key=entry_key,
-            lines=[
-                Line(book_account(kind=BookAccountKind.REFUNDS, currency=CURRENCY), amount_minor),
-                Line(
-                    book_account(kind=BookAccountKind.BUYER_CREDIT, currency=CURRENCY, organization=organization),
-                    -amount_minor,
-                ),
-            ],
-            memo=reason[:255],
-            order=order,
-        )
+        credit = book_account(kind=BookAccountKind.BUYER_CREDIT, currency=CURRENCY, organization=organization)
+        lines = [Line(credit, -amount_minor)]
+        lines += _refund_shares(order, charged=charged, refunded_after=refunded + amount_minor, amount=amount_minor)
+        book_post(kind="order.refund", key=entry_key, lines=lines, memo=reason[:255], order=order)
     return amount_minor
+
+
+def _refund_shares(order: Order, *, charged: int, refunded_after: int, amount: int) -> list[Line]:
+    """The refund's lines taking back from each account the charge credited (provider payable, commission,
+    tax), in proportion to the share of the charge refunded so far, half up, less what earlier refunds took.
+    Figured on the running total, so refunds in parts add up to exactly the charge; the cent or two that
+    proportional rounding leaves over is the marketplace's (the refunds account)."""
+    charge_lines = BookLine.objects.filter(entry__order=order, entry__kind="order.charge").exclude(
+        account__kind=BookAccountKind.BUYER_CREDIT
+    )
+    credited: dict[int, tuple[Any, int]] = {}
+    for line in charge_lines.select_related("account"):
+        account, total = credited.get(line.account_id, (line.account, 0))
+        credited[line.account_id] = (account, total - line.amount_minor)
+    taken = dict(
+        BookLine.objects.filter(entry__order=order, entry__kind="order.refund", account_id__in=list(credited))
+        .values_list("account_id")
+        .annotate(total=Sum("amount_minor"))
+    )
+    lines: list[Line] = []
+    for account_id, (account, total) in sorted(credited.items()):
+        target = int((Decimal(total) * refunded_after / charged).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+        share = target - int(taken.get(account_id) or 0)
+        if share:
+            lines.append(Line(account, share))
+    rest = amount - sum(line.amount_minor for line in lines)
+    if rest:
+        lines.append(Line(book_account(kind=BookAccountKind.REFUNDS, currency=CURRENCY), rest))
+    return lines
 
 
 def order_refundable_minor(order: Order) -> int:

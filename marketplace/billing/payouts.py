@@ -389,12 +389,34 @@ def _payout_failed(payout: Payout, obj: dict[str, Any]) -> str:
     message = message if isinstance(message, str) and message else "Stripe could not pay this out to the bank."
     if not _payout_fail(payout, code=code, message=message, at_stripe=True):
         payout.refresh_from_db()
-        if payout.state == PayoutState.PAID:
-            # Stripe: a payout can show paid and fail later (the bank returns it). Not handled automatically.
-            log.error("payout %s failed after it was paid (%s): needs a person", payout.public_id, code)
-            return f"payout {payout.public_id} failed after paid ({code[:40]}): left for review"
+        if payout.state == PayoutState.PAID and _payout_fail_after_paid(payout, code=code, message=message):
+            return f"payout {payout.public_id} failed after it was paid ({code[:40]}): payable again"
         return f"payout {payout.public_id} already {payout.state}: unchanged"
     return f"payout {payout.public_id} failed: {code[:40]}"
+
+
+def _payout_fail_after_paid(payout: Payout, *, code: str, message: str) -> bool:
+    """A payout Stripe reported paid and then failed: the bank sent it back (a payout "can show paid and then fail",
+    https://docs.stripe.com/payouts#payout-failures), and Stripe returns the money to the provider's balance. One
+    transaction claims it failed and reverses its ``paid`` entry onto the payable, so the next run pays it out
+    again from that balance without a second transfer (``_stranded``). False when it was not ``paid``."""
+    with transaction.atomic():
+        claimed = Payout.objects.filter(pk=payout.pk, state=PayoutState.PAID).update(
+            state=PayoutState.FAILED, failure_code=code[:64], failure_message=message[:255], updated_at=timezone.now()
+        )
+        if not claimed:
+            return False
+        book_post(
+            kind="payout.failed",
+            key=f"payout:{payout.public_id}:failed-after-paid",
+            lines=[
+                Line(book_account(kind=BookAccountKind.CASH, currency=payout.currency), payout.amount_minor),
+                Line(_payable(payout.organization, payout.currency), -payout.amount_minor),
+            ],
+            memo=f"payout {payout.public_id} failed after it was paid ({code[:40]})",
+        )
+    log.warning("payout %s failed after it was paid (%s): payable again", payout.public_id, code)
+    return True
 
 
 # --- The schedule ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -66,10 +67,13 @@ def payouts(request: HttpRequest) -> HttpResponse:
     if request.GET.get("onboarding") == "expired":
         messages.info(request, "The onboarding link expired. Continue onboarding for a new one.")
     onboarding_link = request.session.pop(ONBOARDING_LINK, None)
+    payable = payable_minor(organization)
+    minimum = int(settings.PAYOUT_MINIMUM_MINOR)
     return _page(
         request, "portal/payouts.html", membership, "payouts", connect=connect, currency=CURRENCY,
         onboarding_link=onboarding_link if isinstance(onboarding_link, str) else None,
-        payable=_major(payable_minor(organization)), history=history, states=PayoutState,
+        payable=_major(payable), owed_back=_major(-payable) if payable < 0 else None, minimum=_major(minimum),
+        short_of_minimum=_major(minimum - payable) if payable < minimum else None, history=history, states=PayoutState,
         months=_months(timezone.now().date(), STATEMENT_MONTHS),
         can_onboard=bool(organization.provider_profile.country),
     )  # fmt: skip

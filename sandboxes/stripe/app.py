@@ -274,11 +274,13 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
         return answer
 
     def settle_payout(self, payout: str, outcome: str, failure_code: str | None = None) -> dict[str, Any]:
-        """A pending payout arrives (``paid``) or bounces (``failed``: the money returns to the balance)."""
+        """A pending payout arrives (``paid``) or bounces (``failed``: the money returns to the balance). A paid one
+        may still fail: "a payout can show as paid and then fail" when the bank returns it days later
+        (https://docs.stripe.com/payouts#payout-failures)."""
         ctx = self._control_ctx()
         with self._lock:
             po = self._find("payout", payout)
-            if po["status"] != "pending":
+            if po["status"] != "pending" and not (po["status"] == "paid" and outcome == "failed"):
                 raise ValueError(f"{payout} is already {po['status']}")
             account = self._scope[payout]
             if outcome == "paid":
