@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from marketplace.billing.payout_contents import payout_contents
 from marketplace.billing.payouts import (
     CURRENCY,
     PayoutRefused,
@@ -60,8 +61,9 @@ def payouts(request: HttpRequest) -> HttpResponse:
     membership = _membership(request, Permission.DETAILS)
     organization = membership.organization
     connect = ConnectAccount.objects.filter(organization=organization).first()
+    contents = payout_contents(organization)
     history = [
-        (payout, _major(payout.amount_minor))
+        (payout, _major(payout.amount_minor), [(i, _major(i.amount_minor)) for i in contents.get(payout.public_id, [])])
         for payout in Payout.objects.filter(organization=organization).order_by("-created_at", "-pk")[:HISTORY]
     ]
     if request.GET.get("onboarding") == "expired":

@@ -17,6 +17,7 @@ from django.utils import timezone
 from marketplace.billing.book import book_account_balance
 from marketplace.billing.credit import order_settle
 from marketplace.billing.payments import order_refund
+from marketplace.billing.payout_contents import payout_contents
 from marketplace.billing.payouts import payable_minor, payout_event_handle, payout_run
 from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.models import (
@@ -99,6 +100,17 @@ def test_a_refund_after_the_payout_is_clawed_back_from_the_next_one(petra, petra
     again = payout_run(organization=petra_org)
     assert (again.state, again.amount_minor) == (PayoutState.IN_TRANSIT, 8800)
     assert payable_minor(petra_org) == 0
+    # Each payout lists what it pays: the first, the first order; the second, the claw-back and the second order.
+    second = Order.objects.exclude(pk=first.pk).get()
+    contents = payout_contents(petra_org)
+    [paid_first] = [p for p in petra_org.payouts.all() if p.pk != again.pk]
+    assert [(i.order, i.amount_minor) for i in contents[paid_first.public_id]] == [(str(first.public_id), 8800)]
+    assert [(i.order, i.amount_minor) for i in contents[again.public_id]] == [
+        (str(first.public_id), -8800),
+        (str(second.public_id), 17600),
+    ]
+    page = client_for(petra).get("/provider/payouts").content.decode()
+    assert "refund of 1x A10G after it was paid out" in page and "-88.00" in page and "176.00" in page
 
 
 def test_a_payout_that_fails_after_it_was_paid_is_reversed_and_paid_out_again(petra_org, stripe_sandbox):
@@ -130,4 +142,7 @@ def test_a_payout_that_fails_after_it_was_paid_is_reversed_and_paid_out_again(pe
         payout.stripe_transfer,
     )
     assert len(stripe_sandbox.calls("transfers.create")) == 1  # paid again from the returned balance
+    contents = payout_contents(petra_org)
+    assert [i.amount_minor for i in contents[payout.public_id]] == [EARNED]
+    assert [i.amount_minor for i in contents[retry.public_id]] == [EARNED]  # the same earnings, paid again
     assert payable_minor(petra_org) == 0 and stripe_sandbox.balance(account) == {"usd": 0}
