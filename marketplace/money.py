@@ -3,8 +3,9 @@
 The rule: **an amount is rounded once, to its currency's minor unit, half up (half a cent goes away from zero),
 when it becomes a line; a total is the sum of its rounded lines**, never a rounding of the unrounded sum. So
 every total shown equals the sum of the lines shown, and the book, the API, the storefront, invoices and
-receipts carry the same figures. ``minor_units`` is the only function that rounds an amount; everything that
-shows one goes through ``money_text`` (or ``minor_text`` for machine-read files), which only formats.
+receipts carry the same figures. ``minor_units`` is the only function that rounds an amount (a hold or a cap,
+which must cover a charge, rounds up with ``minor_units_covering``, and is never shown as a line); everything
+that shows one goes through ``money_text`` (or ``minor_text`` for JSON and CSV), which only formats.
 
 Why half up rather than half to even (banker's rounding): the book has charged every order this way since it
 was opened, so the record and what is shown agree without re-posting a single entry; it is what a buyer gets
