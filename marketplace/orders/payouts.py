@@ -21,6 +21,7 @@ from providers.models import Provider
 
 _CENT = Decimal("0.01")
 _USD = "USD"  # orders are priced in US dollars
+_ZERO = from_minor(0, _USD)  # "0.00", so an empty statement shows cents like a full one
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,15 @@ class PayoutStatement:
 
     @property
     def gross_usd(self) -> Decimal:
-        return sum((line.gross_usd for line in self.lines), Decimal(0))
+        return sum((line.gross_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
     @property
     def commission_usd(self) -> Decimal:
-        return sum((line.commission_usd for line in self.lines), Decimal(0))
+        return sum((line.commission_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
     @property
     def net_usd(self) -> Decimal:
-        return sum((line.net_usd for line in self.lines), Decimal(0))
+        return sum((line.net_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
 
 def month_bounds(month: str) -> tuple[dt.datetime, dt.datetime]:
