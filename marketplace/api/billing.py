@@ -20,7 +20,6 @@ from marketplace.api.errors import error_response
 from marketplace.api.tokens import request_organization
 from marketplace.billing.book import book_account_balance, credit_available
 from marketplace.billing.credit import CURRENCY
-from marketplace.billing.invoices import money
 from marketplace.billing.payments import (
     MAX_TOPUP_MINOR,
     MIN_TOPUP_MINOR,
@@ -37,6 +36,7 @@ from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable,
 from marketplace.billing.vat_ids import VatIdInvalid, tax_id_for_profile
 from marketplace.models import BookAccountKind, Organization
 from marketplace.models.billing import BillingProfile, TopUp, TopUpState
+from marketplace.money import minor_text
 from marketplace.numbers import DecimalSerializerField
 from marketplace.orders.selectors import BuyerPermission
 from providers.text import name_problem
@@ -47,6 +47,11 @@ _SCOPES_READ = ("billing:manage",)
 _MIN, _MAX = Decimal(MIN_TOPUP_MINOR) / 100, Decimal(MAX_TOPUP_MINOR) / 100
 # Stripe's events are a few KB; anything much larger is not one.
 WEBHOOK_MAX_BYTES = 256 * 1024
+
+
+def money(amount_minor: int) -> str:
+    """Cents as decimal text ("25.00"); the body's ``currency`` names the currency once."""
+    return minor_text(amount_minor, CURRENCY)
 
 
 def billing_body(organization: Organization, user: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
 from marketplace.matching.types import MAX_NODES
 from marketplace.models import GpuModel, Offer, Order, Quote, SilentPeriod
+from marketplace.money import minor_text, minor_units
 from marketplace.numbers import (
     MAX_BUDGET,
     MAX_ID,
@@ -480,8 +481,11 @@ class OrderOutput(serializers.ModelSerializer):
         return None if instance is None else dict(InstanceOutput(instance).data)
 
     def get_usage(self, order: Order) -> dict[str, object]:
+        """The cost so far, rounded once to the cent as the storefront shows it and the book will charge it
+        (``marketplace.money``): ``amount_minor`` in cents, ``amount_usd`` the same figure as text."""
         usage = order_usage(order, now=self.context.get("now") or timezone.now())
-        return {"seconds": usage.seconds, "amount_usd": format(usage.amount_usd, "f")}
+        cents = minor_units(usage.amount_usd, "USD")
+        return {"seconds": usage.seconds, "amount_minor": cents, "amount_usd": minor_text(cents, "USD")}
 
     def get_launch(self, order: Order) -> dict[str, Any] | None:
         return launch_view(order.launch_config)

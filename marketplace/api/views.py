@@ -44,12 +44,14 @@ from marketplace.api.serializers import (
 )
 from marketplace.api.throttling import ExpensiveRateThrottle, TokenRateThrottle
 from marketplace.api.tokens import request_organization
+from marketplace.billing.credit import CURRENCY
 from marketplace.catalog.history import offer_prices
 from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.launch.config import LaunchChoice
 from marketplace.matching import Ranking
 from marketplace.models import Offer, Order, Organization
+from marketplace.money import lines_total, minor_text, minor_units
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.quoting import demand_json, procurement_run, quote_request
 from marketplace.orders.selectors import (
@@ -411,7 +413,11 @@ class BudgetApi(APIView):
 
 
 class InvoiceApi(APIView):
-    """GET /api/v1/invoice?month=YYYY-MM: the lines of the orders that ended that month (UTC) and their total."""
+    """GET /api/v1/invoice?month=YYYY-MM: the lines of the orders that ended that month (UTC) and their total.
+
+    Each line's amount is rounded once to the cent, as the book charges it (``marketplace.money``), and the total
+    is the sum of those lines: ``amount_minor``/``total_minor`` in cents, ``amount_usd``/``total_usd`` the same
+    figures as decimal text."""
 
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
@@ -426,19 +432,29 @@ class InvoiceApi(APIView):
         except ValueError:
             raise ValidationError({"month": ["give the month as YYYY-MM"]}) from None
         lines = list(invoice_line_list(organization=organization, start=start, end=end))
+        amounts = [minor_units(line.amount_usd, CURRENCY) for line in lines]
         rows = [
             {
                 "order": str(line.order.public_id),
                 "description": line.description,
                 "seconds": line.seconds,
                 "price_per_hour": format(line.price_per_hour, "f"),
-                "amount_usd": format(line.amount_usd, "f"),
+                "amount_minor": amount,
+                "amount_usd": minor_text(amount, CURRENCY),
                 "ended_at": line.ended_at.isoformat(),
             }
-            for line in lines
+            for line, amount in zip(lines, amounts, strict=True)
         ]
-        total = sum((line.amount_usd for line in lines), Decimal(0))
-        return Response({"month": raw, "lines": rows, "total_usd": format(total.quantize(Decimal("0.01")), "f")})
+        total = lines_total(amounts)
+        return Response(
+            {
+                "month": raw,
+                "currency": CURRENCY,
+                "lines": rows,
+                "total_minor": total,
+                "total_usd": minor_text(total, CURRENCY),
+            }
+        )
 
 
 class OrderReceiptApi(APIView):

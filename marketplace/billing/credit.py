@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Sum
@@ -34,12 +34,12 @@ from marketplace.models import (
     Organization,
 )
 from marketplace.models.billing import BillingProfile
+from marketplace.money import from_minor, minor_units, minor_units_covering, money_text
 from marketplace.orders.errors import OrderError
 
 log = logging.getLogger(__name__)
 
 CURRENCY = "USD"  # orders are priced in US dollars
-_CENT = Decimal("0.01")
 
 
 class PaymentRequired(OrderError):
@@ -58,14 +58,13 @@ class PaymentRequired(OrderError):
 
 
 def minor(amount_usd: Decimal) -> int:
-    """US dollars to cents, half up."""
-    return int(amount_usd.quantize(_CENT, ROUND_HALF_UP) * 100)
+    """US dollars to cents by the one rounding rule (``marketplace.money.minor_units``)."""
+    return minor_units(amount_usd, CURRENCY)
 
 
 def money(amount_minor: int) -> str:
-    """Cents as the storefront writes money: "$12.34 USD"."""
-    sign = "-" if amount_minor < 0 else ""
-    return f"{sign}${abs(amount_minor) / 100:,.2f} {CURRENCY}"
+    """Cents as the storefront writes money: "12.34 USD" (``marketplace.money.money_text``)."""
+    return money_text(amount_minor, CURRENCY)
 
 
 def tax_rate_of(organization_id: int, on: dt.date) -> TaxRate | None:
@@ -86,7 +85,7 @@ def with_tax(amount_minor: int, rate: TaxRate | None) -> int:
 
 
 def ceil_minor(amount_usd: Decimal) -> int:
-    return int((amount_usd * 100).to_integral_value(ROUND_CEILING))
+    return minor_units_covering(amount_usd, CURRENCY)
 
 
 def order_total_cap_minor(order: Order) -> int | None:
@@ -161,7 +160,7 @@ def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) ->
     if gross == 0:
         return
     share = Decimal(str(settings.COMMISSION_SHARE))
-    commission = minor(Decimal(gross) / 100 * share)
+    commission = minor(from_minor(gross, CURRENCY) * share)
     rate = tax_rate_of(organization.pk, now.date())
     tax = tax_minor(gross, rate)
     seller = _seller(order)

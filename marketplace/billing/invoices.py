@@ -33,6 +33,7 @@ from ledger.services import ledger_append
 from marketplace.billing.tax import tax_memo_parse
 from marketplace.billing.vat_ids import REVERSE_CHARGE_NOTE
 from marketplace.models import BillingProfile, BookAccountKind, BookLine, Invoice, InvoiceLine, Organization
+from marketplace.money import lines_total, minor_text, money_text
 from marketplace.orders.selectors import month_bounds
 
 log = logging.getLogger(__name__)
@@ -188,13 +189,14 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
     if reverse_charged:
         # The words Article 226(11a) of Directive 2006/112/EC requires, with both parties' VAT ids shown above.
         tax_note = f"{tax_note} {REVERSE_CHARGE_NOTE}".strip()
-    subtotal = sum(item.net_minor for item in lines)
-    tax_total = sum(item.tax_minor for item in lines)
+    # Each line was rounded once, when the book charged it; a total is the sum of those lines (marketplace.money).
+    subtotal = lines_total(item.net_minor for item in lines)
+    tax_total = lines_total(item.tax_minor for item in lines)
     return InvoiceDraft(
         organization_id=organization.pk, month=month, currency=currency, seller=seller_details(), buyer=buyer,
         lines=lines, payments=payments, tax_lines=tax_lines, tax_note=tax_note, subtotal_minor=subtotal,
         tax_minor=tax_total, total_minor=subtotal + tax_total,
-        payments_minor=sum(p.amount_minor for p in payments),
+        payments_minor=lines_total(p.amount_minor for p in payments),
     )  # fmt: skip
 
 
@@ -291,8 +293,8 @@ def invoice_issue(
         return existing
     document, tax_lines = _snapshot(invoice_draft(organization, month, currency))
     items = document["items"]
-    subtotal = sum(item["net_minor"] for item in items)
-    tax_total = sum(item["tax_minor"] for item in items)
+    subtotal = lines_total(item["net_minor"] for item in items)
+    tax_total = lines_total(item["tax_minor"] for item in items)
     issued_at = now.astimezone(dt.UTC).replace(microsecond=0)
     for _attempt in range(NUMBER_ATTEMPTS):
         try:
@@ -362,11 +364,6 @@ def invoices_issue_due(now: dt.datetime, *, before_each: Callable[[], None] | No
 # --- Renderings --------------------------------------------------------------------------------------------------
 
 
-def money(amount_minor: int) -> str:
-    """Minor units as a decimal string with two places ("-12.30"), for two-decimal currencies."""
-    return format((Decimal(amount_minor) / 100).quantize(CENT), "f")
-
-
 def _rate_percent(rate: str | None) -> str:
     return "" if rate is None else f"{(Decimal(rate) * 100).normalize():f} %"
 
@@ -379,6 +376,10 @@ def invoice_csv(invoice: Invoice) -> str:
         ["invoice", "row", "date", "order", "description", "hours", "net", "tax_name", "tax_rate", "tax", "currency"]
     )
     number, currency = invoice.number, invoice.currency
+
+    def money(amount_minor: int) -> str:
+        return minor_text(amount_minor, currency)
+
     for item in invoice.lines["items"]:
         tax_name = f"{item['tax_country']} {item['tax_name']}".strip()
         writer.writerow(
@@ -453,7 +454,7 @@ def invoice_pdf(invoice: Invoice, *, compress: bool = True) -> bytes:
         tax = f"{item['tax_country']} {item['tax_name']} {_rate_percent(item['tax_rate'])}".strip() or "none"
         hours = format((Decimal(item["seconds"]) / 3600).quantize(CENT), "f") if item["seconds"] else ""
         cells = [item["at"][:10], item["order"][:8], item["description"][:200], hours,
-                 f"{money(item['net_minor'])} {cur}", tax, f"{money(item['tax_minor'])} {cur}"]  # fmt: skip
+                 money_text(item['net_minor'], cur), tax, money_text(item['tax_minor'], cur)]  # fmt: skip
         for (label, w), value in zip(columns, cells, strict=True):
             pdf.cell(w, 5, fit(_pdf_text(value), w - 1), align="R" if label in {"Hours", "Net", "Tax amount"} else "L")
         pdf.ln()
@@ -467,13 +468,13 @@ def invoice_pdf(invoice: Invoice, *, compress: bool = True) -> bytes:
         pdf.cell(width - 40, 6, _pdf_text(label), align="R")
         pdf.cell(40, 6, value, align="R", new_x="LMARGIN", new_y="NEXT")
 
-    total_row("Subtotal", f"{money(invoice.subtotal_minor)} {cur}")
+    total_row("Subtotal", money_text(invoice.subtotal_minor, cur))
     for tax in invoice.tax_lines:
         name = f"{tax['country']} {tax['name']} {_rate_percent(tax['rate'])}".strip() or "No tax"
-        total_row(f"{name} on {money(tax['net_minor'])} {cur}", f"{money(tax['tax_minor'])} {cur}")
-    total_row("Total", f"{money(invoice.total_minor)} {cur}", style="B")
+        total_row(f"{name} on {money_text(tax['net_minor'], cur)}", money_text(tax["tax_minor"], cur))
+    total_row("Total", money_text(invoice.total_minor, cur), style="B")
     if doc["payments"]:
-        total_row("Payments received this month (prepaid credit)", f"{money(doc['payments_minor'])} {cur}")
+        total_row("Payments received this month (prepaid credit)", money_text(doc["payments_minor"], cur))
     if doc["tax_note"]:
         pdf.ln(2)
         text(doc["tax_note"], size=8)

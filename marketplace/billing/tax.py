@@ -12,9 +12,11 @@ import csv
 import datetime as dt
 import functools
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import NamedTuple
+
+from marketplace.money import from_minor, minor_units
 
 RATES_CSV = Path(__file__).parent / "data" / "tax_rates.csv"
 COLUMNS = ["country", "name", "rate", "valid_from", "source"]
@@ -115,11 +117,12 @@ def tax_rate_for(country: str, *, on: dt.date) -> TaxRate | None:
     return found
 
 
-def tax_minor(amount_minor: int, rate: TaxRate | None) -> int:
-    """The tax on ``amount_minor`` at ``rate`` in whole minor units, half up (away from zero); 0 without a rate."""
+def tax_minor(amount_minor: int, rate: TaxRate | None, currency: str = "USD") -> int:
+    """The tax on one line of ``amount_minor`` at ``rate``, rounded once by the money rule
+    (``marketplace.money.minor_units``: half up); 0 without a rate. A total's tax is the sum of its lines'."""
     if rate is None:
         return 0
-    return int((Decimal(amount_minor) * rate.rate).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return minor_units(from_minor(amount_minor, currency) * rate.rate, currency)
 
 
 def reverse_charge_rate(country: str) -> TaxRate:

@@ -8,6 +8,7 @@ each see room the other takes. A refused order raises ``BudgetExceeded``; one th
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -18,10 +19,12 @@ from django.db.models import Sum
 
 from ledger.services import ledger_append, user_commitment
 from marketplace.models import Instance, Order, OrderState, Organization
+from marketplace.money import from_minor, lines_total, minor_units
 from marketplace.orders.errors import OrderError
 
 LIVE_STATES = (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING, OrderState.TERMINATING)
 _CENTS = Decimal("0.01")
+_USD = "USD"  # orders are priced in US dollars
 
 
 class BudgetExceeded(OrderError):
@@ -44,7 +47,7 @@ def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStat
     live = Order.objects.filter(organization=organization, state__in=LIVE_STATES)
     live_per_hour = live.aggregate(total=Sum("price_per_hour"))["total"] or Decimal(0)
     start = _month_start(now)
-    month = Decimal(0)
+    by_order: dict[int, Decimal] = defaultdict(Decimal)
     instances = Instance.objects.filter(order__organization=organization, ready_at__isnull=False).exclude(
         terminated_at__lt=start
     )
@@ -52,10 +55,12 @@ def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStat
         begin = max(instance.ready_at, start)
         end = instance.terminated_at or now
         seconds = max(0.0, (end - begin).total_seconds())
-        month += instance.order.price_per_hour * Decimal(int(seconds)) / 3600
+        by_order[instance.order_id] += instance.order.price_per_hour * Decimal(int(seconds)) / 3600
+    # Each order's usage rounded once, then summed (marketplace.money), as its invoice line will be charged.
+    month = lines_total(minor_units(amount, _USD) for amount in by_order.values())
     return BudgetStatus(
         live_per_hour=live_per_hour,
-        month_to_date=month.quantize(_CENTS),
+        month_to_date=from_minor(month, _USD),
         budget_per_hour=organization.budget_per_hour,
         budget_monthly=organization.budget_monthly,
     )

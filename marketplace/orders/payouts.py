@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.conf import settings
-from django.db.models import Count, Sum
 
 from marketplace.models import InvoiceLine, Order, OrderState
+from marketplace.money import from_minor, lines_total, minor_units
 from providers.models import Provider
 
 _CENT = Decimal("0.01")
+_USD = "USD"  # orders are priced in US dollars
+_ZERO = from_minor(0, _USD)  # "0.00", so an empty statement shows cents like a full one
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,15 @@ class PayoutStatement:
 
     @property
     def gross_usd(self) -> Decimal:
-        return sum((line.gross_usd for line in self.lines), Decimal(0))
+        return sum((line.gross_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
     @property
     def commission_usd(self) -> Decimal:
-        return sum((line.commission_usd for line in self.lines), Decimal(0))
+        return sum((line.commission_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
     @property
     def net_usd(self) -> Decimal:
-        return sum((line.net_usd for line in self.lines), Decimal(0))
+        return sum((line.net_usd for line in self.lines), _ZERO)  # the sum of the rounded lines shown
 
 
 def month_bounds(month: str) -> tuple[dt.datetime, dt.datetime]:
@@ -79,8 +81,9 @@ def payout_statement(*, provider: Provider, month: str) -> PayoutStatement:
         .order_by("ended_at", "id")
     )
     for row in rows:
-        gross = row.amount_usd.quantize(_CENT, ROUND_HALF_UP)
-        commission = (gross * share).quantize(_CENT, ROUND_HALF_UP)
+        # Rounded once per line by the money rule, as the book charged the buyer and credited the provider.
+        gross = from_minor(minor_units(row.amount_usd, _USD), _USD)
+        commission = from_minor(minor_units(gross * share, _USD), _USD)
         lines.append(
             PayoutLine(
                 order_id=str(row.order.public_id),
@@ -106,7 +109,7 @@ def provider_running_orders(*, provider: Provider) -> list[Order]:
 
 def provider_earnings_to_date(*, provider: Provider) -> dict[str, Decimal | int]:
     """All-time gross and order count of ended orders on the provider's capacity."""
-    totals = InvoiceLine.objects.filter(order__offer__account__provider=provider).aggregate(
-        gross=Sum("amount_usd"), orders=Count("id")
-    )
-    return {"gross_usd": (totals["gross"] or Decimal(0)).quantize(_CENT), "orders": totals["orders"] or 0}
+    amounts = InvoiceLine.objects.filter(order__offer__account__provider=provider).values_list("amount_usd", flat=True)
+    # The sum of the lines as each was charged, not a rounding of the unrounded sum (marketplace.money).
+    gross = lines_total(minor_units(amount, _USD) for amount in amounts.iterator())
+    return {"gross_usd": from_minor(gross, _USD), "orders": amounts.count()}

@@ -30,6 +30,7 @@ from marketplace.billing.payouts import (
 )
 from marketplace.billing.stripe_gateway import PaymentError, PaymentUnavailable
 from marketplace.models import ConnectAccount, Payout, PayoutState
+from marketplace.money import from_minor
 from marketplace.portal.selectors import Permission
 from marketplace.portal.views import _membership, _page
 
@@ -41,7 +42,7 @@ ONBOARDING_LINK = "portal.connect_onboarding_link"  # the session key of the lin
 
 def _major(amount_minor: int) -> Decimal:
     """Minor units (cents) as an amount to show, two decimals (USD's minor unit)."""
-    return (Decimal(amount_minor) / 100).quantize(Decimal("0.01"))
+    return from_minor(amount_minor, "USD")
 
 
 def _months(today: dt.date, count: int) -> list[str]:

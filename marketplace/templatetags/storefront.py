@@ -5,7 +5,8 @@ from typing import Any
 
 from django import template
 
-from marketplace.billing.credit import money
+from marketplace.billing.credit import CURRENCY
+from marketplace.money import minor_digits, minor_text, minor_units, money_text, rate_text
 
 register = template.Library()
 
@@ -18,8 +19,9 @@ def get_item(mapping: dict[Any, Any], key: Any) -> Any:
 
 @register.filter
 def usd(value: Any, places: int = 2) -> str:
-    """A money figure with its currency, "$1,234.56 USD" (``places`` decimals, rounded half-even as Decimal
-    does); "" for None, and the value as it is when it is not a number."""
+    """A US dollar figure with its currency named once: an amount (two places, the cent) is rounded by the one
+    money rule, "1,234.56 USD"; a rate with more places keeps them, "0.5188 USD" (``marketplace.money``). ""
+    for None, and the value as it is when it is not a number."""
     if value is None or value == "":
         return ""
     try:
@@ -28,16 +30,27 @@ def usd(value: Any, places: int = 2) -> str:
         return str(value)
     if not amount.is_finite():
         return str(value)
-    return f"${amount:,.{int(places)}f} USD"
+    if int(places) == minor_digits(CURRENCY):
+        return money_text(minor_units(amount, CURRENCY), CURRENCY)
+    return rate_text(amount, CURRENCY, places=int(places))
+
+
+@register.filter
+def cents(value: Any) -> str:
+    """Minor units (cents) as a plain figure, "12.34", in a column whose heading names the currency."""
+    try:
+        return minor_text(int(value), CURRENCY)
+    except (TypeError, ValueError):
+        return "" if value is None else str(value)
 
 
 @register.filter
 def cents_usd(value: Any) -> str:
-    """Minor units (cents) as money, "$12.34 USD" (``marketplace.billing.credit.money``)."""
+    """Minor units (cents) as money, "12.34 USD" (``marketplace.money.money_text``)."""
     if value is None or value == "":
         return ""
     try:
         cents = int(value)
     except (TypeError, ValueError):
         return str(value)
-    return money(cents)
+    return money_text(cents, CURRENCY)

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.billing.book import book_account_balance, credit_available
-from marketplace.billing.credit import CURRENCY
+from marketplace.billing.credit import CURRENCY, money
 from marketplace.billing.payments import (
     MAX_TOPUP_MINOR,
     MIN_TOPUP_MINOR,
@@ -228,7 +228,7 @@ def _topup(request: HttpRequest, organization: Organization, form: TopUpForm) ->
         # the browser to another site, so the page offers the bank's check as a link the person follows.
         return redirect(f"{reverse('storefront:billing')}?authenticate={topup.public_id}")
     if topup.state == TopUpState.SUCCEEDED:
-        messages.success(request, f"Added ${topup.amount_minor / 100:,.2f} USD to your credit.")
+        messages.success(request, f"Added {money(topup.amount_minor)} to your credit.")
     elif topup.state == TopUpState.FAILED:
         messages.error(request, f"The top-up failed: {topup.failure}")
     else:
@@ -251,7 +251,7 @@ def topup_return(request: HttpRequest) -> HttpResponse:
         messages.warning(request, f"Could not read the payment back yet ({exc.message}); it is credited when it is.")
         return redirect("storefront:billing")
     if topup.state == TopUpState.SUCCEEDED:
-        messages.success(request, f"Added ${topup.amount_minor / 100:,.2f} USD to your credit.")
+        messages.success(request, f"Added {money(topup.amount_minor)} to your credit.")
     elif topup.state == TopUpState.FAILED:
         messages.error(request, f"The top-up failed: {topup.failure}")
     else:

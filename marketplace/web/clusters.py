@@ -12,7 +12,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from marketplace.billing.credit import CURRENCY
 from marketplace.models import Cluster, ClusterState, Organization
+from marketplace.money import lines_total, minor_units
 from marketplace.orders.clusters import cluster_terminate
 from marketplace.orders.selectors import BuyerPermission, order_usage
 from marketplace.web.orgs import buyer_access
@@ -42,7 +44,13 @@ def cluster_detail(request: HttpRequest, cluster_id: str) -> HttpResponse:
     cluster = _cluster_or_404(buyer_access(request, BuyerPermission.READ).organization, cluster_id)
     now = timezone.now()
     orders = sorted(cluster.orders.all(), key=lambda o: (-(o.cluster_round or 0), o.cluster_node or 0))
-    rows = [{"order": o, "instance": o.instance, "usage": order_usage(o, now=now)} for o in orders]
+    rows = []
+    for o in orders:
+        usage = order_usage(o, now=now)
+        # Each node's cost rounded once (marketplace.money); the cluster's is the sum of the nodes shown.
+        rows.append(
+            {"order": o, "instance": o.instance, "usage": usage, "cost": minor_units(usage.amount_usd, CURRENCY)}
+        )
     current = [r for r in rows if r["order"].cluster_round == cluster.round]
     earlier = [r for r in rows if r["order"].cluster_round != cluster.round]
     return render(
@@ -53,7 +61,7 @@ def cluster_detail(request: HttpRequest, cluster_id: str) -> HttpResponse:
             "current": current,
             "earlier": earlier,
             "price_per_hour": sum(r["order"].price_per_hour for r in current),
-            "spent": sum(r["usage"].amount_usd for r in rows),
+            "spent": lines_total(r["cost"] for r in rows),
             "terminable": cluster.state in (ClusterState.PROVISIONING, ClusterState.RUNNING),
         },
     )

@@ -16,9 +16,15 @@ from marketplace.catalog.history import spot_savings
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.catalog.selectors import account_reliability, machine_reliability_shown, offer_list
 from marketplace.models import Offer
+from marketplace.money import rate_text
 
 MIN_OFFERS, MAX_OFFERS = 2, 6
 _ID = re.compile(r"[0-9]{1,12}")
+
+
+def _usd(places: int) -> Callable[[object], str]:
+    """A price column's figure: the rate with ``places`` decimals and its currency once (marketplace.money)."""
+    return lambda value: rate_text(Decimal(str(value)), "USD", places=places)
 
 
 class CompareError(ValueError):
@@ -100,10 +106,10 @@ def comparison(ids: list[int], *, now: dt.datetime) -> tuple[list[Column], list[
               note=lambda o: o.interconnect and f"network: {o.interconnect}"),
         _numeric("vCPUs", columns, lambda o: o.vcpus, str, higher=True),
         _numeric("RAM", columns, lambda o: o.memory_gib, lambda v: f"{v.normalize():f} GiB", higher=True),
-        _numeric("Price per hour", columns, lambda o: o.price_usd, lambda v: f"${v:.4f} USD",
+        _numeric("Price per hour", columns, lambda o: o.price_usd, _usd(4),
                  note=lambda o: "" if o.currency == "USD" else f"{o.price:.2f} {o.currency}"),
-        _numeric("Price per GPU-hour", columns, lambda o: o.price_per_gpu_hour_usd, lambda v: f"${v:.4f} USD"),
-        _numeric("Price per FP16 TFLOP-hour", columns, per_tflop, lambda v: f"${v:.5f} USD"),
+        _numeric("Price per GPU-hour", columns, lambda o: o.price_per_gpu_hour_usd, _usd(4)),
+        _numeric("Price per FP16 TFLOP-hour", columns, per_tflop, _usd(5)),
         _numeric("Reliability", columns, reliability, lambda v: f"{v:.1%}", higher=True, missing="no launches yet"),
         _numeric("Spot saving", columns, lambda o: savings.get(o.pk), lambda v: f"{v} % vs on-demand", higher=True),
     ]  # fmt: skip

@@ -10,8 +10,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from marketplace.billing.invoices import invoice_csv, invoice_draft, invoice_get, invoice_pdf, money
+from marketplace.billing.invoices import invoice_csv, invoice_draft, invoice_get, invoice_pdf
 from marketplace.models import Invoice, Organization
+from marketplace.money import money_text
 from marketplace.web.orgs import buyer_access
 
 
@@ -32,13 +33,17 @@ def invoices(request: HttpRequest) -> HttpResponse:
     organization = buyer_access(request).organization
     month = timezone.now().strftime("%Y-%m")
     draft = invoice_draft(organization, month)
+
+    def money(amount_minor: int) -> str:
+        return money_text(amount_minor, draft.currency)
+
     issued = Invoice.objects.filter(organization=organization).order_by("-month", "-number")
     return render(
         request,
         "storefront/invoices.html",
         {
             "organization": organization,
-            "invoices": [(invoice, money(invoice.total_minor)) for invoice in issued],
+            "invoices": [(invoice, money_text(invoice.total_minor, invoice.currency)) for invoice in issued],
             "draft": draft,
             "draft_lines": [(line, money(line.net_minor), money(line.tax_minor)) for line in draft.lines],
             "draft_subtotal": money(draft.subtotal_minor),
@@ -53,6 +58,10 @@ def invoice_detail(request: HttpRequest, number: str) -> HttpResponse:
     organization = buyer_access(request).organization
     invoice = _invoice_or_404(organization, number)
     doc = invoice.lines
+
+    def money(amount_minor: int) -> str:
+        return money_text(amount_minor, invoice.currency)
+
     return render(
         request,
         "storefront/invoice_detail.html",

@@ -26,10 +26,12 @@ from ledger.receipts import receipt_for_buyer
 from marketplace.api.idempotency import idempotency_claim
 from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
+from marketplace.billing.credit import CURRENCY
 from marketplace.catalog.history import price_history, spot_savings
 from marketplace.launch.config import on_silence_of
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
+from marketplace.money import lines_total, minor_text, minor_units
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.errors import OrderError
@@ -331,6 +333,8 @@ def spending(request: HttpRequest) -> HttpResponse:
         form = BudgetForm(initial={"budget_per_hour": org.budget_per_hour, "budget_monthly": org.budget_monthly})
     lines = list(invoice_line_list(organization=org, start=start, end=end))
     live = live_order_costs(organization=org, start=start, end=end, now=now)
+    lines_minor = [minor_units(line.amount_usd, CURRENCY) for line in lines]
+    live_minor = [minor_units(usage.amount_usd, CURRENCY) for _, usage in live]
     status = budget_status(org, now=now)
     warn_share = Decimal(str(settings.BUDGET_WARN_SHARE))
     response = render(
@@ -349,10 +353,14 @@ def spending(request: HttpRequest) -> HttpResponse:
             "month_error": month_error,
             "previous_month": (start - dt.timedelta(days=1)).strftime("%Y-%m"),
             "next_month": end.strftime("%Y-%m") if end <= now else "",
-            "lines": [(line, Decimal(line.seconds) / 3600) for line in lines],
-            "lines_total": sum((line.amount_usd for line in lines), Decimal(0)),
-            "live": live,
-            "live_total": sum((usage.amount_usd for _, usage in live), Decimal(0)),
+            # Each amount rounded once (marketplace.money); a total is the sum of the rounded lines shown.
+            "lines": [
+                (line, Decimal(line.seconds) / 3600, line_minor)
+                for line, line_minor in zip(lines, lines_minor, strict=True)
+            ],
+            "lines_total": lines_total(lines_minor),
+            "live": [(order, usage, usage_minor) for (order, usage), usage_minor in zip(live, live_minor, strict=True)],
+            "live_total": lines_total(live_minor),
         },
     )
     if month_error or (request.method == "POST"):
@@ -374,7 +382,7 @@ def spending_csv(request: HttpRequest) -> HttpResponse:
     for line in invoice_line_list(organization=org, start=start, end=end):
         writer.writerow(
             [line.order.public_id, line.description, line.ended_at.isoformat(), line.seconds,
-             format(line.price_per_hour, "f"), format(line.amount_usd, "f")]
+             format(line.price_per_hour, "f"), minor_text(minor_units(line.amount_usd, CURRENCY), CURRENCY)]
         )  # fmt: skip
     return response
 

@@ -117,7 +117,7 @@ def test_add_a_key_order_a_container_see_it_ready_and_terminate(page, live_serve
     page.wait_for_url(re.compile(r".*/orders/new/confirm\?draft=.+"))
     what = page.inner_text("#confirm-what")
     assert "container vllm/vllm-openai:v0.6.3" in what and "••••••" in what
-    assert "At most $30.40" in page.inner_text("#confirm-cost")
+    assert "At most 30.40 USD" in page.inner_text("#confirm-cost")
     assert "8000" in page.inner_text("#confirm-access") and "127.0.0.1/32" in page.inner_text("#confirm-access")
     assert SECRET not in page.content()
     shoot(page, "launch-4-confirm")

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Instance, InvoiceLine, Order, OrderState
+from marketplace.money import minor_text, minor_units
 from marketplace.orders.services import order_terminate
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +55,10 @@ def test_an_ended_order_gets_one_line_at_its_locked_price(api, t4, django_captur
 
     body = api.get("/api/v1/invoice").json()
     assert [row["order"] for row in body["lines"]] == [str(order.public_id)]
-    assert body["total_usd"] == format(line.amount_usd.quantize(Decimal("0.01")), "f")
+    # The line is rounded once to the cent, as the book charges it, and the total is the sum of the lines.
+    cents = minor_units(line.amount_usd, "USD")
+    assert [(row["amount_minor"], row["amount_usd"]) for row in body["lines"]] == [(cents, minor_text(cents, "USD"))]
+    assert (body["currency"], body["total_minor"], body["total_usd"]) == ("USD", cents, minor_text(cents, "USD"))
     assert api.get("/api/v1/invoice", {"month": "2020-01"}).json()["lines"] == []
     bad = api.get("/api/v1/invoice", {"month": "December"})
     assert bad.status_code == 400 and "month" in bad.json()["error"]["fields"]

@@ -12,10 +12,10 @@ from marketplace.templatetags.storefront import usd
 @pytest.mark.parametrize(
     ("value", "places", "shown"),
     [
-        (Decimal("12000.5"), 2, "$12,000.50 USD"),
-        (Decimal("0.51875"), 4, "$0.5188 USD"),
-        ("7.6", 2, "$7.60 USD"),
-        (0, 2, "$0.00 USD"),
+        (Decimal("12000.5"), 2, "12,000.50 USD"),
+        (Decimal("0.51875"), 4, "0.5188 USD"),
+        ("7.6", 2, "7.60 USD"),
+        (0, 2, "0.00 USD"),
         (None, 2, ""),
         ("n/a", 2, "n/a"),
         (Decimal("NaN"), 2, "NaN"),

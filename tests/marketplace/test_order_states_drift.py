@@ -275,7 +275,7 @@ def test_an_order_with_failover_that_ran_out_of_offers_says_it_tried_them(
     assert order.state_reason.startswith(f"no offer left within the price cap after g4dn.xlarge in {offer.zone}: ")
     page = _order_page(alice, order)
     assert "may fail over to a like offer" in page
-    assert f"At most ${offer.price_usd:.4f} USD/h on failover." in page
+    assert f"At most {offer.price_usd:.4f} USD/h on failover." in page
     assert "not allowed" not in page and "only this offer" not in page
 
 

@@ -7,11 +7,13 @@ import json
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.models import Instance, Order, OrderState
+from marketplace.money import minor_text, minor_units
 from marketplace.orders.selectors import order_usage
 from marketplace.orders.services import orders_end_scheduled
 from providers.services import adapter_for_account
@@ -108,4 +110,7 @@ def test_usage_is_metered_per_second_at_the_locked_price(api, t4, aws_sandbox, d
     order = Order.objects.prefetch_related("instances").get()
     assert order_usage(order, now=started + dt.timedelta(seconds=60)).seconds == 60
     body = api.get(f"/api/v1/orders/{order.public_id}").json()
-    assert set(body["usage"]) == {"seconds", "amount_usd"}
+    assert set(body["usage"]) == {"seconds", "amount_minor", "amount_usd"}
+    cents = minor_units(order_usage(order, now=timezone.now()).amount_usd, "USD")
+    assert body["usage"]["amount_usd"] == minor_text(body["usage"]["amount_minor"], "USD")
+    assert cents - 1 <= body["usage"]["amount_minor"] <= cents + 1  # a second or so of running apart

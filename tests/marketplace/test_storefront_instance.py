@@ -95,7 +95,7 @@ def test_the_order_page_shows_state_instance_cost_and_history(running, alice):
     assert 'id="order-state">running<' in page
     assert instance.provider_instance_id in page
     assert "fra-h100-1" in page
-    assert f"${running.price_per_hour:.4f}" in page  # the locked price, 15.2000
+    assert f"{running.price_per_hour:.4f} USD" in page  # the locked price, 15.2000
     assert "order.placed" in page and "order.running" in page
     assert page.index("order.placed") < page.index("order.running")
     assert f'action="/orders/{running.public_id}/terminate"' in page

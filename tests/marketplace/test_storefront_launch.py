@@ -161,7 +161,7 @@ def test_the_order_button_opens_the_configure_page_with_every_key_ticked(browser
     assert 'id="caller-cidr">127.0.0.1/32<' in page  # who may reach it by default, shown
     assert 'value="mine" id="access-mine" checked' in page
     assert "0.0.0.0/0" in page and 'value="anywhere" id="access-anywhere">' in page  # a choice, not the default
-    assert "8\u00d7 H100-SXM5" in page and "$15.2000" in page
+    assert "8\u00d7 H100-SXM5" in page and "15.2000 USD" in page
 
 
 def test_configure_confirm_place_orders_the_configuration_and_never_shows_the_secret(
@@ -180,7 +180,7 @@ def test_configure_confirm_place_orders_the_configuration_and_never_shows_the_se
     assert "--model meta-llama/Llama-3.1-8B --max-model-len 8192" in text
     assert "HF_TOKEN = •••••• secret" in text and "MODE = serve" in text
     assert "Helga's GPU Farm" in text and "fra-h100-1" in text and "eu-de" in text
-    assert "Runs 2 h, then stops." in text and "At most $30.40" in text
+    assert "Runs 2 h, then stops." in text and "At most 30.40 USD" in text
     assert "22 SSH, with the keys above 127.0.0.1/32 (your address)" in text and "8000 127.0.0.1/32" in text
     nonce = re.search(r'name="nonce" value="([^"]+)"', confirm.content.decode()).group(1)
 
@@ -303,8 +303,8 @@ def test_hours_or_a_spend_cap_sets_the_most_it_can_cost(browser, offer):
 
     text = _text(browser.get(configured["Location"]).content.decode())
 
-    assert "Stops once it has cost $7.60 USD: about 0.5 h at this price." in text
-    assert "At most $7.60" in text
+    assert "Stops once it has cost 7.60 USD: about 0.5 h at this price." in text
+    assert "At most 7.60 USD" in text
 
 
 def test_anywhere_is_an_explicit_choice_and_the_confirmation_says_so(browser, offer):

@@ -533,5 +533,5 @@ def test_the_statement_names_its_currency_on_every_amount(petra, petra_org):
     page = client_for(petra).get("/provider/earnings?month=2026-11").content.decode()
 
     assert "Gross (USD)" in page and "Net (USD)" in page
-    assert 'Total (USD)</th><th class="num">0 USD</th>' in page
+    assert 'Total</th><th class="num">0.00 USD</th>' in page
     assert '<a href="/provider/payouts">Payouts</a>' in page
