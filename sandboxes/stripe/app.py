@@ -54,9 +54,9 @@ from werkzeug.wrappers import Request, Response
 from sandboxes.faults import FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.stripe import wire
+from sandboxes.stripe.checkout import MAX_PAGE_FORM_BYTES, CheckoutHandlers, checkout_page, success_redirect
 from sandboxes.stripe.connect import ConnectHandlers
 from sandboxes.stripe.params import allowed_params, check_expand
-from sandboxes.stripe.payments import PaymentHandlers
 from sandboxes.stripe.state import (
     API_VERSION,
     COURIER_RETRY_S,
@@ -91,7 +91,7 @@ def _page(title: str, text: str) -> Response:
     return Response(body, mimetype="text/html")
 
 
-class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
+class StripeSandbox(CheckoutHandlers, ConnectHandlers, SandboxApp):
     """The Stripe sandbox WSGI app. ``start()`` serves it; ``reset()`` forgets every object, key, event and fault."""
 
     kind = "stripe"
@@ -133,6 +133,15 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
                 ("GET", r"/v1/payouts", "payouts.list", self._payout_list),
                 ("POST", r"/v1/payouts", "payouts.create", self._payout_create),
                 ("GET", r"/v1/payouts/([\w-]+)", "payouts.retrieve", self._payout_get),
+                ("POST", r"/v1/checkout/sessions", "checkout.sessions.create", self._checkout_create),
+                ("GET", r"/v1/checkout/sessions", "checkout.sessions.list", self._checkout_list),
+                ("GET", r"/v1/checkout/sessions/([\w-]+)", "checkout.sessions.retrieve", self._checkout_get),
+                (
+                    "POST",
+                    r"/v1/checkout/sessions/([\w-]+)/expire",
+                    "checkout.sessions.expire",
+                    self._checkout_expire,
+                ),
                 ("GET", r"/v1/events", "events.list", self._event_list),
                 ("GET", r"/v1/events/([\w-]+)", "events.retrieve", self._event_get),
             )
@@ -149,6 +158,9 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             self._idempotency: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = {}
             self._pending: list[str] = []  # events not yet taken or delivered
             self._payloads: dict[str, str] = {}  # event id -> its exact JSON body
+            self._card_methods = {}
+            self._checkout_extra = {}
+            self._checkout_by_pi = {}
             # No url: events wait in ``pending_events`` until a test names one or takes them.
             self._endpoint: dict[str, str] | None = {"url": "", "secret": self.webhook_secret, "deliver": "manual"}
 
@@ -248,6 +260,7 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             pi["next_action"] = None
             if outcome == "approve":
                 self._succeed(ctx, pi)
+                self._checkout_paid(ctx, pi)  # a Checkout Session's card passed 3-D Secure: the session is paid
             else:
                 # Stripe's failed-authentication error (https://docs.stripe.com/error-codes, message paraphrased).
                 message = "The provided PaymentMethod has failed authentication. Provide a new one to continue."
@@ -306,6 +319,8 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
         if not route.startswith("stripe/"):
             return None
         parts = route.split("/")[1:]
+        if parts[0] == "checkout" and len(parts) in (2, 3) and request.method in ("GET", "POST"):
+            return self._checkout_page(request, parts)
         if request.method == "GET" and len(parts) == 2 and parts[0] in ("authenticate", "onboarding"):
             with self._lock:
                 known = parts[1] in self._objects
@@ -339,6 +354,52 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             return json_response({"error": f"no such object {exc.args[0]}"}, status=404)
         except ValueError as exc:
             return json_response({"error": str(exc)}, status=409)
+
+    def _checkout_page(self, request: Request, parts: list[str]) -> Response:
+        """The hosted Checkout page of session ``parts[1]``: GET shows it, POST pays with the typed card, and
+        ``<id>/return`` is where 3-D Secure sends the card holder back (``checkout.py`` says what each does)."""
+        session_id = parts[1]
+        returning = len(parts) == 3
+        if returning and (parts[2] != "return" or request.method != "GET"):
+            return json_response({"error": "no such page"}, status=404)
+        try:
+            session, extra = self.checkout_view(session_id)
+        except KeyError:
+            response = _page("Stripe sandbox", "No such Checkout Session.")
+            response.status_code = 404
+            return response
+        if request.method == "GET":
+            target = success_redirect(session)
+            if session["status"] == "complete" and target:
+                return Response(status=303, headers={"Location": target})
+            # Back from 3-D Secure without success: the page says why, and takes another card.
+            alert = extra["last_error"] if returning else None
+            return Response(
+                checkout_page(session, extra, alert=alert), status=402 if alert else 200, mimetype="text/html"
+            )
+        if (request.content_length or 0) > MAX_PAGE_FORM_BYTES:
+            return json_response({"error": "form too large"}, status=413)
+        form = {k: request.form.get(k, "")[:64] for k in ("number", "expiry", "cvc", "name")}
+        ctx = _Ctx("checkout.page", None, None, wire.new_id("req_", 14), request.host_url, API_VERSION)
+        with self._lock:
+            outcome, detail = self.checkout_pay(ctx, session_id, form)
+        self._after(ctx)
+        session, extra = self.checkout_view(session_id)
+        if outcome == "authenticate":
+            return Response(status=303, headers={"Location": detail["url"]})
+        if outcome in ("paid", "closed"):
+            target = success_redirect(session)
+            if session["status"] == "complete" and target:
+                return Response(status=303, headers={"Location": target})
+            return Response(checkout_page(session, extra), mimetype="text/html")
+        kept = {k: v for k, v in form.items() if k != "cvc"}
+        if outcome == "problems":
+            return Response(
+                checkout_page(session, extra, values=kept, problems=detail), status=400, mimetype="text/html"
+            )
+        return Response(
+            checkout_page(session, extra, values=kept, alert=detail["message"]), status=402, mimetype="text/html"
+        )
 
     def _page_post(self, page: str, object_id: str, request: Request) -> Response:
         """A person's answer on the 3-D Secure or onboarding page, then back to the site that sent them, as
