@@ -145,7 +145,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     can_pay = buyer_role_allows(membership.role, BuyerPermission.PAY)
     profile = billing_profile_read(organization)  # a save below makes it
     topup_form = TopUpForm(saved=profile.payment_method)
-    checkout_form = CheckoutForm()
+    checkout_form = CheckoutForm(auto_id="checkout_%s")  # ids apart from the saved-card form's on the same page
     profile_form = ProfileForm(
         initial={
             "country": profile.country,
@@ -160,7 +160,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     )
     status = 200
     if request.method == "POST" and request.POST.get("action") == "checkout":
-        checkout_form = CheckoutForm(request.POST)
+        checkout_form = CheckoutForm(request.POST, auto_id="checkout_%s")
         if checkout_form.is_valid():
             return _checkout(request, organization, checkout_form)
         status = 400

@@ -54,7 +54,14 @@ from werkzeug.wrappers import Request, Response
 from sandboxes.faults import FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.stripe import wire
-from sandboxes.stripe.checkout import MAX_PAGE_FORM_BYTES, CheckoutHandlers, checkout_page, success_redirect
+from sandboxes.stripe.checkout import (
+    MAX_PAGE_FORM_BYTES,
+    PAGE_STYLE,
+    CheckoutHandlers,
+    checkout_page,
+    money_text,
+    success_redirect,
+)
 from sandboxes.stripe.connect import ConnectHandlers
 from sandboxes.stripe.params import allowed_params, check_expand
 from sandboxes.stripe.state import (
@@ -72,16 +79,22 @@ from sandboxes.stripe.wire import StripeError, invalid
 
 
 def _form_page(title: str, text: str, buttons: list[tuple[str, str]], hidden: dict[str, str] | None = None) -> Response:
+    """A sandbox page that asks a person one thing (3-D Secure, onboarding); the first button is the main one."""
     fields = "".join(
         f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in (hidden or {}).items()
     )
     choices = "".join(
-        f'<button type="submit" name="outcome" value="{html.escape(v)}">{html.escape(label)}</button> '
-        for v, label in buttons
+        f'<button type="submit" name="outcome" value="{html.escape(v)}"{" class=quiet" if n else ""}>'
+        f"{html.escape(label)}</button>"
+        for n, (v, label) in enumerate(buttons)
     )
     body = (
-        f'<!doctype html><html lang="en"><title>{html.escape(title)}</title><main><h1>{html.escape(title)}</h1>'
-        f'<p>{html.escape(text)}</p><form method="post">{fields}{choices}</form></main></html>'
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head><body>"
+        '<div class="test" role="note">Test mode: Stripe sandbox</div>'
+        f'<main class="panel"><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p>'
+        f'<form method="post">{fields}{choices}</form></main></body></html>'
     )
     return Response(body, mimetype="text/html")
 
@@ -327,9 +340,13 @@ class StripeSandbox(CheckoutHandlers, ConnectHandlers, SandboxApp):
             if not known:
                 return json_response({"error": f"no such object {parts[1][:40]}"}, status=404)
             if parts[0] == "authenticate":
+                with self._lock:
+                    pi = self._objects[parts[1]]
+                    amount = money_text(pi.get("amount", 0), pi.get("currency") or "usd")
                 return _form_page(
-                    "Stripe sandbox: 3-D Secure",
-                    f"Your bank asks you to confirm payment {parts[1]}.",
+                    "Confirm this payment with your bank",
+                    f"3-D Secure check (Stripe sandbox): your bank asks you to confirm the payment of {amount} "
+                    f"({parts[1]}).",
                     [("approve", "Complete authentication"), ("fail", "Fail authentication")],
                 )
             return _form_page(

@@ -373,7 +373,7 @@ def success_redirect(session: dict[str, Any]) -> str | None:
     return url.replace("{CHECKOUT_SESSION_ID}", session["id"]) if url else None
 
 
-_STYLE = """
+PAGE_STYLE = """
 *{box-sizing:border-box}body{margin:0;font:16px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1a1f36;
 background:#f6f8fa}.test{background:#ffde92;color:#5c3b00;text-align:center;font-size:14px;padding:6px 12px}
 main{max-width:920px;margin:0 auto;padding:40px 24px;display:flex;gap:56px;flex-wrap:wrap}
@@ -389,7 +389,11 @@ input[aria-invalid=true]{border-color:#c0123c}.row{display:flex;gap:12px}.row>di
 .field-error{color:#c0123c;font-size:14px;margin:6px 0 0}
 .alert{background:#fde8ec;border:1px solid #f3b4c2;color:#8a0c2b;border-radius:6px;padding:10px 12px;margin:0 0 14px}
 button{width:100%;margin-top:22px;font:inherit;font-weight:600;color:#fff;background:#635bff;border:0;
-border-radius:6px;padding:12px}button:hover{background:#5146e0}.note{font-size:13px;color:#697386;margin-top:14px}
+border-radius:6px;padding:12px}button:hover{background:#5146e0}button.quiet{background:#fff;color:#3c4257;
+border:1px solid #c9ced6}button.quiet:hover{background:#f6f8fa}.panel{display:block;max-width:440px;margin:48px auto;
+background:#fff;border-radius:8px;padding:28px;box-shadow:0 2px 6px rgba(0,0,0,.08)}
+.panel h1{font-size:20px;margin:0 0 12px}
+.note{font-size:13px;color:#697386;margin-top:14px}
 """
 
 
@@ -411,6 +415,7 @@ def checkout_page(
         f"<span>{esc(money_text(i['unit_amount'] * i['quantity'], session['currency']))}</span></div>"
         for i in extra["line_items"]
     )
+    items = items if len(extra["line_items"]) > 1 else ""  # one item: its name and the total say it all, as on Stripe's
     back = (
         f'<a class="back" href="{esc(session["cancel_url"])}">&larr; Back to the site</a>'
         if session["cancel_url"]
@@ -448,7 +453,7 @@ def checkout_page(
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Pay {esc(total)} · Stripe sandbox Checkout</title><style>{_STYLE}</style></head><body>"
+        f"<title>Pay {esc(total)} · Stripe sandbox Checkout</title><style>{PAGE_STYLE}</style></head><body>"
         '<div class="test" role="note">Test mode: Stripe sandbox</div><main>'
         f'<section class="summary" aria-label="Order summary">{back}<h1>{esc(title)}</h1>'
         f'<p class="amount">{esc(total)}</p>{items}</section>'
