@@ -7,7 +7,8 @@ real ``stripe`` SDK runs against it unchanged (``base_addresses={"api": sandbox.
 What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa`` and the
 other brands succeed, ``pm_card_chargeDeclined*``/``pm_card_visa_chargeDeclined*`` decline with 402 and their codes,
 ``pm_card_authenticationRequired``/``pm_card_threeDSecure2Required`` need 3-D Secure, finished through
-``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers to the same outcomes), and cancelled
+``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers, typed on the hosted Checkout
+page, to the same outcomes), Checkout Sessions (``checkout.py``), and cancelled
 (``/cancel``); charges; refunds up to what remains; Connect Express accounts (unverified until ``verify_account``),
 account links, transfers (only to an account whose ``transfers`` capability is active), per-account balances and
 payouts (``pending`` until ``settle_payout``); balance transactions for charges (with Stripe's card fee), refunds,
@@ -30,7 +31,9 @@ Control routes (under ``/_sandbox/stripe/``): ``payment_intents/<id>/authenticat
 ``accounts/<id>/verify``, ``payouts/<id>/settle`` {"outcome": "paid"|"failed", "failure_code"},
 ``webhook_endpoint`` {"url", "secret", "deliver": "manual"|"before_answer"|"auto"} (until set: no url, secret
 ``whsec_sandbox``), ``events/pending`` (GET, takes them),
-``events/deliver`` (POST), ``calls`` (GET); and the HTML pages ``authenticate/<pi>`` and ``onboarding/<acct>``.
+``events/deliver`` (POST), ``calls`` (GET); and the HTML pages ``authenticate/<pi>``, ``onboarding/<acct>`` and
+``checkout/<cs>`` (a Checkout Session's hosted card page, ``checkout.py``; ``checkout/<cs>/return`` is where its
+3-D Secure challenge sends the card holder back).
 """
 
 from __future__ import annotations
