@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request, Response
 
 from sandboxes.faults import FaultKind, FaultRegistry
@@ -397,9 +398,12 @@ class StripeSandbox(CheckoutHandlers, ConnectHandlers, SandboxApp):
             return Response(
                 checkout_page(session, extra, alert=alert), status=402 if alert else 200, mimetype="text/html"
             )
-        if (request.content_length or 0) > MAX_PAGE_FORM_BYTES:
+        # Bounded however the body comes (a chunked one has no Content-Length to check first).
+        request.max_content_length = MAX_PAGE_FORM_BYTES
+        try:
+            form = {k: request.form.get(k, "")[:64] for k in ("number", "expiry", "cvc", "name")}
+        except RequestEntityTooLarge:
             return json_response({"error": "form too large"}, status=413)
-        form = {k: request.form.get(k, "")[:64] for k in ("number", "expiry", "cvc", "name")}
         ctx = _Ctx("checkout.page", None, None, wire.new_id("req_", 14), request.host_url, API_VERSION)
         with self._lock:
             outcome, detail = self.checkout_pay(ctx, session_id, form)

@@ -232,3 +232,16 @@ def test_an_expired_session_takes_no_card(client: stripe.StripeClient, sandbox: 
     assert page.status_code == 200 and "This Checkout Session has expired." in page.text
     assert client.v1.payment_intents.list().data == []
     assert [e["type"] for e in sandbox.pending_events()] == ["checkout.session.expired"]
+
+
+def test_an_oversized_page_form_is_refused_unread(client: stripe.StripeClient) -> None:
+    session = _session(client)
+
+    answer = requests.post(session.url, data={**GOOD, "name": "x" * 20_000}, timeout=5)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    chunked = requests.post(session.url, data=iter([b"name=", b"x" * 20_000]), headers=form, timeout=5)
+
+    assert answer.status_code == 413
+    # A chunked body is read at most to the bound (413), or not at all by a server without chunked input (400).
+    assert chunked.status_code in (400, 413)
+    assert client.v1.checkout.sessions.retrieve(session.id).payment_intent is None
