@@ -9,6 +9,7 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import views as auth_views
@@ -34,6 +35,23 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "frame-ancestors 'none'",
     ]
 )
+STRIPE_CHECKOUT_ORIGIN = "https://checkout.stripe.com"  # where Stripe's hosted Checkout pages live
+
+
+def checkout_origin() -> str:
+    """The origin of the hosted card page a top-up form sends the buyer to: Stripe's, or the Stripe sandbox's
+    own host when ``STRIPE_API_BASE`` points at it (the sandbox serves its page beside its API)."""
+    base = str(getattr(settings, "STRIPE_API_BASE", "") or "")
+    parts = urlsplit(base)
+    if not base or parts.hostname in (None, "api.stripe.com") or parts.scheme not in ("http", "https"):
+        return STRIPE_CHECKOUT_ORIGIN
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def content_security_policy() -> str:
+    # Chromium applies form-action to the redirect a form's answer makes too (MDN, CSP form-action), so the
+    # top-up form's answer may lead to the Checkout page's origin, and nowhere else off the site.
+    return CONTENT_SECURITY_POLICY.replace("form-action 'self'", f"form-action 'self' {checkout_origin()}")
 
 
 class ContentSecurityPolicyMiddleware:
@@ -42,7 +60,7 @@ class ContentSecurityPolicyMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        response.headers.setdefault("Content-Security-Policy", content_security_policy())
         response.headers.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
         return response
 

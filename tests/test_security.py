@@ -25,6 +25,22 @@ def test_every_page_carries_the_security_headers(client, path):
     assert response["Referrer-Policy"] == "same-origin"
 
 
+@pytest.mark.parametrize(
+    ("api_base", "origin"),
+    [
+        ("", "https://checkout.stripe.com"),
+        ("https://api.stripe.com", "https://checkout.stripe.com"),
+        ("http://127.0.0.1:8111", "http://127.0.0.1:8111"),
+        ("ftp://odd.example", "https://checkout.stripe.com"),
+    ],
+)
+def test_forms_may_lead_to_the_hosted_card_page_and_nowhere_else(client, settings, api_base, origin):
+    # Chromium checks form-action on the redirect a form's answer makes, so the top-up form needs Stripe's page.
+    settings.STRIPE_API_BASE = api_base
+    policy = client.get("/healthz")["Content-Security-Policy"]
+    assert f"form-action 'self' {origin};" in policy
+
+
 @pytest.mark.django_db
 def test_sign_in_is_throttled_after_repeated_failures(client, alice, settings):
     settings.LOGIN_FAILURE_LIMIT = 3

@@ -6,6 +6,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -23,11 +24,13 @@ from marketplace.billing.credit import CURRENCY
 from marketplace.billing.payments import (
     MAX_TOPUP_MINOR,
     MIN_TOPUP_MINOR,
+    CheckoutRequest,
     TopUpRefused,
     TopUpRequest,
     billing_profile,
     billing_profile_read,
     email_verified,
+    topup_checkout_start,
     topup_refresh,
     topup_start,
 )
@@ -81,6 +84,10 @@ def topup_body(topup: TopUp) -> dict[str, Any]:
         "state": topup.state,
         "automatic": topup.automatic,
         "next_action_url": topup.next_action_url or None,
+        # Stripe's hosted page where a person types the card, while it waits for them.
+        "checkout_url": topup.next_action_url
+        if topup.checkout_session and topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url
+        else None,
         "failure": topup.failure or None,
         "refunded": money(topup.refunded_minor),
         "created_at": topup.created_at.isoformat(),
@@ -97,6 +104,13 @@ class TopUpInput(serializers.Serializer):
     payment_method = serializers.RegexField(r"^pm_[A-Za-z0-9_]{1,60}$", required=False)
     save_payment_method = serializers.BooleanField(required=False, default=False)
     return_url = serializers.URLField(required=False, max_length=400)
+    # True: no card is charged now; the answer's checkout_url is Stripe's page where a person types one.
+    checkout = serializers.BooleanField(required=False, default=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("checkout") and attrs.get("payment_method"):
+            raise serializers.ValidationError("give either payment_method or checkout, not both")
+        return attrs
 
 
 class ProfileInput(serializers.Serializer):
@@ -180,6 +194,8 @@ class TopUpListCreateApi(APIView):
         body = TopUpInput(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        if data["checkout"]:
+            return _checkout_post(request, organization, key, data)
         profile = billing_profile(organization)
         method = data.get("payment_method") or profile.payment_method
         if not method:
@@ -223,6 +239,40 @@ class TopUpListCreateApi(APIView):
         if existed:
             response["Idempotent-Replayed"] = "true"
         return response
+
+
+def _checkout_post(request: Request, organization: Organization, key: str, data: dict[str, Any]) -> Response:
+    """POST /api/v1/billing/topups with ``"checkout": true``: 201 with the top-up and its ``checkout_url`` (a
+    repeat with the same key answers 200 with the same page); Stripe's return lands on the storefront's Billing."""
+    existed = TopUp.objects.filter(organization=organization, idempotency_key=key).exists()
+    billing_url = request.build_absolute_uri(reverse("storefront:billing"))
+    try:
+        topup = topup_checkout_start(
+            organization=organization,
+            user=request.user,
+            request=CheckoutRequest(
+                amount_minor=int(data["amount"] * 100),
+                success_url=request.build_absolute_uri(reverse("storefront:topup-checkout-return"))
+                + "?session_id={CHECKOUT_SESSION_ID}",
+                cancel_url=f"{billing_url}?checkout=cancelled",
+                save_card=data["save_payment_method"],
+                idempotency_key=key,
+            ),
+        )
+    except TopUpRefused as exc:
+        final = {"email_unverified", "country_required", "invalid_amount", "idempotency_conflict"}
+        http = 409 if exc.code == "idempotency_conflict" else (400 if exc.code in final else 502)
+        return error_response(exc.code, str(exc), http)
+    if topup.state == TopUpState.PENDING:
+        response = error_response(
+            "payment_unavailable", topup.failure or "the payment platform did not answer: retry with this key", 503
+        )
+        response["Retry-After"] = "5"
+        return response
+    response = Response(topup_body(topup), status=200 if existed else status.HTTP_201_CREATED)
+    if existed:
+        response["Idempotent-Replayed"] = "true"
+    return response
 
 
 class TopUpDetailApi(APIView):

@@ -1,5 +1,9 @@
 """Money in: card top-ups into prepaid credit (Stripe PaymentIntents), refunds, and Stripe's webhook events.
 
+A person types a card only on Stripe's hosted Checkout page (``topup_checkout_start``): the broker never sees the
+card number, which keeps it in PCI DSS's smallest questionnaire (SAQ A), and Stripe runs 3-D Secure and wallets
+there. A saved card and auto top-up charge a PaymentMethod id directly (``topup_start``).
+
 A top-up is stored (committed) before Stripe is called, keyed by the buyer's Idempotency-Key, and the
 PaymentIntent is created with an idempotency key derived from it, so a retry after a lost answer never charges
 twice. Whatever tells us first that a PaymentIntent succeeded, the call's answer, the 3-D Secure return or the
@@ -26,6 +30,7 @@ from django.utils import timezone
 from marketplace.billing.book import BookError, Line, book_account, book_post, credit_available
 from marketplace.billing.credit import CURRENCY, money
 from marketplace.billing.stripe_gateway import (
+    CheckoutSessionView,
     PaymentError,
     PaymentIntentView,
     PaymentUnavailable,
@@ -39,6 +44,11 @@ log = logging.getLogger(__name__)
 MIN_TOPUP_MINOR = 500  # $5: below it the card fee eats the top-up
 MAX_TOPUP_MINOR = 1_000_000  # $10,000 per payment; larger accounts are invoiced
 _PAYMENT_METHOD = re.compile(r"^pm_[A-Za-z0-9_]{1,60}$")
+CHECKOUT_PRODUCT = "Prepaid credit"
+# How long the hosted page takes a card; Stripe allows 30 minutes to 24 hours
+# (https://docs.stripe.com/api/checkout/sessions/create#create_checkout_session-expires_at). An hour is long enough
+# to fetch a card and pass 3-D Secure, and short enough that an abandoned top-up soon reads as failed.
+CHECKOUT_LIFETIME = dt.timedelta(hours=1)
 
 
 class TopUpRefused(ValueError):
@@ -54,6 +64,18 @@ class TopUpRequest:
     amount_minor: int
     payment_method: str
     return_url: str
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class CheckoutRequest:
+    """A top-up paid on Stripe's hosted page: Stripe sends the buyer to ``success_url`` (its
+    ``{CHECKOUT_SESSION_ID}`` replaced by the session's id) or back to ``cancel_url``."""
+
+    amount_minor: int
+    success_url: str
+    cancel_url: str
+    save_card: bool
     idempotency_key: str
 
 
@@ -82,14 +104,8 @@ def topup_start(*, organization: Organization, user: AbstractBaseUser | None, re
     declined card (the top-up is stored as failed, with the reason)."""
     _validate(request)
     automatic = user is None
-    if not automatic and not email_verified(user):  # type: ignore[arg-type]
-        raise TopUpRefused(
-            "email_unverified", "verify your email address before the first top-up (we sent a link; send it again)"
-        )
-    profile = billing_profile(organization)
-    if not profile.country:
-        raise TopUpRefused("country_required", "set the organisation's billing country first (it decides the tax)")
-    topup = _topup_row(organization, user, request, automatic=automatic)
+    profile = _may_top_up(organization, user)
+    topup = _topup_row(organization, user, request.amount_minor, request.idempotency_key, automatic=automatic)
     if topup.state != TopUpState.PENDING or topup.payment_intent:
         return topup_refresh(topup) if topup.state == TopUpState.REQUIRES_ACTION else topup
     gateway = stripe_gateway()
@@ -121,34 +137,106 @@ def topup_start(*, organization: Organization, user: AbstractBaseUser | None, re
     return topup_apply(topup, intent)
 
 
+def topup_checkout_start(*, organization: Organization, user: AbstractBaseUser, request: CheckoutRequest) -> TopUp:
+    """Open Stripe's hosted Checkout page for a top-up. The top-up is committed first (keyed by
+    ``request.idempotency_key``), then the session is made with a key derived from it, so a repeated request
+    answers the same top-up and page. Returns it ``requires_action`` with the page in ``next_action_url`` (send
+    the buyer there), or ``pending`` when Stripe did not answer (repeat with the same key). Whatever reports the
+    payment first, the buyer's return (``topup_refresh``) or the PaymentIntent's webhook, credits it, once.
+    Raises ``TopUpRefused`` as ``topup_start`` does, and when Stripe refuses the session."""
+    _validate_amount_and_key(request.amount_minor, request.idempotency_key)
+    for url in (request.success_url, request.cancel_url):
+        if not url.startswith(("https://", "http://")) or len(url) > 2000:
+            raise TopUpRefused("invalid_url", "the return addresses must be http(s) URLs")
+    profile = _may_top_up(organization, user)
+    topup = _topup_row(organization, user, request.amount_minor, request.idempotency_key, automatic=False)
+    if topup.checkout_session or topup.payment_intent or topup.state != TopUpState.PENDING:
+        return topup  # a repeat: the page made the first time, or the payment's outcome
+    metadata = {"topup": str(topup.public_id), "organization": str(organization.pk)}
+    try:
+        session = stripe_gateway().checkout_session_create(
+            customer=_customer(organization, profile),
+            amount_minor=topup.amount_minor,
+            currency=topup.currency,
+            product_name=CHECKOUT_PRODUCT,
+            success_url=request.success_url,
+            cancel_url=request.cancel_url,
+            metadata=metadata,
+            save_card=request.save_card,
+            # From the row, not the clock: a retry under the same key must send the same parameters.
+            expires_at=int((topup.created_at + CHECKOUT_LIFETIME).timestamp()),
+            idempotency_key=f"topup:{topup.public_id}:checkout",
+        )
+    except PaymentUnavailable as exc:
+        TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING).update(
+            failure=f"the payment platform did not answer ({exc.code}); retry with the same Idempotency-Key"
+        )
+        topup.refresh_from_db()
+        return topup
+    except PaymentError as exc:
+        TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING).update(
+            state=TopUpState.FAILED, failure=f"the payment platform refused the payment page: {exc.message}"[:255]
+        )
+        raise TopUpRefused(exc.code or "payment_error", exc.message) from None
+    TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING).update(
+        state=TopUpState.REQUIRES_ACTION,
+        checkout_session=session.id,
+        next_action_url=session.url or "",
+        failure="",
+    )
+    topup.refresh_from_db()
+    return topup
+
+
+def _may_top_up(organization: Organization, user: AbstractBaseUser | None) -> BillingProfile:
+    """The organisation's billing profile, once a person (not auto top-up) has a verified email and the
+    organisation a billing country; ``TopUpRefused`` otherwise."""
+    if user is not None and not email_verified(user):
+        raise TopUpRefused(
+            "email_unverified", "verify your email address before the first top-up (we sent a link; send it again)"
+        )
+    profile = billing_profile(organization)
+    if not profile.country:
+        raise TopUpRefused("country_required", "set the organisation's billing country first (it decides the tax)")
+    return profile
+
+
 def _validate(request: TopUpRequest) -> None:
-    amount = request.amount_minor
+    _validate_amount_and_key(request.amount_minor, request.idempotency_key)
+    if not _PAYMENT_METHOD.match(request.payment_method or ""):
+        raise TopUpRefused("invalid_payment_method", "payment_method must be a Stripe PaymentMethod id (pm_...)")
+
+
+def _validate_amount_and_key(amount: int, idempotency_key: str) -> None:
     if type(amount) is not int or not MIN_TOPUP_MINOR <= amount <= MAX_TOPUP_MINOR:
         raise TopUpRefused(
             "invalid_amount", f"a top-up is between {money(MIN_TOPUP_MINOR)} and {money(MAX_TOPUP_MINOR)}"
         )
-    if not _PAYMENT_METHOD.match(request.payment_method or ""):
-        raise TopUpRefused("invalid_payment_method", "payment_method must be a Stripe PaymentMethod id (pm_...)")
-    if not request.idempotency_key or len(request.idempotency_key) > 128:
+    if not idempotency_key or len(idempotency_key) > 128:
         raise TopUpRefused("idempotency_key_required", "a top-up needs an Idempotency-Key of 1 to 128 characters")
 
 
 def _topup_row(
-    organization: Organization, user: AbstractBaseUser | None, request: TopUpRequest, *, automatic: bool
+    organization: Organization,
+    user: AbstractBaseUser | None,
+    amount_minor: int,
+    idempotency_key: str,
+    *,
+    automatic: bool,
 ) -> TopUp:
     try:
         with transaction.atomic():
             return TopUp.objects.create(
                 organization=organization,
                 created_by=user,
-                amount_minor=request.amount_minor,
+                amount_minor=amount_minor,
                 currency=CURRENCY,
                 automatic=automatic,
-                idempotency_key=request.idempotency_key,
+                idempotency_key=idempotency_key,
             )
     except IntegrityError:
-        existing = TopUp.objects.get(organization=organization, idempotency_key=request.idempotency_key)
-        if existing.amount_minor != request.amount_minor:
+        existing = TopUp.objects.get(organization=organization, idempotency_key=idempotency_key)
+        if existing.amount_minor != amount_minor:
             raise TopUpRefused(
                 "idempotency_conflict", "this Idempotency-Key was already used for a top-up of another amount"
             ) from None
@@ -175,8 +263,10 @@ def _decline_message(exc: PaymentError) -> str:
 
 
 def topup_apply(topup: TopUp, intent: PaymentIntentView) -> TopUp:
-    """Bring the top-up to the PaymentIntent's state. Credits the book once when it succeeded; a succeeded
-    top-up never goes back. A PaymentIntent that is not this top-up's (amount, currency, metadata) is refused."""
+    """Bring the top-up to the PaymentIntent's state. Credits the book once when it succeeded (and saves the card
+    for auto top-up when the buyer asked Checkout to keep it); a succeeded top-up never goes back. A Checkout
+    top-up waits for success or the session's end: its page takes another card after a decline. A PaymentIntent
+    that is not this top-up's (amount, currency, metadata) is refused."""
     if intent.metadata.get("topup") != str(topup.public_id) or intent.amount_minor != topup.amount_minor:
         raise BookError(f"PaymentIntent {intent.id} does not match top-up {topup.public_id}")
     if intent.currency != topup.currency:
@@ -186,6 +276,9 @@ def topup_apply(topup: TopUp, intent: PaymentIntentView) -> TopUp:
         if locked.payment_intent is None:
             locked.payment_intent = intent.id
         if locked.state == TopUpState.SUCCEEDED:
+            return locked
+        if locked.checkout_session and intent.status != "succeeded":
+            locked.save()  # the buyer may still try another card on the page; its session's end settles it
             return locked
         if intent.status == "succeeded":
             cash = book_account(kind=BookAccountKind.CASH, currency=locked.currency)
@@ -199,6 +292,11 @@ def topup_apply(topup: TopUp, intent: PaymentIntentView) -> TopUp:
                 memo=f"top-up {locked.public_id}",
             )
             locked.state, locked.failure, locked.next_action_url = TopUpState.SUCCEEDED, "", ""
+            if intent.setup_future_usage == "off_session" and intent.payment_method:
+                # The buyer ticked "save this card" on our page; Stripe attached it for charges without them.
+                BillingProfile.objects.filter(organization=locked.organization).update(
+                    payment_method=intent.payment_method
+                )
         elif intent.status == "requires_action":
             locked.state, locked.next_action_url = TopUpState.REQUIRES_ACTION, intent.next_action_url or ""
         elif intent.status in ("requires_payment_method", "canceled"):
@@ -210,10 +308,31 @@ def topup_apply(topup: TopUp, intent: PaymentIntentView) -> TopUp:
 
 
 def topup_refresh(topup: TopUp) -> TopUp:
-    """Read the top-up's PaymentIntent back from Stripe and apply it (after 3-D Secure, or a lost answer)."""
+    """Read the top-up's payment back from Stripe and apply it (after 3-D Secure or the Checkout page, or a lost
+    answer): a Checkout top-up through its session (``topup_checkout_settle``), others through the PaymentIntent."""
+    if topup.checkout_session and topup.state != TopUpState.SUCCEEDED:
+        return topup_checkout_settle(topup)
     if not topup.payment_intent:
         return topup
     return topup_apply(topup, stripe_gateway().payment_intent_retrieve(topup.payment_intent))
+
+
+def topup_checkout_settle(topup: TopUp) -> TopUp:
+    """Read a Checkout top-up's session back: its PaymentIntent, once a card was submitted, is applied (credited
+    once if it succeeded); a session that expired unpaid fails the top-up. A session that is not this top-up's
+    is refused (``BookError``). Safe to repeat, and in any order with the webhook."""
+    gateway = stripe_gateway()
+    session: CheckoutSessionView = gateway.checkout_session_retrieve(topup.checkout_session)
+    if session.metadata.get("topup") != str(topup.public_id):
+        raise BookError(f"Checkout Session {session.id} does not belong to top-up {topup.public_id}")
+    if session.payment_intent:
+        topup = topup_apply(topup, gateway.payment_intent_retrieve(session.payment_intent))
+    if session.status == "expired" and topup.state != TopUpState.SUCCEEDED:
+        TopUp.objects.filter(pk=topup.pk).exclude(state=TopUpState.SUCCEEDED).update(
+            state=TopUpState.FAILED, failure="the card page expired before a payment was made", next_action_url=""
+        )
+        topup.refresh_from_db()
+    return topup
 
 
 def topup_refund(*, topup: TopUp, amount_minor: int, by: AbstractBaseUser) -> int:
@@ -394,7 +513,10 @@ def topups_settle_stale(*, now: dt.datetime | None = None) -> dict[str, int]:
     ).order_by("pk")[:200]
     for topup in waiting:
         try:
-            if topup.payment_intent:
+            if topup.checkout_session:
+                topup_refresh(topup)  # the session's own expiry (``CHECKOUT_LIFETIME``) ends an abandoned one
+                counts["refreshed"] += 1
+            elif topup.payment_intent:
                 topup = topup_refresh(topup)
                 counts["refreshed"] += 1
                 if topup.state == TopUpState.REQUIRES_ACTION and topup.created_at < now - STALE_ACTION:

@@ -32,6 +32,11 @@ from marketplace.models.billing import StripeEvent, TopUp
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9_]{1,255}$")
+# checkout.session.* events are recorded as ignored on purpose: a Checkout top-up's PaymentIntent carries the
+# top-up in its own metadata (payment_intent_data.metadata), so payment_intent.succeeded credits it like any other
+# top-up, and for cards (the only method its sessions offer) checkout.session.completed says nothing more; the
+# async_payment_* events concern delayed methods (bank debits) it never offers. An expired session is found by
+# ``topups_settle_stale``, which reads the session back.
 HANDLED_PREFIXES = ("payment_intent.", "payout.", "transfer.")
 HANDLED_TYPES = frozenset({"account.updated"})
 

@@ -30,6 +30,9 @@ MAX_METADATA_KEYS = 50
 MAX_LISTED = 100_000  # items one list call may page through (a day's movements, with room)
 _CURRENCY = re.compile(r"^[A-Za-z]{3}$")
 _COUNTRY = re.compile(r"^[A-Za-z]{2}$")
+_CHECKOUT_SESSION = re.compile(r"^cs_[A-Za-z0-9_]{1,250}$")
+CHECKOUT_STATUSES = frozenset({"open", "complete", "expired"})
+CHECKOUT_PAYMENT_STATUSES = frozenset({"paid", "unpaid", "no_payment_required"})
 T = TypeVar("T")
 
 
@@ -90,6 +93,25 @@ class PaymentIntentView:
     error_code: str | None
     error_message: str | None
     metadata: dict[str, str]
+    payment_method: str | None = None
+    setup_future_usage: str | None = None  # "off_session": the card was saved for charges without the holder
+
+
+@dataclass(frozen=True)
+class CheckoutSessionView:
+    """A Checkout Session (https://docs.stripe.com/api/checkout/sessions/object): ``url`` is the hosted page while
+    it is ``open`` (null once ``complete`` or ``expired``); ``payment_intent`` exists once a card was submitted."""
+
+    id: str
+    url: str | None
+    status: str
+    payment_status: str
+    payment_intent: str | None
+    customer: str | None
+    amount_minor: int
+    currency: str
+    metadata: dict[str, str]
+    expires_at: int
 
 
 @dataclass(frozen=True)
@@ -323,6 +345,63 @@ class StripeGateway:
         answer = self._call(lambda: self._client.v1.refunds.create(params, {"idempotency_key": idempotency_key}))
         return self._refund(_Answer(answer, "refund"))
 
+    # -- Checkout
+
+    def checkout_session_create(
+        self,
+        *,
+        customer: str,
+        amount_minor: int,
+        currency: str,
+        product_name: str,
+        success_url: str,
+        cancel_url: str,
+        metadata: dict[str, str],
+        save_card: bool,
+        expires_at: int,
+        idempotency_key: str,
+    ) -> CheckoutSessionView:
+        """A hosted Checkout page for one payment of ``amount_minor`` (https://docs.stripe.com/api/checkout/sessions
+        /create): one line item, the buyer sent to ``success_url`` (its ``{CHECKOUT_SESSION_ID}`` replaced by
+        Stripe) or back to ``cancel_url``. ``metadata`` goes on the session and on its PaymentIntent, so the
+        PaymentIntent's own events name it too; ``save_card`` sets the PaymentIntent's ``setup_future_usage`` to
+        ``off_session``. Idempotent on ``idempotency_key``."""
+        for name, url in (("success_url", success_url), ("cancel_url", cancel_url)):
+            if not url.startswith(("https://", "http://")) or len(url) > 2000:
+                raise ValueError(f"{name} must be an http(s) URL of at most 2000 characters")
+        if not product_name or len(product_name) > 250:
+            raise ValueError("product_name must be 1 to 250 characters")
+        intent_data: dict[str, Any] = {"metadata": _metadata(metadata)}
+        if save_card:
+            intent_data["setup_future_usage"] = "off_session"
+        params: Any = {
+            "mode": "payment",
+            "customer": customer,
+            "line_items": [
+                {
+                    "quantity": 1,
+                    "price_data": {
+                        "currency": _currency(currency),
+                        "unit_amount": _amount(amount_minor),
+                        "product_data": {"name": product_name},
+                    },
+                }
+            ],
+            "success_url": success_url,
+            "cancel_url": cancel_url,
+            "expires_at": expires_at,
+            "metadata": _metadata(metadata),
+            "payment_intent_data": intent_data,
+        }
+        options: Any = {"idempotency_key": idempotency_key}
+        return self._checkout_session(self._call(lambda: self._client.v1.checkout.sessions.create(params, options)))
+
+    def checkout_session_retrieve(self, session: str) -> CheckoutSessionView:
+        """The Checkout Session as Stripe holds it now. Safe to repeat."""
+        if not _CHECKOUT_SESSION.match(session):
+            raise ValueError("not a Checkout Session id (cs_...)")
+        return self._checkout_session(self._call(lambda: self._client.v1.checkout.sessions.retrieve(session)))
+
     # -- Connect
 
     def account_create(
@@ -483,6 +562,32 @@ class StripeGateway:
             error_code=error.opt_text("code") if error is not None else None,
             error_message=error.opt_text("message") if error is not None else None,
             metadata=data.metadata(),
+            payment_method=_id_of(data, "payment_method"),
+            setup_future_usage=data.opt_text("setup_future_usage"),
+        )
+
+    @staticmethod
+    def _checkout_session(answer: Any) -> CheckoutSessionView:
+        data = _Answer(answer, "checkout.session")
+        if data.text("object") != "checkout.session":
+            raise PaymentError("malformed_response", "Stripe answered another object for a Checkout Session")
+        status, payment_status = data.text("status"), data.text("payment_status")
+        if status not in CHECKOUT_STATUSES or payment_status not in CHECKOUT_PAYMENT_STATUSES:
+            raise PaymentError("malformed_response", f"Checkout Session in an unknown state {status[:20]!r}")
+        url = data.opt_text("url")
+        if url is not None and not url.startswith(("https://", "http://")):
+            raise PaymentError("malformed_response", "the Checkout Session's url is not an http(s) URL")
+        return CheckoutSessionView(
+            id=data.text("id"),
+            url=url,
+            status=status,
+            payment_status=payment_status,
+            payment_intent=_id_of(data, "payment_intent"),
+            customer=_id_of(data, "customer"),
+            amount_minor=data.integer("amount_total"),
+            currency=data.currency(),
+            metadata=data.metadata(),
+            expires_at=data.integer("expires_at"),
         )
 
     @staticmethod
@@ -582,6 +687,14 @@ class StripeGateway:
         if not isinstance(result, dict):
             raise PaymentError("malformed_response", "Stripe answered a non-object")
         return result
+
+
+def _id_of(data: _Answer, key: str) -> str | None:
+    """An expandable field's id, whether Stripe sent the id or the object (https://docs.stripe.com/api/expanding_objects)."""
+    value = data.data.get(key)
+    if isinstance(value, dict):
+        return data.obj(key).text("id")
+    return data.opt_text(key)
 
 
 def _translate(exc: stripe.StripeError) -> PaymentError:

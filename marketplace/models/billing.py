@@ -108,7 +108,7 @@ class BillingProfile(models.Model):
 
 class TopUpState(models.TextChoices):
     PENDING = "pending", "waiting for the card"
-    REQUIRES_ACTION = "requires_action", "waiting for the card holder (3-D Secure)"
+    REQUIRES_ACTION = "requires_action", "waiting for the card holder"
     SUCCEEDED = "succeeded", "credited"
     FAILED = "failed", "failed"
 
@@ -127,8 +127,11 @@ class TopUp(models.Model):
     automatic = models.BooleanField(default=False)
     idempotency_key = models.CharField(max_length=128)
     payment_intent = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    # A top-up paid on Stripe's hosted Checkout page: the session's id (its page is ``next_action_url`` while open).
+    checkout_session = models.CharField(max_length=255, blank=True, default="")
     state = models.CharField(max_length=16, choices=TopUpState.choices, default=TopUpState.PENDING)
-    next_action_url = models.URLField(max_length=500, blank=True, default="")
+    # 3-D Secure's page, or the hosted Checkout page (Stripe's Checkout URLs run to several hundred characters).
+    next_action_url = models.URLField(max_length=2000, blank=True, default="")
     failure = models.CharField(max_length=255, blank=True, default="")
     refunded_minor = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

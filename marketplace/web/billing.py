@@ -1,5 +1,6 @@
-"""The storefront's Billing page: prepaid credit and what running orders hold, card top-ups (3-D Secure's
-extra step included), the billing country and auto top-up, and email verification."""
+"""The storefront's Billing page: prepaid credit and what running orders hold, card top-ups (on Stripe's hosted
+Checkout page; a saved card charged from here, 3-D Secure's extra step included), the billing country and auto
+top-up, and email verification."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from marketplace.billing.book import book_account_balance, credit_available
+from marketplace.billing.book import BookError, book_account_balance, credit_available
 from marketplace.billing.credit import CURRENCY, money
 from marketplace.billing.payments import (
     MAX_TOPUP_MINOR,
     MIN_TOPUP_MINOR,
+    CheckoutRequest,
     TopUpRefused,
     TopUpRequest,
     billing_profile_read,
     email_verified,
+    topup_checkout_start,
     topup_refresh,
     topup_start,
 )
@@ -44,8 +47,9 @@ from marketplace.portal.countries import COUNTRIES
 from marketplace.web.orgs import buyer_access
 from providers.text import name_problem
 
-# Stripe's test PaymentMethods (https://docs.stripe.com/testing): offered while payments go to a sandbox, where no
-# real card can be typed. Against live Stripe the page takes a PaymentMethod id made by Stripe.js instead.
+# Stripe's test PaymentMethods (https://docs.stripe.com/testing): offered beside the saved card while payments go
+# to a sandbox, a shortcut past the hosted page for trying each outcome. A card is otherwise typed only on the
+# hosted Checkout page.
 TEST_CARDS = [
     ("pm_card_visa", "Visa ending 4242 (succeeds)"),
     ("pm_card_authenticationRequired", "Visa ending 3184 (asks for 3-D Secure)"),
@@ -58,8 +62,8 @@ def _sandbox_payments() -> bool:
     return "api.stripe.com" not in settings.STRIPE_API_BASE
 
 
-class TopUpForm(forms.Form):
-    amount = DecimalFormField(
+def _amount_field() -> DecimalFormField:
+    return DecimalFormField(
         label="Amount (USD)",
         min_value=Decimal(MIN_TOPUP_MINOR) / 100,
         max_value=Decimal(MAX_TOPUP_MINOR) / 100,
@@ -67,16 +71,29 @@ class TopUpForm(forms.Form):
         decimal_places=2,
         initial=Decimal(50),
     )
-    payment_method = forms.RegexField(regex=r"^pm_[A-Za-z0-9_]{1,60}$", label="Card", max_length=63)
+
+
+class CheckoutForm(forms.Form):
+    """A top-up paid on Stripe's hosted page, where the card is typed."""
+
+    amount = _amount_field()
+    save_card = forms.BooleanField(label="Save the card for auto top-up", required=False)
+
+
+class TopUpForm(forms.Form):
+    """A top-up charged to a card Stripe already holds: the saved one, or (sandbox only) a test PaymentMethod."""
+
+    amount = _amount_field()
+    payment_method = forms.ChoiceField(label="Card", choices=[])
     save_card = forms.BooleanField(label="Save this card for auto top-up", required=False)
 
     def __init__(self, *args, saved: str = "", **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        if _sandbox_payments():
-            choices = list(TEST_CARDS)
-            if saved and saved not in dict(choices):
-                choices.insert(0, (saved, f"Saved card ({saved})"))
-            self.fields["payment_method"] = forms.ChoiceField(label="Card", choices=choices, initial=saved or None)
+        choices = list(TEST_CARDS) if _sandbox_payments() else []
+        if saved and saved not in dict(choices):
+            choices.insert(0, (saved, f"Saved card ({saved})"))
+        field = self.fields["payment_method"]
+        field.choices, field.initial = choices, saved or None  # type: ignore[attr-defined]
 
 
 class ProfileForm(forms.Form):
@@ -128,6 +145,7 @@ def billing(request: HttpRequest) -> HttpResponse:
     can_pay = buyer_role_allows(membership.role, BuyerPermission.PAY)
     profile = billing_profile_read(organization)  # a save below makes it
     topup_form = TopUpForm(saved=profile.payment_method)
+    checkout_form = CheckoutForm(auto_id="checkout_%s")  # ids apart from the saved-card form's on the same page
     profile_form = ProfileForm(
         initial={
             "country": profile.country,
@@ -141,7 +159,12 @@ def billing(request: HttpRequest) -> HttpResponse:
         }
     )
     status = 200
-    if request.method == "POST" and request.POST.get("action") == "topup":
+    if request.method == "POST" and request.POST.get("action") == "checkout":
+        checkout_form = CheckoutForm(request.POST, auto_id="checkout_%s")
+        if checkout_form.is_valid():
+            return _checkout(request, organization, checkout_form)
+        status = 400
+    elif request.method == "POST" and request.POST.get("action") == "topup":
         topup_form = TopUpForm(request.POST, saved=profile.payment_method)
         if topup_form.is_valid():
             return _topup(request, organization, topup_form)
@@ -173,6 +196,8 @@ def billing(request: HttpRequest) -> HttpResponse:
         authenticate = TopUp.objects.filter(
             organization=organization, public_id=wanted, state=TopUpState.REQUIRES_ACTION
         ).first()
+    if request.GET.get("checkout") == "cancelled":
+        messages.warning(request, "Payment not completed: you left the card page, and nothing was charged.")
     resume = request.GET.get("resume", "")
     resume_url = (
         f"{reverse('storefront:order-confirm')}?draft={resume}" if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", resume) else ""
@@ -189,6 +214,8 @@ def billing(request: HttpRequest) -> HttpResponse:
             "held": Decimal(held) / 100,
             "topups": TopUp.objects.filter(organization=organization).order_by("-id")[:50],
             "topup_form": topup_form,
+            "checkout_form": checkout_form,
+            "card_choices": bool(topup_form.fields["payment_method"].choices),  # type: ignore[attr-defined]
             "profile_form": profile_form,
             "email_verified": email_verified(request.user),  # type: ignore[arg-type]
             "sandbox": _sandbox_payments(),
@@ -197,6 +224,66 @@ def billing(request: HttpRequest) -> HttpResponse:
         },
         status=status,
     )
+
+
+def _checkout(request: HttpRequest, organization: Organization, form: CheckoutForm) -> HttpResponse:
+    data = form.cleaned_data
+    key = request.POST.get("nonce", "")[:64] or uuid.uuid4().hex  # a double submit opens one page
+    billing_url = request.build_absolute_uri(reverse("storefront:billing"))
+    try:
+        topup = topup_checkout_start(
+            organization=organization,
+            user=request.user,  # type: ignore[arg-type]
+            request=CheckoutRequest(
+                amount_minor=int(data["amount"] * 100),
+                # Stripe puts the session's id in place of {CHECKOUT_SESSION_ID}
+                # (https://docs.stripe.com/payments/checkout/custom-success-page).
+                success_url=request.build_absolute_uri(reverse("storefront:topup-checkout-return"))
+                + "?session_id={CHECKOUT_SESSION_ID}",
+                cancel_url=f"{billing_url}?checkout=cancelled",
+                save_card=bool(data.get("save_card")),
+                idempotency_key=f"web:{key}",
+            ),
+        )
+    except TopUpRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("storefront:billing")
+    if topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url:
+        # To Stripe's page; the site's CSP lets a form's answer lead there (broker/security.py, form-action).
+        return HttpResponse(status=303, headers={"Location": topup.next_action_url})
+    _say_how_it_went(request, topup)
+    return redirect("storefront:billing")
+
+
+@login_required
+def topup_checkout_return(request: HttpRequest) -> HttpResponse:
+    """Where Stripe's Checkout page sends the buyer after paying (``?session_id=cs_...``): read the session back,
+    credit its payment if the webhook has not already, and say how it went."""
+    organization = buyer_access(request).organization
+    session = request.GET.get("session_id", "")
+    if not re.fullmatch(r"cs_[A-Za-z0-9_]{1,250}", session):
+        raise Http404("no such top-up")
+    topup = TopUp.objects.filter(organization=organization, checkout_session=session).first()
+    if topup is None:
+        raise Http404("no such top-up")
+    try:
+        topup = topup_refresh(topup)
+    except (PaymentError, BookError) as exc:
+        messages.warning(request, f"Could not read the payment back yet ({exc}); it is credited when it is.")
+        return redirect("storefront:billing")
+    _say_how_it_went(request, topup)
+    return redirect("storefront:billing")
+
+
+def _say_how_it_went(request: HttpRequest, topup: TopUp) -> None:
+    if topup.state == TopUpState.SUCCEEDED:
+        messages.success(request, f"Added {money(topup.amount_minor)} to your credit.")
+    elif topup.state == TopUpState.FAILED:
+        messages.error(request, f"The top-up failed: {topup.failure}")
+    elif topup.checkout_session:
+        messages.warning(request, "Payment not completed: nothing was charged yet. Finish it from the list below.")
+    else:
+        messages.warning(request, "The payment platform has not answered yet; the top-up is credited when it does.")
 
 
 def _topup(request: HttpRequest, organization: Organization, form: TopUpForm) -> HttpResponse:

@@ -13,6 +13,7 @@ urlpatterns = [
     path("spending.csv", views.spending_csv, name="spending-csv"),
     path("billing/", billing.billing, name="billing"),
     path("billing/topups/return", billing.topup_return, name="topup-return"),
+    path("billing/topups/checkout-return", billing.topup_checkout_return, name="topup-checkout-return"),
     path("billing/verify-email", billing.email_verification_request, name="email-verify-send"),
     path("account/verify-email/<str:token>", billing.email_verify_view, name="email-verify"),
     path("billing/invoices/", invoices.invoices, name="invoices"),

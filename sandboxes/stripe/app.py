@@ -7,7 +7,8 @@ real ``stripe`` SDK runs against it unchanged (``base_addresses={"api": sandbox.
 What it emulates: customers; PaymentIntents confirmed with Stripe's test payment methods (``pm_card_visa`` and the
 other brands succeed, ``pm_card_chargeDeclined*``/``pm_card_visa_chargeDeclined*`` decline with 402 and their codes,
 ``pm_card_authenticationRequired``/``pm_card_threeDSecure2Required`` need 3-D Secure, finished through
-``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers to the same outcomes), and cancelled
+``authenticate``; ``state.test_card_behaviour`` maps Stripe's test card numbers, typed on the hosted Checkout
+page, to the same outcomes), Checkout Sessions (``checkout.py``), and cancelled
 (``/cancel``); charges; refunds up to what remains; Connect Express accounts (unverified until ``verify_account``),
 account links, transfers (only to an account whose ``transfers`` capability is active), per-account balances and
 payouts (``pending`` until ``settle_payout``); balance transactions for charges (with Stripe's card fee), refunds,
@@ -30,7 +31,9 @@ Control routes (under ``/_sandbox/stripe/``): ``payment_intents/<id>/authenticat
 ``accounts/<id>/verify``, ``payouts/<id>/settle`` {"outcome": "paid"|"failed", "failure_code"},
 ``webhook_endpoint`` {"url", "secret", "deliver": "manual"|"before_answer"|"auto"} (until set: no url, secret
 ``whsec_sandbox``), ``events/pending`` (GET, takes them),
-``events/deliver`` (POST), ``calls`` (GET); and the HTML pages ``authenticate/<pi>`` and ``onboarding/<acct>``.
+``events/deliver`` (POST), ``calls`` (GET); and the HTML pages ``authenticate/<pi>``, ``onboarding/<acct>`` and
+``checkout/<cs>`` (a Checkout Session's hosted card page, ``checkout.py``; ``checkout/<cs>/return`` is where its
+3-D Secure challenge sends the card holder back).
 """
 
 from __future__ import annotations
@@ -49,14 +52,22 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request, Response
 
 from sandboxes.faults import FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 from sandboxes.stripe import wire
+from sandboxes.stripe.checkout import (
+    MAX_PAGE_FORM_BYTES,
+    PAGE_STYLE,
+    CheckoutHandlers,
+    checkout_page,
+    money_text,
+    success_redirect,
+)
 from sandboxes.stripe.connect import ConnectHandlers
 from sandboxes.stripe.params import allowed_params, check_expand
-from sandboxes.stripe.payments import PaymentHandlers
 from sandboxes.stripe.state import (
     API_VERSION,
     COURIER_RETRY_S,
@@ -72,16 +83,22 @@ from sandboxes.stripe.wire import StripeError, invalid
 
 
 def _form_page(title: str, text: str, buttons: list[tuple[str, str]], hidden: dict[str, str] | None = None) -> Response:
+    """A sandbox page that asks a person one thing (3-D Secure, onboarding); the first button is the main one."""
     fields = "".join(
         f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">' for k, v in (hidden or {}).items()
     )
     choices = "".join(
-        f'<button type="submit" name="outcome" value="{html.escape(v)}">{html.escape(label)}</button> '
-        for v, label in buttons
+        f'<button type="submit" name="outcome" value="{html.escape(v)}"{" class=quiet" if n else ""}>'
+        f"{html.escape(label)}</button>"
+        for n, (v, label) in enumerate(buttons)
     )
     body = (
-        f'<!doctype html><html lang="en"><title>{html.escape(title)}</title><main><h1>{html.escape(title)}</h1>'
-        f'<p>{html.escape(text)}</p><form method="post">{fields}{choices}</form></main></html>'
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head><body>"
+        '<div class="test" role="note">Test mode: Stripe sandbox</div>'
+        f'<main class="panel"><h1>{html.escape(title)}</h1><p>{html.escape(text)}</p>'
+        f'<form method="post">{fields}{choices}</form></main></body></html>'
     )
     return Response(body, mimetype="text/html")
 
@@ -91,7 +108,7 @@ def _page(title: str, text: str) -> Response:
     return Response(body, mimetype="text/html")
 
 
-class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
+class StripeSandbox(CheckoutHandlers, ConnectHandlers, SandboxApp):
     """The Stripe sandbox WSGI app. ``start()`` serves it; ``reset()`` forgets every object, key, event and fault."""
 
     kind = "stripe"
@@ -133,6 +150,15 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
                 ("GET", r"/v1/payouts", "payouts.list", self._payout_list),
                 ("POST", r"/v1/payouts", "payouts.create", self._payout_create),
                 ("GET", r"/v1/payouts/([\w-]+)", "payouts.retrieve", self._payout_get),
+                ("POST", r"/v1/checkout/sessions", "checkout.sessions.create", self._checkout_create),
+                ("GET", r"/v1/checkout/sessions", "checkout.sessions.list", self._checkout_list),
+                ("GET", r"/v1/checkout/sessions/([\w-]+)", "checkout.sessions.retrieve", self._checkout_get),
+                (
+                    "POST",
+                    r"/v1/checkout/sessions/([\w-]+)/expire",
+                    "checkout.sessions.expire",
+                    self._checkout_expire,
+                ),
                 ("GET", r"/v1/events", "events.list", self._event_list),
                 ("GET", r"/v1/events/([\w-]+)", "events.retrieve", self._event_get),
             )
@@ -149,6 +175,9 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             self._idempotency: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = {}
             self._pending: list[str] = []  # events not yet taken or delivered
             self._payloads: dict[str, str] = {}  # event id -> its exact JSON body
+            self._card_methods = {}
+            self._checkout_extra = {}
+            self._checkout_by_pi = {}
             # No url: events wait in ``pending_events`` until a test names one or takes them.
             self._endpoint: dict[str, str] | None = {"url": "", "secret": self.webhook_secret, "deliver": "manual"}
 
@@ -248,6 +277,7 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             pi["next_action"] = None
             if outcome == "approve":
                 self._succeed(ctx, pi)
+                self._checkout_paid(ctx, pi)  # a Checkout Session's card passed 3-D Secure: the session is paid
             else:
                 # Stripe's failed-authentication error (https://docs.stripe.com/error-codes, message paraphrased).
                 message = "The provided PaymentMethod has failed authentication. Provide a new one to continue."
@@ -308,15 +338,21 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
         if not route.startswith("stripe/"):
             return None
         parts = route.split("/")[1:]
+        if parts[0] == "checkout" and len(parts) in (2, 3) and request.method in ("GET", "POST"):
+            return self._checkout_page(request, parts)
         if request.method == "GET" and len(parts) == 2 and parts[0] in ("authenticate", "onboarding"):
             with self._lock:
                 known = parts[1] in self._objects
             if not known:
                 return json_response({"error": f"no such object {parts[1][:40]}"}, status=404)
             if parts[0] == "authenticate":
+                with self._lock:
+                    pi = self._objects[parts[1]]
+                    amount = money_text(pi.get("amount", 0), pi.get("currency") or "usd")
                 return _form_page(
-                    "Stripe sandbox: 3-D Secure",
-                    f"Your bank asks you to confirm payment {parts[1]}.",
+                    "Confirm this payment with your bank",
+                    f"3-D Secure check (Stripe sandbox): your bank asks you to confirm the payment of {amount} "
+                    f"({parts[1]}).",
                     [("approve", "Complete authentication"), ("fail", "Fail authentication")],
                 )
             return _form_page(
@@ -341,6 +377,55 @@ class StripeSandbox(PaymentHandlers, ConnectHandlers, SandboxApp):
             return json_response({"error": f"no such object {exc.args[0]}"}, status=404)
         except ValueError as exc:
             return json_response({"error": str(exc)}, status=409)
+
+    def _checkout_page(self, request: Request, parts: list[str]) -> Response:
+        """The hosted Checkout page of session ``parts[1]``: GET shows it, POST pays with the typed card, and
+        ``<id>/return`` is where 3-D Secure sends the card holder back (``checkout.py`` says what each does)."""
+        session_id = parts[1]
+        returning = len(parts) == 3
+        if returning and (parts[2] != "return" or request.method != "GET"):
+            return json_response({"error": "no such page"}, status=404)
+        try:
+            session, extra = self.checkout_view(session_id)
+        except KeyError:
+            response = _page("Stripe sandbox", "No such Checkout Session.")
+            response.status_code = 404
+            return response
+        if request.method == "GET":
+            target = success_redirect(session)
+            if session["status"] == "complete" and target:
+                return Response(status=303, headers={"Location": target})
+            # Back from 3-D Secure without success: the page says why, and takes another card.
+            alert = extra["last_error"] if returning else None
+            return Response(
+                checkout_page(session, extra, alert=alert), status=402 if alert else 200, mimetype="text/html"
+            )
+        # Bounded however the body comes (a chunked one has no Content-Length to check first).
+        request.max_content_length = MAX_PAGE_FORM_BYTES
+        try:
+            form = {k: request.form.get(k, "")[:64] for k in ("number", "expiry", "cvc", "name")}
+        except RequestEntityTooLarge:
+            return json_response({"error": "form too large"}, status=413)
+        ctx = _Ctx("checkout.page", None, None, wire.new_id("req_", 14), request.host_url, API_VERSION)
+        with self._lock:
+            outcome, detail = self.checkout_pay(ctx, session_id, form)
+        self._after(ctx)
+        session, extra = self.checkout_view(session_id)
+        if outcome == "authenticate":
+            return Response(status=303, headers={"Location": detail["url"]})
+        if outcome in ("paid", "closed"):
+            target = success_redirect(session)
+            if session["status"] == "complete" and target:
+                return Response(status=303, headers={"Location": target})
+            return Response(checkout_page(session, extra), mimetype="text/html")
+        kept = {k: v for k, v in form.items() if k != "cvc"}
+        if outcome == "problems":
+            return Response(
+                checkout_page(session, extra, values=kept, problems=detail), status=400, mimetype="text/html"
+            )
+        return Response(
+            checkout_page(session, extra, values=kept, alert=detail["message"]), status=402, mimetype="text/html"
+        )
 
     def _page_post(self, page: str, object_id: str, request: Request) -> Response:
         """A person's answer on the 3-D Secure or onboarding page, then back to the site that sent them, as

@@ -21,6 +21,7 @@ from sandboxes.stripe.wire import invalid, missing
 class ObjectStore:
     """The sandbox's objects and events; the handlers' mixins build on it."""
 
+    _card_methods: dict[str, tuple[str, str]]  # a PaymentMethod made from a typed card -> (behaviour, brand)
     _endpoint: dict[str, str] | None
     _objects: dict[str, dict[str, Any]]
     _payloads: dict[str, str]

@@ -70,6 +70,27 @@ ENDPOINTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # https://docs.stripe.com/api/payouts/create
     "payouts.create": ("payout", ("amount", "currency", "description", "statement_descriptor", "metadata")),
     "payouts.retrieve": ("payout", ()),
+    # https://docs.stripe.com/api/checkout/sessions/create
+    "checkout.sessions.create": (
+        "checkout.session",
+        (
+            "mode",
+            "line_items",
+            "customer",
+            "success_url",
+            "cancel_url",
+            "client_reference_id",
+            "expires_at",
+            "payment_intent_data",
+            "payment_method_types",
+            "metadata",
+        ),
+    ),
+    "checkout.sessions.retrieve": ("checkout.session", ()),
+    # https://docs.stripe.com/api/checkout/sessions/list
+    "checkout.sessions.list": ("list:checkout.session", ("customer", "payment_intent", "status", *_PAGES)),
+    # https://docs.stripe.com/api/checkout/sessions/expire
+    "checkout.sessions.expire": ("checkout.session", ()),
     # https://docs.stripe.com/api/events/list
     "events.list": ("list:event", ("type", "types", *_PAGES)),
     "events.retrieve": ("event", ()),
@@ -95,6 +116,7 @@ EXPANDABLE: dict[str, dict[str, str | None]] = {
     },
     "payout": {"balance_transaction": "balance_transaction", "failure_balance_transaction": "balance_transaction"},
     "balance_transaction": {"source": None},
+    "checkout.session": {"customer": "customer", "payment_intent": "payment_intent"},
 }
 
 

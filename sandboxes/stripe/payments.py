@@ -111,14 +111,19 @@ class PaymentHandlers(ObjectStore):
         self._emit(ctx, "payment_intent.canceled", pi, account=self._scope[pi["id"]] or None)
         return copy.deepcopy(pi)
 
-    @staticmethod
-    def _attach_method(pi: dict[str, Any], params: dict[str, Any]) -> None:
+    def _attach_method(self, pi: dict[str, Any], params: dict[str, Any]) -> None:
         method = wire.string(params, "payment_method", max_len=255)
         if method is None:
             return
-        if method not in TEST_METHODS:
+        if method not in TEST_METHODS and method not in self._card_methods:
             raise missing("PaymentMethod", method, "payment_method")
         pi.update(payment_method=method, status="requires_confirmation")
+
+    def _method_behaviour(self, method: str) -> str:
+        """What charging ``method`` does: a test PaymentMethod's behaviour, or that of the card number typed on the
+        hosted Checkout page that made it."""
+        typed = self._card_methods.get(method)
+        return typed[0] if typed is not None else TEST_METHODS[method]
 
     def _confirm(self, ctx: _Ctx, pi: dict[str, Any], params: dict[str, Any]) -> None:
         """The outcome the test PaymentMethod stands for (https://docs.stripe.com/testing)."""
@@ -130,7 +135,7 @@ class PaymentHandlers(ObjectStore):
                 code="payment_intent_unexpected_state",
             )
         pi["last_payment_error"] = None
-        behaviour = TEST_METHODS[method]
+        behaviour = self._method_behaviour(method)
         if behaviour == SUCCEEDS:
             self._succeed(ctx, pi)
         elif behaviour in DECLINES:
@@ -145,6 +150,10 @@ class PaymentHandlers(ObjectStore):
             redirect = {"url": url, "return_url": return_url}
             pi.update(status="requires_action", next_action={"type": "redirect_to_url", "redirect_to_url": redirect})
             self._emit(ctx, "payment_intent.requires_action", pi)
+
+    def _method_brand(self, method: str) -> str:
+        typed = self._card_methods.get(method)
+        return typed[1] if typed is not None else _brand(method)
 
     def _charge(self, ctx: _Ctx, pi: dict[str, Any], status: str, failure: tuple[str, str] | None = None) -> None:
         paid = status == "succeeded"
@@ -170,7 +179,7 @@ class PaymentHandlers(ObjectStore):
             paid=paid,
             payment_intent=pi["id"],
             payment_method=pi["payment_method"],
-            payment_method_details={"card": {"brand": _brand(pi["payment_method"])}, "type": "card"},
+            payment_method_details={"card": {"brand": self._method_brand(pi["payment_method"])}, "type": "card"},
             receipt_email=pi["receipt_email"],
             status=status,
         )

@@ -118,6 +118,8 @@ ROUTES = {
     "spending.csv": "list",
     "billing/": "own (the active organisation's credit and top-ups: tests/marketplace/test_prepaid.py)",
     "billing/topups/return": "own (the top-up is looked up in the active organisation only: test_prepaid.py)",
+    "billing/topups/checkout-return": "own (the session's top-up is looked up in the active organisation only: "
+    "test_topup_checkout.py)",
     "billing/verify-email": "own (the signed-in person's own address)",
     "account/verify-email/<str:token>": "public (a signed, expiring token for one user's address)",
     "billing/invoices/": "list (tests/marketplace/test_invoices.py)",

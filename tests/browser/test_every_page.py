@@ -68,7 +68,8 @@ NOT_PAGES = {
     if route.startswith(("api/", "agent/"))
     or route
     in {"metrics", "healthz", "readyz", "logout/", "spending.csv", "organizations/switch", "team/leave", "orders/place"}
-    or route in {"billing/topups/return", "billing/verify-email", "provider/payouts/connect/return"}
+    or route in {"billing/topups/return", "billing/topups/checkout-return", "billing/verify-email"}
+    or route == "provider/payouts/connect/return"
     or route.endswith((".pdf", ".csv", "/onboard", "/run"))
     or route.endswith(("/revoke", "/delete", "/ping", "/active", "/secret", "/redeliver", "/terminate", "/sync"))
     or route.startswith(("team/members/", "provider/team/members/"))

@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 import stripe
 
 from marketplace.billing.stripe_gateway import (
     AccountView,
+    CheckoutSessionView,
     PaymentError,
     PaymentIntentView,
     PaymentUnavailable,
@@ -102,6 +104,8 @@ def test_a_card_that_succeeds_answers_a_succeeded_intent(gateway: StripeGateway)
         error_code=None,
         error_message=None,
         metadata={"order": "o-1"},
+        payment_method="pm_card_visa",
+        setup_future_usage=None,
     )
     assert view.id.startswith("pi_") and view.customer is not None and view.customer.startswith("cus_")
     assert gateway.payment_intent_retrieve(view.id) == view
@@ -368,3 +372,79 @@ def test_a_wrong_api_key_is_a_final_error(sandbox: StripeSandbox, settings: Any)
     assert type(caught.value) is PaymentError
     assert (caught.value.code, caught.value.http_status, caught.value.retryable) == ("authentication_error", 401, False)
     assert sandbox.get_objects("customer") == []
+
+
+# ------------------------------------------------------------------------------------------- Checkout
+
+
+def _checkout(gateway: StripeGateway, key: str = "topup-1:checkout", **extra: Any) -> CheckoutSessionView:
+    customer = gateway.customer_create(email="alice@buyer.example", name="Alice", idempotency_key="cus-co")
+    params: dict[str, Any] = {
+        "customer": customer.id,
+        "amount_minor": 5000,
+        "currency": "USD",
+        "product_name": "Prepaid credit",
+        "success_url": "https://broker.example/billing/return?session_id={CHECKOUT_SESSION_ID}",
+        "cancel_url": "https://broker.example/billing/",
+        "metadata": {"topup": "t-1"},
+        "save_card": False,
+        "expires_at": int(time.time()) + 3600,
+        "idempotency_key": key,
+        **extra,
+    }
+    return gateway.checkout_session_create(**params)
+
+
+def test_a_checkout_session_is_made_once_per_key_and_read_back(gateway: StripeGateway, sandbox: StripeSandbox) -> None:
+    session = _checkout(gateway, save_card=True)
+
+    assert session == CheckoutSessionView(
+        id=session.id,
+        url=f"{sandbox.url}/_sandbox/stripe/checkout/{session.id}",
+        status="open",
+        payment_status="unpaid",
+        payment_intent=None,
+        customer=session.customer,
+        amount_minor=5000,
+        currency="USD",
+        metadata={"topup": "t-1"},
+        expires_at=session.expires_at,
+    )
+    assert _checkout(gateway, save_card=True) == session  # the same key answers the same session
+    assert gateway.checkout_session_retrieve(session.id) == session
+    assert len(sandbox.get_objects("checkout.session")) == 1
+    created = [c for c in sandbox.calls() if c.action == "checkout.sessions.create"]
+    assert {c.idempotency_key for c in created} == {"topup-1:checkout"}
+
+
+def test_a_paid_session_names_its_payment_intent_which_carries_the_metadata(
+    gateway: StripeGateway, sandbox: StripeSandbox
+) -> None:
+    session = _checkout(gateway, save_card=True)
+    assert session.url is not None
+
+    requests.post(
+        session.url,
+        data={"number": "4242424242424242", "expiry": "12/39", "cvc": "123", "name": "A"},
+        allow_redirects=False,
+        timeout=5,
+    )
+
+    paid = gateway.checkout_session_retrieve(session.id)
+    assert (paid.status, paid.payment_status, paid.url) == ("complete", "paid", None)
+    assert paid.payment_intent is not None
+    intent = gateway.payment_intent_retrieve(paid.payment_intent)
+    assert (intent.status, intent.metadata, intent.setup_future_usage) == ("succeeded", {"topup": "t-1"}, "off_session")
+    assert intent.payment_method is not None and intent.payment_method.startswith("pm_")
+
+
+def test_bad_checkout_arguments_never_reach_stripe(gateway: StripeGateway, sandbox: StripeSandbox) -> None:
+    with pytest.raises(ValueError, match="success_url"):
+        _checkout(gateway, success_url="javascript:alert(1)")
+    with pytest.raises(ValueError, match="Checkout Session id"):
+        gateway.checkout_session_retrieve("../v1/balance")
+    with pytest.raises(PaymentError) as refused:
+        _checkout(gateway, key="k2", expires_at=int(time.time()) + 60)
+
+    assert refused.value.http_status == 400 and not refused.value.retryable
+    assert [c.action for c in sandbox.calls() if c.action.startswith("checkout.")] == ["checkout.sessions.create"]

@@ -405,6 +405,8 @@ def test_every_object_carries_the_fields_its_reference_page_lists(
     on_account: Any = {"stripe_account": account.id}
     payout = client.v1.payouts.create({"amount": 900, "currency": "usd"}, on_account)
     sandbox.settle_payout(payout.id, "paid")
+    line: Any = {"quantity": 1, "price_data": {"currency": "usd", "unit_amount": 900, "product_data": {"name": "x"}}}
+    session = client.v1.checkout.sessions.create({"mode": "payment", "line_items": [line]})
 
     answers = [
         client.v1.customers.retrieve(alice.id),
@@ -418,6 +420,7 @@ def test_every_object_carries_the_fields_its_reference_page_lists(
         *client.v1.balance_transactions.list().data,
         *client.v1.balance_transactions.list(options=on_account).data,
         *client.v1.events.list().data,
+        client.v1.checkout.sessions.retrieve(session.id),
     ]
     objects = [a.to_dict() for a in answers]
 
