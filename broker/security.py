@@ -36,22 +36,30 @@ CONTENT_SECURITY_POLICY = "; ".join(
     ]
 )
 STRIPE_CHECKOUT_ORIGIN = "https://checkout.stripe.com"  # where Stripe's hosted Checkout pages live
+STRIPE_CONNECT_ORIGIN = "https://connect.stripe.com"  # where a Connect account link's onboarding pages live
 
 
-def checkout_origin() -> str:
-    """The origin of the hosted card page a top-up form sends the buyer to: Stripe's, or the Stripe sandbox's
-    own host when ``STRIPE_API_BASE`` points at it (the sandbox serves its page beside its API)."""
+def stripe_page_origins() -> list[str]:
+    """The origins of the Stripe pages a form's answer sends a person to: the hosted card page (a top-up) and
+    Connect's onboarding (a provider's payouts); the Stripe sandbox's own host when ``STRIPE_API_BASE`` points at
+    it (the sandbox serves both pages beside its API)."""
     base = str(getattr(settings, "STRIPE_API_BASE", "") or "")
     parts = urlsplit(base)
     if not base or parts.hostname in (None, "api.stripe.com") or parts.scheme not in ("http", "https"):
-        return STRIPE_CHECKOUT_ORIGIN
-    return f"{parts.scheme}://{parts.netloc}"
+        return [STRIPE_CHECKOUT_ORIGIN, STRIPE_CONNECT_ORIGIN]
+    return [f"{parts.scheme}://{parts.netloc}"]
+
+
+def checkout_origin() -> str:
+    """The origin of the hosted card page a top-up form sends the buyer to."""
+    return stripe_page_origins()[0]
 
 
 def content_security_policy() -> str:
     # Chromium applies form-action to the redirect a form's answer makes too (MDN, CSP form-action), so the
-    # top-up form's answer may lead to the Checkout page's origin, and nowhere else off the site.
-    return CONTENT_SECURITY_POLICY.replace("form-action 'self'", f"form-action 'self' {checkout_origin()}")
+    # top-up and onboarding forms' answers may lead to Stripe's pages, and nowhere else off the site.
+    allowed = " ".join(["'self'", *stripe_page_origins()])
+    return CONTENT_SECURITY_POLICY.replace("form-action 'self'", f"form-action {allowed}")
 
 
 class ContentSecurityPolicyMiddleware:

@@ -28,14 +28,15 @@ def test_every_page_carries_the_security_headers(client, path):
 @pytest.mark.parametrize(
     ("api_base", "origin"),
     [
-        ("", "https://checkout.stripe.com"),
-        ("https://api.stripe.com", "https://checkout.stripe.com"),
+        ("", "https://checkout.stripe.com https://connect.stripe.com"),
+        ("https://api.stripe.com", "https://checkout.stripe.com https://connect.stripe.com"),
         ("http://127.0.0.1:8111", "http://127.0.0.1:8111"),
-        ("ftp://odd.example", "https://checkout.stripe.com"),
+        ("ftp://odd.example", "https://checkout.stripe.com https://connect.stripe.com"),
     ],
 )
-def test_forms_may_lead_to_the_hosted_card_page_and_nowhere_else(client, settings, api_base, origin):
-    # Chromium checks form-action on the redirect a form's answer makes, so the top-up form needs Stripe's page.
+def test_forms_may_lead_to_stripes_pages_and_nowhere_else(client, settings, api_base, origin):
+    # Chromium checks form-action on the redirect a form's answer makes, so the top-up form needs Stripe's card
+    # page and the payouts onboarding form Connect's.
     settings.STRIPE_API_BASE = api_base
     policy = client.get("/healthz")["Content-Security-Policy"]
     assert f"form-action 'self' {origin};" in policy

@@ -37,8 +37,6 @@ from marketplace.portal.views import _membership, _page
 HISTORY = 50  # payouts listed, newest first
 STATEMENT_MONTHS = 12
 
-ONBOARDING_LINK = "portal.connect_onboarding_link"  # the session key of the link just made
-
 
 def _major(amount_minor: int) -> Decimal:
     """Minor units (cents) as an amount to show, two decimals (USD's minor unit)."""
@@ -69,12 +67,10 @@ def payouts(request: HttpRequest) -> HttpResponse:
     ]
     if request.GET.get("onboarding") == "expired":
         messages.info(request, "The onboarding link expired. Continue onboarding for a new one.")
-    onboarding_link = request.session.pop(ONBOARDING_LINK, None)
     payable = payable_minor(organization)
     minimum = int(settings.PAYOUT_MINIMUM_MINOR)
     return _page(
         request, "portal/payouts.html", membership, "payouts", connect=connect, currency=CURRENCY,
-        onboarding_link=onboarding_link if isinstance(onboarding_link, str) else None,
         payable=_major(payable), owed_back=_major(-payable) if payable < 0 else None, minimum=_major(minimum),
         short_of_minimum=_major(minimum - payable) if payable < minimum else None, history=history, states=PayoutState,
         months=_months(timezone.now().date(), STATEMENT_MONTHS),
@@ -85,7 +81,8 @@ def payouts(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def payouts_onboard(request: HttpRequest) -> HttpResponse:
-    """Start (or continue) Stripe's onboarding: the organisation's Express account, made once; on to Stripe."""
+    """Start (or continue) Stripe's onboarding: the organisation's Express account, made once, and a fresh
+    account link; the browser goes straight on to Stripe, which sends it back to ``payouts_connect_return``."""
     membership = _membership(request, Permission.DETAILS)
     organization = membership.organization
     profile = organization.provider_profile
@@ -104,10 +101,9 @@ def payouts_onboard(request: HttpRequest) -> HttpResponse:
     except PaymentError as exc:
         messages.error(request, f"Stripe could not start the onboarding: {exc.message}")
         return redirect("portal:payouts")
-    # Shown as a link on the page, not redirected to: the site's CSP (form-action 'self') rightly stops a form's
-    # answer from sending the browser to another site. Stripe's link is short-lived, so it is shown once.
-    request.session[ONBOARDING_LINK] = url
-    return redirect("portal:payouts")
+    # Straight on to Stripe: one step for the provider. The site's CSP lets a form's answer lead to Stripe's
+    # onboarding origin (broker.security.stripe_page_origins) and nowhere else off the site.
+    return redirect(url)
 
 
 @login_required
