@@ -150,6 +150,8 @@ def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None 
         f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
         + (
             f"  Payments go to the Stripe sandbox at {stripe_url}: pay with its test cards at {url}billing/\n"
+            f"  Stripe is reconciled against the book hourly; staff see mismatches at\n"
+            f"  {url}admin/marketplace/reconciliationmismatch/\n"
             if stripe_url
             else ""
         )
@@ -260,6 +262,9 @@ def main() -> int:
         time.sleep(3)
         _manage("offers", "sync")
         paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
+        if paying:
+            # The demo's payments against the book once now; beat repeats it hourly (reconcile-stripe).
+            _manage("reconcile")
         print(banner(args.port, sandbox_url, chain_line, paying, machines_line(no_containers)), flush=True)
         while True:
             for name, proc in children:
