@@ -11,10 +11,12 @@ account's payouts (https://docs.stripe.com/api/payouts/list, ``Stripe-Account``)
 from __future__ import annotations
 
 import datetime as dt
+import io
 
 import pytest
 import stripe
 from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -207,3 +209,25 @@ def test_the_gateway_pages_through_every_balance_transaction(ready_to_pay, alice
     assert sorted(bt.amount_minor for bt in listed) == [1000, 1001, 1002, 1003, 1004]
     assert all(bt.type == "charge" and bt.payment_intent and bt.fee_minor > 0 for bt in listed)
     assert len(stripe_sandbox.calls("balance_transactions.list")) == 3  # 2 + 2 + 1
+
+
+def test_the_command_reconciles_a_day_and_names_a_bad_one(ready_to_pay, alice, stripe_sandbox, sdk):
+    _topup(ready_to_pay, alice, 5000, "a")
+    sdk.v1.payment_intents.create(
+        {
+            "amount": 800,
+            "currency": "usd",
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "return_url": "https://x.example",
+        }
+    )
+    out = io.StringIO()
+
+    call_command("reconcile", stdout=out)
+
+    text = out.getvalue()
+    assert "2 Stripe movement(s), 1 book entr(ies), 1 matched, 1 mismatch(es)" in text
+    assert "missing_in_book: Stripe charge ch_" in text
+    with pytest.raises(CommandError, match="expected YYYY-MM-DD"):
+        call_command("reconcile", "--day", "yesterday")
