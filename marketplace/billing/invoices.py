@@ -32,7 +32,15 @@ from ledger.canonical import canonical_bytes, sha256_hex
 from ledger.services import ledger_append
 from marketplace.billing.tax import tax_memo_parse
 from marketplace.billing.vat_ids import REVERSE_CHARGE_NOTE
-from marketplace.models import BillingProfile, BookAccountKind, BookLine, Invoice, InvoiceLine, Organization
+from marketplace.models import (
+    BillingProfile,
+    BookAccountKind,
+    BookEntry,
+    BookLine,
+    Invoice,
+    InvoiceLine,
+    Organization,
+)
 from marketplace.money import lines_total, minor_text, money_text
 from marketplace.orders.selectors import month_bounds
 
@@ -139,6 +147,8 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
         taxes[entry_id] -= amount  # tax owed is a credit: its line is negative
     order_ids = [line.entry.order_id for line in buyer_lines if line.entry.order_id]
     usage = {row.order_id: row for row in InvoiceLine.objects.filter(order_id__in=order_ids)}
+    # A refund gives back its share of the charge's tax: it is named as its charge named it, whatever the month.
+    charge_memos = dict(BookEntry.objects.filter(order_id__in=order_ids, kind=CHARGE).values_list("order_id", "memo"))
     lines: list[DraftLine] = []
     payments: list[Payment] = []
     untaxed = reverse_charged = 0
@@ -164,16 +174,19 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
                 )
             )  # fmt: skip
         else:
+            tax = taxes.get(entry.pk, 0)  # negative: the tax the refund gave back
+            named = tax_memo_parse(charge_memos.get(order.pk, "")) if order and tax else None
             lines.append(
                 DraftLine(
                     type="credit", at=entry.created_at, order=str(order.public_id) if order else "",
-                    description=f"Refund: {description}", seconds=0, net_minor=line.amount_minor,
-                    tax_country="", tax_name="", tax_rate=None, tax_minor=0,
+                    description=f"Refund: {description}", seconds=0, net_minor=line.amount_minor - tax,
+                    tax_country=named[0] if named else "", tax_name=named[1] if named else "",
+                    tax_rate=named[2] if named else None, tax_minor=tax,
                 )
             )  # fmt: skip
     summary: dict[tuple[str, str, Decimal | None], list[int]] = {}
     for item in lines:
-        if item.type == "charge":
+        if item.type == "charge" or item.tax_minor:
             sums = summary.setdefault((item.tax_country, item.tax_name, item.tax_rate), [0, 0])
             sums[0] += item.net_minor
             sums[1] += item.tax_minor

@@ -14,12 +14,15 @@ import json
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from marketplace.billing.book import book_account_balance
 from marketplace.billing.credit import order_settle
 from marketplace.billing.invoices import invoice_draft
+from marketplace.billing.payments import order_refund
 from marketplace.billing.vat_ids import VatIdInvalid, reverse_charge_applies, vat_id_parse
-from marketplace.models import BillingProfile, BookEntry
+from marketplace.models import BillingProfile, BookAccountKind, BookEntry
 from tests.marketplace.test_invoices import IN_OCTOBER, OCTOBER, _ended_order
 
 pytestmark = pytest.mark.django_db
@@ -142,3 +145,25 @@ def test_the_api_and_the_billing_page_refuse_a_bad_vat_id_and_keep_a_good_one_co
     assert answer.status_code == 400 and "check digits are wrong" in answer.content.decode()
     assert page.post("/billing/", {"action": "profile", "country": "AT", "tax_id": "u 13585627"}).status_code == 302
     assert BillingProfile.objects.get(organization=acme).tax_id == "ATU13585627"
+
+
+def test_a_refund_gives_back_its_share_of_the_tax_and_the_invoice_says_so(acme, alice):
+    BillingProfile.objects.create(organization=acme, country="GB")
+    order, line = _ended_order(acme, alice, seconds=36000, at=IN_OCTOBER)  # 10 h at $1.006/h: 1006 + 20 % VAT
+    order_settle(order, line, now=IN_OCTOBER)
+    order_refund(order=order, amount_minor=600, key="part", reason="slow disk")  # this month, not October's
+
+    october, now = invoice_draft(acme, OCTOBER), invoice_draft(acme, timezone.now().strftime("%Y-%m"))
+
+    [charge] = october.lines
+    assert (charge.net_minor, charge.tax_minor) == (1006, 201)
+    [credit] = now.lines
+    # 600 = 500 + 100 of VAT given back, named as the October charge named it.
+    assert (credit.net_minor, credit.tax_minor, credit.tax_country, credit.tax_name) == (-500, -100, "GB", "VAT")
+    assert [(t.country, t.net_minor, t.tax_minor) for t in now.tax_lines] == [("GB", -500, -100)]
+    assert now.total_minor == -600 == now.subtotal_minor + now.tax_minor
+    assert (
+        october.tax_minor + now.tax_minor
+        == 101
+        == -book_account_balance(kind=BookAccountKind.TAX_PAYABLE, currency="USD")
+    )
