@@ -32,6 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
+# An account that cannot be reached at start-up must not stop the broker: its failure is printed and shown on the
+# account (the portal, the admin, /metrics), and the other accounts' offers go on sale.
+OFFERS_SYNC = ("offers", "sync", "--keep-going")
+
+
 def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -240,7 +245,7 @@ def main() -> int:
             os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")
         hosts = ROOT / "var" / "community-hosts.json"
         _manage("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts))
-        _manage("offers", "sync")
+        _manage(*OFFERS_SYNC)
         for name, command in worker_commands().items():
             start(name, command)
         start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
@@ -260,7 +265,7 @@ def main() -> int:
         start("hosts", [PY, "-m", "sandboxes.community.hosts", "--broker", f"http://127.0.0.1:{args.port}",
                         "--hosts", str(hosts), *walls])  # fmt: skip
         time.sleep(3)
-        _manage("offers", "sync")
+        _manage(*OFFERS_SYNC)
         paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
         if paying:
             # The demo's payments against the book once now; beat repeats it hourly (reconcile-stripe).

@@ -6,6 +6,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from broker.devrun import OFFERS_SYNC
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, OfferStatus, PricePoint, QuarantinedOffer
 from providers.models import ProviderAccount, SyncStatus
@@ -79,6 +80,26 @@ def test_the_sync_command_reports_per_account_and_fails_on_a_bad_one(aws_sandbox
     assert f"account {bad.pk} " in err
     assert "sync FAILED" in err
     assert Offer.objects.filter(account=good).count() > 0
+
+
+def test_the_run_commands_sync_starts_past_an_account_that_cannot_be_reached(aws_sandbox, capsys):
+    good = _connect(aws_sandbox)
+    bad = provider_account_connect(
+        provider_name="Other Seller",
+        kind="aws",
+        name="gone",
+        credentials={"access_key_id": "bad-key", "secret_access_key": "x"},
+        regions=["us-east-1"],
+        endpoint_url=aws_sandbox.url,
+    )
+
+    call_command(*OFFERS_SYNC)  # bin/run's start-up sync: it raised here, and bin/run refused to start
+
+    err = capsys.readouterr().err
+    assert f"account {bad.pk} " in err and "sync FAILED" in err and "1 account(s) failed to sync" in err
+    assert Offer.objects.filter(account=good).count() > 0
+    bad.refresh_from_db()
+    assert bad.sync_status == "failed"
 
 
 def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
