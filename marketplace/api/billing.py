@@ -42,6 +42,7 @@ from marketplace.models.billing import BillingProfile, TopUp, TopUpState
 from marketplace.money import minor_text
 from marketplace.numbers import DecimalSerializerField
 from marketplace.orders.selectors import BuyerPermission
+from marketplace.portal.countries import COUNTRIES
 from providers.text import name_problem
 
 OBJECT = OpenApiTypes.OBJECT
@@ -114,7 +115,9 @@ class TopUpInput(serializers.Serializer):
 
 
 class ProfileInput(serializers.Serializer):
-    country = serializers.RegexField(r"^[A-Z]{2}$", required=False)
+    country = serializers.ChoiceField(
+        choices=sorted(COUNTRIES), required=False, help_text="ISO 3166-1 alpha-2 code, upper case (GB, DE, US)"
+    )
     tax_id = serializers.CharField(required=False, allow_blank=True, max_length=32)
     auto_topup_below = _Money(required=False, allow_null=True, min_value=Decimal(0), max_value=_MAX)
     auto_topup_amount = _Money(required=False, allow_null=True, min_value=_MIN, max_value=_MAX)

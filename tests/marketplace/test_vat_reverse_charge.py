@@ -167,3 +167,15 @@ def test_a_refund_gives_back_its_share_of_the_tax_and_the_invoice_says_so(acme, 
         == 101
         == -book_account_balance(kind=BookAccountKind.TAX_PAYABLE, currency="USD")
     )
+
+
+@pytest.mark.parametrize("country", ["XX", "", "gb", "GBR", 7])
+def test_the_api_refuses_a_billing_country_that_is_no_iso_code(acme, alice, country):
+    api = APIClient()
+    api.force_authenticate(alice)
+
+    answer = api.put("/api/v1/billing", data=json.dumps({"country": country}), content_type="application/json")
+
+    # "XX" was taken before: any two capitals passed.
+    assert answer.status_code == 400 and "country" in answer.json()["error"]["fields"]
+    assert not BillingProfile.objects.filter(organization=acme).exclude(country="").exists()
