@@ -63,6 +63,9 @@ def cluster_detail(request: HttpRequest, cluster_id: str) -> HttpResponse:
             "price_per_hour": sum(r["order"].price_per_hour for r in current),
             "spent": lines_total(r["cost"] for r in rows),
             "terminable": cluster.state in (ClusterState.PROVISIONING, ClusterState.RUNNING),
+            # Not final yet: the page redraws itself (static storefront/cluster.js).
+            "live": cluster.state not in (ClusterState.TERMINATED, ClusterState.FAILED),
+            "now": timezone.now(),
         },
     )
 
