@@ -229,5 +229,8 @@ def test_the_same_offer_in_several_zones_shares_one_row_with_each_zone_orderable
     assert f"same in {len(same)} more zone" in page
     for q in same:
         assert f'href="/orders/new?quote={q.public_id}" aria-label="Order the same in {q.offer.zone}"' in page
-    rows = page.count('aria-label="Order at this price: quote ')
+    rows = page.count('aria-label="Order at this price: row ')
     assert rows < len(quotes) and f"{len(quotes)} quotes in {rows} rows" in _text(page)
+    # The rows are numbered 1, 2, 3 as shown, not by the first quote's rank in each (1, 4, 7, 10 before).
+    numbers = re.findall(r'<td class="row-number">(\d+)</td>', page)
+    assert numbers == [str(n) for n in range(1, rows + 1)]
