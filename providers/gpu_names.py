@@ -84,7 +84,8 @@ def reported_model_matches(reported_name: str, key: str) -> bool:
     not the SXM part of the same family, nor the reverse."""
     name = " ".join(reported_name.upper().split())
     if key in _REPORTED_NAMES:
-        return _REPORTED_NAMES[key].search(name) is not None
+        # The way NVIDIA writes it ("RTX 4090") and the way our listing form offers it ("RTX-4090") both.
+        return _REPORTED_NAMES[key].search(" ".join(name.replace("-", " ").split())) is not None
     variant = key.upper()
     family = variant.split("-")[0]
     if re.search(rf"(?<![A-Z0-9]){re.escape(family)}(?![A-Z0-9])", name) is None:

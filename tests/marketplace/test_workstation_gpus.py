@@ -33,6 +33,11 @@ pytestmark = pytest.mark.django_db
         ("NVIDIA GeForce RTX 3090", gpu_names.RTX_3090),
         ("NVIDIA RTX A6000", gpu_names.RTX_A6000),
         ("NVIDIA RTX 6000 Ada Generation", gpu_names.RTX_6000_ADA),
+        # The listing form's own names, which an agent may echo (issue 36: "found 0, it reports 2x RTX-4090").
+        ("RTX-4090", gpu_names.RTX_4090),
+        ("RTX-3090", gpu_names.RTX_3090),
+        ("RTX-A6000", gpu_names.RTX_A6000),
+        ("RTX-6000-ADA", gpu_names.RTX_6000_ADA),
     ],
 )
 def test_nvidia_smi_names_map_to_exactly_their_key(reported, key):
@@ -45,6 +50,7 @@ def test_nvidia_smi_names_map_to_exactly_their_key(reported, key):
         "NVIDIA GeForce RTX 4090 D",  # fewer cores, sold in China
         "NVIDIA GeForce RTX 4090 Laptop GPU",  # 16 GB, a fraction of the power
         "NVIDIA GeForce RTX 3090 Ti",
+        "RTX-4090-D",
         "Quadro RTX 6000",  # Turing, 24 GB
         "NVIDIA A10",
     ],
