@@ -494,7 +494,8 @@ def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> i
         raise UsageError(f"--gpu wants MODEL[:COUNT], e.g. H100:8, not {args.gpu!r}")
     workload = {"profile": args.profile, "limit": 5, "gpu_count": int(count or 1),
                 "gpu_models": _expand_gpus(client, [model])}  # fmt: skip
-    extra = {"regions": _split(args.region), "pricing_models": _split(args.pricing)}
+    # A launched machine is meant to stay up: an interruptible (spot or bid) one only when asked for.
+    extra = {"regions": _split(args.region), "pricing_models": _split(args.pricing) or ["on_demand"]}
     workload.update({k: v for k, v in extra.items() if v})
     if args.max_price:
         workload["max_price_per_hour"] = args.max_price
@@ -511,8 +512,10 @@ def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> i
     best = quotes[0]
     offer = best["offer"]
     say = sys.stderr if args.json else out
+    pricing = str(offer.get("pricing_model") or "on_demand")
+    kind = pricing.replace("_", "-") + (": it may be interrupted" if pricing == "spot" else "")
     say.write(f"ordering {offer['gpu_count']} x {offer['gpu_model']} {offer['instance_type']} in {offer['zone']} "
-              f"({offer['provider']}) at {best['price_per_hour']} USD/h\n")  # fmt: skip
+              f"({offer['provider']}) at {best['price_per_hour']} USD/h {kind}\n")  # fmt: skip
     order = client.order(quote=best["id"], duration_hours=args.hours, max_price_per_hour=args.max_price)
     last: dict[str, Any] = order
     for state in client.watch(order["id"], until=["running"], timeout=args.wait, interval=args.interval):
@@ -691,7 +694,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-price", help="USD per hour at most")
     p.add_argument("--profile", choices=PROFILES, default="training", help="the workload profile (default training)")
     p.add_argument("--region", action="append", help="regions allowed; repeatable")
-    p.add_argument("--pricing", action="append", help="on_demand, spot; repeatable")
+    p.add_argument(
+        "--pricing", action="append", help="on_demand (the default), spot (interruptible, cheaper); repeatable"
+    )
     p.add_argument(
         "--wait", type=bounds.number(0, 86400), default=1800.0, help="give up waiting after this many seconds"
     )

@@ -84,6 +84,8 @@ def test_launch_waits_for_ready_and_ssh_pins_the_reported_host_key(cli_env, boot
     assert launched.returncode == 0, launched.stdout + launched.stderr
     order = Order.objects.get(organization=acme)
     assert order.state == "running"
+    # Not an interruptible bid unless asked for (--pricing spot), and the line before ordering says which.
+    assert order.pricing_model == "on_demand" and "USD/h on-demand" in launched.stdout
     assert "connect   ssh -p " in launched.stdout and "lease@127.0.0.1" in launched.stdout
     lease = order.leases.get()
     url = f"http://127.0.0.1:{lease.ports['8000']}"
