@@ -154,6 +154,36 @@ class ProviderAdapter(abc.ABC):
             )
         return problems
 
+    # ---------------------------------------------------------------- stop, start and reboot, keeping the disk
+
+    # The cloud has a stop that keeps the instance's disk and identity, so ``start`` brings the same machine
+    # back (every cloud we sell has one). Where False, ``stop``/``start`` raise ``ProviderRequestRejected``.
+    stoppable: ClassVar[bool] = False
+    # What the provider still bills while the instance is stopped, in words a buyer reads ("its disks"), with
+    # the reference that says so; the order's billing follows it (issue 36).
+    stopped_billing: ClassVar[str] = ""
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """Stop the instance, keeping its disk, so ``start`` brings it back. Idempotent: stopping a stopped
+        instance is a no-op. Returns the handle, ``STOPPING`` until the provider reports it ``STOPPED``.
+        Raises ``ProviderRequestRejected`` where the provider cannot stop it (or has no stop)."""
+        raise ProviderRequestRejected(
+            f"{self.kind} cannot stop an instance and keep its disk", code="Unsupported", provider=self.kind
+        )
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """Start a stopped instance again. Idempotent: starting a running one is a no-op. Returns the handle,
+        ``PENDING`` until it runs. Raises ``CapacityUnavailable`` when the provider has no capacity to start it
+        (the disk is kept; the buyer may try later), ``ProviderRequestRejected`` where it cannot."""
+        raise ProviderRequestRejected(
+            f"{self.kind} cannot start a stopped instance", code="Unsupported", provider=self.kind
+        )
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """Reboot the running instance in place (same disk, same address). Raises ``ProviderRequestRejected``
+        where the provider cannot."""
+        raise ProviderRequestRejected(f"{self.kind} cannot reboot an instance", code="Unsupported", provider=self.kind)
+
     def release_order_resources(self, order_ref: str) -> list[OrderResource]:
         """Delete what the broker created for the order besides its instances (key pairs, security groups,
         firewall rules, network security groups) in every region of the account.

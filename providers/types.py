@@ -23,6 +23,8 @@ class InstanceState(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     STOPPING = "stopping"
+    # Stopped by the broker's ``stop`` with its disk kept; ``start`` brings it back (issue 36).
+    STOPPED = "stopped"
     TERMINATED = "terminated"
     FAILED = "failed"
     UNKNOWN = "unknown"
