@@ -37,6 +37,10 @@ class GpuHour:
     start: dt.datetime
     listed: Decimal
     rented: Decimal
+    # GPU-hours in the part of the hour counted: the means for a whole hour, less for the current one so far.
+    listed_gpu_hours: Decimal
+    rented_gpu_hours: Decimal
+    current: bool = False
 
     @property
     def idle(self) -> Decimal:
@@ -145,21 +149,20 @@ def verified_spans(machines: Iterable[Machine], until: dt.datetime) -> dict[int,
     return spans
 
 
-def _listed_fraction(machine: Machine, hour: dt.datetime, verified: list[Span]) -> float:
-    """The share of ``hour`` the machine was for sale (verified, and inside its availability windows),
-    sampled per minute (windows are set to the minute)."""
-    if not any(start < hour + _HOUR and end > hour for start, end in verified):
+def _listed_fraction(machine: Machine, hour: dt.datetime, verified: list[Span], end: dt.datetime) -> float:
+    """The share of [``hour``, ``end``) the machine was for sale (verified, and inside its availability
+    windows), sampled per minute (windows are set to the minute)."""
+    if not any(start < end and stop > hour for start, stop in verified):
         return 0.0
-    minutes = [hour + dt.timedelta(minutes=m) for m in range(60)]
-    return (
-        sum(
-            1
-            for t in minutes
-            if any(start <= t < end for start, end in verified)
-            and (not machine.availability or available_now(machine.availability, t))
-        )
-        / 60
-    )
+    minutes = [hour + dt.timedelta(minutes=m) for m in range(60) if hour + dt.timedelta(minutes=m) < end]
+    if not minutes:
+        return 0.0
+    return sum(
+        1
+        for t in minutes
+        if any(start <= t < stop for start, stop in verified)
+        and (not machine.availability or available_now(machine.availability, t))
+    ) / len(minutes)
 
 
 def _machine_instances(machines: Iterable[Machine], since: dt.datetime, until: dt.datetime) -> list[Instance]:
@@ -176,28 +179,42 @@ def _machine_instances(machines: Iterable[Machine], since: dt.datetime, until: d
 
 
 def provider_gpu_hours(*, provider: Provider, now: dt.datetime, hours: int) -> list[GpuHour]:
-    """The ``hours`` whole UTC hours before the current one, oldest first, for the provider's independent
-    machines. Rented is each instance's running interval (provider's "running" to termination, or now) times
-    its offer's GPU count, averaged over the hour."""
+    """The last ``hours`` UTC hours, oldest first, for the provider's independent machines: the whole hours
+    before the current one and, last, the current hour so far (its means over the minutes elapsed, so four
+    leases running now read 4.0 at once). Rented is each instance's running interval (provider's "running" to
+    termination, or now) times its offer's GPU count."""
     until = now.replace(minute=0, second=0, microsecond=0)
-    since = until - hours * _HOUR
+    whole_hours = hours if now == until else hours - 1
+    since = until - whole_hours * _HOUR
     all_machines = list(Machine.objects.filter(account__provider=provider).order_by("name"))
     spans = verified_spans(all_machines, now)
     # (running from, running until, GPUs): the query keeps only instances that reached running.
     runs = [
         (inst.running_at, inst.terminated_at or now, inst.attempt.offer.gpu_count)
-        for inst in _machine_instances(all_machines, since, until)
+        for inst in _machine_instances(all_machines, since, now)
         if inst.running_at is not None
     ]
+    periods = [(since + i * _HOUR, since + (i + 1) * _HOUR) for i in range(whole_hours)]
+    if now > until:
+        periods.append((until, now))
     series = []
-    for i in range(hours):
-        start = since + i * _HOUR
-        end = start + _HOUR
-        rented_seconds = sum(_overlap(began, ended, start, end) * gpus for began, ended, gpus in runs)
-        rented = (Decimal(rented_seconds) / 3600).quantize(_TENTH)
-        listed = Decimal(sum(_listed_fraction(m, start, spans[m.pk]) * m.gpu_count for m in all_machines))
-        listed = listed.quantize(_TENTH)
-        series.append(GpuHour(start=start, listed=max(listed, rented), rented=rented))
+    for start, end in periods:
+        hours_counted = Decimal((end - start).total_seconds()) / 3600
+        rented_hours = Decimal(sum(_overlap(began, ended, start, end) * gpus for began, ended, gpus in runs)) / 3600
+        listed_hours = hours_counted * Decimal(
+            sum(_listed_fraction(m, start, spans[m.pk], end) * m.gpu_count for m in all_machines)
+        )
+        listed_hours = max(listed_hours, rented_hours)
+        series.append(
+            GpuHour(
+                start=start,
+                listed=(listed_hours / hours_counted).quantize(_TENTH),
+                rented=(rented_hours / hours_counted).quantize(_TENTH),
+                listed_gpu_hours=listed_hours,
+                rented_gpu_hours=rented_hours,
+                current=end == now,
+            )
+        )
     return series
 
 
@@ -206,9 +223,12 @@ def gpu_days(series: list[GpuHour]) -> list[GpuDay]:
     listed: dict[dt.date, Decimal] = defaultdict(Decimal)
     rented: dict[dt.date, Decimal] = defaultdict(Decimal)
     for hour in series:
-        listed[hour.start.date()] += hour.listed
-        rented[hour.start.date()] += hour.rented
-    return [GpuDay(day=day, listed_gpu_hours=listed[day], rented_gpu_hours=rented[day]) for day in sorted(listed)]
+        listed[hour.start.date()] += hour.listed_gpu_hours
+        rented[hour.start.date()] += hour.rented_gpu_hours
+    return [
+        GpuDay(day=day, listed_gpu_hours=listed[day].quantize(_TENTH), rented_gpu_hours=rented[day].quantize(_TENTH))
+        for day in sorted(listed)
+    ]
 
 
 def provider_revenue_by_day(*, provider: Provider, today: dt.date, days: int) -> list[RevenueDay]:

@@ -42,7 +42,7 @@ from tests.portal.conftest import client_for
 pytestmark = pytest.mark.django_db
 
 NOW = dt.datetime(2026, 12, 4, 15, 30, tzinfo=dt.UTC)  # a Friday; the 14 days reach back into November
-UNTIL = NOW.replace(minute=0)  # the dashboard's hours are the whole ones before the current one
+UNTIL = NOW.replace(minute=0)  # the start of the current hour, the last on the dashboard (so far)
 _tokens = itertools.count()
 
 
@@ -115,7 +115,7 @@ def build_business(petra_org: Organization, q_org: Organization, acme: Organizat
     ended = _lease(acme, alice, pair, start=until - 3 * hour, end=until - 1.5 * hour)  # 12:00-13:30
     running = _lease(acme, alice, quad, start=until - 0.75 * hour, end=None, holds=[2, 3, 4, 5])  # since 14:15
     spot_hour = _lease(acme, alice, spot, start=until - 5 * hour, end=until - 4 * hour)  # 10:00-11:00
-    # A spot lease started in the current hour: on the leases' list, not yet in a whole hour.
+    # A spot lease started in the current hour: on the leases' list and in the current hour so far.
     bidding = _lease(acme, alice, spot, start=now - dt.timedelta(minutes=20), end=None, holds=[0, 1])
     yesterday = _lease(acme, alice, pair, start=until - 26 * hour, end=until - 24 * hour)
     november = _lease(acme, alice, quad, start=until - dt.timedelta(days=9, hours=2),
@@ -141,7 +141,9 @@ def business(petra_org, quentin, acme, alice):
 def test_gpus_rented_and_idle_are_counted_per_hour_from_each_run_and_its_gpu_count(business):
     day = provider_gpu_hours(provider=business["provider"], now=NOW, hours=24)
 
-    assert len(day) == 24 and day[0].start == UNTIL - dt.timedelta(hours=24) and day[-1].start.hour == 14
+    # 23 whole hours, then the current one so far (15:00-15:30), so what runs now shows at once.
+    assert len(day) == 24 and day[0].start == UNTIL - dt.timedelta(hours=23) and day[-1].start == UNTIL
+    assert [hour.current for hour in day] == [False] * 23 + [True]
     by_hour = {hour.start.hour: (hour.listed, hour.rented, hour.idle) for hour in day}
     assert by_hour[9] == (Decimal("12.0"), Decimal("0.0"), Decimal("12.0"))  # the 4-GPU machine's window opens
     assert by_hour[10] == (Decimal("12.0"), Decimal("2.0"), Decimal("10.0"))  # 2 spot GPUs for the hour
@@ -149,8 +151,13 @@ def test_gpus_rented_and_idle_are_counted_per_hour_from_each_run_and_its_gpu_cou
     assert by_hour[12] == (Decimal("8.0"), Decimal("2.0"), Decimal("6.0"))  # window closed; 2 GPUs all hour
     assert by_hour[13] == (Decimal("8.0"), Decimal("1.0"), Decimal("7.0"))  # 2 GPUs for half of it
     assert by_hour[14] == (Decimal("8.0"), Decimal("3.0"), Decimal("5.0"))  # 4 GPUs for 45 minutes
+    # The half hour so far: 4 GPUs all of it, 2 spot GPUs since 15:10.
+    assert by_hour[15] == (Decimal("8.0"), Decimal("5.3"), Decimal("2.7"))
+    assert (day[-1].listed_gpu_hours, day[-1].rented_gpu_hours.quantize(Decimal("0.001"))) == (
+        Decimal("4"), Decimal("2.667"),
+    )  # fmt: skip
     # Yesterday 13:00-15:00 two GPUs ran; every other hour of the day only the always-open machine is listed.
-    quiet = {h: v for h, v in by_hour.items() if h not in (9, 10, 11, 12, 13, 14)}
+    quiet = {h: v for h, v in by_hour.items() if h not in (9, 10, 11, 12, 13, 14, 15)}
     assert quiet == {h: (Decimal("8.0"), Decimal("0.0"), Decimal("8.0")) for h in quiet}
     # Quentin's machine of the same name, rented whole all week, counts for nothing here.
 
@@ -160,9 +167,10 @@ def test_the_week_sums_to_gpu_hours_per_day(business):
 
     days = gpu_days(week)
     assert [d.day for d in days] == [dt.date(2026, 11, 27) + dt.timedelta(days=i) for i in range(8)]
-    today = days[-1]  # 00:00-15:00: 15 hours of 8 GPUs, 3 of 4 more; 2 + 2 + 1 + 3 rented
+    # 00:00-15:30: 15.5 hours of 8 GPUs, 3 of 4 more; 2 + 2 + 1 + 3 rented, then 2 + 2/3 so far this hour
+    today = days[-1]
     assert (today.listed_gpu_hours, today.rented_gpu_hours, today.idle_gpu_hours) == (
-        Decimal("132.0"), Decimal("8.0"), Decimal("124.0"),
+        Decimal("136.0"), Decimal("10.7"), Decimal("125.3"),
     )  # fmt: skip
     yesterday = days[-2]  # 24 hours of 8 GPUs, 3 of 4; yesterday's lease ran 13:00-15:00 on 2 GPUs
     assert (yesterday.listed_gpu_hours, yesterday.rented_gpu_hours) == (Decimal("204.0"), Decimal("4.0"))
@@ -226,6 +234,9 @@ def test_the_page_shows_the_business_and_nothing_of_another_provider(business, p
     assert 'href="/provider/dashboard"' in html  # the portal's nav links it
     # The rented/idle charts have a tooltip per hour with both figures
     assert re.search(r"<title>\d{4}-\d\d-\d\d \d\d:00 UTC: \d+ GPUs rented, \d+ idle</title>", html)
+    # The leases still running (4 GPUs and 2 spot ones, since before this hour) show in the hour so far.
+    current = re.search(r'<tr class="current"><td>[^<]+<span class="muted">\(so far\)</span></td>(.*?)</tr>', html)
+    assert current and re.findall(r'<td class="num">([\d.]+)</td>', current.group(1))[1] == "6.0"
     # Quentin's own dashboard shows his lease and none of Petra's; a buyer has no dashboard.
     theirs = client_for(quentin).get("/provider/dashboard").content.decode()
     assert str(business["q_busy"].public_id)[:8] in theirs and running not in theirs
