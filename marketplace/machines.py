@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from ledger.services import ledger_append, user_commitment
+from marketplace.catalog.fanout import offers_sync_soon
 from providers.community.services import MachineInvalid
 from providers.community.signals import machine_state_changed
 from providers.models import Machine, MachineState
@@ -35,6 +36,8 @@ def machine_decide(*, machine: Machine, state: str, by: Any, reason: str) -> Mac
             problem = (locked.self_test or {}).get("problem") or "the agent has not registered a self-test yet"
             raise MachineInvalid(f"self_test: not verified: {problem}")
         Machine.objects.filter(pk=machine.pk).update(state=state)
+        # On sale (or off it) now, not at the next round of syncs.
+        offers_sync_soon(account_ids=[locked.account_id])
         _ledger_state_change(
             machine=locked, previous=previous, state=state, reason=reason, self_test_ok=machine.self_test_ok, by=by
         )
@@ -69,6 +72,7 @@ def _on_machine_state_changed(
     by: Any,
     **signal: Any,
 ) -> None:
+    offers_sync_soon(account_ids=[machine.account_id])
     _ledger_state_change(
         machine=machine, previous=previous, state=state, reason=reason, self_test_ok=self_test_ok, by=by
     )

@@ -55,6 +55,9 @@ class ProviderAccount(models.Model):
     # when the last one ended, so only so many are queued at once and none is queued twice.
     sync_claimed_at = models.DateTimeField(null=True, blank=True)
     sync_done_at = models.DateTimeField(null=True, blank=True)
+    # Something it sells changed (a machine verified): its next claim comes first and does not wait for the
+    # account to be due, and a sync already running when it changed is followed by another.
+    sync_wanted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

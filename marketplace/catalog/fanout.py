@@ -9,7 +9,8 @@ behind the first, and the round still reaches every account, as fast as the sync
   sync waits for the next round like a good one: a broken cloud is not asked again at once);
 - *in flight*: handed over, not yet ended, and handed over less than ``STALE_S`` ago (a worker killed mid-sync
   never ends its claim: it lapses after the sync task's hard time limit, and the account is due again);
-- oldest hand-over first, so no account starves behind others.
+- oldest hand-over first, so no account starves behind others; an account *wanted* (``offers_sync_soon``: what
+  it sells changed since its last hand-over) is due at once and goes before all of them.
 
 Claims are made one claimer at a time (a transaction-scoped advisory lock on PostgreSQL; SQLite serialises
 writers), so concurrent claimers never exceed the bound.
@@ -21,9 +22,10 @@ import datetime as dt
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Case, F, Q, QuerySet, When
 from django.utils import timezone
 
+from marketplace.taskkit import enqueue_on_commit
 from providers.models import ProviderAccount
 
 # The sync task's hard time limit (marketplace.taskkit.SYNC_LIMITS) and a margin: a claim older has no sync left.
@@ -52,15 +54,24 @@ def offers_sync_claim(*, now: dt.datetime | None = None, limit: int | None = Non
         room = bound - _in_flight(now).count()
         if room <= 0:
             return []
+        wanted = Q(sync_wanted_at__gt=F("sync_claimed_at"))
         due = (
             ProviderAccount.objects.filter(enabled=True)
-            .filter(Q(sync_claimed_at__isnull=True) | Q(sync_claimed_at__lt=due_before))
+            .filter(Q(sync_claimed_at__isnull=True) | Q(sync_claimed_at__lt=due_before) | wanted)
             .exclude(pk__in=_in_flight(now).values("pk"))
-            .order_by(F("sync_claimed_at").asc(nulls_first=True), "pk")
+            .order_by(Case(When(wanted, then=0), default=1), F("sync_claimed_at").asc(nulls_first=True), "pk")
         )
         ids = list(due.values_list("pk", flat=True)[:room])
         ProviderAccount.objects.filter(pk__in=ids).update(sync_claimed_at=now)
     return ids
+
+
+def offers_sync_soon(*, account_ids: list[int], now: dt.datetime | None = None) -> None:
+    """What these accounts sell changed: sync each as soon as the in-flight bound allows, not at the next round.
+    An account whose sync is running now is synced again after it (that sync may have read the old state). The
+    claim is queued once the caller's transaction commits, so the sync reads what it wrote."""
+    ProviderAccount.objects.filter(pk__in=account_ids).update(sync_wanted_at=now or timezone.now())
+    enqueue_on_commit("marketplace.offers_sync_soon")
 
 
 def offers_sync_release(*, account_id: int, now: dt.datetime | None = None) -> None:

@@ -24,15 +24,27 @@ def offers_sync_account_task(account_id: int) -> bool:
             offers_sync_account_task.delay(next_id)
 
 
+def _hand_over_due() -> int:
+    ids = offers_sync_claim()
+    for account_id in ids:
+        offers_sync_account_task.delay(account_id)
+    return len(ids)
+
+
 @shared_task(name="marketplace.offers_sync_all", **TASK_OPTIONS)
 @one_at_a_time("offers-sync-all")
 def offers_sync_all_task() -> int:
     """Start a sync round: hand the due accounts to the queue, as many as the in-flight bound allows; each sync
     that ends hands over the next. One task per account, so one slow or failing cloud blocks no other."""
-    ids = offers_sync_claim()
-    for account_id in ids:
-        offers_sync_account_task.delay(account_id)
-    return len(ids)
+    return _hand_over_due()
+
+
+@shared_task(name="marketplace.offers_sync_soon", **TASK_OPTIONS)
+def offers_sync_soon_task() -> int:
+    """Hand the accounts wanted now (``offers_sync_soon``) and any other due ones to the queue, within the
+    in-flight bound; an account still in flight is claimed again when its sync ends. Claims are serialised,
+    so this may run beside a round."""
+    return _hand_over_due()
 
 
 @shared_task(name="marketplace.machines_withdraw_silent", **TASK_OPTIONS)

@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.services import ledger_append, user_commitment
+from marketplace.catalog.fanout import offers_sync_soon
 from marketplace.models import (
     Invitation,
     InvitationStatus,
@@ -34,7 +35,6 @@ from marketplace.models import (
 )
 from marketplace.models.organizations import BUYER_ROLES, PROVIDER_ROLES
 from marketplace.portal.selectors import token_hash
-from marketplace.taskkit import enqueue_on_commit
 from providers.community.services import ListedMachine, MachineInvalid, machine_list
 from providers.endpoints import EndpointRefused, account_endpoints_check
 from providers.errors import ProviderError
@@ -455,7 +455,7 @@ def provider_account_sync(*, account: ProviderAccount) -> None:
     ``PortalError`` for an account that does not sell (its provider is not verified)."""
     if not account.enabled:
         raise PortalError("this account syncs once your organisation is verified")
-    enqueue_on_commit("marketplace.offers_sync_account", account.pk)
+    offers_sync_soon(account_ids=[account.pk])
 
 
 # --- Verification (marketplace staff) -------------------------------------------------------------------------
@@ -511,8 +511,7 @@ def provider_state_change(*, profile_id: int, to: str, reason: str, by: Abstract
             },
         )
         if to == ProviderState.VERIFIED:
-            for account_id in account_ids:
-                enqueue_on_commit("marketplace.offers_sync_account", account_id)
+            offers_sync_soon(account_ids=account_ids)
     profile.refresh_from_db()
     log.info("provider %s: %s -> %s", organization.provider_id, previous, to)
     return profile

@@ -41,6 +41,7 @@ OUR_TASKS = {
     "marketplace.idempotency_expire",
     "marketplace.offers_sync_account",
     "marketplace.offers_sync_all",
+    "marketplace.offers_sync_soon",
     "marketplace.order_boot_deadline",
     "marketplace.order_boot_settle",
     "marketplace.order_poll",

@@ -17,11 +17,15 @@ from marketplace.catalog.fanout import (
     offers_sync_claim,
     offers_sync_in_flight,
     offers_sync_release,
+    offers_sync_soon,
 )
-from marketplace.models import Offer
-from providers.models import ProviderAccount
+from marketplace.catalog.services import offers_sync
+from marketplace.machines import machine_decide
+from marketplace.models import Offer, OfferStatus
+from providers.models import Machine, MachineState, ProviderAccount
 from providers.services import provider_account_connect
 from tests.factories import ProviderAccountFactory
+from tests.hosts import start_hosts, stop_hosts
 from tests.races import race_same, require_postgresql
 
 pytestmark = pytest.mark.django_db
@@ -103,3 +107,48 @@ def test_the_periodic_round_syncs_every_account_through_the_bound(aws_sandbox, s
         assert Offer.objects.filter(account=account).exists(), account.name
     assert offers_sync_in_flight() == 0
     assert ProviderAccount.objects.filter(sync_claimed_at__isnull=True).count() == 0
+
+
+def test_a_wanted_account_goes_first_and_one_changed_mid_sync_is_synced_again(settings):
+    settings.OFFER_SYNC_INTERVAL_S = 300.0
+    waiting, changed = ProviderAccountFactory(), ProviderAccountFactory()
+    now = timezone.now()
+    assert offers_sync_claim(now=now, limit=1) == [waiting.pk]
+    offers_sync_release(account_id=waiting.pk, now=now)
+    assert offers_sync_claim(now=now, limit=1) == [changed.pk]  # its sync is running when its machine changes
+
+    offers_sync_soon(account_ids=[changed.pk], now=now + dt.timedelta(seconds=1))
+    # Not a second sync beside the running one: it is still in flight.
+    assert offers_sync_claim(now=now + dt.timedelta(seconds=2), limit=5) == []
+    offers_sync_release(account_id=changed.pk, now=now + dt.timedelta(seconds=3))
+    # Once it ends it is due again at once, though a round has just synced it, and before the others due.
+    other = ProviderAccountFactory()
+    assert offers_sync_claim(now=now + dt.timedelta(seconds=4), limit=1) == [changed.pk]
+    offers_sync_release(account_id=changed.pk, now=now + dt.timedelta(seconds=5))
+    assert offers_sync_claim(now=now + dt.timedelta(seconds=6), limit=5) == [other.pk]  # and only once
+
+
+def test_a_machine_verified_is_on_sale_at_once_not_at_the_next_round(django_capture_on_commit_callbacks, admin_user):
+    account = provider_account_connect(
+        provider_name="Helga's GPU Farm", kind="community", name="fleet", credentials={}, regions=["eu-de"]
+    )
+    agents = start_hosts(account, ["fra-h100-1"], lease_threads=False)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert offers_sync(account_id=account.pk).ok
+        assert Offer.objects.filter(account=account, status=OfferStatus.AVAILABLE).exists()
+        machine = Machine.objects.get(account=account)
+        # Listed and self-tested, waiting for staff; the round has just run, so the account is not due.
+        Machine.objects.filter(pk=machine.pk).update(state=MachineState.PENDING, self_test_ok=True)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert offers_sync(account_id=account.pk).ok
+        offers_sync_release(account_id=account.pk)
+        assert not Offer.objects.filter(account=account, status=OfferStatus.AVAILABLE).exists()
+
+        with django_capture_on_commit_callbacks(execute=True):
+            machine_decide(machine=machine, state=MachineState.VERIFIED, by=admin_user, reason="self-test matched")
+
+        assert Offer.objects.filter(account=account, zone="fra-h100-1", status=OfferStatus.AVAILABLE).exists()
+        assert offers_sync_in_flight() == 0
+    finally:
+        stop_hosts(agents)
