@@ -310,6 +310,9 @@ BROKER_TAX_ID = env_str("BROKER_TAX_ID", "")
 BROKER_COUNTRY = env_str("BROKER_COUNTRY", "")
 # A provider's payable is paid out once it reaches this many minor units (cents): smaller payouts cost more in
 # fees than they are worth.
+# A card top-up waiting for 3-D Secure this long is cancelled at Stripe as abandoned (nothing is charged), so it
+# never sits "waiting" on the Billing page; Stripe itself keeps such a PaymentIntent open indefinitely.
+TOPUP_ACTION_TIMEOUT_S = env_float("BROKER_TOPUP_ACTION_TIMEOUT_S", 3600.0, minimum=300.0)
 PAYOUT_MINIMUM_MINOR = env_int("BROKER_PAYOUT_MINIMUM_MINOR", 1000, minimum=1)
 # An independent provider's machine whose agent is silent this long is withdrawn from sale.
 AGENT_SILENCE_S = env_float("BROKER_AGENT_SILENCE_S", 120.0, minimum=10.0)

@@ -30,6 +30,8 @@ from marketplace.billing.payments import (
     billing_profile,
     billing_profile_read,
     email_verified,
+    topup_action_deadline,
+    topup_cancel,
     topup_checkout_start,
     topup_refresh,
     topup_start,
@@ -90,6 +92,11 @@ def topup_body(topup: TopUp) -> dict[str, Any]:
         if topup.checkout_session and topup.state == TopUpState.REQUIRES_ACTION and topup.next_action_url
         else None,
         "failure": topup.failure or None,
+        # While it waits for 3-D Secure: when it is cancelled as abandoned unless completed (POST .../cancel ends
+        # it sooner).
+        "action_deadline": topup_action_deadline(topup).isoformat()
+        if topup.state == TopUpState.REQUIRES_ACTION and not topup.checkout_session
+        else None,
         "refunded": money(topup.refunded_minor),
         "created_at": topup.created_at.isoformat(),
     }
@@ -294,6 +301,27 @@ class TopUpDetailApi(APIView):
                 topup = topup_refresh(topup)
             except PaymentUnavailable:
                 pass  # shown as it was; the webhook settles it
+        return Response(topup_body(topup))
+
+
+class TopUpCancelApi(APIView):
+    """POST /api/v1/billing/topups/<id>/cancel: end a top-up waiting for 3-D Secure; nothing is charged."""
+
+    required_scopes = {"POST": _SCOPES_READ}
+
+    @extend_schema(request=None, responses={200: OBJECT, 404: ERROR, 409: ERROR, 502: ERROR})
+    def post(self, request: Request, topup_id: str) -> Response:
+        organization = request_organization(request, BuyerPermission.PAY)
+        topup = TopUp.objects.filter(organization=organization, public_id=_uuid(topup_id)).first()
+        if topup is None:
+            raise NotFound("no such top-up")
+        try:
+            topup = topup_cancel(topup)
+        except TopUpRefused as exc:
+            return error_response(exc.code, str(exc), 409)
+        except PaymentError as exc:
+            return error_response(exc.code or "payment_error", exc.message, 502)
+        # Failed (cancelled), or succeeded when 3-D Secure was passed just before: Stripe's word either way.
         return Response(topup_body(topup))
 
 

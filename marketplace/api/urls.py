@@ -21,6 +21,7 @@ urlpatterns = [
     path("billing", billing.BillingApi.as_view(), name="billing"),
     path("billing/topups", billing.TopUpListCreateApi.as_view(), name="topups"),
     path("billing/topups/<str:topup_id>", billing.TopUpDetailApi.as_view(), name="topup"),
+    path("billing/topups/<str:topup_id>/cancel", billing.TopUpCancelApi.as_view(), name="topup-cancel"),
     path("stripe/webhook", billing.StripeWebhookApi.as_view(), name="stripe-webhook"),
     path("invoice", views.InvoiceApi.as_view(), name="invoice"),
     path("invoices", invoices.InvoiceListApi.as_view(), name="invoices"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
@@ -495,17 +496,52 @@ def auto_topups_due(*, before_each: Callable[[], None] | None = None) -> int:
     return started
 
 
-# Stripe keeps a PaymentIntent that waits for 3-D Secure; after a day the buyer has walked away.
-STALE_ACTION = dt.timedelta(hours=24)
+def topup_cancel(topup: TopUp, *, abandoned: bool = False) -> TopUp:
+    """End a top-up that waits for its card holder at 3-D Secure: its PaymentIntent is cancelled at Stripe, so
+    the challenge can no longer be passed and nothing is charged, and the top-up fails saying why (the buyer
+    cancelled, or ``abandoned``: not completed within ``TOPUP_ACTION_TIMEOUT_S``). One that succeeded
+    meanwhile is credited instead (Stripe refuses the cancel; the intent is read back). Raises
+    ``TopUpRefused("not_waiting")`` for a top-up that waits for nothing, or that a Checkout page holds (its
+    session expires by itself), and ``PaymentError`` when Stripe cannot be asked."""
+    if topup.state != TopUpState.REQUIRES_ACTION or not topup.payment_intent or topup.checkout_session:
+        raise TopUpRefused("not_waiting", f"top-up {topup.public_id} is {topup.state}: there is nothing to cancel")
+    gateway = stripe_gateway()
+    try:
+        intent = gateway.payment_intent_cancel(
+            topup.payment_intent, reason="abandoned" if abandoned else "requested_by_customer"
+        )
+    except PaymentError as exc:
+        if exc.code != "payment_intent_unexpected_state":
+            raise
+        return topup_apply(topup, gateway.payment_intent_retrieve(topup.payment_intent))
+    minutes = round(settings.TOPUP_ACTION_TIMEOUT_S / 60)
+    why = (
+        f"3-D Secure was not completed within {minutes} minutes; cancelled, nothing was charged"
+        if abandoned
+        else "cancelled before 3-D Secure was completed; nothing was charged"
+    )
+    TopUp.objects.filter(pk=topup.pk, state=TopUpState.REQUIRES_ACTION).update(
+        state=TopUpState.FAILED, failure=why, next_action_url=""
+    )
+    topup.refresh_from_db()
+    log.info("top-up %s cancelled at Stripe (%s): %s", topup.public_id, intent.status, why)
+    return topup
+
+
+def topup_action_deadline(topup: TopUp) -> dt.datetime:
+    """When a top-up waiting for 3-D Secure is cancelled as abandoned."""
+    return topup.created_at + dt.timedelta(seconds=settings.TOPUP_ACTION_TIMEOUT_S)
+
+
 # A top-up Stripe never answered for (no PaymentIntent id) after this long was not charged, or its webhook
 # credits it still: a failed top-up is credited when a success is reported for it.
 STALE_PENDING = dt.timedelta(hours=1)
 
 
 def topups_settle_stale(*, now: dt.datetime | None = None) -> dict[str, int]:
-    """Read back top-ups still waiting: those with a PaymentIntent from Stripe (a lost webhook), failing the
-    ones abandoned at 3-D Secure; those without one are failed after ``STALE_PENDING``. One top-up's error is
-    logged and the others go on."""
+    """Read back top-ups still waiting: those with a PaymentIntent from Stripe (a lost webhook), cancelling the
+    ones abandoned at 3-D Secure (``topup_cancel``); those without one are failed after ``STALE_PENDING``. One
+    top-up's error is logged and the others go on."""
     now = now or timezone.now()
     counts = {"refreshed": 0, "expired": 0}
     waiting = TopUp.objects.filter(
@@ -519,11 +555,9 @@ def topups_settle_stale(*, now: dt.datetime | None = None) -> dict[str, int]:
             elif topup.payment_intent:
                 topup = topup_refresh(topup)
                 counts["refreshed"] += 1
-                if topup.state == TopUpState.REQUIRES_ACTION and topup.created_at < now - STALE_ACTION:
-                    TopUp.objects.filter(pk=topup.pk, state=TopUpState.REQUIRES_ACTION).update(
-                        state=TopUpState.FAILED, failure="3-D Secure was not completed within a day", next_action_url=""
-                    )
-                    counts["expired"] += 1
+                if topup.state == TopUpState.REQUIRES_ACTION and topup_action_deadline(topup) <= now:
+                    if topup_cancel(topup, abandoned=True).state == TopUpState.FAILED:
+                        counts["expired"] += 1
             elif topup.created_at < now - STALE_PENDING:
                 TopUp.objects.filter(pk=topup.pk, state=TopUpState.PENDING, payment_intent__isnull=True).update(
                     state=TopUpState.FAILED, failure="the payment platform never confirmed this payment"

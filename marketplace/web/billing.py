@@ -27,6 +27,8 @@ from marketplace.billing.payments import (
     TopUpRequest,
     billing_profile_read,
     email_verified,
+    topup_action_deadline,
+    topup_cancel,
     topup_checkout_start,
     topup_refresh,
     topup_start,
@@ -169,6 +171,8 @@ def billing(request: HttpRequest) -> HttpResponse:
         if topup_form.is_valid():
             return _topup(request, organization, topup_form)
         status = 400
+    elif request.method == "POST" and request.POST.get("action") == "cancel_topup":
+        return _cancel_topup(request, organization)
     elif request.method == "POST" and request.POST.get("action") == "profile":
         profile_form = ProfileForm(request.POST)
         if profile_form.is_valid():
@@ -212,7 +216,7 @@ def billing(request: HttpRequest) -> HttpResponse:
             "country_name": COUNTRIES.get(profile.country, ""),
             "available": Decimal(credit_available(organization, CURRENCY)) / 100,
             "held": Decimal(held) / 100,
-            "topups": TopUp.objects.filter(organization=organization).order_by("-id")[:50],
+            "topups": _topups_shown(organization),
             "topup_form": topup_form,
             "checkout_form": checkout_form,
             "card_choices": bool(topup_form.fields["payment_method"].choices),  # type: ignore[attr-defined]
@@ -272,6 +276,38 @@ def topup_checkout_return(request: HttpRequest) -> HttpResponse:
         messages.warning(request, f"Could not read the payment back yet ({exc}); it is credited when it is.")
         return redirect("storefront:billing")
     _say_how_it_went(request, topup)
+    return redirect("storefront:billing")
+
+
+def _topups_shown(organization: Organization) -> list[TopUp]:
+    """The newest top-ups; one waiting for 3-D Secure carries when it is cancelled as abandoned."""
+    topups = list(TopUp.objects.filter(organization=organization).order_by("-id")[:50])
+    for topup in topups:
+        if topup.state == TopUpState.REQUIRES_ACTION and not topup.checkout_session:
+            topup.action_deadline = topup_action_deadline(topup)  # type: ignore[attr-defined]
+    return topups
+
+
+def _cancel_topup(request: HttpRequest, organization: Organization) -> HttpResponse:
+    try:
+        wanted = uuid.UUID(request.POST.get("topup", ""))
+    except ValueError:
+        raise Http404("no such top-up") from None
+    topup = TopUp.objects.filter(organization=organization, public_id=wanted).first()
+    if topup is None:
+        raise Http404("no such top-up")
+    try:
+        topup = topup_cancel(topup)
+    except TopUpRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("storefront:billing")
+    except PaymentError as exc:
+        messages.error(request, f"The payment platform could not cancel it now ({exc.message}); try again.")
+        return redirect("storefront:billing")
+    if topup.state == TopUpState.FAILED:
+        messages.success(request, "Top-up cancelled: nothing was charged.")
+    else:
+        _say_how_it_went(request, topup)  # 3-D Secure was passed just before: it is credited
     return redirect("storefront:billing")
 
 

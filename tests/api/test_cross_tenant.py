@@ -54,6 +54,7 @@ ROUTES = {
     "api/v1/billing": "own (the caller's organisation: tests/marketplace/test_prepaid.py)",
     "api/v1/billing/topups": "list (tests/marketplace/test_prepaid.py: a stranger lists none of them)",
     "api/v1/billing/topups/<str:topup_id>": "tests/marketplace/test_prepaid.py (another organisation's: 404)",
+    "api/v1/billing/topups/<str:topup_id>/cancel": "tests/marketplace/test_prepaid.py (another organisation's: 404)",
     "api/v1/stripe/webhook": "public (Stripe's signature decides: tests/marketplace/test_prepaid.py)",
     "api/v1/invoices": "list (tests/marketplace/test_invoices.py: another organisation's are not listed)",
     "api/v1/invoices/<str:number>.pdf": "tests/marketplace/test_invoices.py (another organisation's: 404)",

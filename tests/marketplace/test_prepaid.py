@@ -524,6 +524,77 @@ def test_top_ups_left_waiting_are_read_back_or_expired(api, ready_to_pay, stripe
     assert never.state == TopUpState.FAILED and "never confirmed" in never.failure
 
 
+def test_a_3d_secure_top_up_left_waiting_is_cancelled_at_stripe_and_charges_nothing(
+    api, ready_to_pay, stripe_sandbox, settings
+):
+    from marketplace.billing.payments import topups_settle_stale
+
+    settings.TOPUP_ACTION_TIMEOUT_S = 3600.0
+    started = _topup(api, "30.00", card="pm_card_authenticationRequired", key="3ds")
+    topup = TopUp.objects.get()
+    assert started.status_code == 202
+    assert started.json()["action_deadline"] == (topup.created_at + dt.timedelta(hours=1)).isoformat()
+
+    assert topups_settle_stale(now=topup.created_at + dt.timedelta(minutes=59)) == {"refreshed": 1, "expired": 0}
+    topup.refresh_from_db()
+    assert topup.state == TopUpState.REQUIRES_ACTION
+    assert topups_settle_stale(now=topup.created_at + dt.timedelta(minutes=61)) == {"refreshed": 1, "expired": 1}
+    topup.refresh_from_db()
+    assert topup.state == TopUpState.FAILED and topup.next_action_url == ""
+    assert topup.failure == "3-D Secure was not completed within 60 minutes; cancelled, nothing was charged"
+    # https://docs.stripe.com/api/payment_intents/cancel: the intent is canceled, so the challenge cannot be
+    # passed any more; its payment_intent.canceled event changes nothing here.
+    (intent,) = stripe_sandbox.get_objects("payment_intent")
+    assert (intent["status"], intent["cancellation_reason"]) == ("canceled", "abandoned")
+    with pytest.raises(ValueError, match="is canceled"):
+        stripe_sandbox.authenticate(topup.payment_intent, "approve")
+    assert {r.status_code for r in _deliver(api, stripe_sandbox)} == {200}
+    topup.refresh_from_db()
+    assert topup.state == TopUpState.FAILED and credit_available(ready_to_pay) == 0
+    assert topups_settle_stale(now=topup.created_at + dt.timedelta(hours=3)) == {"refreshed": 0, "expired": 0}
+
+
+def test_the_buyer_cancels_a_waiting_top_up_on_the_page_or_through_the_api(
+    api, alice, charlie, ready_to_pay, stripe_sandbox
+):
+    _topup(api, "30.00", card="pm_card_authenticationRequired", key="page")
+    _topup(api, "40.00", card="pm_card_authenticationRequired", key="api")
+    on_page, by_api = TopUp.objects.get(idempotency_key="page"), TopUp.objects.get(idempotency_key="api")
+    browser = Client()
+    browser.force_login(alice)
+    page = browser.get("/billing/").content.decode()
+    assert page.count('name="action" value="cancel_topup"') == 2 and "when it is cancelled" in page
+
+    stranger = APIClient()
+    stranger.force_authenticate(charlie)
+    assert stranger.post(f"/api/v1/billing/topups/{by_api.public_id}/cancel").status_code == 404
+    sent = browser.post("/billing/", {"action": "cancel_topup", "topup": str(on_page.public_id)})
+    assert sent.status_code == 302
+    assert "Top-up cancelled: nothing was charged." in browser.get("/billing/").content.decode()
+    cancelled = api.post(f"/api/v1/billing/topups/{by_api.public_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "failed"
+    assert cancelled.json()["failure"] == "cancelled before 3-D Secure was completed; nothing was charged"
+    again = api.post(f"/api/v1/billing/topups/{by_api.public_id}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_waiting"
+
+    intents = stripe_sandbox.get_objects("payment_intent")
+    assert {(i["status"], i["cancellation_reason"]) for i in intents} == {("canceled", "requested_by_customer")}
+    assert credit_available(ready_to_pay) == 0
+
+
+def test_a_cancel_that_comes_after_3d_secure_was_passed_credits_the_payment(api, ready_to_pay, stripe_sandbox):
+    _topup(api, "30.00", card="pm_card_authenticationRequired", key="3ds")
+    topup = TopUp.objects.get()
+    stripe_sandbox.authenticate(topup.payment_intent, "approve")
+    stripe_sandbox.pending_events()  # its webhook is still on the way
+
+    answer = api.post(f"/api/v1/billing/topups/{topup.public_id}/cancel")
+
+    # Stripe refuses to cancel a succeeded intent (payment_intent_unexpected_state): the payment is read back.
+    assert answer.status_code == 200 and answer.json()["state"] == "succeeded"
+    assert credit_available(ready_to_pay) == 3000
+
+
 def test_a_new_sign_up_ordering_in_the_storefront_is_sent_to_billing_with_the_way_back(t4, stripe_sandbox):
     browser = Client()
     signed = browser.post(
