@@ -50,11 +50,6 @@ def stripe_page_origins() -> list[str]:
     return [f"{parts.scheme}://{parts.netloc}"]
 
 
-def checkout_origin() -> str:
-    """The origin of the hosted card page a top-up form sends the buyer to."""
-    return stripe_page_origins()[0]
-
-
 def content_security_policy() -> str:
     # Chromium applies form-action to the redirect a form's answer makes too (MDN, CSP form-action), so the
     # top-up and onboarding forms' answers may lead to Stripe's pages, and nowhere else off the site.

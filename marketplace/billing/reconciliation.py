@@ -159,7 +159,7 @@ def _expected(bt: BalanceTransactionView, transfers: dict[str, Payout]) -> tuple
 
 def _platform(gateway: StripeGateway, start: dt.datetime, end: dt.datetime, tally: _Tally) -> None:
     listed = gateway.balance_transactions(created_from=int(start.timestamp()), created_before=int(end.timestamp()))
-    transfers = _transfer_payouts()
+    transfers = _transfer_payouts()  # read once per run: both sides look payouts up in it
     seen_keys: set[str] = set()
     for bt in listed:
         if bt.type in NOT_BOOKED:
@@ -182,7 +182,7 @@ def _platform(gateway: StripeGateway, start: dt.datetime, end: dt.datetime, tall
         seen_keys.add(key)
         booked = _book_amount(key, account_kind) if key else None
         _compare(tally, what, bt.source or bt.id, bt.amount_minor, bt.currency, key, booked)
-    _book_side(gateway, start, end, seen_keys, tally)
+    _book_side(gateway, start, end, seen_keys, tally, transfers)
 
 
 def _compare(
@@ -221,12 +221,19 @@ def _compare(
         tally.matched += 1
 
 
-def _book_side(gateway: StripeGateway, start: dt.datetime, end: dt.datetime, seen: set[str], tally: _Tally) -> None:
+def _book_side(
+    gateway: StripeGateway,
+    start: dt.datetime,
+    end: dt.datetime,
+    seen: set[str],
+    tally: _Tally,
+    transfer_payouts: dict[str, Payout],
+) -> None:
     """The day's entries that name a Stripe object; each missing from the day's list is read back by id."""
     entries = BookEntry.objects.filter(
         created_at__gte=start, created_at__lt=end, kind__in=["topup", "topup.refund", "payout.transfer"]
     ).order_by("pk")
-    transfers = {f"payout:{p.public_id}:transfer": p for p in _transfer_payouts().values()}
+    transfers = {f"payout:{p.public_id}:transfer": p for p in transfer_payouts.values()}
     for entry in entries:
         tally.book_items += 1
         if entry.key in seen:

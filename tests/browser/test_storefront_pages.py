@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
 import time
 
 import pytest
@@ -87,6 +88,8 @@ def test_compare_spending_and_an_order_with_telemetry(page, live_server, alice, 
     assert page.inner_text("#latest-utilization") == "93.0 %"
     assert page.locator("#telemetry svg.chart[role=img]").count() == 3
     page.locator("#live-note >> text=live · updated").wait_for()  # the script polled the API
+    # The live cost follows the money rule as the server's text does: "1.23 USD", not "$1.23".
+    assert re.fullmatch(r"\d{1,3}(,\d{3})*\.\d\d USD", page.inner_text("#order-cost"))
     shoot(page, "storefront-order-telemetry")
     # A heartbeat arrives while the page is open: the charts and latest values follow without a reload.
     gpus = [{"index": g, "utilization_pct": 7, "temperature_c": 41, "power_w": 120} for g in range(8)]

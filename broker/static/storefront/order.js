@@ -24,6 +24,14 @@
     }
   }
 
+  // The API's amount is already rounded by the broker's one money rule ("1234.56"): group it and name the
+  // currency as the server-rendered page does ("1,234.56 USD"), never re-rounding it in floating point.
+  function money(amount) {
+    var parts = String(amount).split(".");
+    parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+    return parts.join(".") + " USD";
+  }
+
   function show(order) {
     var state = document.getElementById("order-state");
     if (state) {
@@ -31,8 +39,8 @@
       state.className = "state order-state " + order.state;
     }
     text("order-reason", order.state_reason);
-    text("order-cost", "$" + Number(order.usage.amount_usd).toFixed(2));
-    text("terminate-cost", "$" + Number(order.usage.amount_usd).toFixed(2));
+    text("order-cost", money(order.usage.amount_usd));
+    text("terminate-cost", money(order.usage.amount_usd));
     text("terminate-seconds", String(order.usage.seconds));
     text("order-seconds", String(order.usage.seconds));
     if (order.instance) {
