@@ -15,7 +15,7 @@ from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.launch.config import DISK_GB_MAX, DISK_GB_MIN, SPEND_CAP_MAX
 from marketplace.matching import PROFILES, Amount, Profile, Tolerance
 from marketplace.matching.types import MAX_NODES
-from marketplace.models import GpuModel, Role, TokenScope
+from marketplace.models import GpuModel, OfferStatus, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.numbers import MAX_BUDGET, MAX_PRICE_PER_HOUR, DecimalFormField, FloatFormField, IntegerFormField
 from marketplace.portal.forms import SignupForm
@@ -71,6 +71,12 @@ class WorkloadForm(forms.Form):
     profile = forms.ChoiceField(
         choices=[(p.value, f"{p.value.replace('_', '-')}: {PROFILES[p].description}") for p in Profile]
     )
+    gpu_models = forms.MultipleChoiceField(
+        required=False,
+        label="GPU models",
+        help_text="any that fits, if none is chosen; Ctrl or ⌘ to choose several",
+        widget=forms.SelectMultiple(attrs={"size": 4}),
+    )
     gpu_count = IntegerFormField(required=False, min_value=1, max_value=64, label="GPUs")
     total_gpu_memory_gb = IntegerFormField(
         required=False, min_value=1, max_value=16384, label="or total GPU memory (GB)"
@@ -112,6 +118,13 @@ class WorkloadForm(forms.Form):
     )
     fractions = forms.BooleanField(required=False, label="Slices of a card (MIG) will do")
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # The models on sale now, by the keys the ranking matches (providers.gpu_names).
+        on_sale = set(GpuModel.objects.filter(offers__status=OfferStatus.AVAILABLE).values_list("key", flat=True))
+        # Sorted here, not by the database, whose collation may order "A100-..." and "A10G" either way.
+        self.fields["gpu_models"].choices = [(k, k) for k in sorted(on_sale)]  # type: ignore[attr-defined]
+
     def clean(self) -> dict[str, object]:
         data = super().clean() or {}
         if data.get("gpu_count") and data.get("total_gpu_memory_gb"):
@@ -131,7 +144,7 @@ class WorkloadForm(forms.Form):
             "duration_hours": d["duration_hours"],
             "interruption_tolerance": d["interruption_tolerance"],
             "checkpoint_interval_hours": 1.0,
-            "gpu_models": [],
+            "gpu_models": list(d.get("gpu_models") or []),
             "regions": [],
             "jurisdictions": [d["jurisdiction"]] if d["jurisdiction"] else [],
             "pricing_models": [d["pricing"]] if d["pricing"] else [],

@@ -104,6 +104,23 @@ def test_a_submitted_workload_shows_ranked_quotes_with_their_reasons(browser, bo
     assert "10.0 h, interruptions: checkpointed." in text
 
 
+def test_the_buyer_picks_gpu_models_from_those_on_sale_and_only_they_are_quoted(browser, book):
+    page = browser.get("/workload/").content.decode()
+    picker = re.search(r'<select name="gpu_models"[^>]*multiple[^>]*>(.*?)</select>', page, re.S)
+    assert picker, "the form has a GPU model picker"
+    assert re.findall(r'<option value="([^"]+)"', picker.group(1)) == ["A100-80GB-SXM4", "A10G", "H100-SXM5", "T4"]
+
+    text = _text(browser.post("/workload/", _form(profile="inference", gpu_models=["T4"])).content.decode())
+
+    assert [q.offer.gpu_model.key for q in Quote.objects.order_by("rank")] == ["T4"]
+    assert "models T4;" in text
+    refused = browser.post("/workload/", _form(profile="inference", gpu_models=["RTX-9999"]))
+    assert refused.status_code == 200 and "Select a valid choice. RTX-9999 is not one of the available choices." in (
+        html.unescape(refused.content.decode())
+    )
+    assert Quote.objects.count() == 1
+
+
 def test_a_training_workload_lists_the_memory_and_interconnect_defaults(browser, book):
     page = _text(browser.post("/workload/", _form(profile="training", gpu_count="8")).content.decode())
 
