@@ -66,6 +66,8 @@ ROUTES = {
     "api/v1/ssh-keys/<str:key_id>": "object",
     "api/v1/launch-templates": "list",
     "api/v1/launch-templates/<str:template_id>": "object",
+    "api/v1/templates/gallery": "public (the broker's own gallery, the same for everyone)",
+    "api/v1/templates/gallery/<str:slug>": "public (the broker's own gallery, the same for everyone)",
     "api/v1/webhooks": "list",
     "api/v1/webhooks/<str:webhook_id>": "object",
     "api/v1/webhooks/<str:webhook_id>/deliveries": "object",
