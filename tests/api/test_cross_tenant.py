@@ -153,6 +153,8 @@ ROUTES = {
     "keys/<str:key_id>/delete": "object",
     "templates/": "list",
     "templates/<str:template_id>/delete": "object",
+    "templates/gallery/<str:slug>/use": "own (the caller's session: test_storefront_gallery.py)",
+    "templates/gallery/<str:slug>/copy": "own (the caller's organisation: test_storefront_gallery.py)",
     "orders/<str:order_id>/terminate": "object",
     "orders/<str:order_id>/receipt": "object",
     "clusters/<str:cluster_id>/": "tests/marketplace/test_storefront_clusters.py (another organisation's: 404)",
