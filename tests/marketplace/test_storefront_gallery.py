@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import html
 import re
+from html.parser import HTMLParser
 
 import pytest
 from django.test import Client
 
-from marketplace.launch.config import launch_secrets
-from marketplace.models import LaunchConfiguration, LaunchTemplate, Offer, Role, SshKey
+from marketplace.launch.config import launch_parse, launch_secrets
+from marketplace.models import LaunchConfiguration, LaunchTemplate, Offer, Order, Role, SshKey
 from tests.factories import MembershipFactory
 from tests.marketplace.test_storefront_launch import _nonce, _text
 
@@ -131,3 +132,75 @@ def test_copy_without_the_secret_or_under_a_taken_name_saves_nothing_and_says_wh
     )
     assert list(LaunchTemplate.objects.values_list("name", flat=True)) == ["serving"]
     assert LaunchConfiguration.objects.count() == configurations
+
+
+class _FormFields(HTMLParser):
+    """The fields of the page's launch form as a browser would send them unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, object] = {}
+        self._in_form = False
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "form":
+            self._in_form = a.get("id") == "launch-form"
+        if not self._in_form:
+            return
+        if tag == "input" and a.get("name"):
+            kind = a.get("type", "text")
+            if kind in ("checkbox", "radio") and "checked" not in a:
+                return
+            if a["name"] == "ssh_keys":
+                self.fields.setdefault("ssh_keys", []).append(a.get("value", ""))
+            else:
+                self.fields[a["name"]] = a.get("value") or ("on" if kind == "checkbox" else "")
+        elif tag == "textarea":
+            self._textarea = a.get("name")
+            self.fields[self._textarea] = ""
+        elif tag == "option" and "selected" in a and self._select:
+            self.fields[self._select] = a.get("value", "")
+        if tag == "select":
+            self._select = a.get("name")
+
+    _select: str | None = None
+
+    def handle_data(self, data):
+        if self._textarea:
+            # As browsers do, the newline right after <textarea> is not part of the value.
+            value = self.fields[self._textarea] + data
+            self.fields[self._textarea] = value.removeprefix("\n") if not self.fields[self._textarea] else value
+
+    def handle_endtag(self, tag):
+        if tag == "textarea":
+            self._textarea = None
+        elif tag == "form":
+            self._in_form = False
+
+
+@pytest.mark.parametrize("slug", ["pytorch", "vllm", "batch"])
+def test_the_form_a_gallery_entry_fills_places_its_configuration_unchanged(
+    browser, offer, slug, django_capture_on_commit_callbacks
+):
+    """Sent as filled (the command and arguments through the form's shell quoting and back), the order's
+    workload is the gallery's."""
+    from marketplace.launch.gallery import gallery_get
+
+    page = browser.get(f"/orders/new?offer={offer.pk}&start=gallery:{slug}").content.decode()
+    fields = _FormFields()
+    fields.feed(page)
+
+    sent = browser.post("/orders/new", {**fields.fields, "duration_hours": "1"})
+
+    assert sent.status_code == 302, _text(sent.content.decode())[:1500]
+    nonce = _nonce(browser.get(sent["Location"]).content.decode())
+    with django_capture_on_commit_callbacks(execute=False):
+        browser.post("/orders/place", {"nonce": nonce})
+
+    workload = Order.objects.get().launch_config.spec["workload"]
+    expected, _ = launch_parse(gallery_get(slug).launch, keys=[], caller_address="127.0.0.1")
+    expected = expected["workload"]
+    for field in ("kind", "image", "command", "args", "script", "ports", "shm_size_gb", "env"):
+        assert workload.get(field) == expected.get(field), field
