@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote as quote_path
 
 import requests
 
@@ -371,6 +372,49 @@ class BrokerClient:
         payload = {"name": name, "description": description, "launch": dict(launch)}
         body: dict[str, Any] = self.post("launch-templates", payload, idempotency_key=idempotency_key).body
         return body
+
+    def launch_template(self, ref: str) -> dict[str, Any]:
+        """One of the organisation's launch templates, by id or name."""
+        body: dict[str, Any] = self.get(f"launch-templates/{quote_path(ref, safe='')}")
+        return body
+
+    # --- The template gallery, clusters, billing -------------------------------------------------------------
+
+    def gallery(self) -> list[dict[str, Any]]:
+        """The broker's ready launch configurations (PyTorch, vLLM, Jupyter, a batch job): each with what it
+        needs (GPU memory, the variables to fill) and its ``launch``, variables at their defaults."""
+        body: dict[str, Any] = self.get("templates/gallery")
+        return list(body["results"])
+
+    def gallery_entry(self, slug: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.get(f"templates/gallery/{quote_path(slug, safe='')}")
+        return body
+
+    def clusters(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The organisation's clusters (multi-node orders), newest first."""
+        return self._pages("clusters", {}, limit, 100)
+
+    def cluster(self, cluster_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.get(f"clusters/{quote_path(cluster_id, safe='')}")
+        return body
+
+    def cluster_terminate(self, cluster_id: str) -> dict[str, Any]:
+        """Stop every machine of the cluster (idempotent)."""
+        body: dict[str, Any] = self.post(f"clusters/{quote_path(cluster_id, safe='')}/terminate").body
+        return body
+
+    def billing(self) -> dict[str, Any]:
+        """Credit available, what running orders hold, and the billing details (needs billing:manage)."""
+        body: dict[str, Any] = self.get("billing")
+        return body
+
+    def topups(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The organisation's top-ups, newest first."""
+        return self._pages("billing/topups", {}, limit, 100)
+
+    def invoices(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The organisation's issued invoices, newest first."""
+        return self._pages("invoices", {}, limit, 100)
 
     # --- Ledger --------------------------------------------------------------------------------------------
 

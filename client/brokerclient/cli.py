@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from brokerclient import bounds
 from brokerclient.api import ORDER_STATES, BrokerClient
+from brokerclient.commands_more import CommandUsageError, register, template_launch
 from brokerclient.errors import BrokerError
 from brokerclient.verify import Check, RememberedCheckpoint, VerificationResult, remembered_check, verify_receipt
 
@@ -438,14 +439,20 @@ def cmd_ssh(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
         return subprocess.call(command)  # noqa: S603 - the user's own ssh, with the order's address
 
 
-def launch_config_from(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch configuration ``broker launch``'s options describe."""
+def env_from(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The workload's variables ``--env`` and ``--secret-env`` give."""
     env: list[dict[str, Any]] = []
     for item, secret in [(e, False) for e in args.env or []] + [(e, True) for e in args.secret_env or []]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--env/--secret-env want NAME=VALUE, not {item!r}")
         env.append({"name": name, "value": value, **({"secret": True} if secret else {})})
+    return env
+
+
+def launch_config_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch configuration ``broker launch``'s options describe."""
+    env = env_from(args)
     ports = [_port(p) for p in _split(args.port)] if args.port else []
     launch: dict[str, Any] = {}
     if args.image:
@@ -501,8 +508,12 @@ def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> i
         workload["max_price_per_hour"] = args.max_price
     if args.hours:
         workload["duration_hours"] = args.hours
-    launch = launch_config_from(args)
-    result = client.quote({**workload, "launch": launch})
+    if args.template:  # a saved template, or a gallery entry filled with --env/--secret-env
+        choice, needs = template_launch(client, args, env_from(args), _split)
+        workload = {**needs, **workload}
+    else:
+        choice = {"launch": launch_config_from(args)}
+    result = client.quote({**workload, **choice})
     quotes = result.get("quotes") or []
     if not quotes:
         sys.stderr.write("broker: no offer fits: " + "; ".join(
@@ -676,6 +687,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("launch", parents=[common], help="quote, order, wait until ready, print how to connect")
     p.add_argument("--gpu", required=True, help="MODEL[:COUNT], e.g. H100:8 or T4 (a family means any variant)")
+    p.add_argument("--template", help="start from a saved template (NAME or id) or the gallery's (gallery:SLUG)")
     p.add_argument("--image", help="a container image to run on the GPUs")
     p.add_argument(
         "--run", dest="run_command", help="the command: in the container with --image, else a script on the machine"
@@ -702,6 +714,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--interval", type=bounds.number(0.1, 3600), default=3.0, help="seconds between looks")
     p.set_defaults(run=cmd_launch)
+
+    register(sub, common)  # templates, clusters, billing
     return main
 
 
@@ -721,7 +735,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         code: int = args.run(client, args, out)
         return code
-    except UsageError as exc:
+    except (UsageError, CommandUsageError) as exc:
         return _usage(str(exc))
     except BrokerError as exc:
         sys.stderr.write(f"broker: {exc.describe()}\n")

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import billing, clusters, invoices, launch, views, webhooks
+from marketplace.api import billing, clusters, gallery, invoices, launch, views, webhooks
 
 app_name = "api"
 
@@ -36,6 +36,8 @@ urlpatterns = [
     path("ssh-keys/<str:key_id>", launch.SshKeyDetailApi.as_view(), name="ssh-key"),
     path("launch-templates", launch.LaunchTemplateListCreateApi.as_view(), name="launch-templates"),
     path("launch-templates/<str:template_id>", launch.LaunchTemplateDetailApi.as_view(), name="launch-template"),
+    path("templates/gallery", gallery.GalleryListApi.as_view(), name="template-gallery"),
+    path("templates/gallery/<str:slug>", gallery.GalleryDetailApi.as_view(), name="template-gallery-entry"),
     path("webhooks", webhooks.WebhookListCreateApi.as_view(), name="webhooks"),
     path("webhooks/<str:webhook_id>", webhooks.WebhookDetailApi.as_view(), name="webhook"),
     path("webhooks/<str:webhook_id>/deliveries", webhooks.WebhookDeliveryListApi.as_view(), name="webhook-deliveries"),

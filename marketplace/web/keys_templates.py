@@ -17,6 +17,7 @@ from marketplace.launch.config import (
     launch_template_delete,
     launch_template_get,
 )
+from marketplace.launch.gallery import gallery_list
 from marketplace.launch.keys import SshKeyRefused, ssh_key_add, ssh_key_delete, ssh_key_get, ssh_key_list
 from marketplace.launch.selectors import launch_template_list
 from marketplace.models import LaunchTemplate, Organization
@@ -84,7 +85,8 @@ def key_delete(request: HttpRequest, key_id: str) -> HttpResponse:
 
 @login_required
 def templates(request: HttpRequest) -> HttpResponse:
-    """The organisation's launch templates (made from the order form's "save as template")."""
+    """The organisation's launch templates (made from the order form's "save as template"), and the broker's
+    gallery of ready ones to order from or copy (``marketplace/web/gallery.py``)."""
     membership = buyer_access(request)
     rows = [(t, launch_shown(t.configuration.spec)) for t in launch_template_list(organization=membership.organization)]
     return render(
@@ -93,6 +95,7 @@ def templates(request: HttpRequest) -> HttpResponse:
         {
             "organization": membership.organization,
             "templates": rows,
+            "gallery": gallery_list(),
             "can_edit": buyer_role_allows(membership.role, BuyerPermission.ORDER),
         },
     )

@@ -8,6 +8,7 @@ or in the template the form started from.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 import secrets as random
@@ -35,6 +36,7 @@ from marketplace.launch.config import (
     launch_secrets,
     launch_template_save,
 )
+from marketplace.launch.gallery import GALLERY_PREFIX, GalleryEntry, gallery_get
 from marketplace.launch.keys import ssh_key_list
 from marketplace.launch.selectors import launch_template_list
 from marketplace.matching import Amount
@@ -47,6 +49,7 @@ from marketplace.orders.selectors import BuyerPermission
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.web.drafts import Draft, draft_load, draft_save
 from marketplace.web.forms import ANYWHERE, EnvRow, LaunchForm, env_rows
+from marketplace.web.gallery import gallery_start_take, start_choices
 from marketplace.web.keys_templates import organization_template
 from marketplace.web.launchview import launch_shown
 from marketplace.web.orgs import buyer_access
@@ -221,6 +224,7 @@ def _configure_page(
     start: LaunchTemplate | None,
     registry_kept: bool,
     status: int = 200,
+    gallery: GalleryEntry | None = None,
 ) -> HttpResponse:
     filled = [r for r in rows if r.name or r.value or r.secret]
     shown = filled + [EnvRow(index=0) for _ in range(BLANK_ENV_ROWS)]
@@ -239,6 +243,8 @@ def _configure_page(
             "nonce": nonce,
             "start": start,
             "templates": launch_template_list(organization=organization),
+            "gallery_choices": start_choices(),
+            "gallery_start": gallery,
             "caller_cidr": _caller_cidr(request),
             "registry_kept": registry_kept,
             "env_errors": any(r.error for r in shown),
@@ -277,6 +283,9 @@ def order_configure(request: HttpRequest) -> HttpResponse:
         return redirect("storefront:offers")
     start_id = source.get("start") or (draft.start if draft else "")
     start = organization_template(organization, start_id) if start_id else None
+    gallery = gallery_get(start_id) if start_id.startswith(GALLERY_PREFIX) else None
+    if request.method == "GET" and draft is None and not start_id:
+        gallery = gallery_start_take(request)  # "Use" on the Templates page chose it before the offer
     posted = request.POST.get("nonce", "")
     if draft is not None:
         nonce = draft.nonce
@@ -285,7 +294,7 @@ def order_configure(request: HttpRequest) -> HttpResponse:
     else:
         nonce = random.token_urlsafe(18)
     if request.method == "GET":
-        return _configure_get(request, organization, target, draft, start, nonce)
+        return _configure_get(request, organization, target, draft, start, nonce, gallery)
     return _configure_post(request, organization, target, draft, start, nonce)
 
 
@@ -296,6 +305,7 @@ def _configure_get(
     draft: Draft | None,
     start: LaunchTemplate | None,
     nonce: str,
+    gallery: GalleryEntry | None = None,
 ) -> HttpResponse:
     choices = _choices(organization)
     if draft is not None:
@@ -315,13 +325,26 @@ def _configure_get(
     if start is not None:
         initial, rows = _initial_from_spec(start.configuration.spec, _caller_cidr(request), {k for k, _ in choices})
         registry_kept = bool((start.configuration.spec.get("workload") or {}).get("registry"))
+    elif gallery is not None:
+        initial, rows = _initial_from_gallery(request, gallery, {k for k, _ in choices})
     # A fixed-duration quote runs for its hours; a fixed-work quote's hours are only an estimate from
     # datasheets, and stopping there could cut the job short: the buyer sets a run time or a spend cap.
     if target.quote is not None and (target.quote.demand or {}).get("amount") != Amount.WORK:
         initial["duration_hours"] = target.quote.duration_hours
     form = LaunchForm(initial=initial, keys=choices)
     return _configure_page(request, organization, target, form, rows, nonce=nonce, start=start,
-                           registry_kept=registry_kept)  # fmt: skip
+                           registry_kept=registry_kept, gallery=gallery)  # fmt: skip
+
+
+def _initial_from_gallery(request: HttpRequest, entry: GalleryEntry, key_ids: set[str]) -> tuple[dict[str, Any], list]:
+    """The form filled from a gallery entry: its workload and disk, every key of the organisation, reachable
+    from the buyer's address. Its secret variables start empty: the buyer types them."""
+    spec = {**copy.deepcopy(dict(entry.launch)), "allowed_cidrs": [_caller_cidr(request)],
+            "ssh_keys": [{"id": k} for k in sorted(key_ids)]}  # fmt: skip
+    initial, rows = _initial_from_spec(spec, _caller_cidr(request), key_ids)
+    for row in rows:
+        row.kept = False
+    return initial, rows
 
 
 def _configure_post(

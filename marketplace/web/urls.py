@@ -1,6 +1,6 @@
 from django.urls import path
 
-from marketplace.web import billing, clusters, invoices, keys_templates, launch, team, views, webhooks
+from marketplace.web import billing, clusters, gallery, invoices, keys_templates, launch, team, views, webhooks
 
 app_name = "storefront"
 
@@ -49,6 +49,8 @@ urlpatterns = [
     path("keys/<str:key_id>/delete", keys_templates.key_delete, name="key-delete"),
     path("templates/", keys_templates.templates, name="templates"),
     path("templates/<str:template_id>/delete", keys_templates.template_delete, name="template-delete"),
+    path("templates/gallery/<str:slug>/use", gallery.gallery_use, name="gallery-use"),
+    path("templates/gallery/<str:slug>/copy", gallery.gallery_copy, name="gallery-copy"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
     path("clusters/<str:cluster_id>/", clusters.cluster_detail, name="cluster-detail"),
