@@ -338,3 +338,32 @@ def stripe_sandbox(_stripe_server, settings):
     settings.STRIPE_TIMEOUT_SECONDS = 5.0
     yield _stripe_server
     _stripe_server.reset()
+
+
+@pytest.fixture
+def sdk(stripe_sandbox):
+    """The official Stripe SDK on the sandbox, acting as someone other than the broker (a connected account's
+    own system, or a test reading what Stripe holds)."""
+    import stripe
+
+    return stripe.StripeClient("sk_test_sandbox", base_addresses={"api": stripe_sandbox.url})
+
+
+@pytest.fixture
+def prepaid(acme):
+    """Acme on prepaid terms, as every sign-up is."""
+    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
+    acme.refresh_from_db()
+    return acme
+
+
+@pytest.fixture
+def ready_to_pay(prepaid, alice):
+    """Acme prepaid, Alice's address verified, and a billing country (GB: 20 % VAT): a top-up may go ahead."""
+    from django.utils import timezone
+
+    from marketplace.models.billing import BillingProfile, EmailVerification
+
+    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
+    BillingProfile.objects.create(organization=prepaid, country="GB")
+    return prepaid

@@ -7,23 +7,13 @@ import datetime as dt
 import re
 
 import pytest
-from django.utils import timezone
 
 from marketplace.billing.book import credit_available
-from marketplace.models import Organization
-from marketplace.models.billing import BillingProfile, EmailVerification, TopUp, TopUpState
+from marketplace.models.billing import TopUp, TopUpState
 from tests.browser.conftest import shoot, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NEXT_YEAR = f"{(dt.date.today().year + 1) % 100:02d}"
-
-
-@pytest.fixture
-def ready_to_pay(acme, alice):
-    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
-    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
-    BillingProfile.objects.create(organization=acme, country="GB")
-    return acme
 
 
 def _to_the_card_page(page, live_server, alice, stripe_sandbox, amount: str) -> None:

@@ -50,22 +50,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def prepaid(acme):
-    """Acme on prepaid terms, as every sign-up is."""
-    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
-    acme.refresh_from_db()
-    return acme
-
-
-@pytest.fixture
-def ready_to_pay(prepaid, alice):
-    """Alice has verified her address and Acme has a billing country (GB: 20 % VAT)."""
-    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
-    BillingProfile.objects.create(organization=prepaid, country="GB")
-    return prepaid
-
-
-@pytest.fixture
 def api(alice) -> APIClient:
     client = APIClient()
     client.force_authenticate(alice)

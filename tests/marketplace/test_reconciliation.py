@@ -14,7 +14,6 @@ import datetime as dt
 import io
 
 import pytest
-import stripe
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -34,24 +33,9 @@ from marketplace.models import (
     ReconciliationMismatch,
     ReconciliationRun,
 )
-from marketplace.models.billing import BillingProfile, EmailVerification
 from tests.factories import OrganizationFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def ready_to_pay(acme, alice):
-    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
-    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
-    BillingProfile.objects.create(organization=acme, country="GB")
-    acme.refresh_from_db()
-    return acme
-
-
-@pytest.fixture
-def sdk(stripe_sandbox) -> stripe.StripeClient:
-    return stripe.StripeClient("sk_test_sandbox", base_addresses={"api": stripe_sandbox.url})
 
 
 def _topup(organization, user, amount: int, key: str) -> None:

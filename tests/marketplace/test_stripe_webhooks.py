@@ -19,32 +19,15 @@ import uuid
 import pytest
 import stripe
 from django.test import Client
-from django.utils import timezone
 
 from marketplace.billing.book import credit_available
 from marketplace.billing.payments import TopUpRequest, topup_start
-from marketplace.models import Organization
-from marketplace.models.billing import BillingProfile, EmailVerification, StripeEvent, TopUp, TopUpState
+from marketplace.models.billing import StripeEvent, TopUp, TopUpState
 from sandboxes.stripe.wire import sign
 
 pytestmark = pytest.mark.django_db
 
 SECRET = "whsec_test_broker"  # what the stripe_sandbox fixture signs with (tests/conftest.py)
-
-
-@pytest.fixture
-def ready_to_pay(acme, alice):
-    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
-    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
-    BillingProfile.objects.create(organization=acme, country="GB")
-    acme.refresh_from_db()
-    return acme
-
-
-@pytest.fixture
-def sdk(stripe_sandbox) -> stripe.StripeClient:
-    """The official SDK on the sandbox, acting as someone else than the broker: a connected account's own system."""
-    return stripe.StripeClient("sk_test_sandbox", base_addresses={"api": stripe_sandbox.url})
 
 
 def _post(payload: str, signature: str):

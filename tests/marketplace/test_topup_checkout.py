@@ -22,21 +22,11 @@ from django.utils import timezone
 
 from marketplace.billing.book import credit_available
 from marketplace.billing.payments import topups_settle_stale
-from marketplace.models import BookEntry, Organization
-from marketplace.models.billing import BillingProfile, EmailVerification, TopUp, TopUpState
+from marketplace.models import BookEntry
+from marketplace.models.billing import BillingProfile, TopUp, TopUpState
 
 pytestmark = pytest.mark.django_db
 GOOD = {"number": "4242 4242 4242 4242", "expiry": "12 / 39", "cvc": "123", "name": "Alice Buyer"}
-
-
-@pytest.fixture
-def ready_to_pay(acme, alice):
-    """Acme is prepaid, Alice verified her address, and the billing country is set."""
-    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
-    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
-    BillingProfile.objects.create(organization=acme, country="GB")
-    acme.refresh_from_db()
-    return acme
 
 
 @pytest.fixture
