@@ -252,7 +252,7 @@ class Booter:
         if machine is None:
             return
         if machine.thread is not None:
-            machine.agent.executor = _PowerCut(machine.executor)  # type: ignore[assignment]
+            machine.agent.executor = _PowerCut(machine.executor)
             machine.stop.set()
         else:
             _power_cut(machine.executor)

@@ -41,7 +41,9 @@ from providers.types import InstanceHandle, InstanceState
 
 log = logging.getLogger(__name__)
 
-_GONE = (InstanceState.TERMINATED, InstanceState.STOPPING)
+# Not taken as an orphan to terminate: an instance ending, or stopped with its disk kept (a broker-stopped
+# order's own machine, or one stopped by someone else, which the ended-instance settling terminates).
+_GONE = (InstanceState.TERMINATED, InstanceState.STOPPING, InstanceState.STOPPED)
 
 
 @dataclasses.dataclass
