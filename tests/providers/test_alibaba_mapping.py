@@ -394,7 +394,7 @@ def test_spot_strategy(model: PricingModel, max_price: Decimal | None, expected:
         ("Starting", InstanceState.PENDING),
         ("Running", InstanceState.RUNNING),
         ("Stopping", InstanceState.STOPPING),
-        ("Stopped", InstanceState.STOPPING),
+        ("Stopped", InstanceState.STOPPED),
         ("Levitating", InstanceState.UNKNOWN),
     ],
 )
