@@ -41,9 +41,9 @@ from providers.types import InstanceHandle, InstanceState
 
 log = logging.getLogger(__name__)
 
-# Not taken as an orphan to terminate: an instance ending, or stopped with its disk kept (a broker-stopped
-# order's own machine, or one stopped by someone else, which the ended-instance settling terminates).
-_GONE = (InstanceState.TERMINATED, InstanceState.STOPPING, InstanceState.STOPPED)
+# Ending already: nothing to terminate. A STOPPED instance is not gone (its disk is kept, and billed, until it is
+# terminated): it is the order's own machine (one the broker stopped) or an orphan to terminate like any other.
+_GONE = (InstanceState.TERMINATED, InstanceState.STOPPING)
 
 
 @dataclasses.dataclass
@@ -101,7 +101,8 @@ def _order_reconcile_account(order: Order, account: ProviderAccount, report: Rec
         live = order.state not in Order.FINAL_STATES
         if known is not None and known.active and live:
             continue  # the order's own machine
-        if known is None and order.state == OrderState.PROVISIONING:
+        # A stopped machine is not adopted: nobody's boot will make it ready; the order launches afresh.
+        if known is None and order.state == OrderState.PROVISIONING and handle.state != InstanceState.STOPPED:
             attempt = _pending_attempt_for(order, account, handle)
             if attempt is not None and not Instance.objects.filter(order=order, active=True).exists():
                 record_launch(order, attempt, handle, adopted=True)
