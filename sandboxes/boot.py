@@ -54,6 +54,7 @@ log = logging.getLogger("sandboxes.boot")
 SANDBOX_UID_FIRST = 3_500_000  # the sandbox clouds' machines: apart from the simulated hosts' lease uids
 MAX_PORTS = 15
 DISK_QUOTA_BYTES = 100 * 10**9
+POWER_OFF_JOIN_S = 5.0  # how long a power-off waits for the machine's agent thread to notice and end
 
 
 def sandbox_runtime(owner: str) -> ContainerRuntime | None:
@@ -133,15 +134,15 @@ class BootedMachine:
 
 
 class _PowerCut:
-    """A powered-off machine's executor as its agent's thread sees it on the way out: what the agent's exit would
-    tear down (the lease's container, its work directory) is only stopped, as a machine's shutdown stops it, and
-    kept for the next start."""
+    """A powered-off machine's executor as its agent's thread sees it on the way out: ``power_off`` has already
+    cut the power (stopped the container, closed the sockets), so the agent's exit must not tear down what the
+    machine keeps for its next start (the lease's container, its work directory)."""
 
     def __init__(self, executor: SimulatedExecutor | LeaseExecutor):
         self.executor = executor
 
     def stop(self) -> None:
-        _power_cut(self.executor)
+        return None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.executor, name)
@@ -254,8 +255,10 @@ class Booter:
         if machine.thread is not None:
             machine.agent.executor = _PowerCut(machine.executor)
             machine.stop.set()
-        else:
-            _power_cut(machine.executor)
+            # Before a start can follow (a reboot is power_off then power_on at once): the old agent must not
+            # act on the machine once the new one runs.
+            machine.thread.join(timeout=POWER_OFF_JOIN_S)
+        _power_cut(machine.executor)
         self._record(instance_id, "powered_off")
 
     def power_on(self, instance_id: str) -> BootedMachine | None:

@@ -467,7 +467,9 @@ class GcpAdapter(ProviderAdapter):
         """``instances.start`` and its operation followed to the end: no capacity in the zone
         (``ZONE_RESOURCE_POOL_EXHAUSTED``) is ``CapacityUnavailable`` and the instance stays TERMINATED with its
         disks. A no-op (no write) when the instance is provisioning, staging or running. A start while a stop is
-        still under way is refused by GCP (``resourceNotReady``, transient)."""
+        still under way is refused by GCP (``resourceNotReady``, transient). The operation is followed for about
+        20 s (``settle_zone``); one that fails later leaves the instance TERMINATED again, which ``describe`` then
+        reports as ``STOPPED``."""
         zone, name, current = self._current(region, instance_id)
         if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
             return current
