@@ -166,7 +166,10 @@ class ProviderAdapter(abc.ABC):
     def stop(self, region: str, instance_id: str) -> InstanceHandle:
         """Stop the instance, keeping its disk, so ``start`` brings it back. Idempotent: stopping a stopped
         instance is a no-op. Returns the handle, ``STOPPING`` until the provider reports it ``STOPPED``.
-        Raises ``ProviderRequestRejected`` where the provider cannot stop it (or has no stop)."""
+        Raises ``ProviderRequestRejected`` where the provider cannot stop it (or has no stop): an instance it no
+        longer has, one terminated, or one its cloud will not stop (EC2 refuses a one-time spot instance,
+        ``UnsupportedOperation``). Where the cloud has a stop that bills less than another (Azure's deallocate,
+        Alibaba's and Tencent's stop without charges), this stop is the one ``stopped_billing`` describes."""
         raise ProviderRequestRejected(
             f"{self.kind} cannot stop an instance and keep its disk", code="Unsupported", provider=self.kind
         )

@@ -3,7 +3,11 @@ starts the lease agent (``providers/community/lease.py``) with a simulated execu
 start it from the boot script on a real machine.
 
 Every sandbox owns a ``Booter`` and calls ``boot`` when one of its instances first reaches running and
-``halt`` when it is terminated. Modes:
+``halt`` when it is terminated. A cloud's stop that keeps the disk calls ``power_off`` (the agent stops, a
+machine's container is stopped but kept, nothing answers SSH) and its start ``power_on``: the machine's agent
+starts again as at boot, and with the key it kept at its first boot re-attaches to its lease
+(``LeaseAgent.reattach``) instead of spending the boot token again; a container is started again, never a
+second one. A reboot is ``power_off`` then ``power_on``. Modes:
 
 - ``thread`` (a served sandbox's, so ``bin/run``'s): each booted instance runs its agent in a daemon thread,
   which phones home over HTTP to the broker URL in its lease file;
@@ -50,6 +54,7 @@ log = logging.getLogger("sandboxes.boot")
 SANDBOX_UID_FIRST = 3_500_000  # the sandbox clouds' machines: apart from the simulated hosts' lease uids
 MAX_PORTS = 15
 DISK_QUOTA_BYTES = 100 * 10**9
+POWER_OFF_JOIN_S = 5.0  # how long a power-off waits for the machine's agent thread to notice and end
 
 
 def sandbox_runtime(owner: str) -> ContainerRuntime | None:
@@ -103,6 +108,10 @@ def simulated_gpus(model_key: str, count: int, memory_gb: int) -> list[GpuSeen]:
     return [GpuSeen(index, name, memory_gb, limit) for index in range(count)]
 
 
+def _machine_name(instance_id: str) -> str:
+    return "i-" + hashlib.sha256(instance_id.encode()).hexdigest()[:12]
+
+
 class BootMode(enum.StrEnum):
     THREAD = "thread"
     HOLD = "hold"
@@ -119,6 +128,33 @@ class BootedMachine:
     agent: LeaseAgent
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    gpus: list[GpuSeen] = field(default_factory=list)
+    ssh_host: str = "127.0.0.1"
+    key_file: Path | None = None  # where the agent keeps its claimed key, as a machine's own agent does
+
+
+class _PowerCut:
+    """A powered-off machine's executor as its agent's thread sees it on the way out: ``power_off`` has already
+    cut the power (stopped the container, closed the sockets), so the agent's exit must not tear down what the
+    machine keeps for its next start (the lease's container, its work directory)."""
+
+    def __init__(self, executor: SimulatedExecutor | LeaseExecutor):
+        self.executor = executor
+
+    def stop(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.executor, name)
+
+
+def _power_cut(executor: SimulatedExecutor | LeaseExecutor) -> None:
+    """Stop what runs on the machine and keep what it wrote: a container is stopped, not removed."""
+    if isinstance(executor, LeaseExecutor):
+        if executor.walls is not None:
+            executor.walls.docker("stop", executor.walls.container, timeout=120)
+        return
+    executor.stop()  # a simulated machine holds nothing but the sockets it answers on
 
 
 @dataclass(frozen=True)
@@ -126,7 +162,7 @@ class BootRecord:
     """What happened when an instance booted, for tests and the sandbox's control API."""
 
     instance_id: str
-    outcome: str  # "booted", "silent", "no_user_data", "unreadable"
+    outcome: str  # "booted", "silent", "no_user_data", "unreadable", "powered_off", "started_again"
     detail: str = ""
 
 
@@ -145,6 +181,7 @@ class Booter:
         self.containers: ContainerRuntime | None = None
         self.uid_first = SANDBOX_UID_FIRST
         self._work_root: Path | None = None
+        self._powered_off: dict[str, BootedMachine] = {}
 
     def boot(
         self,
@@ -159,7 +196,7 @@ class Booter:
         """Start the lease agent the user data asks for; None when there is none to start (no user data, a
         script the broker did not write, or a ``boot_silent`` fault). Booting an instance twice is a no-op."""
         with self._lock:
-            if instance_id in self._machines or self.mode is BootMode.OFF:
+            if instance_id in self._machines or instance_id in self._powered_off or self.mode is BootMode.OFF:
                 return self._machines.get(instance_id)
         if not user_data:
             self._record(instance_id, "no_user_data")
@@ -184,16 +221,73 @@ class Booter:
             else SimulatedExecutor(gpus, fail_workload=failure, ssh_host=ssh_host)
         )
         transport = self.transport_factory(str(lease["broker_url"])) if self.transport_factory else None
-        machine = BootedMachine(instance_id, lease, executor, LeaseAgent(lease, executor, transport=transport))
+        key_file = self._work() / f"{_machine_name(instance_id)}.key"
+        agent = LeaseAgent(lease, executor, transport=transport, key_file=key_file)
+        machine = BootedMachine(instance_id, lease, executor, agent, gpus=gpus, ssh_host=ssh_host, key_file=key_file)
         with self._lock:
             self._machines[instance_id] = machine
         self._record(instance_id, "booted")
+        self._run(machine)
+        return machine
+
+    def _run(self, machine: BootedMachine) -> None:
         if self.mode is BootMode.THREAD:
             machine.thread = threading.Thread(
-                target=machine.agent.run, args=(machine.stop,), name=f"lease:{instance_id}", daemon=True
+                target=machine.agent.run, args=(machine.stop,), name=f"lease:{machine.instance_id}", daemon=True
             )
             machine.thread.start()
+
+    def _work(self) -> Path:
+        with self._lock:
+            if self._work_root is None:
+                self._work_root = Path(tempfile.mkdtemp(prefix="gpu-broker-sandbox-machines-"))
+            return self._work_root
+
+    def power_off(self, instance_id: str) -> None:
+        """The instance stopped with its disk kept: its agent stops, its container is stopped (not removed) and
+        nothing answers on its ports. A machine that never booted, or is off already, is left as it is."""
+        with self._lock:
+            machine = self._machines.pop(instance_id, None)
+            if machine is not None:
+                self._powered_off[instance_id] = machine
+        if machine is None:
+            return
+        if machine.thread is not None:
+            machine.agent.executor = _PowerCut(machine.executor)
+            machine.stop.set()
+            # Before a start can follow (a reboot is power_off then power_on at once): the old agent must not
+            # act on the machine once the new one runs.
+            machine.thread.join(timeout=POWER_OFF_JOIN_S)
+        _power_cut(machine.executor)
+        self._record(instance_id, "powered_off")
+
+    def power_on(self, instance_id: str) -> BootedMachine | None:
+        """The stopped instance runs again: a fresh agent on the same machine (same lease file, same kept key,
+        same container and work directory) re-attaches to its lease. None when the machine was not powered off
+        by ``power_off`` (it never booted an agent)."""
+        with self._lock:
+            old = self._powered_off.pop(instance_id, None)
+        if old is None:
+            return None
+        executor: SimulatedExecutor | LeaseExecutor
+        if isinstance(old.executor, LeaseExecutor):
+            executor = LeaseExecutor(old.executor.plan, old.executor.devices, simulate=True, ssh_host=old.ssh_host,
+                                     disk_poll_s=None, runtime=self.containers)  # fmt: skip
+        else:
+            executor = SimulatedExecutor(old.gpus, fail_workload=old.executor.fail_workload, ssh_host=old.ssh_host)
+        transport = self.transport_factory(str(old.lease["broker_url"])) if self.transport_factory else None
+        agent = LeaseAgent(old.lease, executor, transport=transport, key_file=old.key_file)
+        machine = BootedMachine(instance_id, old.lease, executor, agent, gpus=old.gpus, ssh_host=old.ssh_host,
+                                key_file=old.key_file)  # fmt: skip
+        with self._lock:
+            self._machines[instance_id] = machine
+        self._record(instance_id, "started_again")
+        self._run(machine)
         return machine
+
+    def powered_off(self, instance_id: str) -> bool:
+        with self._lock:
+            return instance_id in self._powered_off
 
     def _container(
         self, instance_id: str, lease: dict[str, Any], gpus: list[GpuSeen], failure: str | None, ssh_host: str
@@ -201,15 +295,13 @@ class Booter:
         """A walled container for the machine, on stand-in GPUs: the host agent's executor with the whole
         (simulated) machine as its share."""
         assert self.containers is not None
-        if self._work_root is None:
-            self._work_root = Path(tempfile.mkdtemp(prefix="gpu-broker-sandbox-machines-"))
-        name = "i-" + hashlib.sha256(instance_id.encode()).hexdigest()[:12]
+        name = _machine_name(instance_id)
         exposed = tuple(int(p) for p in lease.get("ports") or [] if int(p) != 22)[:MAX_PORTS]
         with self._lock:
             used = {m.executor.plan.uid for m in self._machines.values() if isinstance(m.executor, LeaseExecutor)}
         uid = next(lease_uid(slot, self.uid_first) for slot in range(len(used) + 1)
                    if lease_uid(slot, self.uid_first) not in used)  # fmt: skip
-        work = self._work_root / name
+        work = self._work() / name
         plan = LeasePlan(
             lease_id=name, gpu_indexes=tuple(g.index for g in gpus), host_ports=free_ports(1 + len(exposed)),
             work_dir=work, disk_quota_bytes=DISK_QUOTA_BYTES, user=user_plan("unused", work), exposed=exposed,
@@ -234,16 +326,18 @@ class Booter:
             return list(self._machines.values())
 
     def halt(self, instance_id: str) -> None:
-        """The instance is gone: stop its agent and close its sockets."""
+        """The instance is gone: stop its agent and close its sockets (a powered-off machine's container, kept
+        while it was stopped, is removed now)."""
         with self._lock:
-            machine = self._machines.pop(instance_id, None)
+            machine = self._machines.pop(instance_id, None) or self._powered_off.pop(instance_id, None)
         if machine is not None:
             machine.stop.set()
             machine.executor.stop()
 
     def reset(self) -> None:
         with self._lock:
-            machines, self._machines = list(self._machines.values()), {}
+            machines = [*self._machines.values(), *self._powered_off.values()]
+            self._machines, self._powered_off = {}, {}
             self.records = []
         for machine in machines:
             machine.stop.set()

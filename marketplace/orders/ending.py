@@ -105,7 +105,7 @@ def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> 
     """Record what the provider now says of an ended instance, so the order page, the order list and the API
     show the provider's state rather than the one its terminate answered. A provider that no longer knows the
     instance has terminated it (clouds forget deleted machines, at once or after a while). One still stopping
-    ``STOPPED_GRACE`` after its end is terminated again: a machine the provider stopped rather than took
+    or stopped ``STOPPED_GRACE`` after its end is terminated again: a machine the provider stopped rather than took
     (AWS "stopped", Azure "stopped" or deallocated, GCP's TERMINATED) keeps its disks billed, and Azure's
     "stopped" its compute, until someone deletes it. So is one still running: a lost instance (``unknown``,
     its host went silent) as soon as its host answers again, since the broker no longer pays for it, and any
@@ -126,7 +126,8 @@ def instance_end_settle(*, instance_id: int, now: dt.datetime | None = None) -> 
         ended_at = instance.terminated_at or now
         # A lost machine had no terminate in flight (nobody could reach its host): it is stopped once seen.
         settled_late = lost or ended_at <= now - STOPPED_GRACE
-        if state in (InstanceState.STOPPING, InstanceState.RUNNING, InstanceState.PENDING) and settled_late:
+        live = (InstanceState.STOPPING, InstanceState.STOPPED, InstanceState.RUNNING, InstanceState.PENDING)
+        if state in live and settled_late:
             state = adapter.terminate(instance.region, instance.provider_instance_id).state
     except ProviderRequestRejected as exc:
         if not unknown_instance(exc):

@@ -41,6 +41,8 @@ from providers.types import InstanceHandle, InstanceState
 
 log = logging.getLogger(__name__)
 
+# Ending already: nothing to terminate. A STOPPED instance is not gone (its disk is kept, and billed, until it is
+# terminated): it is the order's own machine (one the broker stopped) or an orphan to terminate like any other.
 _GONE = (InstanceState.TERMINATED, InstanceState.STOPPING)
 
 
@@ -99,7 +101,8 @@ def _order_reconcile_account(order: Order, account: ProviderAccount, report: Rec
         live = order.state not in Order.FINAL_STATES
         if known is not None and known.active and live:
             continue  # the order's own machine
-        if known is None and order.state == OrderState.PROVISIONING:
+        # A stopped machine is not adopted: nobody's boot will make it ready; the order launches afresh.
+        if known is None and order.state == OrderState.PROVISIONING and handle.state != InstanceState.STOPPED:
             attempt = _pending_attempt_for(order, account, handle)
             if attempt is not None and not Instance.objects.filter(order=order, active=True).exists():
                 record_launch(order, attempt, handle, adopted=True)

@@ -84,7 +84,14 @@ def order_check_running(*, order_id: int, now: dt.datetime | None = None, descri
             handle = _gone_handle(instance, exc.code)
         except TransientProviderError as exc:
             return _check_unanswered(order, instance, now, exc)
-    if handle.state not in (InstanceState.TERMINATED, InstanceState.FAILED, InstanceState.STOPPING):
+    # A running order's machine stopped at its provider (not by the broker: an order it stopped is not running)
+    # is out of service for the buyer, the same as one stopping or taken.
+    if handle.state not in (
+        InstanceState.TERMINATED,
+        InstanceState.FAILED,
+        InstanceState.STOPPING,
+        InstanceState.STOPPED,
+    ):
         return Step.DONE
     spot = order.pricing_model == PricingModel.SPOT
     reason = f"instance {instance.provider_instance_id} {handle.state.value} by the provider" + (

@@ -419,6 +419,46 @@ class AlibabaAdapter(AlibabaOrderResources, ProviderAdapter):
 
     # ------------------------------------------------------------------------------------------------- boot
 
+    # ---------------------------------------------------------------------------- stop, start, reboot
+
+    stoppable: ClassVar[bool] = True
+    # Economical mode (StoppedMode=StopCharging, pay-as-you-go and spot instances in a VPC): "computing resources,
+    # such as vCPUs, memory, GPUs" are no longer billed; "system disks, data disks, EIPs and snapshots" continue
+    # to be billed (ECS User Guide, Economical mode, https://www.alibabacloud.com/help/en/ecs/user-guide/economical-mode).
+    stopped_billing: ClassVar[str] = (
+        "its cloud disks (system and data disks, and any EIP or snapshots); a pay-as-you-go instance stopped in "
+        "economical mode is not billed for vCPUs, memory or GPUs (ECS, Economical mode, "
+        "https://www.alibabacloud.com/help/en/ecs/user-guide/economical-mode)"
+    )
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StopInstance`` with ``StoppedMode=StopCharging`` (economical mode: compute released and no longer
+        billed, disks kept); a no-op (no write) when ECS reports the instance Stopped or Stopping. ECS refuses any
+        other status (``IncorrectInstanceStatus``) and an id it does not list (``InvalidInstanceId.NotFound``):
+        ``ProviderRequestRejected``."""
+        current = self.describe(region, instance_id)
+        if current.extra.get("status") in ("Stopped", "Stopping"):
+            return current
+        self._client.call(region, "StopInstance", {"InstanceId": instance_id, "StoppedMode": "StopCharging"})
+        return self.describe(region, instance_id)
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StartInstance``; a no-op (no write) when the instance is pending, starting or running. An instance
+        stopped in economical mode must find its compute again: none in its zone is ``CapacityUnavailable``
+        (``OperationDenied.NoStock``) and it stays Stopped with its disks."""
+        current = self.describe(region, instance_id)
+        if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
+            return current
+        self._client.call(region, "StartInstance", {"InstanceId": instance_id})
+        return self.describe(region, instance_id)
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """``RebootInstance``: a restart in place (same disks, same addresses). ECS refuses an instance that is not
+        Running (``IncorrectInstanceStatus``): ``ProviderRequestRejected``."""
+        self.describe(region, instance_id)  # an id ECS does not list: InvalidInstanceId.NotFound, named
+        self._client.call(region, "RebootInstance", {"InstanceId": instance_id})
+        return self.describe(region, instance_id)
+
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Release the instance with ``DeleteInstances(Force=True)``; TERMINATED once ECS accepted the release.
 

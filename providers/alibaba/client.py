@@ -48,6 +48,9 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "DescribeInstances": ("DescribeInstancesRequest", "describe_instances_with_options"),
     "DescribeInstanceStatus": ("DescribeInstanceStatusRequest", "describe_instance_status_with_options"),
     "DeleteInstances": ("DeleteInstancesRequest", "delete_instances_with_options"),
+    "StopInstance": ("StopInstanceRequest", "stop_instance_with_options"),
+    "StartInstance": ("StartInstanceRequest", "start_instance_with_options"),
+    "RebootInstance": ("RebootInstanceRequest", "reboot_instance_with_options"),
     # What a booted launch creates and releases, and the reads that show what it carried.
     "DescribeImages": ("DescribeImagesRequest", "describe_images_with_options"),
     "DescribeVSwitches": ("DescribeVSwitchesRequest", "describe_vswitches_with_options"),

@@ -42,8 +42,8 @@ STATES: dict[str, InstanceState] = {
     "Starting": InstanceState.PENDING,
     "Running": InstanceState.RUNNING,
     "Stopping": InstanceState.STOPPING,
-    # A stopped pay-as-you-go instance holds no GPU for the buyer: out of service but not released, as on AWS.
-    "Stopped": InstanceState.STOPPING,
+    # Stopped with its disks kept: ``StartInstance`` brings it back (issue 36). Not released, and not in service.
+    "Stopped": InstanceState.STOPPED,
 }
 
 
@@ -89,6 +89,7 @@ def instance_handle(item: Mapping[str, Any], region: str) -> InstanceHandle:
                 "charge_type": str(item.get("InstanceChargeType") or ""),
                 "image_id": str(item.get("ImageId") or ""),
                 "vswitch_id": str(vpc.get("VSwitchId") or ""),
+                "stopped_mode": str(item.get("StoppedMode") or ""),
             },
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -377,21 +377,59 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
             raise errors.malformed(f"run_instances returned {len(handles)} instances for MaxCount=1")
         return handles[0]
 
-    def terminate(self, region: str, instance_id: str) -> InstanceHandle:
-        """Terminate the instance; a no-op (no API write) when it is already terminated.
+    # ---------------------------------------------------------------------------- stop, start, reboot
 
-        Raises ``ProviderRequestRejected`` (InvalidInstanceID.NotFound) for an id AWS does not know.
-        """
-        # Describe first: terminate_instances answers without zone or type, and a terminated instance needs no write.
+    stoppable: ClassVar[bool] = True
+    # "We don't charge usage for a stopped instance, or data transfer fees; however, your root partition Amazon
+    # EBS volume remains and continues to persist your data, and you are charged for Amazon EBS volume usage"
+    # (EC2 API reference, StopInstances, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html).
+    stopped_billing: ClassVar[str] = (
+        "its EBS volumes (disk storage); the instance itself is not billed while stopped (EC2 API reference, "
+        "StopInstances, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html)"
+    )
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StopInstances``; a no-op (no API write) when the instance is stopped or stopping already. EC2 refuses
+        a terminated instance (``IncorrectInstanceState``) and a one-time spot instance (``UnsupportedOperation``):
+        ``ProviderRequestRejected``."""
         current = self.describe(region, instance_id)
-        if current.state is InstanceState.TERMINATED or current.state is InstanceState.FAILED:
+        if current.state is InstanceState.STOPPED or current.extra.get("state_name") == "stopping":
             return current
-        result = self._client.call(region, "terminate_instances", InstanceIds=[instance_id])
+        result = self._client.call(region, "stop_instances", InstanceIds=[instance_id])
+        return self._changed(current, result, "StoppingInstances")
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StartInstances``; a no-op (no API write) when the instance is pending or running already. No room
+        to start it in its zone is ``CapacityUnavailable`` (``InsufficientInstanceCapacity``); the instance stays
+        stopped with its volumes. A stop still under way or a terminated instance is refused by EC2
+        (``IncorrectInstanceState``): ``ProviderRequestRejected``."""
+        current = self.describe(region, instance_id)
+        if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
+            return current
+        # The no-retry client, as for a launch: botocore would retry the 500 of InsufficientInstanceCapacity.
+        result = self._client.once(region, "start_instances", InstanceIds=[instance_id])
+        return self._changed(current, result, "StartingInstances")
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """``RebootInstances``: the instance keeps its volumes, addresses and state ``running`` throughout. EC2
+        refuses a stopped or terminated instance (``IncorrectInstanceState``): ``ProviderRequestRejected``."""
+        current = self.describe(region, instance_id)
+        if current.state is not InstanceState.RUNNING:
+            raise ProviderRequestRejected(
+                f"instance {instance_id} is {current.extra.get('state_name', current.state.value)}, not running",
+                code="IncorrectInstanceState",
+                provider=errors.PROVIDER,
+            )
+        self._client.call(region, "reboot_instances", InstanceIds=[instance_id])
+        return current
+
+    def _changed(self, current: InstanceHandle, result: dict[str, Any], key: str) -> InstanceHandle:
+        """``current`` in the state a Stop/Start/TerminateInstances answer reports for it."""
         try:
-            entry = next(t for t in result["TerminatingInstances"] if t["InstanceId"] == instance_id)
+            entry = next(t for t in result[key] if t["InstanceId"] == current.instance_id)
             state_name = str(entry["CurrentState"]["Name"])
         except (KeyError, TypeError, StopIteration) as exc:
-            raise errors.malformed(f"terminate_instances answer without {instance_id} ({exc!r})") from None
+            raise errors.malformed(f"answer without {current.instance_id} in {key} ({exc!r})") from None
         return InstanceHandle(
             instance_id=current.instance_id,
             region=current.region,
@@ -404,3 +442,15 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
             tags=current.tags,
             extra={**current.extra, "state_name": state_name},
         )
+
+    def terminate(self, region: str, instance_id: str) -> InstanceHandle:
+        """Terminate the instance; a no-op (no API write) when it is already terminated.
+
+        Raises ``ProviderRequestRejected`` (InvalidInstanceID.NotFound) for an id AWS does not know.
+        """
+        # Describe first: terminate_instances answers without zone or type, and a terminated instance needs no write.
+        current = self.describe(region, instance_id)
+        if current.state is InstanceState.TERMINATED or current.state is InstanceState.FAILED:
+            return current
+        result = self._client.call(region, "terminate_instances", InstanceIds=[instance_id])
+        return self._changed(current, result, "TerminatingInstances")

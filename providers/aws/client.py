@@ -228,6 +228,13 @@ class AwsClient:
             result: dict[str, Any] = self._client("ec2", region, retries=False).run_instances(**params)
             return result
 
+    def once(self, region: str, operation: str, **params: Any) -> dict[str, Any]:
+        """One EC2 write exactly once (``start_instances``): a capacity refusal (HTTP 500) reaches the broker on
+        the first answer instead of after botocore's retries."""
+        method: Callable[..., dict[str, Any]] = getattr(self._client("ec2", region, retries=False), operation)
+        with _sdk_errors():
+            return method(**params)
+
     def parameter(self, region: str, name: str) -> str:
         """The value of one Systems Manager parameter (e.g. the public parameter naming a region's current AMI).
 

@@ -39,9 +39,8 @@ STATES: dict[str, InstanceState] = {
     "pending": InstanceState.PENDING,
     "running": InstanceState.RUNNING,
     "stopping": InstanceState.STOPPING,
-    # A stopped instance holds no GPU for the buyer and is not billed for compute: for the broker it is gone
-    # from service but not terminated, the same bucket as stopping.
-    "stopped": InstanceState.STOPPING,
+    # Stopped with its EBS volumes kept: ``start`` brings it back (issue 36). Not terminated, and not in service.
+    "stopped": InstanceState.STOPPED,
     "shutting-down": InstanceState.STOPPING,
     "terminated": InstanceState.TERMINATED,
 }

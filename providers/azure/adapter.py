@@ -380,6 +380,49 @@ class AzureAdapter(ProviderAdapter):
         except Exception:  # noqa: S110 - cleanup of a failed VM must not hide the launch's own error
             pass
 
+    # ---------------------------------------------------------------------------- stop, start, reboot
+
+    stoppable: ClassVar[bool] = True
+    # Deallocate "shuts down the virtual machine and releases the compute resources. You are not billed for the
+    # compute resources that this virtual machine uses" (Compute REST API reference, Virtual Machines - Deallocate,
+    # https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/deallocate); its managed disks remain and
+    # are billed as storage ("States and billing status of Azure Virtual Machines",
+    # https://learn.microsoft.com/en-us/azure/virtual-machines/states-billing). Power Off alone ("stopped") keeps
+    # the hardware allocated and billed, so the broker's stop deallocates.
+    stopped_billing: ClassVar[str] = (
+        "its managed disks (storage); a deallocated VM's compute is not billed (Azure Virtual Machines - "
+        "Deallocate, https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/deallocate)"
+    )
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """Deallocate the VM (its disk, NIC and name kept, its compute released and no longer billed), waiting up
+        to ``terminate_wait_s``. A no-op (no write) when it is deallocated or deallocating already; a VM only
+        powered off ("stopped", still billed) is deallocated. Raises ``ProviderRequestRejected`` for a VM Azure does
+        not have (``ResourceNotFound``) or is deleting (409 ``OperationNotAllowed``)."""
+        current = self.describe(region, instance_id)
+        if current.extra.get("power_state") in ("deallocated", "deallocating"):
+            return current
+        self._client.power_vm(self.resource_group, instance_id, "deallocate", wait_s=self.terminate_wait_s)
+        return self.describe(region, instance_id)
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """Start the VM again, waiting up to ``launch_wait_s`` for Azure to allocate it. A no-op (no write) when it
+        is running or starting. An allocation failure (``AllocationFailed``, ``ZonalAllocationFailed``) is
+        ``CapacityUnavailable``; the VM stays deallocated with its disk. Raises ``ProviderRequestRejected`` for a VM
+        Azure does not have or is deleting."""
+        current = self.describe(region, instance_id)
+        if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
+            return current
+        self._client.power_vm(self.resource_group, instance_id, "start", wait_s=self.launch_wait_s)
+        return self.describe(region, instance_id)
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """Restart the running VM on its host (same disk, same addresses). Azure refuses a VM that is not running
+        (409 ``OperationNotAllowed``, "The operation requires the VM to be running"): ``ProviderRequestRejected``."""
+        self.describe(region, instance_id)  # a VM Azure does not have: ResourceNotFound, named
+        self._client.power_vm(self.resource_group, instance_id, "restart", wait_s=self.launch_wait_s)
+        return self.describe(region, instance_id)
+
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Delete the VM (its NIC, IP and OS disk go with it); waits up to ``terminate_wait_s``.
 

@@ -411,6 +411,25 @@ class AzureClient:
             lambda polling: self._read.virtual_machines.begin_delete(resource_group, name, polling=polling), wait_s
         )
 
+    def power_vm(self, resource_group: str, name: str, action: str, *, wait_s: float) -> bool:
+        """``begin_deallocate``, ``begin_start`` or ``begin_restart`` (``action``), waiting up to ``wait_s``; True
+        when the operation finished within it. A start is sent once (no retry): its allocation failure is the
+        broker's answer, raised as the operation's error (``AllocationFailed`` -> ``CapacityUnavailable``), as is a
+        synchronous refusal (409 ``OperationNotAllowed``)."""
+        polling: Any = _BoundedPolling(self.settings.polling_interval, wait_s) if wait_s > 0 else False
+        client = self._write if action == "start" else self._read
+        begin = {
+            "deallocate": client.virtual_machines.begin_deallocate,
+            "start": client.virtual_machines.begin_start,
+            "restart": client.virtual_machines.begin_restart,
+        }[action]
+        with _sdk_errors():
+            poller = begin(resource_group, name, polling=polling)
+        outcome = self._settle(poller)
+        if outcome["error"] is not None:
+            raise outcome["error"]
+        return bool(outcome["finished"]) and wait_s > 0
+
     def _delete(self, begin: Callable[[Any], Any], wait_s: float) -> bool:
         """Start a delete with polling bounded by ``wait_s``; True when it finished within it, or there was
         nothing to delete (404)."""

@@ -26,10 +26,11 @@ POWER_STATES: dict[str, InstanceState] = {
     "starting": InstanceState.PENDING,
     "running": InstanceState.RUNNING,
     "stopping": InstanceState.STOPPING,
-    # Stopped or deallocated VMs run nothing for the buyer: out of service, not deleted (as AWS "stopped").
-    "stopped": InstanceState.STOPPING,
+    # Stopped (still allocated, compute billed) or deallocated, with the disk kept: ``start`` brings the VM back
+    # (issue 36). The broker's own stop deallocates.
+    "stopped": InstanceState.STOPPED,
     "deallocating": InstanceState.STOPPING,
-    "deallocated": InstanceState.STOPPING,
+    "deallocated": InstanceState.STOPPED,
 }
 
 

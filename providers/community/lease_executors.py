@@ -8,6 +8,7 @@ Standard library only: it travels in the lease agent's bundle (``bundle.py``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import pwd
 import random
@@ -338,6 +339,10 @@ class SimulatedExecutor:
         self._closed.set()
         for listener in [self._listener, *self._services]:
             if listener is not None:
+                # close() alone leaves a socket that a thread blocks in accept() on still listening (Linux):
+                # shutdown wakes that thread, so nothing answers once the machine is stopped.
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)
                 listener.close()
 
 

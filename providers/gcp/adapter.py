@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote_plus
 
 from providers import ratelimit
@@ -422,6 +423,71 @@ class GcpAdapter(ProviderAdapter):
         spot = spec.pricing_model is PricingModel.SPOT
         needs = catalog.quota_needs(quotas, accelerator, spec.gpu_count, spec.vcpus, spot)
         quota_refuse_short(errors.PROVIDER, spec.region, quotas, needs)
+
+    # ---------------------------------------------------------------------------- stop, start, reboot
+
+    stoppable: ClassVar[bool] = True
+    # "Stopped instances do not incur VM usage charges while they are stopped. However, resources that the VM is
+    # using, such as persistent disks and static IP addresses, will continue to be charged until they are deleted"
+    # (Compute Engine API reference, instances.stop,
+    # https://cloud.google.com/compute/docs/reference/rest/v1/instances/stop). A stopped instance is TERMINATED.
+    stopped_billing: ClassVar[str] = (
+        "its persistent disks (and a static IP address, if reserved); a stopped (TERMINATED) instance's vCPUs, "
+        "memory and GPUs are not billed (Compute Engine instances.stop, "
+        "https://cloud.google.com/compute/docs/reference/rest/v1/instances/stop)"
+    )
+
+    def _current(self, region: str, instance_id: str) -> tuple[str, str, InstanceHandle]:
+        zone, name = mapping.split_instance_id(region, instance_id)
+        item = self._client.instance_get(zone, name)
+        if item is None:  # deleted (or never was): GCP answers 404 to stop, start and reset alike
+            raise ProviderRequestRejected(
+                f"instance {instance_id} not found in {region}", code="notFound", provider=errors.PROVIDER
+            )
+        return zone, name, mapping.instance_handle(item)
+
+    def _act(self, zone: str, name: str, action: str, request_id: str) -> None:
+        """Send the action and follow its operation to the end (bounded); raise the operation's error."""
+        operation = self._client.instance_action(zone, name, action, request_id)
+        errors.raise_operation_error(operation)
+        errors.raise_operation_error(self._client.settle_zone(zone, operation))
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """``instances.stop``; a no-op (no write) when GCP reports the instance TERMINATED (its word for stopped)
+        or STOPPING already. Each call is a request of its own: a fresh request id, which the client's own retries
+        of it share (GCP answers a repeated id with the first operation, a failed one included). Raises
+        ``ProviderRequestRejected`` (notFound) for a deleted instance."""
+        zone, name, current = self._current(region, instance_id)
+        if current.extra.get("status") in ("TERMINATED", "STOPPING"):
+            return current
+        self._act(zone, name, "stop", str(uuid.uuid4()))
+        return self.describe(region, instance_id)
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """``instances.start`` and its operation followed to the end: no capacity in the zone
+        (``ZONE_RESOURCE_POOL_EXHAUSTED``) is ``CapacityUnavailable`` and the instance stays TERMINATED with its
+        disks. A no-op (no write) when the instance is provisioning, staging or running. A start while a stop is
+        still under way is refused by GCP (``resourceNotReady``, transient). The operation is followed for about
+        20 s (``settle_zone``); one that fails later leaves the instance TERMINATED again, which ``describe`` then
+        reports as ``STOPPED``."""
+        zone, name, current = self._current(region, instance_id)
+        if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
+            return current
+        self._act(zone, name, "start", str(uuid.uuid4()))
+        return self.describe(region, instance_id)
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """``instances.reset``: a hard reset in place (same disks, same addresses), the instance RUNNING throughout.
+        Only a running instance is reset: any other is ``ProviderRequestRejected`` before a call."""
+        zone, name, current = self._current(region, instance_id)
+        if current.extra.get("status") != "RUNNING":
+            raise ProviderRequestRejected(
+                f"instance {instance_id} is {current.extra.get('status') or 'not running'}, not RUNNING",
+                code="notRunning",
+                provider=errors.PROVIDER,
+            )
+        self._act(zone, name, "reset", str(uuid.uuid4()))
+        return self.describe(region, instance_id)
 
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """``instances.delete`` (Spot and on-demand alike). Idempotent: an instance GCP no longer has (404) is

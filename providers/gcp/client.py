@@ -413,6 +413,32 @@ class GcpClient:
             )
             return _as_dict(client.insert_unary(request=request, **self._call_options()))
 
+    def instance_action(self, zone: str, name: str, action: str, request_id: str) -> dict[str, Any]:
+        """``instances.stop``, ``instances.start`` or ``instances.reset`` (``action``): the Operation as GCP returned
+        it, not polled. Retried like a read: the request id makes a repeat return the first operation. A start
+        GCP has no capacity for is accepted and fails on its operation (``ZONE_RESOURCE_POOL_EXHAUSTED``)."""
+        client = self._client("instances")
+        kinds: dict[str, tuple[Any, str]] = {
+            "stop": (compute_v1.StopInstanceRequest, "stop_unary"),
+            "start": (compute_v1.StartInstanceRequest, "start_unary"),
+            "reset": (compute_v1.ResetInstanceRequest, "reset_unary"),
+        }
+        request_type, method = kinds[action]
+        request = request_type(project=self.project, zone=zone, instance=name, request_id=request_id)
+        send = getattr(client, method)
+        return self._read(lambda: _as_dict(send(request=request, **self._call_options())))
+
+    def settle_zone(self, zone: str, operation: dict[str, Any], polls: int = GLOBAL_OPERATION_POLLS) -> dict[str, Any]:
+        """The zone operation once DONE, polled with capped backoff; as last seen if it still runs after ``polls``
+        reads."""
+        for attempt in range(polls):
+            if operation.get("status") == "DONE" or not operation.get("name"):
+                return operation
+            if attempt:
+                time.sleep(min(BACKOFF_CAP_SECONDS, self.settings.retry_backoff * 2 ** (attempt - 1)))
+            operation = self.operation_get(zone, str(operation["name"]))
+        return operation
+
     def delete(self, zone: str, name: str, request_id: str) -> dict[str, Any] | None:
         """``instances.delete``; None when the instance is already gone (404). Retried like a read: the request
         id makes a repeat return the first operation instead of a second delete."""

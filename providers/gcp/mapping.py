@@ -41,9 +41,9 @@ STATES: dict[str, InstanceState] = {
     "PENDING_STOP": InstanceState.STOPPING,
     "SUSPENDING": InstanceState.STOPPING,
     "SUSPENDED": InstanceState.STOPPING,
-    # GCP's TERMINATED means *stopped*: the instance and its disks still exist and can be started again, so for
-    # the broker it is out of service but not gone. A deleted instance 404s; describe reports that as terminated.
-    "TERMINATED": InstanceState.STOPPING,
+    # GCP's TERMINATED means *stopped*: the instance and its disks still exist and ``instances.start`` brings it
+    # back (issue 36). A deleted instance 404s; describe reports that as terminated.
+    "TERMINATED": InstanceState.STOPPED,
 }
 # Statuses in which the outcome lives on an operation: a failed insert or a running delete.
 OPERATION_STATUSES = frozenset({"PROVISIONING", "STOPPING"})

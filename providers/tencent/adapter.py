@@ -510,6 +510,49 @@ class TencentAdapter(ProviderAdapter):
             extra={"name": str(name or "")},
         )
 
+    # ---------------------------------------------------------------------------- stop, start, reboot
+
+    stoppable: ClassVar[bool] = True
+    # StoppedMode=STOP_CHARGING ("No Charge when Shut Down", pay-as-you-go instances): "the billing of CPU and
+    # memory resources of this instance stops. However the Cloud disks (system disk and data disk), public network
+    # bandwidth, images, and other key components of the CVM instance are still billed" (CVM, Shutting Down
+    # Pay-as-You-Go Instances to Avoid Charges, https://www.tencentcloud.com/document/product/213/19922).
+    stopped_billing: ClassVar[str] = (
+        "its cloud disks (system and data disks) and any public bandwidth; a pay-as-you-go instance stopped with "
+        "no charges is not billed for CPU and memory (CVM, Shutting Down Pay-as-You-Go Instances to Avoid "
+        "Charges, https://www.tencentcloud.com/document/product/213/19922)"
+    )
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StopInstances`` with ``StoppedMode=STOP_CHARGING`` (CPU and memory released and no longer billed,
+        disks kept); a no-op (no write) when CVM reports the instance STOPPED or STOPPING. CVM refuses any other
+        state (``UnsupportedOperation.InstanceState<State>``) and an id it does not know
+        (``InvalidInstanceId.NotFound``): ``ProviderRequestRejected``."""
+        current = self.describe(region, instance_id)
+        if current.extra.get("state_name") in ("STOPPED", "STOPPING"):
+            return current
+        self._client.call(
+            region, "StopInstances", {"InstanceIds": [instance_id], "StoppedMode": "STOP_CHARGING", "StopType": "SOFT"}
+        )
+        return self.describe(region, instance_id)
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """``StartInstances``; a no-op (no write) when the instance is pending, starting or running. An instance
+        stopped with no charges must find CPU and memory again: none in its zone (``ResourceInsufficient...``) is
+        ``CapacityUnavailable`` and it stays STOPPED with its disks."""
+        current = self.describe(region, instance_id)
+        if current.state in (InstanceState.PENDING, InstanceState.RUNNING):
+            return current
+        self._client.call(region, "StartInstances", {"InstanceIds": [instance_id]})
+        return self.describe(region, instance_id)
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """``RebootInstances`` (a soft restart in place: same disks, same addresses). CVM refuses an instance that
+        is not RUNNING (``UnsupportedOperation.InstanceState<State>``): ``ProviderRequestRejected``."""
+        self.describe(region, instance_id)  # an id CVM does not know: InvalidInstanceId.NotFound, named
+        self._client.call(region, "RebootInstances", {"InstanceIds": [instance_id], "StopType": "SOFT"})
+        return self.describe(region, instance_id)
+
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         """Terminate the instance; a no-op (no API write) when it is already terminated, terminating or failed.
 

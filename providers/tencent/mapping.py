@@ -50,8 +50,8 @@ STATES: dict[str, InstanceState] = {
     "PENDING": InstanceState.PENDING,
     "LAUNCH_FAILED": InstanceState.FAILED,
     "RUNNING": InstanceState.RUNNING,
-    # A stopped instance holds no GPU for the buyer: out of service but not terminated, like stopping.
-    "STOPPED": InstanceState.STOPPING,
+    # Stopped with its disks kept: ``StartInstances`` brings it back (issue 36). Not terminated, and not in service.
+    "STOPPED": InstanceState.STOPPED,
     "STARTING": InstanceState.PENDING,
     "STOPPING": InstanceState.STOPPING,
     "REBOOTING": InstanceState.RUNNING,
@@ -112,6 +112,7 @@ def instance_handle(item: Mapping[str, Any], region: str) -> InstanceHandle:
             "state_name": state_name,
             "charge_type": str(item.get("InstanceChargeType") or ""),
             "latest_operation": str(item.get("LatestOperation") or ""),
+            "stop_charging_mode": str(item.get("StopChargingMode") or ""),
             "latest_operation_state": str(item.get("LatestOperationState") or ""),
             "latest_operation_request_id": str(item.get("LatestOperationRequestId") or ""),
             "image_id": str(item.get("ImageId") or ""),

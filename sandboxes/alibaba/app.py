@@ -60,6 +60,7 @@ from werkzeug.wrappers import Request, Response
 from sandboxes.alibaba import wire
 from sandboxes.alibaba.catalogue import CatalogueHandlers
 from sandboxes.alibaba.instances import InstanceHandlers
+from sandboxes.alibaba.power import PowerHandlers
 from sandboxes.alibaba.resources import EcsResources, bindings_of
 from sandboxes.alibaba.state import (
     CODE_STATUS,
@@ -91,7 +92,7 @@ from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_respon
 # --------------------------------------------------------------------------------------------- sandbox
 
 
-class AlibabaSandbox(InstanceHandlers, CatalogueHandlers, SandboxApp):
+class AlibabaSandbox(InstanceHandlers, PowerHandlers, CatalogueHandlers, SandboxApp):
     """The ECS sandbox WSGI app. ``start()`` serves it; ``faults`` injects failures; ``reset()`` forgets state."""
 
     kind = "alibaba"
@@ -137,6 +138,9 @@ class AlibabaSandbox(InstanceHandlers, CatalogueHandlers, SandboxApp):
             "DescribeInstances": self._describe_instances,
             "DescribeInstanceStatus": self._describe_instance_status,
             "DeleteInstances": self._delete_instances,
+            "StopInstance": self._stop_instance,
+            "StartInstance": self._start_instance,
+            "RebootInstance": self._reboot_instance,
             "DescribeUserData": self._describe_user_data,
             "DescribeInstanceAttribute": self._describe_instance_attribute,
             "DescribeDisks": self._describe_disks,

@@ -272,6 +272,8 @@ class InstanceHandlers:
                 instance.status = "Running"
                 started.append(instance)
             instance.observed += 1
+        elif instance.status in ("Stopping", "Starting"):  # a stop or start (power.py) is done once seen
+            instance.status = "Stopped" if instance.status == "Stopping" else "Running"
 
     def _boot(self, started: list[_Instance]) -> None:
         """Start the lease agent each instance's user data names, as cloud-init runs it on a real machine."""
@@ -354,6 +356,8 @@ class InstanceHandlers:
             "GPUAmount": entry["GPUAmount"],
             "GPUSpec": entry["GPUSpec"],
             "Status": i.status,
+            # The mode a stopped instance was stopped in; "Not-applicable" while it is not stopped.
+            "StoppedMode": i.stopped_mode or "Not-applicable",
             "CreationTime": _minutes(i.created),
             "StartTime": _minutes(i.created),
             "ExpiredTime": "2099-12-31T15:59Z",

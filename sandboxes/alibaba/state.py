@@ -248,6 +248,7 @@ class _Instance:
     key_pair_name: str = ""
     status: str = "Pending"
     observed: int = 0
+    stopped_mode: str = ""  # StopInstance's StoppedMode, while the instance is stopping or stopped
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from werkzeug.wrappers import Response
 
 from sandboxes.aws import launch as aws_launch
+from sandboxes.aws import power as aws_power
 from sandboxes.aws.placement import ACTIONS as PLACEMENT_ACTIONS
 from sandboxes.aws.placement import PlacementGroups
 from sandboxes.aws.state import (
@@ -67,6 +68,8 @@ class Ec2Handlers:
             if len(answer) == 3:
                 return _ec2_error(*answer)
             return Response(answer[0], status=answer[1], mimetype="text/xml")
+        if request.action in aws_power.ACTIONS:
+            return self._power(environ, request)
         refusal = self._boot_refusal(request)
         if refusal is not None:
             return _ec2_error(*refusal)
@@ -78,6 +81,33 @@ class Ec2Handlers:
         if request.action == "TerminateInstances" and response.status_code == 200:
             for instance_id in aws_launch.terminated_ids(request.params):
                 self.booter.halt(instance_id)
+        return response
+
+    def _power(self, environ: WSGIEnviron, request: _Request) -> Response:
+        """Stop, start or reboot through moto, after EC2's refusals and a start's capacity fault (matched on the
+        instance's type and zone); the booted machine is powered off and on with the instance."""
+        refusal = aws_power.refusal(request.action, request.region, request.params)
+        if refusal is not None:
+            return _ec2_error(*refusal)
+        instance_ids = aws_power.named(request.params)
+        if request.action == "StartInstances":
+            types, zone = aws_power.placement(request.region, instance_ids)
+            placed = _Request(request.service, request.action, request.region, request.access_key, request.body,
+                              request.params, request.payload, types, zone)  # fmt: skip
+            fault = self.faults.take(request.action, types, zone, kinds=OUTCOME_KINDS)
+            if fault is not None:
+                return self._fault_response(fault, placed, EC2_FAULTS)
+        response = self._forward(environ, request)
+        if response.status_code != 200:
+            return response
+        for instance_id in instance_ids:
+            if request.action == "StopInstances":
+                self.booter.power_off(instance_id)
+            elif request.action == "StartInstances":
+                self.booter.power_on(instance_id)
+            else:
+                self.booter.power_off(instance_id)
+                self.booter.power_on(instance_id)
         return response
 
     def _boot_refusal(self, request: _Request) -> aws_launch.Refusal | None:

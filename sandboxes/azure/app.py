@@ -21,6 +21,8 @@ unchanged against it.
   ``create_seconds``/``delete_seconds``. A create's boot fields are checked as ARM checks them
   (``launch``: custom data, SSH keys, OS disk size, platform image, the NIC's security group); ARM keeps
   ``osProfile.customData`` and never returns it (``vm_request`` shows tests what a create carried).
+  ``POST`` deallocate, powerOff, start and restart are long-running operations too (``power_seconds``) that move
+  the instance view's ``PowerState/...`` (``vms.VmHandlers._power_vm``).
 - **Boot**: a VM that first runs starts the lease agent its custom data names (``self.booter``, with the GPUs
   of its size); its delete halts it.
 - **Network security groups** (``network``) and **images** (``images``): PUT/GET/DELETE/list of
@@ -65,7 +67,7 @@ from sandboxes.azure.quotas import QuotaHandlers
 from sandboxes.azure.seed import COMPUTE, SEED_PATH, load_seed
 from sandboxes.azure.state import Call, SandboxVm, _Vm
 from sandboxes.azure.tls import _write_tls
-from sandboxes.azure.vms import DEFAULT_CREATE_SECONDS, VM_PAGE_SIZE, VmHandlers
+from sandboxes.azure.vms import DEFAULT_CREATE_SECONDS, DEFAULT_POWER_SECONDS, POWER_ACTIONS, VM_PAGE_SIZE, VmHandlers
 from sandboxes.azure.wire import Operations, arm_error
 from sandboxes.faults import IMAGE_ACTION, TRANSPORT_KINDS, Fault, FaultKind, FaultRegistry
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
@@ -101,6 +103,23 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         "DELETE",
         re.compile(_RG + r"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)$", re.I),
         "VirtualMachines_Delete",
+    ),
+    # Virtual Machines - Deallocate, Power Off, Start, Restart: POST .../virtualMachines/{vmName}/<action>, 202 with
+    # an Azure-AsyncOperation header (Compute REST API reference,
+    # https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/deallocate and its siblings power-off,
+    # start, restart).
+    *(
+        (
+            "POST",
+            re.compile(_RG + rf"/providers/Microsoft\.Compute/virtualMachines/(?P<vm>[^/]+)/{verb}$", re.I),
+            action,
+        )
+        for verb, action in (
+            ("deallocate", "VirtualMachines_Deallocate"),
+            ("powerOff", "VirtualMachines_PowerOff"),
+            ("start", "VirtualMachines_Start"),
+            ("restart", "VirtualMachines_Restart"),
+        )
     ),
     ("GET", re.compile(_IMAGE_SKU + r"/versions$", re.I), "VirtualMachineImages_List"),
     ("GET", re.compile(_IMAGE_SKU + r"/versions/(?P<version>[^/]+)$", re.I), "VirtualMachineImages_Get"),
@@ -152,6 +171,7 @@ class AzureSandbox(TokenHandlers, CatalogueHandlers, QuotaHandlers, VmHandlers, 
         self._prices = self._build_prices()
         self.create_seconds = DEFAULT_CREATE_SECONDS
         self.delete_seconds = 0.0
+        self.power_seconds = DEFAULT_POWER_SECONDS
         self.retry_after_s = 1
         self.price_page_size = PRICE_PAGE_SIZE
         self.vm_page_size = VM_PAGE_SIZE
@@ -281,6 +301,7 @@ class AzureSandbox(TokenHandlers, CatalogueHandlers, QuotaHandlers, VmHandlers, 
         self.images.reset()
         self.create_seconds = DEFAULT_CREATE_SECONDS
         self.delete_seconds = 0.0
+        self.power_seconds = DEFAULT_POWER_SECONDS
         self.retry_after_s = 1
         self.price_page_size = PRICE_PAGE_SIZE
         self.vm_page_size = VM_PAGE_SIZE
@@ -439,6 +460,8 @@ class AzureSandbox(TokenHandlers, CatalogueHandlers, QuotaHandlers, VmHandlers, 
             return self._get_vm(request, key)
         if action == "VirtualMachines_Delete":
             return self._delete_vm(request, key)
+        if action in POWER_ACTIONS:
+            return self._power_vm(request, action, key, call)
         return self._put_vm(request, args, key, body, call)
 
     def _image(self, request: Request, action: str, args: dict[str, str]) -> Response:

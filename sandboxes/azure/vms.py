@@ -25,6 +25,13 @@ from sandboxes.faults import OUTCOME_KINDS, Fault, FaultKind, FaultRegistry
 from sandboxes.server import json_response
 
 DEFAULT_CREATE_SECONDS = 0.2
+DEFAULT_POWER_SECONDS = 0.2
+POWER_ACTIONS = {
+    "VirtualMachines_Deallocate": "deallocate",
+    "VirtualMachines_PowerOff": "powerOff",
+    "VirtualMachines_Start": "start",
+    "VirtualMachines_Restart": "restart",
+}
 VM_PAGE_SIZE = 50
 _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}[A-Za-z0-9_]$|^[A-Za-z0-9]$")
 SYNC_CAPACITY_CODES = frozenset({"SkuNotAvailable"})
@@ -45,6 +52,7 @@ class VmHandlers:
     images: ImageCatalogue
     create_seconds: float
     delete_seconds: float
+    power_seconds: float
     vm_page_size: int
     _link: Callable[[Request, dict[str, str]], str]
     _quota_refusal: Callable[[str, str, bool], Response | None]
@@ -150,7 +158,7 @@ class VmHandlers:
                     "displayStatus": {"Succeeded": "Provisioning succeeded"}.get(state, state),
                 }
             )
-            power = {"Creating": "starting", "Succeeded": "running", "Deleting": "stopping"}[state]
+            power = vm.power_state(now)
             statuses.append({"code": f"PowerState/{power}", "level": "Info", "displayStatus": f"VM {power}"})
         computer_name = ((vm.body.get("properties") or {}).get("osProfile") or {}).get("computerName", vm.name)
         return {"computerName": computer_name, "hyperVGeneration": "V2", "statuses": statuses}
@@ -254,6 +262,57 @@ class VmHandlers:
                 vm.delete_op = self._new_operation(vm.location, self.delete_seconds)
             url = self._operation_url(request, vm, vm.delete_op)
         self.booter.halt(vm.name)  # the VM stops as its delete begins
+        response = Response(status=202)
+        response.headers["Azure-AsyncOperation"] = url
+        response.headers["Location"] = url + "&monitor=true"
+        return response
+
+    def _power_vm(self, request: Request, action: str, key: tuple[str, str, str], call: Call) -> Response:
+        """Deallocate, Power Off, Start or Restart: 202 and an operation that ends with the VM in its new power
+        state. As ARM: a VM being created or deleted, or a restart of a VM that is not running, is refused with 409
+        ``OperationNotAllowed`` ("The operation requires the VM to be running (or set to run)"); a deallocate of a
+        deallocated VM or a start of a running one succeeds and changes nothing. A start the region has no
+        capacity for (a ``capacity`` fault) fails its operation with ``AllocationFailed`` (``ZonalAllocationFailed``
+        for a zonal VM) and leaves the VM deallocated with its disk. The lease agent stops with the VM and starts
+        again, re-attaching to its lease, when the VM runs again."""
+        verb = POWER_ACTIONS[action]
+        now = time.monotonic()
+        with self._lock:
+            self._sweep(now)
+            vm = self._vms.get(key)
+            if vm is None:
+                return self._not_found(key)
+            provisioning = vm.provisioning_state(now)
+            power = vm.power_state(now)
+            if provisioning != "Succeeded" or (verb == "restart" and power != "running"):
+                why = (
+                    "the VM is marked for deletion"
+                    if provisioning == "Deleting"
+                    else ("the VM is not provisioned" if provisioning != "Succeeded" else "the VM is not running")
+                )
+                return arm_error(
+                    "OperationNotAllowed",
+                    f"Operation '{verb}' is not allowed on VM '{vm.name}' since {why}. The operation requires the VM "
+                    "to be running (or set to run).",
+                    409,
+                )
+        failure: tuple[str, str] | None = None
+        if verb == "start" and power not in ("running", "starting"):
+            fault = self.faults.take(action, (vm.size,), call.zone, kinds=OUTCOME_KINDS)
+            if fault is not None:
+                refusal, failure = self._fault_outcome(fault, vm.location, vm.zones, vm.size)
+                if refusal is not None:
+                    return refusal
+        with self._lock:
+            vm.power_before = power
+            vm.power_action = verb
+            vm.power_op = self._new_operation(vm.location, self.power_seconds, failure)
+            url = self._operation_url(request, vm, vm.power_op)
+        if failure is None:
+            if verb in ("deallocate", "powerOff", "restart"):
+                self.booter.power_off(vm.name)
+            if verb in ("start", "restart"):
+                self.booter.power_on(vm.name)
         response = Response(status=202)
         response.headers["Azure-AsyncOperation"] = url
         response.headers["Location"] = url + "&monitor=true"

@@ -79,6 +79,8 @@ from sandboxes.gcp.wire import (
 )
 from sandboxes.server import SandboxApp, StartResponse, WSGIEnviron, json_response
 
+POWER_ACTIONS = frozenset({"compute.instances.stop", "compute.instances.start", "compute.instances.reset"})
+
 DEFAULT_PROJECT = "broker-sandbox"
 DEFAULT_SETTLE_SECONDS = 2.0
 OPERATION_ONLY_CODES = frozenset(
@@ -302,6 +304,12 @@ class GcpSandbox(
             ("GET", r"zones/(?P<zone>[^/]+)/instances", "compute.instances.list"),
             ("GET", r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", "compute.instances.get"),
             ("DELETE", r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", "compute.instances.delete"),
+            # instances.stop, instances.start, instances.reset: POST, answered with a zone Operation (Compute Engine
+            # API reference, https://cloud.google.com/compute/docs/reference/rest/v1/instances/stop, .../start,
+            # .../reset).
+            ("POST", r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/stop", "compute.instances.stop"),
+            ("POST", r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/start", "compute.instances.start"),
+            ("POST", r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/reset", "compute.instances.reset"),
             ("GET", r"zones/(?P<zone>[^/]+)/operations", "compute.zoneOperations.list"),
             ("GET", r"zones/(?P<zone>[^/]+)/operations/(?P<operation>[^/]+)", "compute.zoneOperations.get"),
             ("POST", r"zones/(?P<zone>[^/]+)/operations/(?P<operation>[^/]+)/wait", "compute.zoneOperations.wait"),
@@ -356,6 +364,8 @@ class GcpSandbox(
             return self._insert(request, principal, deferred)
         if request.action == "compute.instances.delete":
             return self._delete(request, principal)
+        if request.action in POWER_ACTIONS:  # instances.stop, start, reset
+            return self._power(request, principal)
         if request.action == "compute.firewalls.insert":
             return self._firewalls_insert(request, principal)
         if request.action == "compute.firewalls.delete":

@@ -425,6 +425,64 @@ class InstanceHandlers:
             "fingerprint": base64.b64encode(hashlib.sha256(name.encode()).digest()[:8]).decode(),
         }
 
+    def _power(self, request: _Request, principal: Principal) -> Response:
+        """instances.stop, start and reset, each a zone operation (a repeated ``requestId`` answers with the first).
+        As Compute Engine: a stop moves the instance to STOPPING, then TERMINATED (GCP's word for stopped) with
+        its disk kept; a start of a TERMINATED instance to STAGING, then RUNNING, and a start the zone has no
+        capacity for (a ``capacity`` fault on ``compute.instances.start``) fails its operation with
+        ``ZONE_RESOURCE_POOL_EXHAUSTED`` and leaves it TERMINATED; a reset keeps it RUNNING. A stop of a stopped
+        instance and a start of a running one are operations that change nothing; an instance in the middle of
+        another change, or a reset of one not running, is refused with 400 ``resourceNotReady``; a deleted one 404s.
+        The lease agent stops with the instance and starts again, re-attaching to its lease, when it runs again."""
+        action = request.action.rsplit(".", 1)[1]
+        request_id = request.query.get("requestId", "")
+        if request_id and not _UUID.match(request_id):
+            raise ApiError(400, f"Invalid value for field 'requestId': '{request_id}'. Must be a UUID.", "invalid")
+        with self._lock:
+            known = self._request_ids.get((request.project, request_id)) if request_id else None
+            if known is not None and (request.project, known[0], known[1]) in self._operations:
+                return json_response(self._operations[(request.project, known[0], known[1])].body)
+            inst = self._instance_or_404(request)
+            status = str(inst.body["status"])
+            settled = {"stop": ("TERMINATED",), "start": ("RUNNING", "STAGING", "PROVISIONING"), "reset": ()}
+            ready = {"stop": ("RUNNING", "STAGING"), "start": ("TERMINATED",), "reset": ("RUNNING",)}
+            if status not in settled[action] and status not in ready[action]:
+                path = f"projects/{request.project}/zones/{inst.zone}/instances/{inst.name}"
+                raise ApiError(400, f"The resource '{path}' is not ready", "resourceNotReady")
+            broker_type = self._broker_type(inst.body)
+        failure: tuple[str, int, str, str] | None = None
+        if action == "start" and status == "TERMINATED":
+            fault = self.faults.take(request.action, (broker_type,), inst.zone, kinds=OUTCOME_KINDS)
+            if fault is not None:
+                code = (fault.code or KIND_CODES[fault.kind]).removeprefix("operation:")
+                failure = self._operation_failure(code, request, inst.zone, inst.name)
+        with self._lock:
+            op = self._new_operation(request.project, inst.zone, action, inst, principal, failure)
+            if status in settled[action]:
+                self._complete(op)  # nothing to change: GCP answers with an operation that is already done
+            elif action == "stop":
+                inst.body["status"] = "STOPPING"
+            if request_id:
+                self._request_ids[(request.project, request_id)] = (inst.zone, op.body["name"])
+            return json_response(op.body)
+
+    def _powered(self, action: str, inst: _Instance) -> None:
+        """A stop, start or reset operation finished: the instance's status and its machine follow. Caller holds
+        the lock."""
+        instance_id = f"{inst.zone}/{inst.name}"
+        if action == "stop" and inst.body["status"] != "TERMINATED":
+            inst.body["status"] = "TERMINATED"
+            inst.body["lastStopTimestamp"] = now_iso()
+            self.booter.power_off(instance_id)
+        elif action == "start" and inst.body["status"] == "TERMINATED":
+            inst.body["status"] = "STAGING"
+            inst.staged_seen = False
+            inst.since = time.monotonic()
+            self.booter.power_on(instance_id)
+        elif action == "reset" and inst.body["status"] == "RUNNING":
+            self.booter.power_off(instance_id)
+            self.booter.power_on(instance_id)
+
     def _delete(self, request: _Request, principal: Principal) -> Response:
         request_id = request.query.get("requestId", "")
         with self._lock:

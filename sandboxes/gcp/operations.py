@@ -40,6 +40,7 @@ class OperationHandlers:
     _disks: dict[tuple[str, str, str], dict[str, Any]]
     _complete_global: Callable[[_GlobalOperation], None]
     _set_running: Callable[[_Instance], None]
+    _powered: Callable[[str, _Instance], None]
     _zone_or_404: Callable[[_Request], str]
 
     def _new_operation(
@@ -98,6 +99,8 @@ class OperationHandlers:
             self._instances.pop(key, None)
             self._disks.pop(key, None)  # the boot disk is created with autoDelete
             self.booter.halt(f"{op.zone}/{op.target}")
+        elif inst is not None and op.kind in ("stop", "start", "reset"):
+            self._powered(op.kind, inst)
 
     def _sweep(self) -> None:
         """Operations (and STAGING instances) older than ``settle_seconds`` finish on their own, as in GCP."""

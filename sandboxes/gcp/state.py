@@ -44,7 +44,7 @@ class _Operation:
     project: str
     zone: str
     body: dict[str, Any]
-    kind: str  # insert | delete
+    kind: str  # insert | delete | stop | start | reset
     target: str  # instance name
     failure: tuple[str, int, str, str] | None = None  # (code, http status, http message, message)
     created: float = field(default_factory=time.monotonic)

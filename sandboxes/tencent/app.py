@@ -70,6 +70,7 @@ from sandboxes.tencent.catalogue import (
 )
 from sandboxes.tencent.instances import InstanceHandlers
 from sandboxes.tencent.offerings import OfferingHandlers
+from sandboxes.tencent.power import PowerHandlers
 from sandboxes.tencent.security import SecurityHandlers
 from sandboxes.tencent.state import (
     API_VERSION,
@@ -90,7 +91,7 @@ from sandboxes.tencent.state import (
 # --------------------------------------------------------------------------------------------- sandbox
 
 
-class TencentSandbox(InstanceHandlers, SecurityHandlers, OfferingHandlers, SandboxApp):
+class TencentSandbox(InstanceHandlers, PowerHandlers, SecurityHandlers, OfferingHandlers, SandboxApp):
     """The Tencent CVM sandbox WSGI app. ``start()`` serves it; ``faults`` injects failures; ``reset()`` forgets
     instances, tokens, faults, calls, registered secrets and stock changes."""
 
@@ -144,6 +145,9 @@ class TencentSandbox(InstanceHandlers, SecurityHandlers, OfferingHandlers, Sandb
             "DescribeInstances": self._describe_instances,
             "DescribeInstancesStatus": self._describe_instances_status,
             "TerminateInstances": self._terminate_instances,
+            "StopInstances": self._stop_instances,
+            "StartInstances": self._start_instances,
+            "RebootInstances": self._reboot_instances,
         }
 
     # -------------------------------------------------------------------------------- public helpers

@@ -40,6 +40,11 @@ from sandboxes.tencent.state import (
     _Timing,
 )
 
+# Each power action's state while CVM carries it out, and once it is done (the InstanceState values of
+# DescribeInstances, https://www.tencentcloud.com/document/api/213/33258).
+POWER_STATES = {"stop": ("STOPPING", "STOPPED"), "start": ("STARTING", "RUNNING"), "reboot": ("REBOOTING", "RUNNING")}
+POWER_OPERATIONS = {"stop": "StopInstances", "start": "StartInstances", "reboot": "RebootInstances"}
+
 
 class InstanceHandlers:
     """CVM's instance actions and the instances' life cycle, mixed into ``TencentSandbox``."""
@@ -378,7 +383,12 @@ class InstanceHandlers:
             return "TERMINATING" if now < instance.terminate_at + timing.terminate_seconds else "SHUTDOWN"
         if now < instance.ready_at:
             return "PENDING"
-        return "LAUNCH_FAILED" if instance.failure else "RUNNING"
+        if instance.failure:
+            return "LAUNCH_FAILED"
+        if instance.power_at is not None:
+            during, after = POWER_STATES[instance.power_action]
+            return during if now < instance.power_at + timing.power_seconds else after
+        return "RUNNING"
 
     def _purge(self, now: float) -> None:
         """Forget what CVM no longer describes: recycled launch failures and terminated instances (caller locks)."""
@@ -418,6 +428,10 @@ class InstanceHandlers:
             operation, request_id = "TerminateInstances", instance.terminate_request_id
             operation_state = "OPERATING" if state == "TERMINATING" else "SUCCESS"
             error_message = None
+        elif instance.power_at is not None:
+            operation, request_id = POWER_OPERATIONS[instance.power_action], instance.power_request_id
+            operation_state = "OPERATING" if state in ("STOPPING", "STARTING", "REBOOTING") else "SUCCESS"
+            error_message = None
         else:
             operation, request_id = "RunInstances", instance.run_request_id
             operation_state = {"PENDING": "OPERATING", "LAUNCH_FAILED": "FAILED"}.get(state, "SUCCESS")
@@ -451,7 +465,8 @@ class InstanceHandlers:
             "LoginSettings": {"KeyIds": list(instance.key_ids) or None},
             "InstanceState": state,
             "Tags": [{"Key": k, "Value": v} for k, v in sorted(instance.tags.items())],
-            "StopChargingMode": "NOT_APPLICABLE",
+            # KEEP_CHARGING or STOP_CHARGING for an instance stopped (or stopping) in that mode.
+            "StopChargingMode": instance.stopped_mode or "NOT_APPLICABLE",
             "Uuid": instance.uuid,
             "LatestOperation": operation,
             "LatestOperationState": operation_state,

@@ -117,6 +117,11 @@ class _Instance:
     key_ids: list[str] = field(default_factory=list)
     security_group_ids: list[str] = field(default_factory=list)
     booted: bool = False
+    # The last stop, start or reboot (power.py): when it began, its request, and a stop's StoppedMode.
+    power_action: str = ""
+    power_at: float | None = None
+    power_request_id: str = ""
+    stopped_mode: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +161,7 @@ class _Timing:
     launch_seconds: float
     terminate_seconds: float
     retention_seconds: float
+    power_seconds: float = 0.2
 
 
 def _request_id() -> str:

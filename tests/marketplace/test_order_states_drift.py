@@ -187,7 +187,7 @@ def test_a_machine_the_provider_stopped_for_an_ended_order_is_terminated_not_lef
     _sweep(django_capture_on_commit_callbacks)  # the loss is seen; within the grace nothing is terminated yet
     order.refresh_from_db()
     instance.refresh_from_db()
-    assert (order.state, instance.active, instance.state) == (OrderState.FAILED, False, InstanceState.STOPPING)
+    assert (order.state, instance.active, instance.state) == (OrderState.FAILED, False, InstanceState.STOPPED)
     described = ec2.describe_instances(InstanceIds=[instance.provider_instance_id])
     assert described["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
 

@@ -79,6 +79,38 @@ def test_an_instance_outliving_its_order_is_terminated(
     assert order_reconcile(order_id=order.pk).terminated == []
 
 
+def test_a_stopped_machine_outliving_its_order_is_terminated_not_taken_for_gone(
+    acme, alice, aws_account, t4, django_capture_on_commit_callbacks
+):
+    """A stopped EC2 instance keeps its EBS volumes, billed, until it is terminated (EC2 API reference,
+    StopInstances, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html): the reconciler
+    must not skip it as it skips an instance already ending (issue 36)."""
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    orphan = _launch(aws_account, t4, order, "orphan-token-stopped", attempt=7)
+    adapter_for_account(aws_account).stop(orphan.region, orphan.instance_id)
+    assert _state(aws_account, orphan) == "stopped"
+
+    report = order_reconcile(order_id=order.pk)
+
+    assert report.terminated == [orphan.instance_id]
+    assert _state(aws_account, orphan) in {"terminated", "stopping"}
+
+
+def test_a_running_orders_own_stopped_machine_is_kept(
+    acme, alice, aws_account, aws_sandbox, t4, django_capture_on_commit_callbacks
+):
+    order = _place(acme, alice, t4, django_capture_on_commit_callbacks, sandbox=aws_sandbox)
+    own = order.instance
+    adapter_for_account(aws_account).stop(own.region, own.provider_instance_id)
+
+    report = order_reconcile(order_id=order.pk)
+
+    assert report.terminated == [] and report.errors == []
+    assert adapter_for_account(aws_account).describe(own.region, own.provider_instance_id).state.value == "stopped"
+
+
 def test_a_launch_lost_in_a_crash_is_adopted(
     acme, alice, aws_account, aws_sandbox, t4, django_capture_on_commit_callbacks
 ):

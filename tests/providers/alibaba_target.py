@@ -90,4 +90,5 @@ def target(sandbox: AlibabaSandbox) -> ContractTarget:
         short_timeout={"read_timeout": "0.5", "max_attempts": "1"},
         instances=instances,
         launched=lambda handle: launched_view(sandbox, handle),
+        extra={"start_action": "StartInstance"},
     )

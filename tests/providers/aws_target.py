@@ -97,4 +97,5 @@ def target(sandbox: AwsSandbox) -> ContractTarget:
         short_timeout={"read_timeout": "0.5", "max_attempts": "1"},
         instances=instances,
         launched=lambda handle: launched_view(sandbox, handle),
+        extra={"start_action": "StartInstances"},
     )

@@ -81,4 +81,5 @@ def target(sandbox: TencentSandbox) -> ContractTarget:
         short_timeout={"read_timeout": "0.5", "max_attempts": "1"},
         instances=instances,
         launched=lambda handle: launched_view(sandbox, handle),
+        extra={"start_action": "StartInstances"},
     )

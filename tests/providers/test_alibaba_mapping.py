@@ -394,7 +394,7 @@ def test_spot_strategy(model: PricingModel, max_price: Decimal | None, expected:
         ("Starting", InstanceState.PENDING),
         ("Running", InstanceState.RUNNING),
         ("Stopping", InstanceState.STOPPING),
-        ("Stopped", InstanceState.STOPPING),
+        ("Stopped", InstanceState.STOPPED),
         ("Levitating", InstanceState.UNKNOWN),
     ],
 )
@@ -451,6 +451,7 @@ def test_a_describe_instances_entry_maps_to_a_handle() -> None:
             "charge_type": "PostPaid",
             "image_id": "ubuntu_22_04_x64_20G_alibase_20230815.vhd",
             "vswitch_id": "vsw-1",
+            "stopped_mode": "",
         },
     )
     with pytest.raises(MalformedProviderResponse):

@@ -218,7 +218,7 @@ def test_unreadable_gpu_info_is_malformed() -> None:
         ("pending", "", InstanceState.PENDING),
         ("running", "", InstanceState.RUNNING),
         ("stopping", "", InstanceState.STOPPING),
-        ("stopped", "", InstanceState.STOPPING),
+        ("stopped", "", InstanceState.STOPPED),
         ("shutting-down", "", InstanceState.STOPPING),
         ("terminated", "Client.UserInitiatedShutdown", InstanceState.TERMINATED),
         ("terminated", "Server.InsufficientInstanceCapacity", InstanceState.FAILED),

@@ -331,7 +331,7 @@ def test_unreadable_skus_are_malformed():
         ("STAGING", InstanceState.PENDING),
         ("RUNNING", InstanceState.RUNNING),
         ("STOPPING", InstanceState.STOPPING),
-        ("TERMINATED", InstanceState.STOPPING),
+        ("TERMINATED", InstanceState.STOPPED),
         ("SUSPENDED", InstanceState.STOPPING),
         ("REPAIRING", InstanceState.PENDING),
         ("SOMETHING", InstanceState.UNKNOWN),

@@ -279,7 +279,7 @@ def test_gpu_families_and_identities_come_from_gpu_rows_only() -> None:
         ("PENDING", InstanceState.PENDING),
         ("LAUNCH_FAILED", InstanceState.FAILED),
         ("RUNNING", InstanceState.RUNNING),
-        ("STOPPED", InstanceState.STOPPING),
+        ("STOPPED", InstanceState.STOPPED),
         ("STARTING", InstanceState.PENDING),
         ("STOPPING", InstanceState.STOPPING),
         ("REBOOTING", InstanceState.RUNNING),
