@@ -116,8 +116,9 @@ def test_a_search_fills_the_controls_it_can_express_and_holds_the_others(catalog
 
     form = page.context["form"]
     assert form.initial == {"gpu": "A10G", "region": "us-east-1"}
-    # count=1 is not "at least" and price<40 is not "at most": those controls say the box holds them.
-    assert {n for n, f in form.fields.items() if f.disabled} == {"count", "max_price"}
+    # count=1 is not "at least", price<40 not "at most", reliability>0.5 not "at least": those controls say the
+    # box holds them.
+    assert {n for n, f in form.fields.items() if f.disabled} == {"count", "max_price", "reliability"}
     html = page.content.decode()
     assert "set in the search box: count=1" in html and "set in the search box: price&lt;40" in html
     assert '<option value="A10G" selected>A10G</option>' in html
@@ -184,7 +185,7 @@ def test_one_row_per_instance_type_region_and_pricing_with_its_zones_and_spread(
     assert "in 3 zones" in html
     # The cheapest zone's price first, then the spread, on one line.
     spread = '<span class="spread muted small" title="the dearest of its 3 zones">\u20131.2000</span>'
-    assert f'<td class="num money">1.0060{spread}' in html
+    assert f'<td class="num money" data-label="USD/h">1.0060{spread}' in html
     cheapest = Offer.objects.get(zone="us-east-1a", pricing_model="on_demand")
     assert html.count('name="ids"') == 2 and f'name="ids" value="{cheapest.pk}"' in html
     assert "4 offers for sale in 2 rows" in html
