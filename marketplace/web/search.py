@@ -68,6 +68,16 @@ CONTROLS = (
     Control("perf", "perf", ">="),
 )
 _PARAMS = {c.name for c in CONTROLS} | {"prev"}
+# The controls folded under "More filters" unless one of them is set, held by the box or refused.
+MORE_FILTERS = ("free", "gpumem", "vcpu", "ram", "disk", "net", "reliability", "max_gpuprice", "perf")
+
+
+def more_filters_open(form: OfferFilterForm) -> bool:
+    """Whether the page shows the folded controls: one of them has a value, is held by the box, or was refused."""
+    return any(
+        form.initial.get(name) not in (None, "") or form.fields[name].disabled or name in form.errors
+        for name in MORE_FILTERS
+    ) or (form.is_bound and any(form.data.get(name) for name in MORE_FILTERS))
 
 
 @dataclass
