@@ -350,5 +350,7 @@ def test_a_machine_held_only_by_bids_stays_in_search_with_its_bid_held_gpus_show
         facts = page.context["facts"][row.lead.pk]
         assert (facts.free_gpus, facts.total_gpus, facts.bid_gpus) == (0, 8, 8)
         assert "8 on bids" in page.content.decode()
+        # Its Order button opens the order form, not "no longer for sale".
+        assert client.get("/orders/new", {"offer": listed.pk}).status_code == 200
     finally:
         stop_hosts(agents)
