@@ -132,7 +132,7 @@ def _term(field: str, op: str, value: str, raw: str, column: int) -> Term:
             if field == "reliability":
                 raise QueryError("reliability is a share from 0 to 1, e.g. reliability>0.95", term=raw, column=column)
             raise QueryError(
-                f"{field} compares with a number of {_UNITS[field]} from {low} to {high}, written with the digits "
+                f"{field} compares with a number from {low} to {high} ({_UNITS[field]}), written with the digits "
                 f"0-9, not {value[:20]!r}",
                 term=raw, column=column,
             )  # fmt: skip

@@ -125,12 +125,12 @@ def test_the_columns_of_the_offer_list_have_terms():
 @pytest.mark.parametrize(
     "text, term, reason",
     [
-        ("vcpu>=many", "vcpu>=many", "vcpu compares with a number of vCPUs from 0 to 100000"),
-        ("free>=-1", "free>=-1", "free compares with a number of free GPUs from 0 to 1024"),
-        ("net>=1e999", "net>=1e999", "net compares with a number of Gbit/s"),
-        ("disk>10000001", "disk>10000001", "disk compares with a number of GB from 0 to 10000000"),
-        ("ram<=lots", "ram<=lots", "ram compares with a number of GiB"),
-        ("perf>fast", "perf>fast", "perf compares with a number of dense FP16 TFLOPS per USD/h"),
+        ("vcpu>=many", "vcpu>=many", "vcpu compares with a number from 0 to 100000 (vCPUs)"),
+        ("free>=-1", "free>=-1", "free compares with a number from 0 to 1024 (free GPUs)"),
+        ("net>=1e999", "net>=1e999", "net compares with a number from 0 to 100000 (Gbit/s)"),
+        ("disk>10000001", "disk>10000001", "disk compares with a number from 0 to 10000000 (GB)"),
+        ("ram<=lots", "ram<=lots", "ram compares with a number from 0 to 1000000 (GiB)"),
+        ("perf>fast", "perf>fast", "perf compares with a number from 0 to 1000000 (dense FP16 TFLOPS per USD/h)"),
         ("seller>acme", "seller>acme", "seller takes = or !=, not >"),
         ("seller=" + "x" * 121, "seller=" + "x" * 33 + "…", "a seller's name is at most 120 characters"),
     ],
