@@ -43,6 +43,7 @@ class Credentials:
 
 
 GPU_FRACTION = "gpu_fraction"  # OfferQuote.extra key: the share of a card each GPU of the offer is
+NETWORK_GBPS = "network_gbps"  # OfferQuote.extra key: the instance's network bandwidth in Gbit/s, where published
 
 
 @dataclass(frozen=True, slots=True)

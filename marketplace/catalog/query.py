@@ -6,12 +6,18 @@ Terms are ``field op value`` separated by spaces, all of which must hold. Fields
 
 - ``gpu`` (``=``, ``!=``): a GPU model key or its family, case-insensitive (``H100`` is every H100 variant);
   several with commas (``gpu=H100,A100``).
-- ``count``, ``mem`` (GB per GPU), ``price`` (USD per hour), ``gpuprice`` (USD per GPU-hour),
-  ``reliability`` (0..1): numbers with ``= != < <= > >=``.
+- ``count``, ``mem`` (GB per GPU; also ``gpumem``), ``price`` (USD per hour), ``gpuprice`` (USD per GPU-hour),
+  ``vcpu``, ``ram`` (GiB), ``reliability`` (0..1), ``perf`` (dense FP16 TFLOPS per USD/h): numbers with
+  ``= != < <= > >=``.
+- ``free`` (GPUs nobody holds on a finite listing, an independent machine's; a cloud's offer, whose stock the
+  cloud keeps, matches no free term), ``net`` (Gbit/s, where the machine or the provider publishes it; an
+  offer whose network is not known matches no net term), ``disk`` (GB, an independent machine's share; a
+  cloud's disk is sized at launch, so a disk term does not narrow cloud offers): numbers, the same operators.
 - ``region`` (``=``, ``!=``): a region name (``us-east-1``) or a jurisdiction (``eu``, ``us``, ``apac``,
   ``cn``, ``ch``, ...).
 - ``pricing`` (``=``, ``!=``): ``on_demand`` (or ``ondemand``), ``spot``.
 - ``provider`` (``=``, ``!=``): ``aws``, ``azure``, ``gcp``, ``alibaba``, ``tencent``, ``community``.
+- ``seller`` (``=``, ``!=``): the seller's name, case-insensitive, a space written as ``_``.
 
 A mistake raises ``QueryError`` whose message names the term and its column and says what would be right.
 """
@@ -30,9 +36,17 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Case, ExpressionWrapper, F, FloatField, Q, QuerySet, Value, When
+from django.db.models.functions import NullIf
 
 from marketplace.catalog.regions import JURISDICTIONS, jurisdiction_of
-from marketplace.catalog.selectors import account_reliability, machine_reliability, offer_list
+from marketplace.catalog.selectors import (
+    account_reliability,
+    disk_gb_expression,
+    free_gpus_expression,
+    machine_reliability,
+    network_gbps_expression,
+    offer_list,
+)
 from marketplace.models import GpuModel, Offer
 from marketplace.numbers import number_problem
 
@@ -40,17 +54,33 @@ _TERM = re.compile(r"\S+")
 _SPLIT = re.compile(r"^(?P<field>[A-Za-z_]+)(?P<op>!=|>=|<=|=|<|>)(?P<value>.*)$")
 _NUMERIC = {
     "count": "gpu_count", "mem": "gpu_memory_gb", "price": "price_usd", "gpuprice": "price_per_gpu_usd",
-    "reliability": None,
+    "vcpu": "vcpus", "ram": "memory_gib", "reliability": None, "free": None, "disk": None, "net": None, "perf": None,
 }  # fmt: skip
-_TEXT = ("gpu", "region", "pricing", "provider")
+_TEXT = ("gpu", "region", "pricing", "provider", "seller")
 FIELDS = (*_TEXT, *_NUMERIC)
+# Other names a buyer may reach for, read as the field they mean.
+ALIASES = {"gpumem": "mem", "cpu": "vcpu", "vcpus": "vcpu", "memory": "ram", "network": "net", "sellers": "seller"}
+# Computed per offer in the database (marketplace/catalog/selectors.py), compared as floating point or integers.
+_COMPUTED = {
+    "free": free_gpus_expression, "disk": disk_gb_expression, "net": network_gbps_expression,
+    "perf": lambda: ExpressionWrapper(Value(1.0) / NullIf(F("usd_per_tflop_hour"), 0.0), output_field=FloatField()),
+}  # fmt: skip
+_FLOATS = ("gpuprice", "reliability", "net", "perf")
+# A cloud's disk is sized at launch (up to its adapter's bound), so a disk term does not narrow cloud offers.
+_UNKNOWN_MATCHES = ("disk",)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
 PROVIDERS = _PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
 _LOOKUP = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
 # What a numeric term may compare with: beyond every offer there is (GPUs per machine, GB per GPU, USD per hour).
 _RANGES = {
     "count": (0, 1024), "mem": (0, 16384), "price": (0, 1_000_000), "gpuprice": (0, 1_000_000),
-    "reliability": (0, 1),
+    "reliability": (0, 1), "vcpu": (0, 100_000), "ram": (0, 1_000_000), "free": (0, 1024), "disk": (0, 10_000_000),
+    "net": (0, 100_000), "perf": (0, 1_000_000),
+}  # fmt: skip
+# What each numeric field counts, for the message that refuses a wrong value.
+_UNITS = {
+    "count": "GPUs", "mem": "GB per GPU", "price": "USD per hour", "gpuprice": "USD per GPU-hour", "vcpu": "vCPUs",
+    "ram": "GiB", "free": "free GPUs", "disk": "GB", "net": "Gbit/s", "perf": "dense FP16 TFLOPS per USD/h",
 }  # fmt: skip
 
 
@@ -84,6 +114,7 @@ def parse(text: str) -> list[Term]:
         if split is None:
             raise QueryError("write each term as field, operator, value, e.g. count>=8", term=raw, column=column)
         field, op, value = split["field"].lower(), split["op"], split["value"]
+        field = ALIASES.get(field, field)
         if field not in FIELDS:
             raise QueryError(f"unknown field {field!r}; fields are {', '.join(FIELDS)}", term=raw, column=column)
         if not value:
@@ -101,7 +132,8 @@ def _term(field: str, op: str, value: str, raw: str, column: int) -> Term:
             if field == "reliability":
                 raise QueryError("reliability is a share from 0 to 1, e.g. reliability>0.95", term=raw, column=column)
             raise QueryError(
-                f"{field} compares with a number from {low} to {high}, written with the digits 0-9, not {value[:20]!r}",
+                f"{field} compares with a number from {low} to {high} ({_UNITS[field]}), written with the digits "
+                f"0-9, not {value[:20]!r}",
                 term=raw, column=column,
             )  # fmt: skip
         return Term(field, op, Decimal(value), raw, column)
@@ -115,6 +147,10 @@ def _term(field: str, op: str, value: str, raw: str, column: int) -> Term:
         if value.lower() not in _PROVIDERS:
             raise QueryError(f"provider is one of {', '.join(_PROVIDERS)}", term=raw, column=column)
         return Term(field, op, value.lower(), raw, column)
+    if field == "seller":
+        if len(value) > 120:
+            raise QueryError("a seller's name is at most 120 characters", term=raw[:40] + "…", column=column)
+        return Term(field, op, value, raw, column)
     values = tuple(v for v in value.split(",") if v)
     if not values:
         raise QueryError(f"{field} needs a value after {op}", term=raw, column=column)
@@ -138,12 +174,24 @@ def apply(
             condition = Q(account__kind=term.value)
         elif term.field == "region":
             condition = _region_condition(str(term.value))
+        elif term.field == "seller":
+            # A term holds no space: a seller's name is matched with its spaces written as underscores too.
+            names = {str(term.value), str(term.value).replace("_", " ")}
+            condition = Q(pk__in=[])
+            for name in names:
+                condition |= Q(account__provider__name__iexact=name)
         else:
             queryset, column = _numeric_column(queryset, term.field, reliability)
+            unknown = Q(**{f"{column}__isnull": True}) if term.field in _UNKNOWN_MATCHES else Q(pk__in=[])
             if term.op in _LOOKUP:
-                queryset = queryset.filter(**{f"{column}__{_LOOKUP[term.op]}": _number(term)})
+                queryset = queryset.filter(Q(**{f"{column}__{_LOOKUP[term.op]}": _number(term)}) | unknown)
                 continue
-            condition = Q(**{column: _number(term)})
+            number = _number(term)
+            if term.op == "!=":
+                # Written as < or >: a figure that is not known is then neither equal nor unequal, as for < and >.
+                queryset = queryset.filter(Q(**{f"{column}__lt": number}) | Q(**{f"{column}__gt": number}) | unknown)
+                continue
+            condition = Q(**{column: number}) | unknown
         queryset = queryset.exclude(condition) if term.op == "!=" else queryset.filter(condition)
     return queryset
 
@@ -151,7 +199,7 @@ def apply(
 def _number(term: Term) -> Decimal | float:
     assert isinstance(term.value, Decimal)
     # The computed columns are floating point; comparing them with a Decimal would make the database cast.
-    return float(term.value) if term.field in ("gpuprice", "reliability") else term.value
+    return float(term.value) if term.field in _FLOATS else term.value
 
 
 def _numeric_column(
@@ -160,6 +208,8 @@ def _numeric_column(
     if field == "reliability":
         assert reliability is not None, "a reliability term needs the reliability expression"
         return queryset.alias(q_reliability=reliability()), "q_reliability"
+    if field in _COMPUTED:
+        return queryset.alias(**{f"q_{field}": _COMPUTED[field]()}), f"q_{field}"
     return queryset, str(_NUMERIC[field])
 
 

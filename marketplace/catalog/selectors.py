@@ -18,25 +18,39 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
+    FloatField,
+    IntegerField,
     Max,
     Min,
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Sum,
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Greatest, Least
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce, Greatest, Least
 
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
-from marketplace.models import Attempt, AttemptOutcome, GpuModel, Instance, Offer, OfferStatus, OrderState
+from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
+    GpuHold,
+    GpuModel,
+    Instance,
+    Offer,
+    OfferStatus,
+    OrderState,
+)
+from providers.community.mig import MIG_PROFILE
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
 from providers.models import Machine, MachineHeartbeat, ProviderKind
 from providers.registry import ADAPTERS, adapter_class
-from providers.types import GPU_FRACTION, PricingModel
+from providers.types import GPU_FRACTION, NETWORK_GBPS, PricingModel
 
 
 @dataclass(frozen=True)
@@ -52,12 +66,75 @@ def offer_list(*, filters: OfferFilters | None = None, now: dt.datetime | None =
     """Offers a buyer can order now, cheapest per hour first."""
     qs = (
         Offer.objects.filter(status=OfferStatus.AVAILABLE, account__enabled=True)
-        .exclude(capacity__isnull=False, reserved__gte=F("capacity"))  # every unit is held by an order
-        .select_related("gpu_model", "account")
+        # Every unit is held by an order, and not by bids an order for this offer could outbid.
+        .alias(on_bids=bid_gpus_expression(), takeable=free_gpus_expression() + F("on_bids"))
+        .exclude(
+            Q(capacity__isnull=False, reserved__gte=F("capacity"))
+            & ~(Q(on_bids__gt=0, takeable__gte=F("gpu_count")) & ~Q(extra__has_key=MIG_PROFILE))
+        )
+        .select_related("gpu_model", "account__provider")
     )
     if now is not None:
         qs = qs.filter(last_seen_at__gte=now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S))
     return offers_filter(qs, filters or OfferFilters()).order_by("price_usd", "id")
+
+
+def _offer_machine() -> QuerySet[Machine]:
+    """The independent machine an offer (the outer query's row) sells: its zone names it within the account."""
+    return Machine.objects.filter(account_id=OuterRef("account_id"), name=OuterRef("zone"))
+
+
+def _gpus_held(holds: QuerySet[GpuHold]) -> Subquery:
+    """How many GPUs of the outer offer's machine ``holds`` cover (a GPU partly sliced counts once)."""
+    on_machine = holds.filter(machine__account_id=OuterRef("account_id"), machine__name=OuterRef("zone"))
+    counted = on_machine.order_by().values("machine_id").annotate(n=Count("gpu_index", distinct=True)).values("n")
+    return Subquery(counted, output_field=IntegerField())
+
+
+def outbiddable_holds() -> QuerySet[GpuHold]:
+    """Holds of whole GPUs by running interruptible orders not yet under notice: what an on-demand order, or
+    a higher bid, takes when a machine has too few free GPUs (``marketplace.orders.bids.outbid_candidates``)."""
+    return GpuHold.objects.filter(
+        mig_profile="",
+        attempt__order__state=OrderState.RUNNING,
+        attempt__order__pricing_model=PricingModel.SPOT,
+        attempt__order__preempt_at__isnull=True,
+    )
+
+
+def free_gpus_expression() -> Any:
+    """An offer's free GPUs as SQL: on an independent machine, its GPUs nobody holds (whatever the lease
+    sizes); on another finite listing, its unreserved units' GPUs; NULL for a cloud's offer, whose stock the
+    cloud keeps and does not tell."""
+    machine_gpus = Subquery(_offer_machine().values("gpu_count")[:1], output_field=IntegerField())
+    return Case(
+        When(Exists(_offer_machine()), then=machine_gpus - Coalesce(_gpus_held(GpuHold.objects.all()), 0)),
+        When(capacity__isnull=False, then=(F("capacity") - F("reserved")) * F("gpu_count")),
+        default=None,
+        output_field=IntegerField(),
+    )
+
+
+def bid_gpus_expression() -> Any:
+    """An offer's machine's GPUs held by bids it could outbid (``outbiddable_holds``) as SQL; 0 elsewhere."""
+    return Coalesce(_gpus_held(outbiddable_holds()), 0)
+
+
+def disk_gb_expression() -> Any:
+    """An offer's disk in GB as SQL: its share of an independent machine's disk, in proportion to its GPUs
+    as the machine's CPUs and memory are shared; NULL for a cloud's offer, whose disk is sized at launch."""
+    share = _offer_machine().annotate(
+        share=ExpressionWrapper(F("disk_gb") * OuterRef("gpu_count") / F("gpu_count"), output_field=IntegerField())
+    )
+    return Subquery(share.values("share")[:1], output_field=IntegerField())
+
+
+def network_gbps_expression() -> Any:
+    """An offer's network in Gbit/s as SQL: an independent machine's link, else the figure the provider
+    published for the instance type (``extra["network_gbps"]``), else NULL (not known)."""
+    machine = Subquery(_offer_machine().values("network_gbps")[:1])
+    published = Cast(KeyTextTransform(NETWORK_GBPS, "extra"), FloatField())
+    return Coalesce(Cast(machine, FloatField()), published)
 
 
 def offers_filter(qs: QuerySet[Offer], f: OfferFilters) -> QuerySet[Offer]:
@@ -140,6 +217,76 @@ def offer_groups(queryset: QuerySet[Offer], *, offset: int, limit: int) -> Offer
     for offer in keyed.filter(wanted).order_by("sort_key", "id"):
         members[tuple(getattr(offer, f) for f in _GROUP_FIELDS)].append(offer)
     return OfferGroupPage([OfferGroup(tuple(members[key])) for key in keys], group_total, offer_total)
+
+
+@dataclass(frozen=True)
+class OfferFacts:
+    """What the offers page shows of an offer beyond its own row. ``free_gpus`` is None for a cloud's offer
+    (the cloud keeps its stock); ``total_gpus`` is its machine's GPUs (None off a machine); ``bid_gpus`` are
+    GPUs held by interruptible leases an on-demand order outranks and a higher bid outbids, shown apart from
+    the free ones because they come only after the outbid lease's notice. ``disk_gb`` is None where disk is
+    sized at launch, ``network_gbps`` None where not known, ``reliability`` None for a machine with no launch
+    yet. ``perf_per_usd`` is the buyer's profile's throughput per USD/h (``perf_unit`` names it)."""
+
+    seller: str
+    free_gpus: int | None
+    total_gpus: int | None
+    bid_gpus: int
+    disk_gb: int | None
+    network_gbps: float | None
+    reliability: float | None
+    perf_per_usd: float | None
+
+
+def offer_facts(offers: list[Offer], *, metric: str, now: dt.datetime) -> dict[int, OfferFacts]:
+    """``OfferFacts`` per offer id of ``offers`` (loaded with their account's provider and GPU model), in a
+    fixed number of queries however many offers there are. ``metric`` is a ``GpuModel`` throughput field
+    (a profile's, ``marketplace.matching.PROFILES``)."""
+    if not offers:
+        return {}
+    machines = {
+        (m.account_id, m.name): m
+        for m in Machine.objects.filter(
+            account_id__in={o.account_id for o in offers}, name__in={o.zone for o in offers}
+        ).only("id", "account_id", "name", "gpu_count", "disk_gb", "network_gbps")
+    }
+    ids = [m.pk for m in machines.values()]
+
+    def held(holds: QuerySet[GpuHold]) -> dict[int, int]:
+        rows = holds.filter(machine_id__in=ids).values("machine_id").annotate(n=Count("gpu_index", distinct=True))
+        return {r["machine_id"]: r["n"] for r in rows}
+
+    held_all = held(GpuHold.objects.all()) if ids else {}
+    held_bids = held(outbiddable_holds()) if ids else {}
+    accounts = account_reliability()
+    machine_scores = machine_reliability_shown(now=now)
+    facts = {}
+    for offer in offers:
+        machine = machines.get((offer.account_id, offer.zone))
+        if machine is not None:
+            free: int | None = machine.gpu_count - held_all.get(machine.pk, 0)
+            disk: int | None = machine.disk_gb * offer.gpu_count // machine.gpu_count
+            network = float(machine.network_gbps)
+            reliability = machine_scores.get((offer.account_id, offer.zone))
+        else:
+            free = None if offer.capacity is None else (offer.capacity - offer.reserved) * offer.gpu_count
+            disk = None
+            published = (offer.extra or {}).get(NETWORK_GBPS)
+            network = float(published) if isinstance(published, int | float) else None
+            reliability = accounts.get(offer.account_id)
+        throughput = getattr(offer.gpu_model, metric)
+        perf = float(throughput) * float(offer.cards) / float(offer.price_usd) if throughput else None
+        facts[offer.pk] = OfferFacts(
+            seller=offer.account.provider.name,
+            free_gpus=free,
+            total_gpus=None if machine is None else machine.gpu_count,
+            bid_gpus=0 if machine is None else held_bids.get(machine.pk, 0),
+            disk_gb=disk,
+            network_gbps=network,
+            reliability=reliability,
+            perf_per_usd=perf,
+        )
+    return facts
 
 
 def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:

@@ -19,7 +19,7 @@ from marketplace.models import GpuModel, OfferStatus, Role, TokenScope
 from marketplace.models.organizations import BUYER_ROLES
 from marketplace.numbers import MAX_BUDGET, MAX_PRICE_PER_HOUR, DecimalFormField, FloatFormField, IntegerFormField
 from marketplace.portal.forms import SignupForm
-from providers.models import ProviderKind
+from providers.models import Provider, ProviderKind
 from providers.sshkeys import MAX_KEY_TEXT, MAX_NAME
 
 PRICING = [("", "any"), ("on_demand", "on-demand"), ("spot", "spot")]
@@ -45,13 +45,38 @@ class OfferFilterForm(forms.Form):
     provider = forms.ChoiceField(
         required=False, choices=[("", "any"), *((k, ProviderKind(k).label) for k in QUERY_PROVIDERS)]
     )
+    seller = forms.ChoiceField(required=False, label="Seller")
+    free = IntegerFormField(required=False, min_value=1, max_value=1024, label="Free GPUs ≥")
+    gpumem = IntegerFormField(required=False, min_value=1, max_value=16384, label="GB per GPU ≥")
+    vcpu = IntegerFormField(required=False, min_value=1, max_value=100_000, label="vCPU ≥")
+    ram = IntegerFormField(required=False, min_value=1, max_value=1_000_000, label="RAM GiB ≥")
+    disk = IntegerFormField(required=False, min_value=1, max_value=10_000_000, label="Disk GB ≥")
+    net = DecimalFormField(
+        required=False, min_value=Decimal("0"), max_value=Decimal(100_000), decimal_places=2, label="Net Gbit/s ≥"
+    )
+    reliability = DecimalFormField(
+        required=False, min_value=Decimal("0"), max_value=Decimal(1), decimal_places=3, label="Reliability ≥ (0 to 1)"
+    )
     # The search language's bound on a price, which is below the storefront's bound on a budget.
     max_price = DecimalFormField(
         required=False, min_value=Decimal("0"), max_value=Decimal(1_000_000), decimal_places=4, label="Max USD/h"
     )
+    max_gpuprice = DecimalFormField(
+        required=False, min_value=Decimal("0"), max_value=Decimal(1_000_000), decimal_places=4, label="Max USD/GPU-h"
+    )
+    perf = DecimalFormField(
+        required=False, min_value=Decimal("0"), max_value=Decimal(1_000_000), decimal_places=2,
+        label="FP16 TFLOPS per USD/h ≥",
+    )  # fmt: skip
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        sellers = Provider.objects.filter(accounts__offers__status=OfferStatus.AVAILABLE).order_by("name").distinct()
+        # A term holds no space, so a seller's name is written with underscores for its spaces (query.py).
+        self.fields["seller"].choices = [  # type: ignore[attr-defined]
+            ("", "any"),
+            *((name.replace(" ", "_"), name) for name in sellers.values_list("name", flat=True)),
+        ]
         keys = list(
             GpuModel.objects.filter(offers__isnull=False).values_list("key", flat=True).distinct().order_by("key")
         )

@@ -19,10 +19,12 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.http import QueryDict
 
 from marketplace.catalog.query import SORTS, QueryError, Term, offers_query, parse
 from marketplace.catalog.selectors import OfferGroupPage, offer_groups
+from marketplace.matching.profiles import GENERIC
 from marketplace.web.forms import OfferFilterForm
 
 PAGE_SIZE = 50
@@ -30,6 +32,10 @@ SORT_LABELS = {
     "price": "price per hour", "gpuprice": "price per GPU-hour", "tflops": "price per TFLOP-hour",
     "score": "score (per TFLOP-hour, by reliability)",
 }  # fmt: skip
+# The page has no workload profile (the workload page has): its performance per dollar is the default
+# profile's metric, dense FP16, which the language's ``perf`` term and the "per TFLOP-hour" sort also use.
+PERF_METRIC = GENERIC.metric
+PERF_UNIT = "FP16 TFLOPS per USD/h"
 # Past this many terms the "what each term alone matches" table would cost a query per term for little use.
 _MAX_TERMS_EXPLAINED = 8
 
@@ -50,8 +56,28 @@ CONTROLS = (
     Control("pricing", "pricing", "="),
     Control("provider", "provider", "="),
     Control("max_price", "price", "<="),
+    Control("seller", "seller", "="),
+    Control("free", "free", ">="),
+    Control("gpumem", "mem", ">="),
+    Control("vcpu", "vcpu", ">="),
+    Control("ram", "ram", ">="),
+    Control("disk", "disk", ">="),
+    Control("net", "net", ">="),
+    Control("reliability", "reliability", ">="),
+    Control("max_gpuprice", "gpuprice", "<="),
+    Control("perf", "perf", ">="),
 )
 _PARAMS = {c.name for c in CONTROLS} | {"prev"}
+# The controls folded under "More filters" unless one of them is set, held by the box or refused.
+MORE_FILTERS = ("free", "gpumem", "vcpu", "ram", "disk", "net", "reliability", "max_gpuprice", "perf")
+
+
+def more_filters_open(form: OfferFilterForm) -> bool:
+    """Whether the page shows the folded controls: one of them has a value, is held by the box, or was refused."""
+    return any(
+        form.initial.get(name) not in (None, "") or form.fields[name].disabled or name in form.errors
+        for name in MORE_FILTERS
+    ) or (form.is_bound and any(form.data.get(name) for name in MORE_FILTERS))
 
 
 @dataclass
@@ -145,14 +171,19 @@ def _control_value(control: Control, term: Term, form: OfferFilterForm) -> Any:
             return None
         choices = {str(key).lower(): str(key) for key, _ in form.fields["gpu"].choices if key}  # type: ignore[attr-defined]
         return choices.get(term.value[0].lower())
-    if control.name == "count":
-        assert isinstance(term.value, Decimal)
-        bounds = form.fields["count"]
-        whole = term.value == term.value.to_integral_value()
-        return int(term.value) if whole and bounds.min_value <= term.value <= bounds.max_value else None  # type: ignore[attr-defined]
-    if control.name == "max_price":
-        assert isinstance(term.value, Decimal)
-        return term.value if term.value <= form.fields["max_price"].max_value else None  # type: ignore[attr-defined]
+    if control.name == "seller":
+        choices = {str(key).lower(): str(key) for key, _ in form.fields["seller"].choices if key}  # type: ignore[attr-defined]
+        return choices.get(str(term.value).lower().replace(" ", "_"))
+    if isinstance(term.value, Decimal):
+        # A number the control cannot hold (a fraction in a whole-number box, beyond its bounds) stays in the box.
+        bounds = form.fields[control.name]
+        low, high = bounds.min_value, bounds.max_value  # type: ignore[attr-defined]
+        if not low <= term.value <= high:
+            return None
+        if isinstance(bounds, forms.IntegerField):
+            return int(term.value) if term.value == term.value.to_integral_value() else None
+        places = bounds.decimal_places  # type: ignore[attr-defined]
+        return term.value if -term.value.as_tuple().exponent <= places else None  # type: ignore[operator]
     return term.value
 
 
@@ -196,7 +227,8 @@ def display_form(terms: list[Term] | None) -> OfferFilterForm:
         return form
     state = controls_from(terms, form)
     form.initial = dict(state.values)
-    form.fields["max_price"].widget.attrs["step"] = "any"
+    for name in ("max_price", "max_gpuprice", "net", "reliability", "perf"):
+        form.fields[name].widget.attrs["step"] = "any"
     for name, texts in state.held.items():
         form.fields[name].disabled = True
         form.fields[name].help_text = "set in the search box: " + " ".join(texts)

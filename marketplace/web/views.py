@@ -28,6 +28,7 @@ from marketplace.api.serializers import demand_from
 from marketplace.api.tokens import api_token_create, api_token_revoke
 from marketplace.billing.credit import CURRENCY
 from marketplace.catalog.history import price_history, spot_savings
+from marketplace.catalog.selectors import offer_facts
 from marketplace.launch.config import on_silence_of
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
@@ -57,8 +58,19 @@ from marketplace.web.compare import CompareError, compare_ids, comparison
 from marketplace.web.forms import ApiTokenForm, BudgetForm, WorkloadForm
 from marketplace.web.launchview import launch_shown
 from marketplace.web.orgs import buyer_access
+from marketplace.web.search import (
+    MORE_FILTERS,
+    PERF_METRIC,
+    PERF_UNIT,
+    SORT_LABELS,
+    display_form,
+    more_filters_open,
+    relaxations,
+    search_request,
+    search_run,
+    search_url,
+)
 from marketplace.web.search import PAGE_SIZE as OFFERS_PAGE_SIZE
-from marketplace.web.search import SORT_LABELS, display_form, relaxations, search_request, search_run, search_url
 
 PAGE_SIZE = 200
 
@@ -78,12 +90,15 @@ def offers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     result = search_run(asked.q, sort=asked.sort, page=asked.page, now=now)
     leads = [group.lead for group in result.rows.groups] if result.rows else []
+    form = asked.form or display_form(result.terms)
     empty = result.rows is not None and not result.rows.offer_total
     context = {
-        "form": asked.form or display_form(result.terms), "q": asked.q, "sort": asked.sort,
+        "form": form, "more_filters": MORE_FILTERS, "more_open": more_filters_open(form), "q": asked.q,
+        "sort": asked.sort,
         "query_error": result.error, "rows": result.rows, "offers": leads, "page": result.page,
         "pages": result.pages, "page_size": OFFERS_PAGE_SIZE, "savings": spot_savings(leads),
-        "bids": offers_winning_bids(leads),
+        "bids": offers_winning_bids(leads), "facts": offer_facts(leads, metric=PERF_METRIC, now=now),
+        "perf_unit": PERF_UNIT,
         "relaxations": relaxations(result.terms, now=now, sort=asked.sort) if empty and result.terms else [],
         "previous_url": search_url(asked.q, asked.sort, result.page - 1) if result.page > 1 else "",
         "next_url": search_url(asked.q, asked.sort, result.page + 1) if result.page < result.pages else "",

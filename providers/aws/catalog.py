@@ -5,6 +5,7 @@ Pure functions over plain dicts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -14,7 +15,7 @@ from typing import Any
 
 from providers import gpu_names
 from providers.aws.errors import malformed
-from providers.types import GPU_FRACTION
+from providers.types import GPU_FRACTION, NETWORK_GBPS
 from untrusted.jsonbody import bounded_json
 
 # The family fixes the form factor (SXM vs PCIe) that GpuInfo does not state.
@@ -201,10 +202,27 @@ def instance_type_spec(item: Mapping[str, Any]) -> InstanceTypeSpec | None:
         "efa_supported": bool(network.get("EfaSupported", False)),
         "architectures": list((item.get("ProcessorInfo") or {}).get("SupportedArchitectures", [])),
     }
+    gbps = network_gbps(extra["network_performance"])
+    if gbps is not None:
+        extra[NETWORK_GBPS] = gbps
     if gpu.fraction < 1:
         # Where the catalogue and the matching engine read a slice's share of the card (OfferView.gpu_fraction).
         extra[GPU_FRACTION] = float(gpu.fraction)
     return InstanceTypeSpec(instance_type=name, gpu=gpu, vcpus=vcpus, memory_gib=memory_gib, extra=extra)
+
+
+# NetworkInfo.NetworkPerformance is text: "100 Gigabit", "Up to 25 Gigabit", "4x 100 Gigabit", or "High"
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_NetworkInfo.html).
+_NETWORK = re.compile(r"^(?:up to )?(?:(?P<links>[0-9]{1,3})x )?(?P<gbit>[0-9]{1,5}(?:\.[0-9]{1,3})?) gigabit$")
+
+
+def network_gbps(performance: str) -> float | None:
+    """The Gbit/s a ``NetworkPerformance`` text names (the peak for "Up to N", all links for "Nx M"), or None
+    for the words AWS uses without a figure ("Low", "High")."""
+    match = _NETWORK.match(performance.strip().lower())
+    if match is None:
+        return None
+    return int(match["links"] or 1) * float(match["gbit"])
 
 
 def zones_by_type(offerings: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:

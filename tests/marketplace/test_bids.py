@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.catalog.gpu_specs import gpu_models_upsert
+from marketplace.catalog.query import offers_search
 from marketplace.catalog.services import offers_sync
 from marketplace.models import (
     GpuHold,
@@ -318,5 +319,38 @@ def test_a_whole_machine_leased_to_a_bid_stays_on_sale_to_be_outbid(
         on_demand = _place(acme, alice, agents, capture, pricing="on_demand")
         bidder.refresh_from_db()
         assert bidder.preempt_at is not None and on_demand.state == OrderState.PROVISIONING
+    finally:
+        stop_hosts(agents)
+
+
+def test_a_machine_held_only_by_bids_stays_in_search_with_its_bid_held_gpus_shown(
+    acme, alice, fleet, client, django_capture_on_commit_callbacks
+):
+    # Sold whole: one bid takes all eight GPUs, so every unit of every offer of the machine is reserved.
+    capture = django_capture_on_commit_callbacks
+    whole = {**LISTING, "min_bid_per_gpu_hour": Decimal("0.9000")}
+    agents = start_hosts(fleet, ["fra-h100-1"], lease_threads=False, listing=whole)
+    try:
+        assert offers_sync(account_id=fleet.pk).ok
+        bidder = _place(acme, alice, agents, capture, bid="1.00")
+        assert bidder.state == OrderState.RUNNING
+        listed = _offer("fra-h100-1", 8, "on_demand")
+        assert listed.capacity - listed.reserved == 0
+
+        # An on-demand order outranks every bid (marketplace/orders/bids.py), so search still finds it ...
+        found = offers_search("provider=community", now=timezone.now())
+        assert sorted((o.pricing_model, o.gpu_count) for o in found) == [("on_demand", 8), ("spot", 8)]
+        # ... and the free-GPU filter, which counts GPUs nobody holds, does not.
+        assert offers_search("provider=community free>=1", now=timezone.now()) == []
+
+        # The row says no GPU is free and all eight are held by a bid that can be outbid.
+        client.force_login(alice)
+        page = client.get("/", {"q": "provider=community pricing=on_demand"})
+        (row,) = page.context["rows"].groups
+        facts = page.context["facts"][row.lead.pk]
+        assert (facts.free_gpus, facts.total_gpus, facts.bid_gpus) == (0, 8, 8)
+        assert "8 on bids" in page.content.decode()
+        # Its Order button opens the order form, not "no longer for sale".
+        assert client.get("/orders/new", {"offer": listed.pk}).status_code == 200
     finally:
         stop_hosts(agents)

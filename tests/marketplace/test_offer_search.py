@@ -116,8 +116,9 @@ def test_a_search_fills_the_controls_it_can_express_and_holds_the_others(catalog
 
     form = page.context["form"]
     assert form.initial == {"gpu": "A10G", "region": "us-east-1"}
-    # count=1 is not "at least" and price<40 is not "at most": those controls say the box holds them.
-    assert {n for n, f in form.fields.items() if f.disabled} == {"count", "max_price"}
+    # count=1 is not "at least", price<40 not "at most", reliability>0.5 not "at least": those controls say the
+    # box holds them.
+    assert {n for n, f in form.fields.items() if f.disabled} == {"count", "max_price", "reliability"}
     html = page.content.decode()
     assert "set in the search box: count=1" in html and "set in the search box: price&lt;40" in html
     assert '<option value="A10G" selected>A10G</option>' in html
@@ -184,7 +185,7 @@ def test_one_row_per_instance_type_region_and_pricing_with_its_zones_and_spread(
     assert "in 3 zones" in html
     # The cheapest zone's price first, then the spread, on one line.
     spread = '<span class="spread muted small" title="the dearest of its 3 zones">\u20131.2000</span>'
-    assert f'<td class="num money">1.0060{spread}' in html
+    assert f'<td class="num money" data-label="USD/h">1.0060{spread}' in html
     cheapest = Offer.objects.get(zone="us-east-1a", pricing_model="on_demand")
     assert html.count('name="ids"') == 2 and f'name="ids" value="{cheapest.pk}"' in html
     assert "4 offers for sale in 2 rows" in html
@@ -305,3 +306,29 @@ def test_the_api_search_is_unchanged_by_the_pages_grouping(catalogue, alice):
     results = api.get("/api/v1/offers", {"q": "gpu=A10G pricing=on_demand"}).json()["results"]
 
     assert [r["zone"] for r in results] == ["us-east-1a", "us-east-1b", "us-east-1c"]
+
+
+def test_the_column_controls_write_their_terms_and_a_search_fills_them(catalogue):
+    params = {"prev": "gpu=A10G", "q": "gpu=A10G", "gpu": "A10G", "vcpu": "16", "ram": "64", "net": "25",
+              "reliability": "0.9", "max_gpuprice": "2.5", "free": "", "seller": "Petra_Cloud_Resale"}  # fmt: skip
+
+    assert _query_of(Client().get("/", params)) == {
+        "q": ["gpu=A10G seller=Petra_Cloud_Resale vcpu>=16 ram>=64 net>=25 reliability>=0.9 gpuprice<=2.5"]
+    }
+
+    page = Client().get("/", {"q": "gpu=A10G vcpu>=16 ram>=64 net>=25 seller=petra_cloud_resale free>=1.5"})
+    form = page.context["form"]
+    assert form.initial == {"gpu": "A10G", "vcpu": 16, "ram": 64, "net": Decimal(25), "seller": "Petra_Cloud_Resale"}
+    # A fraction of a GPU is no whole number the free control can show: the box holds it, and "More filters" opens.
+    assert form.fields["free"].disabled and page.context["more_open"]
+    assert 'id="more-filters" open' in page.content.decode()
+    assert not Client().get("/", {"q": "gpu=A10G"}).context["more_open"]
+
+
+def test_a_malformed_column_control_is_refused_naming_it(catalogue):
+    page = Client().get("/", {"prev": "", "q": "", "vcpu": "many", "reliability": "2"})
+
+    assert page.status_code == 200
+    errors = page.context["form"].errors
+    assert set(errors) == {"vcpu", "reliability"}
+    assert page.context["more_open"]

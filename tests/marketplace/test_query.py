@@ -105,3 +105,95 @@ def test_a_listing_whose_every_unit_is_held_is_not_for_sale_until_one_is_release
     assert not listed() and not api.get("/api/v1/offers").json()["results"]
     Offer.objects.update(reserved=1)
     assert listed()
+
+
+def test_the_columns_of_the_offer_list_have_terms():
+    terms = parse("seller=Helga's_GPU_Farm free>=2 gpumem>=80 vcpu>=16 ram>=64 disk>=500 net>=25 perf>=100.5")
+    assert [(t.field, t.op, t.value) for t in terms] == [
+        ("seller", "=", "Helga's_GPU_Farm"),
+        ("free", ">=", Decimal(2)),
+        ("mem", ">=", Decimal(80)),
+        ("vcpu", ">=", Decimal(16)),
+        ("ram", ">=", Decimal(64)),
+        ("disk", ">=", Decimal(500)),
+        ("net", ">=", Decimal(25)),
+        ("perf", ">=", Decimal("100.5")),
+    ]
+    assert terms[2].text == "gpumem>=80"  # an alias keeps the text the buyer wrote
+
+
+@pytest.mark.parametrize(
+    "text, term, reason",
+    [
+        ("vcpu>=many", "vcpu>=many", "vcpu compares with a number from 0 to 100000 (vCPUs)"),
+        ("free>=-1", "free>=-1", "free compares with a number from 0 to 1024 (free GPUs)"),
+        ("net>=1e999", "net>=1e999", "net compares with a number from 0 to 100000 (Gbit/s)"),
+        ("disk>10000001", "disk>10000001", "disk compares with a number from 0 to 10000000 (GB)"),
+        ("ram<=lots", "ram<=lots", "ram compares with a number from 0 to 1000000 (GiB)"),
+        ("perf>fast", "perf>fast", "perf compares with a number from 0 to 1000000 (dense FP16 TFLOPS per USD/h)"),
+        ("seller>acme", "seller>acme", "seller takes = or !=, not >"),
+        ("seller=" + "x" * 121, "seller=" + "x" * 33 + "…", "a seller's name is at most 120 characters"),
+    ],
+)
+def test_a_wrong_term_for_a_new_column_is_refused_saying_what_is_wrong(text, term, reason):
+    with pytest.raises(QueryError) as error:
+        parse("gpu=H100 " + text)
+    assert (error.value.column, error.value.term) == (10, term)
+    assert reason in error.value.reason
+
+
+@pytest.fixture
+def machine_on_sale(fleet):
+    """One of Helga's 8x H100 machines (96 vCPU, 1024 GiB, 4000 GB disk, 100 Gbit/s) on sale whole."""
+    from marketplace.catalog.services import offers_sync
+    from tests.hosts import start_hosts, stop_hosts
+
+    agents = start_hosts(fleet, ["fra-h100-1"], lease_threads=False)
+    assert offers_sync(account_id=fleet.pk).ok
+    yield
+    stop_hosts(agents)
+
+
+@pytest.mark.django_db
+def test_the_new_terms_filter_real_offers(aws_account, machine_on_sale):
+    now = timezone.now()
+
+    def kinds(text: str) -> set[str]:
+        return {o.account.kind for o in offers_search(text, now=now)}
+
+    big = offers_search("vcpu>=48 ram>=384", now=now)
+    assert big and all(o.vcpus >= 48 and o.memory_gib >= 384 for o in big)
+    assert {o.gpu_memory_gb for o in offers_search("gpumem>=80", now=now)} >= {80}
+    assert all(o.gpu_memory_gb >= 80 for o in offers_search("gpumem>=80", now=now))
+    # The machine's disk is known; a cloud's is sized at launch, so a disk term leaves cloud offers in.
+    assert kinds("disk>=4000") == {"aws", "community"} and kinds("disk>4000") == {"aws"}
+    # Free GPUs are known of the machine only: a cloud's offer matches no free term.
+    assert kinds("free>=8") == {"community"} and kinds("free>8") == set()
+    # The machine's link and AWS's published figures ("100 Gigabit", "Up to 25 Gigabit").
+    fast = offers_search("net>=100", now=now)
+    assert {o.account.kind for o in fast} == {"aws", "community"}
+    assert all(o.extra.get("network_gbps", 100) >= 100 for o in fast)
+    assert {o.account.kind for o in offers_search("net!=100", now=now)} == {"aws"}
+    assert kinds("seller=helga's_gpu_farm") == {"community"} and "community" not in kinds("seller!=Helga's_GPU_Farm")
+    # Performance per dollar is dense FP16 TFLOPS per USD/h: the inverse of the per-TFLOP-hour price.
+    cheap = offers_search("perf>=200", now=now)
+    assert cheap and all(1 / o.usd_per_tflop_hour >= 200 for o in cheap)
+    assert len(cheap) < len(offers_search("", now=now))
+
+
+@pytest.mark.django_db
+def test_the_offers_page_reads_its_columns_in_as_many_queries_for_many_rows_as_for_few(
+    client, aws_account, machine_on_sale
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    counts = {}
+    # Both searches hold cloud and machine rows, on demand and spot (whose savings and bids cost a query each).
+    for q in ("count>=8", ""):
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get("/", {"q": q})
+        counts[len(page.context["offers"])] = len(queries)
+    few, many = sorted(counts)
+    assert many >= 2 * few  # the searches differ in rows, not in the work per row
+    assert counts[few] == counts[many]

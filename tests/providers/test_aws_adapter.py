@@ -163,6 +163,7 @@ def test_an_offer_carries_the_whole_mapped_catalogue_entry(
             "network_performance": "4x 100 Gigabit",
             "efa_supported": True,
             "architectures": ["x86_64"],
+            "network_gbps": 400.0,
             "price_sku": offer.extra["price_sku"],
         },
     )

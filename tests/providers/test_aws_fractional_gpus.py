@@ -26,6 +26,7 @@ from marketplace.api.tokens import api_token_create
 from marketplace.catalog.selectors import offer_views
 from marketplace.catalog.services import offers_sync
 from marketplace.models import Offer, QuarantinedOffer
+from providers.aws import catalog
 from providers.aws.adapter import AwsAdapter
 from providers.services import provider_account_connect
 from providers.types import GPU_FRACTION, OfferQuote, PricingModel
@@ -86,6 +87,7 @@ def test_a_g6f_type_becomes_a_fractional_l4_quote(aws_sandbox: AwsSandbox, aws_a
             "network_performance": quote.extra["network_performance"],
             "efa_supported": False,
             "architectures": ["x86_64"],
+            "network_gbps": catalog.network_gbps(quote.extra["network_performance"]),
             GPU_FRACTION: 0.125,
             "price_sku": quote.extra["price_sku"],
         },
@@ -133,7 +135,7 @@ def test_the_storefront_shows_a_slice_as_its_share_of_a_card_priced_per_card(fra
     assert offers_sync(account_id=frankfurt.pk).ok
 
     page = client.get("/", {"q": "gpu=L4 region=eu-central-1"}).content.decode()
-    row = page[page.index("<code>g6f.large</code>") :]
+    row = page[page.rindex("<tr", 0, page.index("<code>g6f.large</code>")) :]
     row = row[: row.index("</tr>")]
     # The GPUs column says what is sold (an eighth of an L4) and $/GPU-h is per whole card, as offers are sorted.
     assert '<span title="a partition: 1/8 of one card">1/8</span>' in row

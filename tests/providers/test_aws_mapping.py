@@ -355,3 +355,21 @@ def test_tagged_resources_become_order_resources() -> None:
     )
     assert launching.order_filter("ord-7") == [{"Name": "tag:broker:order", "Values": ["ord-7"]}]
     assert launching.order_filter() == [{"Name": "tag-key", "Values": ["broker:order"]}]
+
+
+@pytest.mark.parametrize(
+    "performance, gbps",
+    [
+        ("100 Gigabit", 100.0),
+        ("Up to 25 Gigabit", 25.0),
+        ("4x 100 Gigabit", 400.0),
+        ("3200 Gigabit", 3200.0),
+        ("Up to 12.5 Gigabit", 12.5),
+        ("High", None),
+        ("", None),
+        ("1" * 40 + " Gigabit", None),
+    ],
+)
+def test_network_performance_text_becomes_gbit_per_second_where_it_names_a_figure(performance, gbps):
+    # NetworkInfo.NetworkPerformance: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_NetworkInfo.html
+    assert catalog.network_gbps(performance) == gbps
