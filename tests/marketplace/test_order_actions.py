@@ -1,0 +1,268 @@
+"""Stop, start and restart an order's machine (issue 36, point 3), through the order services and the real
+adapters: an independent host's lease (its container, through the host agent's signed protocol) and every cloud
+whose adapter can stop (a cloud's sandbox; a cloud whose adapter cannot stop yet is skipped, not passed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.models import LedgerEntry
+from ledger.services import ledger_verify
+from marketplace.models import Instance, Offer, Order, OrderState, StoppedPeriod
+from marketplace.orders.actions import (
+    DISK_AT_ZERO,
+    order_restart,
+    order_running_again,
+    order_start,
+    order_stop,
+)
+from marketplace.orders.errors import ActionUnsupported, TransitionRefused
+from marketplace.orders.selectors import order_usage
+from marketplace.orders.services import order_terminate
+from providers.services import adapter_for_account
+from tests.leases import ClientTransport, held_agent, running_order
+
+pytestmark = pytest.mark.django_db
+
+
+def _kinds(order: Order) -> list[str]:
+    return list(
+        LedgerEntry.objects.filter(subject=f"order:{order.public_id}", kind__startswith="order.")
+        .order_by("pk")
+        .values_list("kind", flat=True)
+    )
+
+
+def _host_order(acme, alice, capture, hosts) -> Order:
+    offer = Offer.objects.get(zone="fra-h100-1", pricing_model="on_demand", gpu_count=8)
+    return running_order(acme, alice, offer, capture, hosts, allow_failover=False)
+
+
+def _report(order: Order, source, client, capture) -> None:
+    """The order's lease agent sends one heartbeat through the broker's real view."""
+    agent = held_agent(order, source)
+    agent.transport = ClientTransport(client)
+    with capture(execute=True):
+        assert agent.heartbeat() == "running"
+    order.refresh_from_db()
+
+
+def test_a_host_lease_stops_and_starts_again_and_runs_once_its_agent_reports(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, client
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    lease = held_agent(order, held_hosts)
+
+    with capture(execute=True):
+        order_stop(order=order)
+    order.refresh_from_db()
+
+    assert order.state == OrderState.STOPPED, order.state_reason
+    _, _, agent_id = order.instance.provider_instance_id.partition("/")
+    host_instance = held_hosts[0].instances[agent_id]
+    assert host_instance.state == "stopped"
+    assert host_instance.holds_gpus()  # the GPUs stay the lease's while stopped
+    assert lease.executor.workload_state() == {"state": "stopped"}
+    period = StoppedPeriod.objects.get(order=order)
+    assert (period.ended_at, period.usd_per_hour) == (None, order.price_per_hour)
+    assert Instance.objects.get(order=order).state == "stopped"
+
+    with capture(execute=True):
+        order_start(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.STARTING
+    assert order.resumed_at is not None
+    assert host_instance.state == "running"
+    assert lease.executor.workload_state()["state"] != "stopped"
+
+    _report(order, held_hosts, client, capture)
+
+    assert order.state == OrderState.RUNNING, order.state_reason
+    period.refresh_from_db()
+    assert period.ended_at is not None
+    assert _kinds(order)[-4:] == ["order.stopping", "order.stopped", "order.starting", "order.running"]
+    assert ledger_verify().ok
+
+
+def test_a_host_lease_restarts_in_place_and_is_starting_until_its_agent_reports(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, client
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+
+    with capture(execute=True):
+        order_restart(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.STARTING
+    assert order.resumed_at is not None
+
+    _report(order, held_hosts, client, capture)
+
+    assert order.state == OrderState.RUNNING
+    assert not StoppedPeriod.objects.filter(order=order).exists()  # billed throughout, as a running machine
+    starting = LedgerEntry.objects.filter(subject=f"order:{order.public_id}", kind="order.starting").get()
+    assert json.loads(starting.payload)["restart"] is True
+
+
+def test_a_report_before_the_provider_accepted_the_start_does_not_make_it_running(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=True):
+        order_stop(order=order)
+    # The start is asked for, but its task has not run: the provider has not accepted anything yet.
+    with capture(execute=False):
+        order_start(order=order)
+    order.refresh_from_db()
+
+    assert order_running_again(order_id=order.pk, at=timezone.now()) is False
+    order.refresh_from_db()
+    assert order.state == OrderState.STARTING
+    assert order.resumed_at is None
+
+
+def test_stop_and_start_are_idempotent_and_refused_from_the_wrong_state(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+
+    with capture(execute=True) as callbacks:
+        assert order_start(order=order).state == OrderState.RUNNING  # it runs: nothing to start
+    assert callbacks == []
+    with capture(execute=True):
+        order_stop(order=order)
+        order_stop(order=order)
+    with capture(execute=True) as callbacks:
+        order_stop(order=order)
+    assert callbacks == []  # a repeat queues nothing
+    with pytest.raises(TransitionRefused):
+        order_restart(order=order)  # stopped: start it, do not reboot it
+    assert _kinds(order).count("order.stopping") == 1
+    assert StoppedPeriod.objects.filter(order=order).count() == 1
+
+
+def test_a_stopped_order_can_be_terminated_and_its_stopped_time_ends_with_it(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    Instance.objects.filter(order=order).update(ready_at=timezone.now() - HOUR)
+    with capture(execute=True):
+        order_stop(order=order)
+    StoppedPeriod.objects.filter(order=order).update(started_at=timezone.now() - HOUR / 2, usd_per_hour=0)
+    with capture(execute=True):
+        order_terminate(order=order)
+    order.refresh_from_db()
+
+    assert order.state == OrderState.TERMINATED
+    period = StoppedPeriod.objects.get(order=order)
+    assert period.ended_at == order.instances.get().terminated_at
+    line = order.invoice_line
+    # Half an hour running at the price, then half an hour stopped at 0, to the second.
+    assert line.seconds == int((period.started_at - order.instances.get().ready_at).total_seconds())
+    assert line.amount_usd == order_usage(order, now=line.ended_at).amount_usd
+
+
+def test_two_concurrent_stops_make_one_transition(acme, alice, held_hosts, django_capture_on_commit_callbacks):
+    """The row lock: the second request waits for the first and finds the order stopping (a thread of its own
+    would need a transactional test; the lock is taken by ``select_for_update`` inside one transaction here)."""
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=False), transaction.atomic():
+        first = order_stop(order=order)
+        second = order_stop(order=Order.objects.get(pk=order.pk))
+    assert (first.state, second.state) == (OrderState.STOPPING, OrderState.STOPPING)
+    assert _kinds(order).count("order.stopping") == 1
+
+
+# ------------------------------------------------------------------------------------------------ billing
+
+HOUR = dt.timedelta(hours=1)
+
+
+def _metered(order: Order, *, ready: dt.datetime, stops: list[tuple[dt.datetime, dt.datetime | None]], rate: str):
+    instance = order.instances.get(active=True)
+    Instance.objects.filter(pk=instance.pk).update(ready_at=ready)
+    StoppedPeriod.objects.filter(order=order).delete()
+    for start, end in stops:
+        StoppedPeriod.objects.create(
+            order=order, instance=instance, started_at=start, ended_at=end, usd_per_hour=Decimal(rate)
+        )
+    return Order.objects.prefetch_related("instances", "stopped_periods").get(pk=order.pk)
+
+
+def test_a_stopped_hour_costs_what_the_providers_rule_says(acme, alice, held_hosts, django_capture_on_commit_callbacks):
+    order = _host_order(acme, alice, django_capture_on_commit_callbacks, held_hosts)
+    price = order.price_per_hour
+    t0 = dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC)
+
+    # Three hours: one running, one stopped on a cloud that bills only the disk (passed at 0), one running.
+    cloud = _metered(order, ready=t0, stops=[(t0 + HOUR, t0 + 2 * HOUR)], rate="0")
+    usage = order_usage(cloud, now=t0 + 3 * HOUR)
+    assert (usage.seconds, usage.stopped_seconds, usage.amount_usd) == (7200, 3600, price * 2)
+
+    # The same on a host, whose stopped lease keeps its GPUs: the stopped hour costs the price.
+    host = _metered(order, ready=t0, stops=[(t0 + HOUR, t0 + 2 * HOUR)], rate=str(price))
+    assert order_usage(host, now=t0 + 3 * HOUR).amount_usd == price * 3
+
+    # Still stopped now: the open period runs to now, and no compute is charged for it.
+    still = _metered(order, ready=t0, stops=[(t0 + HOUR, None)], rate="0")
+    assert order_usage(still, now=t0 + 3 * HOUR).amount_usd == price
+
+
+def test_the_rule_of_a_cloud_that_bills_only_disks_says_the_disk_is_passed_at_zero(aws_account):
+    from marketplace.orders.actions import stopped_rate
+
+    order = Order(price_per_hour=Decimal("3.5"))
+    rate, rule = stopped_rate(order, adapter_for_account(aws_account))
+    assert rate == Decimal(0)
+    assert DISK_AT_ZERO in rule
+
+
+# ------------------------------------------------------------------------------------------ every cloud
+
+CLOUDS = ["aws_account", "gcp_account", "tencent_account"]
+
+
+@pytest.mark.parametrize("account_fixture", CLOUDS)
+def test_a_cloud_machine_stops_and_starts_again(
+    account_fixture, request, acme, alice, django_capture_on_commit_callbacks, client
+):
+    account = request.getfixturevalue(account_fixture)
+    adapter = adapter_for_account(account)
+    sandbox = request.getfixturevalue(account_fixture.replace("_account", "_sandbox"))
+    offer = account.offers.filter(pricing_model="on_demand").order_by("price_usd", "pk").first()
+    capture = django_capture_on_commit_callbacks
+    order = running_order(acme, alice, offer, capture, sandbox, allow_failover=False)
+    if not adapter.stoppable:
+        with pytest.raises(ActionUnsupported):
+            order_stop(order=order)
+        pytest.skip(f"the {account.kind} adapter cannot stop a machine yet")
+
+    with capture(execute=True):
+        order_stop(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.STOPPED, order.state_reason
+    assert StoppedPeriod.objects.get(order=order).usd_per_hour == Decimal(0)
+
+    with capture(execute=True):
+        order_start(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.STARTING, order.state_reason
+    _report(order, sandbox, client, capture)
+    assert order.state == OrderState.RUNNING
+
+    with capture(execute=True):
+        order_restart(order=order)
+    _report(order, sandbox, client, capture)
+    assert order.state == OrderState.RUNNING
+    assert ledger_verify().ok
