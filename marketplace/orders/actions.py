@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import transaction
@@ -62,6 +63,34 @@ def _adapter_for(order: Order, instance: Instance | None, what: str) -> Provider
     if not adapter.stoppable:
         raise ActionUnsupported(f"{instance.account.kind} machines cannot be {what}ped and started again here")
     return adapter
+
+
+@dataclass(frozen=True)
+class OrderActions:
+    """What the buyer may do to the order's machine now (the page's buttons), and what a stopped machine costs."""
+
+    stop: bool
+    start: bool
+    restart: bool
+    stopped_rule: str  # the billing rule of the order's latest stop, or what a stop would bill
+
+
+def order_actions(order: Order) -> OrderActions:
+    """Which of stop, start and restart the order allows in its state on its provider, and the stopped billing
+    rule (the latest stop's, else the provider's). Reads only: no provider is called."""
+    instance = order.instance
+    if instance is None or not instance.active or order.state not in _ACTING_STATES:
+        return OrderActions(stop=False, start=False, restart=False, stopped_rule="")
+    adapter = adapter_for_account(instance.account)
+    latest = order.stopped_periods.order_by("-started_at", "-pk").first()
+    rule = latest.billing_rule if latest is not None else stopped_rate(order, adapter)[1]
+    if not adapter.stoppable:
+        return OrderActions(stop=False, start=False, restart=False, stopped_rule="")
+    running = order.state == OrderState.RUNNING
+    return OrderActions(stop=running, start=order.state == OrderState.STOPPED, restart=running, stopped_rule=rule)
+
+
+_ACTING_STATES = (OrderState.RUNNING, OrderState.STOPPING, OrderState.STOPPED, OrderState.STARTING)
 
 
 def order_stop(*, order: Order, reason: str = "stopped by buyer") -> Order:

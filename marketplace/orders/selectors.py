@@ -324,3 +324,31 @@ def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Te
 
 def _tenth(value: object) -> Decimal:
     return Decimal(str(value)).quantize(Decimal("0.1"))
+
+
+# The most lines of the workload's output one read returns, and the default.
+MAX_LOG_LINES = 1000
+DEFAULT_LOG_LINES = 100
+
+
+@dataclass(frozen=True)
+class WorkloadLog:
+    """The workload's recent output, as the lease agent's latest heartbeat carried it (``at``; None when no
+    agent has sent any: an agent older than issue 36, or a machine not yet ready)."""
+
+    lines: list[str]
+    at: dt.datetime | None
+    source: str  # what produced it: the host's container (docker logs) or the machine's lease agent
+
+
+def order_workload_log(order: Order, *, lines: int = DEFAULT_LOG_LINES) -> WorkloadLog:
+    """The last ``lines`` (1 to ``MAX_LOG_LINES``) lines of the workload's output on the order's machine, from
+    the lease of its latest instance. The caller has already checked that the order is the caller's."""
+    lines = max(1, min(int(lines), MAX_LOG_LINES))
+    instance = order.instance
+    lease = None if instance is None else Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    if lease is None or lease.workload_log_at is None:
+        return WorkloadLog(lines=[], at=None, source="")
+    community = instance is not None and instance.account.kind == ProviderKind.COMMUNITY
+    source = "the lease's container on the host" if community else "the lease agent on the machine"
+    return WorkloadLog(lines=lease.workload_log.splitlines()[-lines:], at=lease.workload_log_at, source=source)

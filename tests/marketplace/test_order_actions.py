@@ -266,3 +266,76 @@ def test_a_cloud_machine_stops_and_starts_again(
     _report(order, sandbox, client, capture)
     assert order.state == OrderState.RUNNING
     assert ledger_verify().ok
+
+
+# ------------------------------------------------------------------------------------------------- API
+
+
+def _api(user):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(user)
+    return api
+
+
+def test_the_api_stops_starts_and_restarts_the_callers_own_order(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, client
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    api = _api(alice)
+
+    with capture(execute=True):
+        stopped = api.post(f"/api/v1/orders/{order.public_id}/stop")
+    assert stopped.status_code == 202
+    order.refresh_from_db()
+    assert order.state == OrderState.STOPPED
+    again = api.post(f"/api/v1/orders/{order.public_id}/restart")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "invalid_state"
+
+    with capture(execute=True):
+        assert api.post(f"/api/v1/orders/{order.public_id}/start").status_code == 202
+    _report(order, held_hosts, client, capture)
+    assert api.get(f"/api/v1/orders/{order.public_id}").json()["state"] == "running"
+    with capture(execute=True):
+        assert api.post(f"/api/v1/orders/{order.public_id}/restart").json()["state"] == "starting"
+
+
+def test_the_logs_are_the_agents_last_lines_bounded_and_another_org_gets_404(
+    acme, alice, charlie, held_hosts, django_capture_on_commit_callbacks, client
+):
+    from marketplace.models import Lease
+
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    api = _api(alice)
+    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json() == {"lines": [], "at": None, "source": ""}
+
+    agent = held_agent(order, held_hosts)
+    (agent.executor.plan.work_dir / "workload.log").write_text("".join(f"line {n}\n" for n in range(300)))
+    _report(order, held_hosts, client, capture)
+
+    body = api.get(f"/api/v1/orders/{order.public_id}/logs?lines=3").json()
+    assert body["lines"] == ["line 297", "line 298", "line 299"]
+    assert body["source"] == "the lease's container on the host"
+    # The agent sends at most its last 200 lines; the broker keeps what it was sent.
+    assert len(api.get(f"/api/v1/orders/{order.public_id}/logs?lines=1000").json()["lines"]) == 200
+    assert api.get(f"/api/v1/orders/{order.public_id}/logs?lines=1001").status_code == 400
+    assert api.get(f"/api/v1/orders/{order.public_id}/logs?lines=zero").status_code == 400
+    assert _api(charlie).get(f"/api/v1/orders/{order.public_id}/logs").status_code == 404
+    assert Lease.objects.get(order=order).workload_log.endswith("line 299")
+
+
+def test_a_hostile_agent_cannot_store_more_log_than_the_bound_nor_a_nul(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, client
+):
+    from marketplace.launch.leases import MAX_WORKLOAD_LOG_CHARS, LeaseRefused, workload_log_parse
+
+    assert workload_log_parse({"logs": "x" * (MAX_WORKLOAD_LOG_CHARS + 10) + "\x00end"}) == (
+        "x" * (MAX_WORKLOAD_LOG_CHARS - 4) + "end"
+    )
+    assert workload_log_parse({"gpus": []}) is None
+    with pytest.raises(LeaseRefused):
+        workload_log_parse({"logs": ["not", "text"]})
