@@ -202,7 +202,7 @@ def stopped_rate(order: Order, adapter: ProviderAdapter) -> tuple[Decimal, str]:
     the provider, but offers carry no storage price)."""
     words = adapter.stopped_billing or "its disks"
     if adapter.stopped_compute_billed:
-        return order.price_per_hour, f"the provider bills {words}: the order's whole price while stopped"
+        return order.price_per_hour, f"the provider bills {words}, so the order costs its whole price while stopped"
     return Decimal(0), f"the provider bills {words}; {DISK_AT_ZERO}"
 
 

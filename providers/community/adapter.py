@@ -437,7 +437,7 @@ class CommunityAdapter(ProviderAdapter):
     # A stopped lease keeps its GPUs reserved (the seller can rent them to nobody else), so it costs its price.
     stoppable = True
     stopped_compute_billed = True
-    stopped_billing = "the lease's whole price: its GPUs stay reserved to it while its container is stopped"
+    stopped_billing = "its GPUs, which stay reserved to the lease while its container is stopped"
 
     def stop(self, region: str, instance_id: str) -> InstanceHandle:
         """``POST /v1/instances/{id}/stop``: the lease's container stopped, its disk, GPUs and ports kept."""
