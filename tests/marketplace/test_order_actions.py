@@ -339,3 +339,73 @@ def test_a_hostile_agent_cannot_store_more_log_than_the_bound_nor_a_nul(
     assert workload_log_parse({"gpus": []}) is None
     with pytest.raises(LeaseRefused):
         workload_log_parse({"logs": ["not", "text"]})
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+
+def _host_instance(order: Order, hosts):
+    _, _, agent_id = order.instance.provider_instance_id.partition("/")
+    return next(h.instances[agent_id] for h in hosts if agent_id in h.instances)
+
+
+def test_a_stop_the_host_refuses_leaves_the_order_running_with_the_hosts_reason(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    _host_instance(order, held_hosts).ending = True  # the host is already cleaning the lease up
+
+    with capture(execute=True):
+        order_stop(order=order)
+    order.refresh_from_db()
+
+    assert order.state == OrderState.RUNNING
+    assert order.state_reason.startswith("the provider refused the stop: ")
+    assert "not_running" in order.state_reason
+    assert not StoppedPeriod.objects.filter(order=order).exists()  # nothing billed as stopped
+    assert _kinds(order)[-2:] == ["order.stopping", "order.running"]
+
+
+def test_a_start_the_host_refuses_leaves_the_order_stopped_with_its_disk_and_the_reason(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=True):
+        order_stop(order=order)
+    _host_instance(order, held_hosts).ending = True
+
+    with capture(execute=True):
+        order_start(order=order)
+    order.refresh_from_db()
+
+    assert order.state == OrderState.STOPPED
+    assert order.state_reason.startswith("the provider refused the start: ")
+    assert order.state_reason.endswith("its disk is kept")
+    assert StoppedPeriod.objects.get(order=order).ended_at is None  # still stopped, still at the stopped rate
+
+
+def test_silence_and_the_sweeps_leave_a_stopped_order_alone(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, settings
+):
+    from marketplace.models import Lease, OrderHealth
+    from marketplace.orders.reconcile import order_reconcile
+    from marketplace.orders.silence import orders_silence_sweep
+
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=True):
+        order_stop(order=order)
+    long_ago = timezone.now() - dt.timedelta(seconds=settings.LEASE_SILENCE_S * 10)
+    Lease.objects.filter(order=order).update(last_heartbeat_at=long_ago)
+
+    with capture(execute=True):
+        orders_silence_sweep()
+        report = order_reconcile(order_id=order.pk)
+    order.refresh_from_db()
+
+    assert (order.state, order.health) == (OrderState.STOPPED, OrderHealth.HEALTHY)
+    assert report.terminated == [] and report.errors == []
+    assert _host_instance(order, held_hosts).state == "stopped"
+    assert order.instances.get().active
