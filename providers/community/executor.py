@@ -28,6 +28,7 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -476,15 +477,13 @@ class LeaseExecutor:
         self.paused = False
 
     def logs(self, lines: int) -> str:
-        """The workload's last ``lines`` lines (at most ``LOG_TAIL_BYTES`` of them): its container's
-        (``docker logs --tail``), else its log file."""
-        if self.walls is not None:
+        """The workload's last ``lines`` lines (within ``LOG_TAIL_BYTES``): a buyer's image's container output
+        (``docker logs --tail``), else the log the lease's script writes (in its home when walled)."""
+        if self.walls is not None and self.kind == "container":
             out = self.walls.docker("logs", "--tail", str(int(lines)), self.walls.container, timeout=30)
-            text = (out.stdout + out.stderr)[-LOG_TAIL_BYTES:]
-        else:
-            path = self.plan.work_dir / "workload.log"
-            text = _file_tail(path, LOG_TAIL_BYTES)
-        return text_tail(text, lines)
+            return text_tail(out.stdout + out.stderr, lines, LOG_TAIL_BYTES)
+        folder = self.walls.home if self.walls is not None else self.plan.work_dir
+        return text_tail(_file_tail(folder / "workload.log", LOG_TAIL_BYTES), lines, LOG_TAIL_BYTES)
 
     # ----------------------------------------------------------------------------------- termination
 
@@ -541,11 +540,16 @@ def _banner(host: str, port: int) -> bool:
 
 
 def _file_tail(path: Path, limit: int) -> bytes:
-    """The last ``limit`` bytes of ``path`` (nothing when it does not exist)."""
+    """The last ``limit`` bytes of the regular file ``path``, nothing when it is absent or anything else. The
+    lease writes this file: opened without following a link (the agent runs as root, and a tenant's
+    ``ln -s /etc/shadow workload.log`` must send nothing of the host's) and without blocking on a FIFO."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - limit))
-            return handle.read(limit)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return b""
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            return b""
+        handle.seek(max(0, size.st_size - limit))
+        return handle.read(limit)

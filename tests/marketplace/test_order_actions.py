@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from decimal import Decimal
 
 import pytest
@@ -409,3 +410,26 @@ def test_silence_and_the_sweeps_leave_a_stopped_order_alone(
     assert report.terminated == [] and report.errors == []
     assert _host_instance(order, held_hosts).state == "stopped"
     assert order.instances.get().active
+
+
+def test_a_lease_that_links_its_log_to_a_host_file_sends_nothing_of_it(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, client, tmp_path
+):
+    """The agent runs as root and reads the log the tenant writes: a link to a host file, or a FIFO that would
+    hang the read, yields nothing."""
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    agent = held_agent(order, held_hosts)
+    host_secret = tmp_path / "shadow"
+    host_secret.write_text("root:$6$host-secret-hash:19000::::::\n")
+    log = agent.executor.plan.work_dir / "workload.log"
+    log.symlink_to(host_secret)
+    api = _api(alice)
+
+    _report(order, held_hosts, client, capture)
+    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
+
+    log.unlink()
+    os.mkfifo(log)
+    _report(order, held_hosts, client, capture)
+    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
