@@ -57,6 +57,9 @@ def _locked(order: Order) -> tuple[Order, Instance | None]:
 
 
 def _adapter_for(order: Order, instance: Instance | None, what: str) -> ProviderAdapter:
+    if order.cluster_id is not None:
+        # A cluster's rule reads a node that is not running as one lost, and fails the round over.
+        raise ActionUnsupported(f"order {order.public_id} is a node of a cluster: its nodes run and end together")
     if instance is None:
         raise TransitionRefused(f"order {order.public_id} has no machine to {what}")
     adapter = adapter_for_account(instance.account)
@@ -79,7 +82,7 @@ def order_actions(order: Order) -> OrderActions:
     """Which of stop, start and restart the order allows in its state on its provider, and the stopped billing
     rule (the latest stop's, else the provider's). Reads only: no provider is called."""
     instance = order.instance
-    if instance is None or not instance.active or order.state not in _ACTING_STATES:
+    if instance is None or not instance.active or order.state not in _ACTING_STATES or order.cluster_id is not None:
         return OrderActions(stop=False, start=False, restart=False, stopped_rule="")
     adapter = adapter_for_account(instance.account)
     latest = order.stopped_periods.order_by("-started_at", "-pk").first()

@@ -66,6 +66,10 @@ def test_a_host_lease_stops_and_starts_again_and_runs_once_its_agent_reports(
     order.refresh_from_db()
 
     assert order.state == OrderState.STOPPED, order.state_reason
+    # Its agent still reports (a host's lease agent outlives the container): it is told to carry on, and a report
+    # while stopped starts nothing.
+    _report(order, held_hosts, client, capture)
+    assert order.state == OrderState.STOPPED
     _, _, agent_id = order.instance.provider_instance_id.partition("/")
     host_instance = held_hosts[0].instances[agent_id]
     assert host_instance.state == "stopped"
@@ -433,3 +437,24 @@ def test_a_lease_that_links_its_log_to_a_host_file_sends_nothing_of_it(
     os.mkfifo(log)
     _report(order, held_hosts, client, capture)
     assert api.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
+
+
+def test_a_node_of_a_cluster_is_not_stopped_alone(acme, alice, held_hosts, django_capture_on_commit_callbacks):
+    from marketplace.models import Cluster
+
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    cluster = Cluster.objects.create(
+        organization=acme, created_by=alice, offer=order.offer, nodes=2, gpu_model=order.gpu_model, gpu_count=8,
+        pricing_model="on_demand", max_price_per_node_hour=order.max_price_per_hour, launch_config=order.launch_config,
+        state_changed_at=timezone.now(),
+    )  # fmt: skip
+    Order.objects.filter(pk=order.pk).update(cluster=cluster, cluster_round=1, cluster_node=1)
+    order.refresh_from_db()
+
+    for action in (order_stop, order_restart):
+        with pytest.raises(ActionUnsupported, match="node of a cluster"):
+            action(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING
+    assert "order.stopping" not in _kinds(order)
