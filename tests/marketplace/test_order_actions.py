@@ -458,3 +458,32 @@ def test_a_node_of_a_cluster_is_not_stopped_alone(acme, alice, held_hosts, djang
     order.refresh_from_db()
     assert order.state == OrderState.RUNNING
     assert "order.stopping" not in _kinds(order)
+
+
+def test_a_start_refused_for_capacity_leaves_the_order_stopped_with_its_disk_and_why(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks
+):
+    from providers.models import Machine
+    from tests.hosts import HostilePeer
+
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=True):
+        order_stop(order=order)
+    # The machine's agent now answers a start as a provider out of capacity does (the protocol's no_capacity).
+    peer = HostilePeer(lambda method, target: (409, b'{"code": "no_capacity", "message": "taken"}', {}))
+    try:
+        Machine.objects.filter(name="fra-h100-1").update(agent_url=peer.url)
+        with capture(execute=True):
+            order_start(order=order)
+    finally:
+        peer.close()
+    order.refresh_from_db()
+
+    assert order.state == OrderState.STOPPED
+    assert order.state_reason.startswith("the provider has no capacity to start it now: ")
+    assert order.state_reason.endswith("its disk is kept, try later")
+    assert StoppedPeriod.objects.get(order=order).ended_at is None
+    assert _kinds(order)[-3:] == ["order.stopped", "order.starting", "order.stopped"]
+    agent_id = order.instance.provider_instance_id.partition("/")[2]
+    assert peer.requests == [("POST", f"/v1/instances/{agent_id}/start")]
