@@ -5,6 +5,7 @@ logs panel the agent's last lines, refreshed by a plain link (the page's CSP all
 from __future__ import annotations
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from marketplace.models import Offer, OrderState
@@ -37,9 +38,12 @@ def test_a_buyer_stops_and_starts_a_host_lease_from_its_page_and_reads_its_logs(
     expect(page.locator("#order-stopped-billing")).to_contain_text("costs its whole price while stopped")
     expect(page.locator("#stop-form")).to_have_count(0)
     expect(page.locator("#restart-form")).to_have_count(0)
+    page.locator("#start-form summary").click()
+    # axe-core (as tests/browser/test_every_page.py runs it): no serious or critical violation, a panel open.
+    severe = [v["id"] for v in Axe().run(page).response["violations"] if v.get("impact") in {"serious", "critical"}]
+    assert severe == []
     shoot(page, "order-actions-stopped")
 
-    page.locator("#start-form summary").click()
     page.click("#start-confirm")
     expect(page.locator("#order-state")).to_have_text("starting")
     assert agent.heartbeat() == "running"  # the agent reports after the start: running again
