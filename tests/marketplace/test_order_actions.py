@@ -279,9 +279,9 @@ def test_a_cloud_machine_stops_and_starts_again(
 def _api(user):
     from rest_framework.test import APIClient
 
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
+    session = APIClient()
+    session.force_authenticate(user)
+    return session
 
 
 def test_the_api_stops_starts_and_restarts_the_callers_own_order(
@@ -289,23 +289,23 @@ def test_the_api_stops_starts_and_restarts_the_callers_own_order(
 ):
     capture = django_capture_on_commit_callbacks
     order = _host_order(acme, alice, capture, held_hosts)
-    api = _api(alice)
+    buyer = _api(alice)
 
     with capture(execute=True):
-        stopped = api.post(f"/api/v1/orders/{order.public_id}/stop")
+        stopped = buyer.post(f"/api/v1/orders/{order.public_id}/stop")
     assert stopped.status_code == 202
     order.refresh_from_db()
     assert order.state == OrderState.STOPPED
-    again = api.post(f"/api/v1/orders/{order.public_id}/restart")
+    again = buyer.post(f"/api/v1/orders/{order.public_id}/restart")
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "invalid_state"
 
     with capture(execute=True):
-        assert api.post(f"/api/v1/orders/{order.public_id}/start").status_code == 202
+        assert buyer.post(f"/api/v1/orders/{order.public_id}/start").status_code == 202
     _report(order, held_hosts, client, capture)
-    assert api.get(f"/api/v1/orders/{order.public_id}").json()["state"] == "running"
+    assert buyer.get(f"/api/v1/orders/{order.public_id}").json()["state"] == "running"
     with capture(execute=True):
-        assert api.post(f"/api/v1/orders/{order.public_id}/restart").json()["state"] == "starting"
+        assert buyer.post(f"/api/v1/orders/{order.public_id}/restart").json()["state"] == "starting"
 
 
 def test_the_logs_are_the_agents_last_lines_bounded_and_another_org_gets_404(
@@ -315,20 +315,20 @@ def test_the_logs_are_the_agents_last_lines_bounded_and_another_org_gets_404(
 
     capture = django_capture_on_commit_callbacks
     order = _host_order(acme, alice, capture, held_hosts)
-    api = _api(alice)
-    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json() == {"lines": [], "at": None, "source": ""}
+    buyer = _api(alice)
+    assert buyer.get(f"/api/v1/orders/{order.public_id}/logs").json() == {"lines": [], "at": None, "source": ""}
 
     agent = held_agent(order, held_hosts)
     (agent.executor.plan.work_dir / "workload.log").write_text("".join(f"line {n}\n" for n in range(300)))
     _report(order, held_hosts, client, capture)
 
-    body = api.get(f"/api/v1/orders/{order.public_id}/logs?lines=3").json()
+    body = buyer.get(f"/api/v1/orders/{order.public_id}/logs?lines=3").json()
     assert body["lines"] == ["line 297", "line 298", "line 299"]
     assert body["source"] == "the lease's container on the host"
     # The agent sends at most its last 200 lines; the broker keeps what it was sent.
-    assert len(api.get(f"/api/v1/orders/{order.public_id}/logs?lines=1000").json()["lines"]) == 200
-    assert api.get(f"/api/v1/orders/{order.public_id}/logs?lines=1001").status_code == 400
-    assert api.get(f"/api/v1/orders/{order.public_id}/logs?lines=zero").status_code == 400
+    assert len(buyer.get(f"/api/v1/orders/{order.public_id}/logs?lines=1000").json()["lines"]) == 200
+    assert buyer.get(f"/api/v1/orders/{order.public_id}/logs?lines=1001").status_code == 400
+    assert buyer.get(f"/api/v1/orders/{order.public_id}/logs?lines=zero").status_code == 400
     assert _api(charlie).get(f"/api/v1/orders/{order.public_id}/logs").status_code == 404
     assert Lease.objects.get(order=order).workload_log.endswith("line 299")
 
@@ -428,15 +428,15 @@ def test_a_lease_that_links_its_log_to_a_host_file_sends_nothing_of_it(
     host_secret.write_text("root:$6$host-secret-hash:19000::::::\n")
     log = agent.executor.plan.work_dir / "workload.log"
     log.symlink_to(host_secret)
-    api = _api(alice)
+    buyer = _api(alice)
 
     _report(order, held_hosts, client, capture)
-    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
+    assert buyer.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
 
     log.unlink()
     os.mkfifo(log)
     _report(order, held_hosts, client, capture)
-    assert api.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
+    assert buyer.get(f"/api/v1/orders/{order.public_id}/logs").json()["lines"] == []
 
 
 def test_a_node_of_a_cluster_is_not_stopped_alone(acme, alice, held_hosts, django_capture_on_commit_callbacks):
@@ -487,3 +487,65 @@ def test_a_start_refused_for_capacity_leaves_the_order_stopped_with_its_disk_and
     assert _kinds(order)[-3:] == ["order.stopped", "order.starting", "order.stopped"]
     agent_id = order.instance.provider_instance_id.partition("/")[2]
     assert peer.requests == [("POST", f"/v1/instances/{agent_id}/start")]
+
+
+# ------------------------------------------------------------------------------------- prepaid credit
+
+
+@pytest.fixture
+def prepaid_buyer(acme, alice):
+    """Alice's API session for Acme on prepaid terms, ready to pay (a verified address, a billing country)."""
+    from marketplace.models import BillingProfile, Organization
+    from marketplace.models.billing import EmailVerification
+
+    Organization.objects.filter(pk=acme.pk).update(payment_terms="prepaid")
+    EmailVerification.objects.create(user=alice, email=alice.email.lower(), verified_at=timezone.now())
+    BillingProfile.objects.create(organization=acme, country="GB")
+    return _api(alice)
+
+
+def test_prepaid_credit_follows_a_stopped_lease_that_still_bills_and_leaves_a_free_stop_alone(
+    prepaid_buyer, held_hosts, stripe_sandbox, django_capture_on_commit_callbacks
+):
+    """A host lease stopped keeps costing its price, so its hold must keep up or it is ended like a running one;
+    a stop that costs nothing (a cloud's: its disk passed at 0) is never ended for want of credit."""
+    from marketplace.billing.credit import order_held_minor
+    from marketplace.billing.credit_sweep import credit_sweep
+    from marketplace.orders.actions import order_stop as stop
+    from tests.marketplace.test_prepaid import _hour_with_tax, _post, _topup
+
+    capture = django_capture_on_commit_callbacks
+    offer = Offer.objects.get(zone="fra-h100-1", pricing_model="on_demand", gpu_count=8)
+    hour = _hour_with_tax(offer.price_usd)
+    assert _topup(prepaid_buyer, f"{(hour + 100) / 100:.2f}").status_code == 201
+    with capture(execute=True):
+        assert (
+            _post(prepaid_buyer, "/api/v1/orders", {"offer": offer.pk, "max_price_per_hour": "16"}).status_code == 201
+        )
+    order = Order.objects.get()
+    from tests.leases import boot
+
+    assert boot(order, held_hosts) == "running"
+    with capture(execute=True):
+        stop(order=order)
+    start = timezone.now()
+    Instance.objects.filter(order=order).update(ready_at=start)
+    StoppedPeriod.objects.filter(order=order).update(started_at=start)
+
+    # Free while stopped: an hour on, nothing is used, and the sweep does not touch it.
+    StoppedPeriod.objects.filter(order=order).update(usd_per_hour=0)
+    with capture(execute=True):
+        assert credit_sweep(now=start + dt.timedelta(minutes=58)) == {"extended": 0, "warned": 0, "stopped": 0}
+    order.refresh_from_db()
+    assert order.state == OrderState.STOPPED
+
+    # Billed while stopped (the host's rule): near the end of its hold it is ended, as a running order is.
+    StoppedPeriod.objects.filter(order=order).update(usd_per_hour=order.price_per_hour)
+    with capture(execute=True):
+        assert credit_sweep(now=start + dt.timedelta(minutes=10))["warned"] == 1  # the hold follows it
+    minutes = int(Decimal(order_held_minor(order)) / Decimal(hour) * 60) - 1
+    with capture(execute=True):
+        assert credit_sweep(now=start + dt.timedelta(minutes=minutes))["stopped"] == 1
+    order.refresh_from_db()
+    assert order.state in (OrderState.TERMINATING, OrderState.TERMINATED)
+    assert "prepaid credit exhausted" in order.state_reason
