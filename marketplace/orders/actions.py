@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -264,7 +265,24 @@ def _start_or_reboot(*, order_id: int, reboot: bool, now: dt.datetime | None) ->
     return Step.DONE
 
 
-def order_running_again(*, order_id: int, at: dt.datetime) -> bool:
+def orders_starting_overdue(*, now: dt.datetime | None = None) -> list[int]:
+    """Starting orders whose provider accepted the start or reboot more than ``BROKER_BOOT_TIMEOUT_S`` ago and
+    whose agent has not reported since: the provider runs (and bills) the machine, so the order is running
+    again, saying so; the silence sweep then finds its agent silent and the launch configuration's
+    ``on_silence`` decides (wait, or replace the machine). The ids moved."""
+    now = now or timezone.now()
+    overdue = Order.objects.filter(
+        state=OrderState.STARTING, resumed_at__lte=now - dt.timedelta(seconds=settings.BOOT_TIMEOUT_S)
+    )
+    why = f"the machine runs again, but its agent has not reported within {settings.BOOT_TIMEOUT_S} s of the start"
+    return [
+        order_id
+        for order_id in overdue.order_by("pk").values_list("pk", flat=True)
+        if order_running_again(order_id=order_id, at=now, reason=why)
+    ]
+
+
+def order_running_again(*, order_id: int, at: dt.datetime, reason: str = "the machine's agent reports again") -> bool:
     """The lease agent reported at ``at``: a starting order whose provider accepted the start or reboot before
     then is running again. Closes the stopped period at ``at`` and moves the scheduled end later by the time
     spent stopped (stopped hours are not the hours the buyer asked to run). True when the order runs now;
@@ -285,5 +303,5 @@ def order_running_again(*, order_id: int, at: dt.datetime) -> bool:
                 order.run_until += period.ended_at - period.started_at
                 Order.objects.filter(pk=order.pk).update(run_until=order.run_until)
                 fields["run_until"] = order.run_until.isoformat()
-        order_transition(order=order, to=OrderState.RUNNING, reason="the machine's agent reports again", **fields)
+        order_transition(order=order, to=OrderState.RUNNING, reason=reason, **fields)
     return True

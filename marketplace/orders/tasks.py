@@ -20,6 +20,7 @@ from marketplace.orders.actions import (
     order_running_again,
     order_start_instance,
     order_stop_instance,
+    orders_starting_overdue,
 )
 from marketplace.orders.bids import orders_preemption_due
 from marketplace.orders.clusters import cluster_advance, clusters_to_advance
@@ -216,6 +217,8 @@ def orders_sweep_task() -> int:
     for order_id in stale.filter(state=OrderState.TERMINATING).values_list("pk", flat=True):
         order_terminate_task.delay(order_id)
         count += 1
+    # Machines started again whose agent stays silent: running (the provider bills them), left to silence.
+    count += len(orders_starting_overdue())
     # Stops and starts whose task was lost, or a machine still stopping after the task's polls.
     for order_id in stale.filter(state=OrderState.STOPPING).values_list("pk", flat=True):
         order_stop_task.delay(order_id)

@@ -549,3 +549,32 @@ def test_prepaid_credit_follows_a_stopped_lease_that_still_bills_and_leaves_a_fr
     order.refresh_from_db()
     assert order.state in (OrderState.TERMINATING, OrderState.TERMINATED)
     assert "prepaid credit exhausted" in order.state_reason
+
+
+def test_a_machine_started_again_whose_agent_stays_silent_runs_and_is_then_degraded(
+    acme, alice, held_hosts, django_capture_on_commit_callbacks, settings
+):
+    from marketplace.models import OrderHealth
+    from marketplace.orders.actions import orders_starting_overdue
+    from marketplace.orders.silence import orders_silence_sweep
+
+    capture = django_capture_on_commit_callbacks
+    order = _host_order(acme, alice, capture, held_hosts)
+    with capture(execute=True):
+        order_stop(order=order)
+    with capture(execute=True):
+        order_start(order=order)
+    order.refresh_from_db()
+    deadline = order.resumed_at + dt.timedelta(seconds=settings.BOOT_TIMEOUT_S)
+
+    assert orders_starting_overdue(now=deadline - dt.timedelta(seconds=1)) == []
+    assert orders_starting_overdue(now=deadline) == [order.pk]
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING
+    assert "has not reported within" in order.state_reason
+    assert StoppedPeriod.objects.get(order=order).ended_at == deadline
+
+    with capture(execute=True):
+        orders_silence_sweep(now=deadline + dt.timedelta(seconds=1))
+    order.refresh_from_db()
+    assert order.health == OrderHealth.DEGRADED
