@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_buyer_stops_and_starts_a_host_lease_from_its_page_and_reads_its_logs(
-    page, live_server, acme, alice, held_hosts, django_capture_on_commit_callbacks
+    page, live_server, gpu_models, acme, alice, held_hosts, django_capture_on_commit_callbacks
 ):
     offer = Offer.objects.get(zone="fra-h100-1", pricing_model="on_demand", gpu_count=8)
     order = running_order(acme, alice, offer, django_capture_on_commit_callbacks, held_hosts, allow_failover=False)
