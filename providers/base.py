@@ -162,6 +162,14 @@ class ProviderAdapter(abc.ABC):
     # What the provider still bills while the instance is stopped, in words a buyer reads ("its disks"), with
     # the reference that says so; the order's billing follows it (issue 36).
     stopped_billing: ClassVar[str] = ""
+    # Whether a stopped instance still costs its whole price (the machine stays held for it, as an independent
+    # host's GPUs do); False where the provider bills only storage, which offers carry no price for.
+    stopped_compute_billed: ClassVar[bool] = False
+
+    def can_stop(self, pricing_model: str) -> bool:
+        """Whether an instance bought at ``pricing_model`` can be stopped and started again (a cloud may refuse
+        it for interruptible instances). The default: whenever the cloud is ``stoppable``."""
+        return self.stoppable
 
     def stop(self, region: str, instance_id: str) -> InstanceHandle:
         """Stop the instance, keeping its disk, so ``start`` brings it back. Idempotent: stopping a stopped

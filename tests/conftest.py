@@ -271,6 +271,75 @@ def gcp_account(db, gcp_sandbox):
     return ProviderAccount.objects.get(pk=account.pk)
 
 
+def _sandbox_account(kind: str, sandbox):
+    """Petra's account of ``kind`` connected to ``sandbox`` the way the run command connects it
+    (``sandboxes.demo``), its offers synced through the real adapter."""
+    from marketplace.catalog.services import offers_sync
+    from providers.models import ProviderAccount
+    from providers.services import provider_account_connect
+    from sandboxes.demo import SANDBOX_ACCOUNTS
+
+    how = SANDBOX_ACCOUNTS[kind](sandbox)
+    account = provider_account_connect(
+        provider_name="Petra Cloud Resale",
+        kind=kind,
+        name=f"{kind}-sandbox",
+        credentials=how.credentials,
+        regions=how.demo_regions,
+        endpoint_url=how.endpoint_url,
+        options=how.options,
+    )
+    outcome = offers_sync(account_id=account.pk)
+    assert outcome.ok, outcome.error
+    return ProviderAccount.objects.get(pk=account.pk)
+
+
+@pytest.fixture(scope="session")
+def azure_sandbox_server():
+    from sandboxes.azure.app import start_azure_sandbox
+
+    sandbox = start_azure_sandbox()
+    _SANDBOX_SERVERS.append(sandbox)
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def azure_sandbox(azure_sandbox_server):
+    azure_sandbox_server.reset()
+    yield azure_sandbox_server
+    azure_sandbox_server.reset()
+
+
+@pytest.fixture
+def azure_account(db, azure_sandbox):
+    """Petra's Azure subscription pointed at the sandbox, synced through the real adapter."""
+    return _sandbox_account("azure", azure_sandbox)
+
+
+@pytest.fixture(scope="session")
+def alibaba_sandbox_server():
+    from sandboxes.alibaba.app import start_alibaba_sandbox
+
+    sandbox = start_alibaba_sandbox()
+    _SANDBOX_SERVERS.append(sandbox)
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def alibaba_sandbox(alibaba_sandbox_server):
+    alibaba_sandbox_server.reset()
+    yield alibaba_sandbox_server
+    alibaba_sandbox_server.reset()
+
+
+@pytest.fixture
+def alibaba_account(db, alibaba_sandbox):
+    """Petra's Alibaba Cloud account pointed at the sandbox, synced through the real adapter."""
+    return _sandbox_account("alibaba", alibaba_sandbox)
+
+
 @pytest.fixture
 def machines_phone_home(live_server, settings, aws_sandbox_server):
     """Sandboxed machines boot by themselves: each launch's boot script names the live server as the broker

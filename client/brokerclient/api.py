@@ -31,7 +31,14 @@ __all__ = ["ORDER_STATES", "TERMINAL_STATES", "ApiResponse", "BrokerClient"]
 
 log = logging.getLogger("brokerclient")
 
-ORDER_STATES = frozenset({"placed", "provisioning", "running", "terminating", "terminated", "failed", "cancelled"})
+ORDER_STATES = frozenset(
+    {
+        "placed", "provisioning", "running", "stopping", "stopped", "starting", "terminating", "terminated",
+        "failed", "cancelled",
+    }
+)  # fmt: skip
+# The most lines ``logs`` asks for (the broker's own cap).
+MAX_LOG_LINES = 1000
 TERMINAL_STATES = frozenset({"terminated", "failed", "cancelled"})
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Everything that means "no (whole) answer came back": the request may or may not have been acted on.
@@ -345,6 +352,29 @@ class BrokerClient:
     def terminate(self, order_id: str) -> dict[str, Any]:
         """Ask for the order's instance to be stopped (idempotent; a placed order is cancelled instead)."""
         body: dict[str, Any] = self.post(f"orders/{order_id}/terminate").body
+        return body
+
+    def stop(self, order_id: str) -> dict[str, Any]:
+        """Stop the running order's machine, keeping its disk (idempotent); the order, ``stopping`` until the
+        provider has stopped it. A 409 ``action_unsupported`` where its provider cannot."""
+        body: dict[str, Any] = self.post(f"orders/{order_id}/stop").body
+        return body
+
+    def start(self, order_id: str) -> dict[str, Any]:
+        """Start the stopped order's machine again (idempotent); ``starting`` until its agent reports."""
+        body: dict[str, Any] = self.post(f"orders/{order_id}/start").body
+        return body
+
+    def restart(self, order_id: str) -> dict[str, Any]:
+        """Reboot the running order's machine in place; ``starting`` until its agent reports again."""
+        body: dict[str, Any] = self.post(f"orders/{order_id}/restart").body
+        return body
+
+    def logs(self, order_id: str, *, lines: int = 100) -> dict[str, Any]:
+        """The workload's last ``lines`` (1 to 1000) lines of output: ``{"lines", "at", "source"}``."""
+        if not 1 <= lines <= MAX_LOG_LINES:
+            raise ValueError(f"lines: 1 to {MAX_LOG_LINES}, not {lines}")
+        body: dict[str, Any] = self.get(f"orders/{order_id}/logs", {"lines": lines})
         return body
 
     # --- SSH keys and launch templates -----------------------------------------------------------------------

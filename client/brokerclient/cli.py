@@ -273,6 +273,36 @@ def cmd_terminate(client: BrokerClient, args: argparse.Namespace, out: TextIO) -
     return EXIT_OK
 
 
+def cmd_order_action(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
+    """``stop``, ``start`` and ``restart``: the order as the broker answered (stopping, starting)."""
+    order = {"stop": client.stop, "start": client.start, "restart": client.restart}[args.action](args.order)
+    if args.json:
+        _json(order, out)
+    else:
+        _order_lines(order, out)
+    return EXIT_OK
+
+
+def cmd_logs(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> int:
+    logs = client.logs(args.order, lines=args.lines)
+    if args.json:
+        _json(logs, out)
+        return EXIT_OK
+    if logs.get("at") is None:
+        sys.stderr.write(f"broker: order {args.order} has no output yet: its machine's agent sends it once ready\n")
+        return EXIT_OK
+    sys.stderr.write(f"# from {logs.get('source')}, sent at {logs.get('at')}\n")
+    for line in logs.get("lines") or []:
+        out.write(_printable(str(line)) + "\n")
+    out.flush()
+    return EXIT_OK
+
+
+def _printable(line: str) -> str:
+    """A workload's line with control characters shown, not obeyed: its output must not drive the terminal."""
+    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in line)
+
+
 def _trusted_key(args: argparse.Namespace) -> str | None:
     if args.key and args.key_file:
         raise UsageError("give --key or --key-file, not both")
@@ -644,6 +674,22 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("terminate", parents=[common], help="stop an order's instance")
     p.add_argument("order")
     p.set_defaults(run=cmd_terminate)
+
+    for action, action_help in (
+        ("stop", "stop an order's machine, keeping its disk (where its provider can)"),
+        ("start", "start a stopped order's machine again"),
+        ("restart", "reboot an order's machine in place"),
+    ):
+        p = sub.add_parser(action, parents=[common], help=action_help)
+        p.add_argument("order")
+        p.set_defaults(run=cmd_order_action, action=action)
+
+    p = sub.add_parser("logs", parents=[common], help="the last lines of an order's workload output")
+    p.add_argument("order")
+    p.add_argument(
+        "--lines", type=bounds.number(1, 1000, whole=True), default=100, help="how many lines, 1 to 1000 (default 100)"
+    )
+    p.set_defaults(run=cmd_logs)
 
     p = sub.add_parser("receipt", parents=[common], help="an order's ledger receipt, optionally verified")
     p.add_argument("order", nargs="?", default="", help="the order (or give --file)")

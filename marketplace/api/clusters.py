@@ -71,7 +71,7 @@ def _clusters(organization: Organization) -> QuerySet[Cluster]:
     return (
         Cluster.objects.filter(organization=organization)
         .select_related("gpu_model", "offer", "quote")
-        .prefetch_related("orders__instances")
+        .prefetch_related("orders__instances", "orders__stopped_periods")
     )
 
 

@@ -15,6 +15,7 @@ from marketplace.billing.credit import PaymentRequired
 from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.errors import (
+    ActionUnsupported,
     IdempotencyConflict,
     OfferNotFound,
     OfferNotOrderable,
@@ -30,6 +31,7 @@ _STATUS = {
     OfferNotOrderable: status.HTTP_409_CONFLICT,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionRefused: status.HTTP_409_CONFLICT,
+    ActionUnsupported: status.HTTP_409_CONFLICT,
     QuoteNotFound: status.HTTP_404_NOT_FOUND,
     QuoteExpired: status.HTTP_410_GONE,
     QuoteUsed: status.HTTP_409_CONFLICT,

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import billing, clusters, gallery, invoices, launch, views, webhooks
+from marketplace.api import billing, clusters, gallery, invoices, launch, order_actions, views, webhooks
 
 app_name = "api"
 
@@ -31,6 +31,10 @@ urlpatterns = [
     path("invoices/<str:number>", invoices.InvoiceDetailApi.as_view(), name="invoice-issued"),
     path("orders/<str:order_id>", views.OrderDetailApi.as_view(), name="order"),
     path("orders/<str:order_id>/terminate", views.OrderTerminateApi.as_view(), name="order-terminate"),
+    path("orders/<str:order_id>/stop", order_actions.OrderStopApi.as_view(), name="order-stop"),
+    path("orders/<str:order_id>/start", order_actions.OrderStartApi.as_view(), name="order-start"),
+    path("orders/<str:order_id>/restart", order_actions.OrderRestartApi.as_view(), name="order-restart"),
+    path("orders/<str:order_id>/logs", order_actions.OrderLogsApi.as_view(), name="order-logs"),
     path("orders/<str:order_id>/receipt", views.OrderReceiptApi.as_view(), name="order-receipt"),
     path("ssh-keys", launch.SshKeyListCreateApi.as_view(), name="ssh-keys"),
     path("ssh-keys/<str:key_id>", launch.SshKeyDetailApi.as_view(), name="ssh-key"),

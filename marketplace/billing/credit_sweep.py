@@ -13,6 +13,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger.models import LedgerEntry
@@ -43,7 +44,19 @@ def credit_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     an order whose usage has reached its hold. One order's failure is logged and the sweep goes on."""
     now = now or timezone.now()
     counts = {"extended": 0, "warned": 0, "stopped": 0}
-    running = Order.objects.filter(state=OrderState.RUNNING, organization__payment_terms=PaymentTerms.PREPAID)
+    # Running, restarting, or stopped where the provider still bills the machine (an independent host keeps its
+    # GPUs held for it): each of these runs up a charge its hold must follow. A stopped cloud machine costs
+    # nothing, and stopping it for want of credit would only lose its disk.
+    billed_stopped = Q(
+        state__in=[OrderState.STOPPING, OrderState.STOPPED],
+        stopped_periods__ended_at__isnull=True,
+        stopped_periods__usd_per_hour__gt=0,
+    )
+    running = (
+        Order.objects.filter(organization__payment_terms=PaymentTerms.PREPAID)
+        .filter(Q(state__in=[OrderState.RUNNING, OrderState.STARTING]) | billed_stopped)
+        .distinct()
+    )
     for order in running:
         try:
             outcome = _order_credit_keep(order, used_minor=ceil_minor(order_spent_usd(order, now=now)), now=now)

@@ -29,6 +29,7 @@ from marketplace.launch.leases import (
     lease_secrets,
     ready_report_parse,
     telemetry_parse,
+    workload_log_parse,
 )
 from marketplace.models import Lease
 from providers.community import protocol
@@ -132,7 +133,8 @@ def failed(lease: Lease, body: Any) -> dict[str, Any]:
 @_signed
 def heartbeat(lease: Lease, body: Any) -> dict[str, Any]:
     gpus, workload_state = telemetry_parse(body)
-    return {"state": lease_heartbeat(lease=lease, gpus=gpus, workload_state=workload_state)}
+    logs = workload_log_parse(body)
+    return {"state": lease_heartbeat(lease=lease, gpus=gpus, workload_state=workload_state, logs=logs)}
 
 
 @require_GET

@@ -282,6 +282,22 @@ def telemetry_parse(body: Any) -> tuple[list[dict[str, Any]], str]:
     return samples, state
 
 
+# What the broker keeps of the workload's output a heartbeat carries: the agent sends at most its last 8 KiB
+# (providers/community/executor_base.py), but a report is untrusted.
+MAX_WORKLOAD_LOG_CHARS = 16 * 1024
+
+
+def workload_log_parse(body: Any) -> str | None:
+    """The heartbeat's ``logs``: None when absent (an older agent), else its last ``MAX_WORKLOAD_LOG_CHARS``
+    characters without NULs (PostgreSQL text holds none). ``LeaseRefused`` for anything but text."""
+    logs = body.get("logs") if isinstance(body, dict) else None
+    if logs is None:
+        return None
+    if not isinstance(logs, str):
+        raise LeaseRefused("invalid", "logs: the workload's recent output, as text")
+    return logs[-MAX_WORKLOAD_LOG_CHARS:].replace("\x00", "")
+
+
 # ----------------------------------------------------------------------------------------- agent calls
 
 
@@ -465,18 +481,32 @@ def _settle_on_commit(order_id: int) -> None:
     enqueue_on_commit("marketplace.order_boot_settle", order_id)
 
 
+_HEARTBEAT_STATES = (
+    OrderState.RUNNING,
+    OrderState.PROVISIONING,
+    OrderState.STOPPING,
+    OrderState.STOPPED,
+    OrderState.STARTING,
+)
+
+
 def lease_heartbeat(
-    *, lease: Lease, gpus: list[dict[str, Any]], workload_state: str, now: dt.datetime | None = None
+    *,
+    lease: Lease,
+    gpus: list[dict[str, Any]],
+    workload_state: str,
+    logs: str | None = None,
+    now: dt.datetime | None = None,
 ) -> str:
     """Record one telemetry report; answers ``running`` while the order runs on this lease, else ``ended``
     (the agent then stops the workload). ``LeaseRefused`` (400) for a GPU using more memory than it has. A
     report for an order degraded by its agent's silence queues its recovery (``marketplace/orders/silence.py``)."""
     now = now or timezone.now()
-    health = (
-        Order.objects.filter(pk=lease.order_id, state__in=[OrderState.RUNNING, OrderState.PROVISIONING])
-        .values_list("health", flat=True)
-        .first()
+    # A machine its buyer stopped, or one starting again, still has its lease: its agent must not quit.
+    state_health = (
+        Order.objects.filter(pk=lease.order_id, state__in=_HEARTBEAT_STATES).values_list("state", "health").first()
     )
+    health = None if state_health is None else state_health[1]
     live = (
         lease.state == LeaseState.READY
         and Instance.objects.filter(attempt_id=lease.attempt_id, active=True).exists()
@@ -507,7 +537,14 @@ def lease_heartbeat(
             gpus=gpus,
             workload_state=workload_state,
         )
-        Lease.objects.filter(pk=lease.pk).update(last_heartbeat_at=now)
+        if logs is None:
+            Lease.objects.filter(pk=lease.pk).update(last_heartbeat_at=now)
+        else:
+            Lease.objects.filter(pk=lease.pk).update(last_heartbeat_at=now, workload_log=logs, workload_log_at=now)
+        if state_health is not None and state_health[0] == OrderState.STARTING:
+            # The first report after the provider accepted a start or reboot makes the order running again
+            # (marketplace/orders/actions.py; by name: the orders app imports this one).
+            enqueue_on_commit("marketplace.order_running_again", lease.order_id, now.isoformat())
         if health == OrderHealth.DEGRADED:
             # The agent is back: the order recovers, its silent period closing at this report (by name: the
             # orders app imports this one).

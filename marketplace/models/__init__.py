@@ -42,6 +42,7 @@ from marketplace.models.orders import (
     Quote,
     SilenceEnd,
     SilentPeriod,
+    StoppedPeriod,
 )
 from marketplace.models.organizations import (
     PROVIDER_ROLES,
@@ -115,6 +116,7 @@ __all__ = [
     "SilenceEnd",
     "SilentPeriod",
     "SshKey",
+    "StoppedPeriod",
     "StripeEvent",
     "TokenScope",
     "TopUp",

@@ -122,6 +122,9 @@ class Lease(models.Model):
     host_keys = models.JSONField(default=list, blank=True, help_text="[{type, public_key, fingerprint}]")
     ports = models.JSONField(default=dict, blank=True, help_text="the machine's port -> where buyers reach it")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The workload's recent output, as the agent's latest heartbeat carried it (bounded; issue 36).
+    workload_log = models.TextField(blank=True, default="")
+    workload_log_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["state", "boot_deadline"], name="lease_state_deadline")]

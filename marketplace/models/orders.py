@@ -53,6 +53,11 @@ class OrderState(models.TextChoices):
     PLACED = "placed", "placed"
     PROVISIONING = "provisioning", "provisioning"
     RUNNING = "running", "running"
+    # Stopped by its buyer with its disk kept (issue 36): stopping while the provider halts the machine,
+    # stopped once it has, starting from the buyer's resume until the lease agent reports again.
+    STOPPING = "stopping", "stopping"
+    STOPPED = "stopped", "stopped"
+    STARTING = "starting", "starting"
     TERMINATING = "terminating", "terminating"
     TERMINATED = "terminated", "terminated"
     FAILED = "failed", "failed"
@@ -157,7 +162,21 @@ class Order(models.Model):
         OrderState.PROVISIONING: frozenset({OrderState.RUNNING, OrderState.FAILED, OrderState.TERMINATING}),
         # A running order whose machine the provider took away (spot preemption, host loss) is provisioned
         # again when the buyer allowed failover, and fails otherwise.
-        OrderState.RUNNING: frozenset({OrderState.TERMINATING, OrderState.PROVISIONING, OrderState.FAILED}),
+        OrderState.RUNNING: frozenset(
+            {
+                OrderState.TERMINATING,
+                OrderState.PROVISIONING,
+                OrderState.FAILED,
+                OrderState.STOPPING,
+                OrderState.STARTING,
+            }
+        ),
+        # A stop the provider refused goes back to running with its reason; a start it refused for capacity
+        # goes back to stopped, the disk kept. A restart is running -> starting -> running. Each may be
+        # terminated at any point.
+        OrderState.STOPPING: frozenset({OrderState.STOPPED, OrderState.RUNNING, OrderState.TERMINATING}),
+        OrderState.STOPPED: frozenset({OrderState.STARTING, OrderState.TERMINATING}),
+        OrderState.STARTING: frozenset({OrderState.RUNNING, OrderState.STOPPED, OrderState.TERMINATING}),
         OrderState.TERMINATING: frozenset({OrderState.TERMINATED}),
         OrderState.TERMINATED: frozenset(),
         OrderState.FAILED: frozenset(),
@@ -209,6 +228,9 @@ class Order(models.Model):
     state_reason = models.TextField(blank=True, default="")
     state_changed_at = models.DateTimeField()
     health = models.CharField(max_length=16, choices=OrderHealth.choices, default=OrderHealth.HEALTHY)
+    # Starting (a resume or a restart): when the provider accepted the start or reboot. The lease agent's first
+    # report after it makes the order running again; NULL until the provider has answered.
+    resumed_at = models.DateTimeField(null=True, blank=True)
     # NULL, not "", for "no key": the partial unique constraint must ignore orders placed without one.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
@@ -392,6 +414,37 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider_instance_id} ({self.state})"
+
+
+class StoppedPeriod(models.Model):
+    """A stretch in which the buyer had the order's machine stopped (issue 36): from the moment the provider
+    accepted the stop to the lease agent's first report after the start (``ended_at``; open while stopped).
+
+    Metering leaves these seconds out of the compute charge and charges ``usd_per_hour`` for them instead:
+    what the provider bills for a stopped machine (``ProviderAdapter.stopped_billing`` says it in words), fixed
+    when the stop was accepted. At most one period per order is open (a database constraint)."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="stopped_periods")
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="stopped_periods")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    usd_per_hour = models.DecimalField(max_digits=14, decimal_places=6, help_text="USD charged while stopped")
+    billing_rule = models.TextField(blank=True, default="", help_text="what the provider bills while stopped, why")
+
+    class Meta:
+        ordering = ["order", "started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order"], condition=models.Q(ended_at__isnull=True), name="stopped_period_one_open_per_order"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(ended_at__isnull=True) | models.Q(ended_at__gte=models.F("started_at")),
+                name="stopped_period_ends_after_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"order {self.order_id} stopped from {self.started_at} to {self.ended_at or 'now'}"
 
 
 class SilenceEnd(models.TextChoices):

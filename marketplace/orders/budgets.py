@@ -22,7 +22,15 @@ from marketplace.models import Instance, Order, OrderState, Organization
 from marketplace.money import from_minor, lines_total, minor_units
 from marketplace.orders.errors import OrderError
 
-LIVE_STATES = (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING, OrderState.TERMINATING)
+LIVE_STATES = (
+    OrderState.PLACED,
+    OrderState.PROVISIONING,
+    OrderState.RUNNING,
+    OrderState.STOPPING,
+    OrderState.STOPPED,
+    OrderState.STARTING,
+    OrderState.TERMINATING,
+)
 _CENTS = Decimal("0.01")
 _USD = "USD"  # orders are priced in US dollars
 

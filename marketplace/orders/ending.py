@@ -15,6 +15,7 @@ from marketplace.models import (
     Instance,
     Order,
     OrderState,
+    StoppedPeriod,
     WebhookEventType,
 )
 from marketplace.orders.errors import TransitionRefused
@@ -48,9 +49,12 @@ def order_terminate_instance(*, order_id: int) -> Step:
         handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
         with transaction.atomic():
             # Inactive once ended, like every other ending: nothing may take a terminated machine for live.
+            ended_at = timezone.now()
             Instance.objects.filter(pk=instance.pk).update(
-                state=handle.state.value, active=False, terminated_at=timezone.now()
+                state=handle.state.value, active=False, terminated_at=ended_at
             )
+            # Terminated while stopped or starting: the stopped time ends with the machine.
+            StoppedPeriod.objects.filter(order=order, ended_at__isnull=True).update(ended_at=ended_at)
             lease_end(attempt_id=instance.attempt_id)
             if instance.terminated_at is None:  # else the launch race in order_provision reported it
                 instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_TERMINATED)

@@ -44,3 +44,9 @@ class TransitionRefused(OrderError):
     """The order is not in a state that allows the move (someone else moved it first, or it is final)."""
 
     code = "invalid_state"
+
+
+class ActionUnsupported(OrderError):
+    """The order's provider cannot do this to a machine (stop it keeping its disk, start it, reboot it)."""
+
+    code = "action_unsupported"

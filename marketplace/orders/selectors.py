@@ -95,7 +95,7 @@ def order_list(*, organization: Organization) -> QuerySet[Order]:
     return (
         Order.objects.filter(organization=organization)
         .select_related("gpu_model", "offer", "launch_config", "cluster")
-        .prefetch_related("attempts__offer", "instances", "leases", "silent_periods__instance")
+        .prefetch_related("attempts__offer", "instances", "leases", "silent_periods__instance", "stopped_periods")
     )
 
 
@@ -115,31 +115,62 @@ def order_ledger_heads(orders: list[Order]) -> dict[int, str]:
 
 @dataclass(frozen=True)
 class Usage:
-    """What an order has used: seconds its instances ran, and what that costs at the order's locked price."""
+    """What an order has used: seconds its instances ran (stopped time left out), and what that costs at the
+    order's locked price plus what its stopped time costs (``stopped_seconds`` at each stop's own rate)."""
 
     seconds: int
     amount_usd: Decimal
+    stopped_seconds: int = 0
+    stopped_usd: Decimal = Decimal(0)
+
+
+def _overlap(start: dt.datetime, end: dt.datetime, low: dt.datetime, high: dt.datetime) -> int:
+    return max(0, int((min(end, high) - max(start, low)).total_seconds()))
+
+
+def _usage(order: Order, *, start: dt.datetime | None, end: dt.datetime) -> Usage:
+    """Metered seconds from each instance's ready report to its termination (``end`` while active), within
+    [start, end); a stopped period of the instance is left out of them and charged at its own rate."""
+    seconds = stopped_seconds = 0
+    stopped_usd = Decimal(0)
+    periods: dict[int, list[Any]] = {}
+    for period in order.stopped_periods.all():
+        periods.setdefault(period.instance_id, []).append(period)
+    for instance in order.instances.all():
+        if instance.ready_at is None:
+            continue
+        stop = instance.terminated_at or (end if instance.active else instance.ready_at)
+        low, high = max(instance.ready_at, start or instance.ready_at), min(stop, end)
+        seconds += max(0, int((high - low).total_seconds()))
+        for period in periods.get(instance.pk, ()):
+            # An open period runs to the instance's end (a stopped order terminated) or ``end``.
+            off = _overlap(period.started_at, period.ended_at or high, low, high)
+            seconds -= off
+            stopped_seconds += off
+            stopped_usd += period.usd_per_hour * off / 3600
+    amount = (order.price_per_hour * seconds / 3600 + stopped_usd).quantize(Decimal("0.000001"), ROUND_HALF_UP)
+    return Usage(
+        seconds=max(0, seconds),
+        amount_usd=amount,
+        stopped_seconds=stopped_seconds,
+        stopped_usd=stopped_usd.quantize(Decimal("0.000001"), ROUND_HALF_UP),
+    )
 
 
 def order_usage(order: Order, *, now: dt.datetime) -> Usage:
     """Per-second metering from each instance's ready report to its termination (or ``now`` while it runs).
 
     An instance that never became ready (failed before running, never booted, the wrong GPUs) costs nothing;
-    the price is the one locked on the order.
+    the price is the one locked on the order. Time the buyer had the machine stopped is charged at what the
+    provider bills for a stopped machine (``StoppedPeriod.usd_per_hour``), not at the price.
     """
-    seconds = 0
-    for instance in order.instances.all():
-        if instance.ready_at is None:
-            continue
-        end = instance.terminated_at or (now if instance.active else instance.ready_at)
-        seconds += max(0, int((end - instance.ready_at).total_seconds()))
-    amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
-    return Usage(seconds=seconds, amount_usd=amount)
+    return _usage(order, start=None, end=now)
 
 
 def order_spent_usd(order: Order, *, now: dt.datetime) -> Decimal:
     """What the order has cost so far, over every machine it ran on (its spend cap counts against this)."""
-    return order_usage(Order.objects.prefetch_related("instances").get(pk=order.pk), now=now).amount_usd
+    order = Order.objects.prefetch_related("instances", "stopped_periods").get(pk=order.pk)
+    return order_usage(order, now=now).amount_usd
 
 
 def month_bounds(raw: str) -> tuple[dt.datetime, dt.datetime]:
@@ -160,14 +191,7 @@ def invoice_line_list(*, organization: Organization, start: dt.datetime, end: dt
 
 def order_usage_between(order: Order, *, start: dt.datetime, end: dt.datetime) -> Usage:
     """Like ``order_usage``, counting only the metered seconds that fall in [start, end)."""
-    seconds = 0
-    for instance in order.instances.all():
-        if instance.ready_at is None:
-            continue
-        stop = instance.terminated_at or (end if instance.active else instance.ready_at)
-        seconds += max(0, int((min(stop, end) - max(instance.ready_at, start)).total_seconds()))
-    amount = (order.price_per_hour * seconds / 3600).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
-    return Usage(seconds=seconds, amount_usd=amount)
+    return _usage(order, start=start, end=end)
 
 
 def live_order_costs(
@@ -300,3 +324,31 @@ def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Te
 
 def _tenth(value: object) -> Decimal:
     return Decimal(str(value)).quantize(Decimal("0.1"))
+
+
+# The most lines of the workload's output one read returns, and the default.
+MAX_LOG_LINES = 1000
+DEFAULT_LOG_LINES = 100
+
+
+@dataclass(frozen=True)
+class WorkloadLog:
+    """The workload's recent output, as the lease agent's latest heartbeat carried it (``at``; None when no
+    agent has sent any: an agent older than issue 36, or a machine not yet ready)."""
+
+    lines: list[str]
+    at: dt.datetime | None
+    source: str  # what produced it: the host's container (docker logs) or the machine's lease agent
+
+
+def order_workload_log(order: Order, *, lines: int = DEFAULT_LOG_LINES) -> WorkloadLog:
+    """The last ``lines`` (1 to ``MAX_LOG_LINES``) lines of the workload's output on the order's machine, from
+    the lease of its latest instance. The caller has already checked that the order is the caller's."""
+    lines = max(1, min(int(lines), MAX_LOG_LINES))
+    instance = order.instance
+    lease = None if instance is None else Lease.objects.filter(attempt_id=instance.attempt_id).first()
+    if lease is None or lease.workload_log_at is None:
+        return WorkloadLog(lines=[], at=None, source="")
+    community = instance is not None and instance.account.kind == ProviderKind.COMMUNITY
+    source = "the lease's container on the host" if community else "the lease agent on the machine"
+    return WorkloadLog(lines=lease.workload_log.splitlines()[-lines:], at=lease.workload_log_at, source=source)

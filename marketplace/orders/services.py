@@ -288,7 +288,14 @@ def order_terminate(*, order: Order, reason: str = "terminated by buyer") -> Ord
         return order
     if order.state == OrderState.PLACED:
         return order_transition(order=order, to=OrderState.CANCELLED, reason=reason)
-    if order.state not in (OrderState.RUNNING, OrderState.PROVISIONING):
+    ending_from = (
+        OrderState.RUNNING,
+        OrderState.PROVISIONING,
+        OrderState.STOPPING,
+        OrderState.STOPPED,
+        OrderState.STARTING,
+    )
+    if order.state not in ending_from:
         raise TransitionRefused(f"order {order.public_id} is {order.state}; nothing to terminate")
     with transaction.atomic():
         order_transition(order=order, to=OrderState.TERMINATING, reason=reason)

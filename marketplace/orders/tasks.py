@@ -4,7 +4,7 @@ that keep orders moving."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -14,6 +14,14 @@ from django.utils import timezone
 from marketplace.billing.credit_sweep import credit_sweep
 from marketplace.jobs import one_at_a_time
 from marketplace.models import Order, OrderState
+from marketplace.orders.actions import (
+    order_reboot_instance,
+    order_resume_step,
+    order_running_again,
+    order_start_instance,
+    order_stop_instance,
+    orders_starting_overdue,
+)
 from marketplace.orders.bids import orders_preemption_due
 from marketplace.orders.clusters import cluster_advance, clusters_to_advance
 from marketplace.orders.ending import instance_end_settle, instances_to_settle, order_terminate_instance
@@ -107,6 +115,41 @@ def order_terminate_task(self, order_id: int) -> str:  # type: ignore[no-untyped
         raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
 
 
+@shared_task(name="marketplace.order_stop", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_stop_task(self, order_id: int, polls: int = 0) -> str:  # type: ignore[no-untyped-def]
+    """Stop the stopping order's machine, then watch it until the provider says stopped (the sweep picks up
+    one that outlives ``PROVISION_POLL_LIMIT`` polls)."""
+    try:
+        step = order_stop_instance(order_id=order_id)
+    except TransientProviderError as exc:
+        raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
+    if step == Step.POLL and polls + 1 < settings.PROVISION_POLL_LIMIT:
+        order_stop_task.apply_async((order_id, polls + 1), countdown=settings.PROVISION_POLL_INTERVAL_S)
+    return step.value
+
+
+@shared_task(name="marketplace.order_start", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_start_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return order_start_instance(order_id=order_id).value
+    except TransientProviderError as exc:
+        raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
+
+
+@shared_task(name="marketplace.order_reboot", bind=True, max_retries=None, **TASK_OPTIONS)
+def order_reboot_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return order_reboot_instance(order_id=order_id).value
+    except TransientProviderError as exc:
+        raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
+
+
+@shared_task(name="marketplace.order_running_again", **TASK_OPTIONS)
+def order_running_again_task(order_id: int, at: str) -> bool:
+    """The lease agent reported (at ``at``, ISO 8601) for a starting order (marketplace/orders/actions.py)."""
+    return order_running_again(order_id=order_id, at=datetime.fromisoformat(at))
+
+
 @shared_task(name="marketplace.cluster_advance", bind=True, max_retries=None, **TASK_OPTIONS)
 def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyped-def]
     """A node of the cluster changed state: run the group's rule (marketplace/orders/clusters.py)."""
@@ -173,6 +216,18 @@ def orders_sweep_task() -> int:
         count += 1
     for order_id in stale.filter(state=OrderState.TERMINATING).values_list("pk", flat=True):
         order_terminate_task.delay(order_id)
+        count += 1
+    # Machines started again whose agent stays silent: running (the provider bills them), left to silence.
+    count += len(orders_starting_overdue())
+    # Stops and starts whose task was lost, or a machine still stopping after the task's polls.
+    for order_id in stale.filter(state=OrderState.STOPPING).values_list("pk", flat=True):
+        order_stop_task.delay(order_id)
+        count += 1
+    for order_id in stale.filter(state=OrderState.STARTING, resumed_at__isnull=True).values_list("pk", flat=True):
+        try:
+            order_resume_step(order_id=order_id)
+        except ProviderError as exc:
+            log.warning("could not start order %s again: %s", order_id, exc)
         count += 1
     return count
 

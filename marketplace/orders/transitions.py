@@ -63,7 +63,7 @@ def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields
 
 def _invoice_line(order: Order, now: dt.datetime) -> InvoiceLine | None:
     """The ended order's line, at its locked price, if its machines ran at all."""
-    order = Order.objects.select_related("gpu_model").prefetch_related("instances").get(pk=order.pk)
+    order = Order.objects.select_related("gpu_model").prefetch_related("instances", "stopped_periods").get(pk=order.pk)
     usage = order_usage(order, now=now)
     if usage.seconds == 0:
         return None

@@ -28,7 +28,7 @@ def _cluster_or_404(organization: Organization, cluster_id: str) -> Cluster:
     cluster = (
         Cluster.objects.filter(organization=organization, public_id=cluster_id)
         .select_related("gpu_model", "offer__account")
-        .prefetch_related("orders__instances", "orders__gpu_model")
+        .prefetch_related("orders__instances", "orders__gpu_model", "orders__stopped_periods")
         .first()
     )
     if cluster is None:

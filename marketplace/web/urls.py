@@ -1,6 +1,17 @@
 from django.urls import path
 
-from marketplace.web import billing, clusters, gallery, invoices, keys_templates, launch, team, views, webhooks
+from marketplace.web import (
+    billing,
+    clusters,
+    gallery,
+    invoices,
+    keys_templates,
+    launch,
+    order_actions,
+    team,
+    views,
+    webhooks,
+)
 
 app_name = "storefront"
 
@@ -52,6 +63,9 @@ urlpatterns = [
     path("templates/gallery/<str:slug>/use", gallery.gallery_use, name="gallery-use"),
     path("templates/gallery/<str:slug>/copy", gallery.gallery_copy, name="gallery-copy"),
     path("orders/<str:order_id>/terminate", views.order_terminate_view, name="order-terminate"),
+    path("orders/<str:order_id>/stop", order_actions.order_action_view, {"action": "stop"}, name="order-stop"),
+    path("orders/<str:order_id>/start", order_actions.order_action_view, {"action": "start"}, name="order-start"),
+    path("orders/<str:order_id>/restart", order_actions.order_action_view, {"action": "restart"}, name="order-restart"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
     path("clusters/<str:cluster_id>/", clusters.cluster_detail, name="cluster-detail"),
     path("clusters/<str:cluster_id>/terminate", clusters.cluster_terminate_view, name="cluster-terminate"),

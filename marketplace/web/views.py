@@ -33,6 +33,7 @@ from marketplace.launch.config import on_silence_of
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.models import ApiToken, LeaseState, Offer, Order, OrderState, Organization, Quote
 from marketplace.money import lines_total, minor_text, minor_units
+from marketplace.orders.actions import order_actions
 from marketplace.orders.bids import offer_bidding, offers_winning_bids
 from marketplace.orders.budgets import budget_set, budget_status
 from marketplace.orders.errors import OrderError
@@ -50,6 +51,7 @@ from marketplace.orders.selectors import (
     order_list,
     order_telemetry,
     order_usage,
+    order_workload_log,
 )
 from marketplace.orders.services import order_terminate
 from marketplace.orders.silence import order_silence
@@ -454,6 +456,10 @@ def _boot_steps(order: Order, boot: dict[str, Any] | None) -> list[BootStep]:
     return steps
 
 
+# The order page's logs panel: the workload's last lines, as its agent last sent them.
+LOG_LINES_SHOWN = 50
+
+
 @login_required
 def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
     """One order: its state and ledger history, how its machine boots and how to connect once it is ready,
@@ -510,7 +516,17 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
             "launch": launch_shown(order.launch_config.spec if order.launch_config else None),
             "heartbeat_s": settings.LEASE_HEARTBEAT_S,
             "live": order.state not in Order.FINAL_STATES,
-            "terminable": order.state in (OrderState.PLACED, OrderState.PROVISIONING, OrderState.RUNNING),
+            "terminable": order.state
+            in (
+                OrderState.PLACED,
+                OrderState.PROVISIONING,
+                OrderState.RUNNING,
+                OrderState.STOPPING,
+                OrderState.STOPPED,
+                OrderState.STARTING,
+            ),
+            "actions": order_actions(order),
+            "workload_log": order_workload_log(order, lines=LOG_LINES_SHOWN),
             "now": now,
         },
     )

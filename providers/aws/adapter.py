@@ -388,6 +388,12 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
         "StopInstances, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html)"
     )
 
+    def can_stop(self, pricing_model: str) -> bool:
+        # The broker buys spot as one-time requests, and EC2 stops only persistent spot requests' instances
+        # ("If your Spot Instance was launched by a one-time request, you can't stop it", EC2 user guide,
+        # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/stop-start-spot-instances.html).
+        return pricing_model != PricingModel.SPOT
+
     def stop(self, region: str, instance_id: str) -> InstanceHandle:
         """``StopInstances``; a no-op (no API write) when the instance is stopped or stopping already. EC2 refuses
         a terminated instance (``IncorrectInstanceState``) and a one-time spot instance (``UnsupportedOperation``):

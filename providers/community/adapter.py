@@ -71,6 +71,8 @@ from providers.types import (
 _STATES = {
     "pending": InstanceState.PENDING,
     "running": InstanceState.RUNNING,
+    "stopping": InstanceState.STOPPING,
+    "stopped": InstanceState.STOPPED,
     "terminated": InstanceState.TERMINATED,
     "failed": InstanceState.FAILED,
 }
@@ -431,6 +433,27 @@ class CommunityAdapter(ProviderAdapter):
     def terminate(self, region: str, instance_id: str) -> InstanceHandle:
         machine, agent_id = self._split(instance_id)
         return self._handle(machine, self._client(machine).call("DELETE", f"/v1/instances/{quote(agent_id)}"))
+
+    # A stopped lease keeps its GPUs reserved (the seller can rent them to nobody else), so it costs its price.
+    stoppable = True
+    stopped_compute_billed = True
+    stopped_billing = "its GPUs, which stay reserved to the lease while its container is stopped"
+
+    def stop(self, region: str, instance_id: str) -> InstanceHandle:
+        """``POST /v1/instances/{id}/stop``: the lease's container stopped, its disk, GPUs and ports kept."""
+        return self._act(instance_id, "stop")
+
+    def start(self, region: str, instance_id: str) -> InstanceHandle:
+        """``POST /v1/instances/{id}/start``: the stopped lease's container started again."""
+        return self._act(instance_id, "start")
+
+    def reboot(self, region: str, instance_id: str) -> InstanceHandle:
+        """``POST /v1/instances/{id}/reboot``: the lease's container restarted in place."""
+        return self._act(instance_id, "reboot")
+
+    def _act(self, instance_id: str, action: str) -> InstanceHandle:
+        machine, agent_id = self._split(instance_id)
+        return self._handle(machine, self._client(machine).call("POST", f"/v1/instances/{quote(agent_id)}/{action}"))
 
     def find_by_order(self, order_ref: str) -> list[InstanceHandle]:
         found: list[InstanceHandle] = []

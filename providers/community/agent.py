@@ -48,7 +48,7 @@ from werkzeug.wrappers import Request, Response
 
 from providers.community import protocol
 from providers.community.containers import LEASE_IMAGE, LEASE_UID_FIRST, ContainerRuntime, runtime_probe
-from providers.community.host import DATA_DIR, DISK_QUOTA_GB, MAX_LAUNCH_BODY, Host
+from providers.community.host import DATA_DIR, DISK_QUOTA_GB, INSTANCE_ACTIONS, MAX_LAUNCH_BODY, Host
 from providers.community.host_gpus import Gpu, parse_simulated
 from providers.community.instances import Answer, _answer
 from providers.community.lease import Transport, http_transport
@@ -270,6 +270,12 @@ class Agent(Host):
             with self._lock:
                 found = [self._refresh(i) for i in self.instances.values() if i.order_ref == order_ref]
             return _answer({"instances": [i.json(self._ssh()) for i in found]})
+        if len(parts) == 4 and parts[:2] == ["v1", "instances"] and method == "POST" and parts[3] in INSTANCE_ACTIONS:
+            with self._lock:
+                instance = self.instances.get(parts[2])
+            if instance is None:
+                return _answer({"code": "not_found", "message": f"no instance {parts[2]}"}, 404)
+            return self.act(instance, parts[3])
         if len(parts) == 3 and parts[:2] == ["v1", "instances"]:
             with self._lock:
                 instance = self.instances.get(parts[2])

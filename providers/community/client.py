@@ -51,9 +51,16 @@ from untrusted import jsonbody
 PROVIDER = "community"
 DEFAULT_DEADLINE_S = 15.0
 MAX_ANSWER_BYTES = jsonbody.MAX_JSON_BYTES
+# What an agent's refusal of a stop, start or reboot means, in the broker's words: the agent's own text is
+# untrusted and never shown to a buyer (issue 36).
+ACTION_REFUSALS = {
+    "not_running": "the lease is not running on its host (still starting, or ending)",
+    "unsupported": "the host runs leases as processes, not containers: it cannot stop or restart one",
+}
 # The error codes the protocol defines; any other code an agent names is reported as ``agent_error``.
 KNOWN_CODES = frozenset(
     {"no_capacity", "not_found", "invalid", "bad_signature", "stale", "replayed", "unknown_key", "expired"}
+    | set(ACTION_REFUSALS)
 )
 
 log = logging.getLogger("providers.community.client")
@@ -195,9 +202,8 @@ class AgentClient:
             return TransientProviderError(
                 f"the machine's agent failed (HTTP {status})", code=code, provider=PROVIDER, http_status=status
             )
-        return ProviderRequestRejected(
-            f"the machine's agent refused the request (HTTP {status})", code=code, provider=PROVIDER, http_status=status
-        )
+        why = ACTION_REFUSALS.get(code, f"the machine's agent refused the request (HTTP {status})")
+        return ProviderRequestRejected(why, code=code, provider=PROVIDER, http_status=status)
 
 
 class OutboundAgentClient(AgentClient):

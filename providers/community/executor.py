@@ -28,6 +28,7 @@ import os
 import pwd
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 
 from providers.community.containers import SSH_PORT_IN_CONTAINER, ContainerRuntime, LeaseWalls, Limits
 from providers.community.devices import FakeDevices, NvidiaDevices, visible_devices
-from providers.community.executor_base import ExecutorError, GpuSeen, SshSeen, _tail
+from providers.community.executor_base import LOG_TAIL_BYTES, ExecutorError, GpuSeen, SshSeen, _tail, text_tail
 from providers.community.lease_plan import (
     AUTHORIZED_KEYS_IN_CONTAINER,
     LeasePlan,
@@ -95,6 +96,7 @@ class LeaseExecutor:
         self._host_key = "ssh-ed25519 " + base64.b64encode(blob).decode()
         self._walled_host_key = ""
         self._walled_image_is_ours = True
+        self.paused = False  # stopped by its buyer (``pause``), until ``unpause``
         if simulate:
             self.name = "simulated"
         self.walls: LeaseWalls | None = None
@@ -349,6 +351,8 @@ class LeaseExecutor:
         return f"container {container} running {what}{script}{stand_in}"
 
     def workload_state(self) -> dict[str, Any]:
+        if self.paused:
+            return {"state": "stopped"}
         if self.problem:
             return {"state": "exited", "exit_code": -1}
         if self.walls is not None:
@@ -443,6 +447,44 @@ class LeaseExecutor:
                 return
             time.sleep(0.05)
 
+    # ------------------------------------------------------------------ stop, start, restart, logs (issue 36)
+
+    def pause(self) -> None:
+        """Stop the lease's container, keeping it (its disk), its GPUs and ports for ``unpause``. A simulated lease
+        without walls only records it. ``ExecutorError`` where the workload runs as processes (nothing to keep)."""
+        if self.walls is not None:
+            stopped = self.walls.docker("stop", "-t", str(int(self.grace_s)), self.walls.container, timeout=120)
+            if stopped.returncode != 0:
+                raise ExecutorError(f"docker stop failed: {_tail(stopped.stderr)}")
+        elif not self.simulate and self.runner != "none":
+            raise ExecutorError("this host runs leases as processes, not containers: a stop would lose the workload")
+        self.paused = True
+
+    def unpause(self) -> None:
+        """Start the stopped container again (never a second one)."""
+        if self.walls is not None:
+            self.walls.restart()
+        self.paused = False
+
+    def restart(self) -> None:
+        """Restart the lease's container in place (``docker restart``)."""
+        if self.walls is not None:
+            restarted = self.walls.docker("restart", "-t", str(int(self.grace_s)), self.walls.container, timeout=180)
+            if restarted.returncode != 0:
+                raise ExecutorError(f"docker restart failed: {_tail(restarted.stderr)}")
+        elif not self.simulate and self.runner != "none":
+            raise ExecutorError("this host runs leases as processes, not containers: nothing to restart in place")
+        self.paused = False
+
+    def logs(self, lines: int) -> str:
+        """The workload's last ``lines`` lines (within ``LOG_TAIL_BYTES``): a buyer's image's container output
+        (``docker logs --tail``), else the log the lease's script writes (in its home when walled)."""
+        if self.walls is not None and self.kind == "container":
+            out = self.walls.docker("logs", "--tail", str(int(lines)), self.walls.container, timeout=30)
+            return text_tail(out.stdout + out.stderr, lines, LOG_TAIL_BYTES)
+        folder = self.walls.home if self.walls is not None else self.plan.work_dir
+        return text_tail(_file_tail(folder / "workload.log", LOG_TAIL_BYTES), lines, LOG_TAIL_BYTES)
+
     # ----------------------------------------------------------------------------------- termination
 
     def stop(self) -> None:
@@ -495,3 +537,19 @@ def _banner(host: str, port: int) -> bool:
             return conn.recv(64).startswith(b"SSH-")
     except OSError:
         return False
+
+
+def _file_tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of the regular file ``path``, nothing when it is absent or anything else. The
+    lease writes this file: opened without following a link (the agent runs as root, and a tenant's
+    ``ln -s /etc/shadow workload.log`` must send nothing of the host's) and without blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            return b""
+        handle.seek(max(0, size.st_size - limit))
+        return handle.read(limit)

@@ -14,6 +14,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# The workload's recent output the lease agent sends with each heartbeat (issue 36): its last lines, both
+# bounds holding; the broker bounds what it keeps again (an agent's report is untrusted).
+LOG_TAIL_LINES = 200
+LOG_TAIL_BYTES = 8 * 1024  # JSON may escape a byte to six: well within the heartbeat body limit (64 KiB)
+
 
 class ExecutorError(Exception):
     """A step of the lease failed on the machine; the message is what the buyer reads on the order page."""
@@ -55,6 +60,8 @@ class Executor(Protocol):
 
     def stop(self) -> None: ...
 
+    # Optional: ``logs(lines) -> str``, the workload's last lines, sent with the heartbeats where present.
+
 
 def host_key_fingerprint(line: str) -> str:
     """OpenSSH's SHA256 fingerprint of a public key line (``ssh-keygen -lf``)."""
@@ -94,3 +101,8 @@ def _banner(host: str, port: int) -> bool:
             return conn.recv(64).startswith(b"SSH-")
     except OSError:
         return False
+
+
+def text_tail(data: bytes, lines: int = LOG_TAIL_LINES, limit: int = LOG_TAIL_BYTES) -> str:
+    """The last ``lines`` lines of ``data`` within its last ``limit`` bytes, as text."""
+    return "\n".join(data[-limit:].decode("utf-8", "replace").splitlines()[-lines:])

@@ -39,6 +39,8 @@ log = logging.getLogger("providers.community.agent")
 MAX_LAUNCH_BODY = 512 * 1024  # a boot script of the adapter's limit, base64-encoded, and the rest of the request
 DATA_DIR = Path("/var/lib/gpu-broker-agent")
 DISK_QUOTA_GB = 100
+# What the broker may ask of a lease besides ending it (issue 36): each is the lease's own container.
+INSTANCE_ACTIONS = ("stop", "start", "reboot")
 
 
 class Host:
@@ -395,6 +397,31 @@ class Host:
                                  daemon=True).start()  # fmt: skip
             resumed.append(instance.id)
         return resumed
+
+    def act(self, instance: Instance, action: str) -> Answer:
+        """Stop, start or reboot the lease's workload (``INSTANCE_ACTIONS``): its container stopped with its disk,
+        GPUs and ports kept; started again; restarted in place. Idempotent (stopping a stopped lease, starting a
+        running one, answers it as it is). 409 ``not_running`` for an instance ending, ended or still pending,
+        409 ``unsupported`` where the lease runs as processes rather than a container (nothing to stop and keep)."""
+        with self._lock:
+            self._refresh(instance)
+            state = instance.state
+            if instance.ending or state not in ("running", "stopped"):
+                return _answer({"code": "not_running", "message": f"instance {instance.id} is {state}"}, 409)
+            wanted = {"stop": "stopped", "start": "running", "reboot": "running"}[action]
+            if state == wanted and action != "reboot":
+                return _answer(instance.json(self._ssh()))
+            if action == "reboot" and state != "running":
+                return _answer({"code": "not_running", "message": f"instance {instance.id} is {state}"}, 409)
+        executor = instance.executor
+        try:
+            if executor is not None:
+                {"stop": executor.pause, "start": executor.unpause, "reboot": executor.restart}[action]()
+        except ExecutorError as exc:
+            return _answer({"code": "unsupported", "message": str(exc)[:300]}, 409)
+        with self._lock:
+            instance.state = wanted
+            return _answer(instance.json(self._ssh()))
 
     def terminate(self, instance: Instance) -> dict[str, Any]:
         """End an instance: its lease stopped, processes killed, directory wiped, ports released; the

@@ -49,7 +49,8 @@ class Instance:
         return executor if isinstance(executor, LeaseExecutor) else None
 
     def holds_gpus(self) -> bool:
-        return self.state in ("pending", "running")
+        # A lease its buyer stopped keeps its GPUs: starting it again must never find them taken.
+        return self.state in ("pending", "running", "stopped")
 
     def json(self, ssh: str) -> dict[str, Any]:
         answer: dict[str, Any] = {

@@ -43,6 +43,7 @@ import fcntl
 import json
 import logging
 import os
+import subprocess
 import threading
 import time
 import urllib.error
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from providers.community import protocol
-from providers.community.executor_base import Executor, ExecutorError
+from providers.community.executor_base import LOG_TAIL_LINES, Executor, ExecutorError, text_tail
 from providers.community.lease_executors import HostExecutor, SimulatedExecutor, parse_simulated
 from untrusted import jsonbody
 
@@ -330,10 +331,16 @@ class LeaseAgent:
 
     def heartbeat(self) -> str:
         """One telemetry report; returns the broker's view of the lease (``running`` or ``ended``)."""
-        answer = self._post(
-            "/agent/v1/lease/heartbeat",
-            {"gpus": self.executor.telemetry(), "workload": self.executor.workload_state()},
-        )
+        report: dict[str, Any] = {"gpus": self.executor.telemetry(), "workload": self.executor.workload_state()}
+        logs = getattr(self.executor, "logs", None)
+        if logs is not None:
+            try:
+                # The workload's recent output, which the buyer reads on the order (issue 36); never the reason
+                # a heartbeat is not sent.
+                report["logs"] = text_tail(str(logs(LOG_TAIL_LINES)).encode())
+            except (OSError, ExecutorError, subprocess.SubprocessError) as exc:
+                log.warning("could not read the workload's logs: %s", exc)
+        answer = self._post("/agent/v1/lease/heartbeat", report)
         if answer.get("state") == "ended":
             self.state = "ended"
             self.executor.stop()

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from providers.community.executor_base import (
+    LOG_TAIL_BYTES,
+    LOG_TAIL_LINES,
     ExecutorError,
     GpuSeen,
     SshSeen,
@@ -28,6 +30,7 @@ from providers.community.executor_base import (
     _run,
     _tail,
     telemetry_sample,
+    text_tail,
     workload_env,
 )
 
@@ -206,6 +209,20 @@ class HostExecutor:
             return {"state": "running"} if returned is None else {"state": "exited", "exit_code": returned}
         return {"state": "none"}
 
+    def logs(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The workload's last lines: its container's (``docker logs --tail``), else the script's log file."""
+        if self._kind == "container":
+            docker = shutil.which("docker") or "docker"
+            out = _run([docker, "logs", "--tail", str(int(lines)), CONTAINER_NAME], timeout=30)
+            return text_tail(out.stdout + out.stderr, lines)
+        path = self.work_dir / "workload.log"
+        try:
+            with path.open("rb") as handle:
+                handle.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+                return text_tail(handle.read(), lines)
+        except OSError:
+            return ""
+
     def ssh(self) -> SshSeen:
         for _ in range(30):
             if _banner("127.0.0.1", 22):
@@ -279,6 +296,10 @@ class SimulatedExecutor:
 
     def workload_state(self) -> dict[str, Any]:
         return {"state": "running" if self._kind != "none" else "none"}
+
+    def logs(self, lines: int = LOG_TAIL_LINES) -> str:
+        """What a simulated workload "prints": one line saying what it is."""
+        return "" if self._kind == "none" else f"simulated {self._kind} workload running"
 
     def ssh(self) -> SshSeen:
         if self._listener is None:

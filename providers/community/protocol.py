@@ -37,6 +37,11 @@ Broker -> agent (on ``agent_url``):
 - ``GET /v1/instances/<id>``, ``DELETE /v1/instances/<id>`` (idempotent), ``GET /v1/instances?order_ref=``.
   A terminate kills the lease's processes (SIGTERM, SIGKILL after a grace), removes its container and working
   directory and frees its ports before it answers;
+- ``POST /v1/instances/<id>/stop``, ``/start``, ``/reboot`` (issue 36): the lease's container stopped (its disk,
+  ports and GPUs kept, the instance ``"stopped"``), started again, or restarted in place; each answers the
+  instance and is idempotent (stopping a stopped lease answers it as it is). ``409 {"code": "not_running"}`` for
+  an instance still pending, ending or ended, ``409 {"code": "unsupported"}`` on a host that runs leases as
+  processes rather than containers;
 - ``GET /v1/instances`` with no query: ``{"instances": [...], "all": true}``, every instance the agent holds for
   the broker, in the shape ``?order_ref=`` lists them: each live one (pending or running), then as many of the
   ended ones, most recently launched first, as keep the list within ``MAX_LISTED`` items and

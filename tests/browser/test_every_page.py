@@ -71,7 +71,21 @@ NOT_PAGES = {
     or route in {"billing/topups/return", "billing/topups/checkout-return", "billing/verify-email"}
     or route == "provider/payouts/connect/return"
     or route.endswith((".pdf", ".csv", "/onboard", "/run"))
-    or route.endswith(("/revoke", "/delete", "/ping", "/active", "/secret", "/redeliver", "/terminate", "/sync"))
+    or route.endswith(
+        (
+            "/revoke",
+            "/delete",
+            "/ping",
+            "/active",
+            "/secret",
+            "/redeliver",
+            "/terminate",
+            "/sync",
+            "/stop",
+            "/start",
+            "/restart",
+        )
+    )
     or route.startswith("templates/gallery/")  # Use and Copy: POSTs from the Templates page
     or route.startswith(("team/members/", "provider/team/members/"))
     or route == "provider/orders/<uuid:order_id>/receipt"  # JSON, for programs

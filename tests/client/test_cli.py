@@ -197,3 +197,36 @@ def test_order_bids_for_a_hosts_interruptible_offer_and_a_bid_below_the_minimum_
     assert placed["bid_per_gpu_hour"].rstrip("0") == "1.1"
     assert Order.objects.get().bid_per_gpu_hour == Decimal("1.1")
     assert broker_cli("order", "--offer", str(offer.pk), "--bid", "1e3").returncode == 2
+
+
+def test_stop_start_restart_and_logs_from_the_shell(broker_cli, broker, t4_offer):
+    from providers.services import adapter_for_account
+
+    order = _running(broker, t4_offer)
+    stoppable = adapter_for_account(t4_offer[0].account).stoppable
+
+    stopped = broker_cli("stop", order["id"], "--json")
+    if stoppable:
+        assert _json(stopped)["state"] in ("stopping", "stopped")
+        assert list(broker.watch(order["id"], until=["stopped"], timeout=60, interval=0.2))[-1]["state"] == "stopped"
+        assert _json(broker_cli("start", order["id"], "--json"))["state"] in ("starting", "running")
+    else:
+        # A cloud whose adapter cannot stop yet says so, by code, and nothing changed.
+        assert stopped.returncode == 1 and "action_unsupported" in stopped.stderr
+        assert broker.order_get(order["id"])["state"] == "running"
+        restarted = broker_cli("restart", order["id"])
+        assert restarted.returncode == 1 and "action_unsupported" in restarted.stderr
+
+    logs = broker_cli("logs", order["id"], "--lines", "5")
+    assert logs.returncode == 0, logs.stderr
+    assert len(logs.stdout.splitlines()) <= 5
+    assert broker_cli("logs", order["id"], "--lines", "0").returncode == 2
+    assert broker_cli("logs", order["id"], "--lines", "1001").returncode == 2
+    assert _json(broker_cli("logs", order["id"], "--json")).keys() == {"lines", "at", "source"}
+    assert broker_cli("start", str(uuid.uuid4())).returncode == 1  # no such order
+
+
+def test_a_workloads_control_characters_are_shown_not_obeyed():
+    from brokerclient.cli import _printable
+
+    assert _printable("ok\x1b[2J\tdone\x07") == "ok\\x1b[2J\tdone\\x07"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from marketplace.catalog.services import offers_sync
-from providers.errors import MalformedProviderResponse
+from providers.errors import MalformedProviderResponse, ProviderRequestRejected
 from providers.models import Machine
 from providers.services import adapter_for_account
 from providers.types import InstanceState, LaunchSpec, PricingModel
@@ -76,9 +76,23 @@ def test_a_malformed_instance_is_refused_naming_the_field(fleet, answering, chan
     answering(json.dumps({**GOOD, **change}).encode())
     adapter = adapter_for_account(fleet)
 
-    for call in (lambda: adapter.launch(_spec()), lambda: adapter.describe("eu-de", "fra-h100-1/i-1")):
+    calls = [lambda: adapter.launch(_spec()), lambda: adapter.describe("eu-de", "fra-h100-1/i-1")]
+    # The order actions read the same instance answer (issue 36).
+    calls += [lambda act=act: act("eu-de", "fra-h100-1/i-1") for act in (adapter.stop, adapter.start, adapter.reboot)]
+    for call in calls:
         with pytest.raises(MalformedProviderResponse, match=f"malformed {field}"):
             call()
+
+
+def test_an_agents_own_words_in_a_refused_stop_never_reach_the_buyer(fleet, answering):
+    """Its code is kept where the protocol defines it; its text is replaced by the broker's (issue 36)."""
+    lure = "<script>steal()</script> call +1-555-SCAM for a refund"
+    for code, said in (("not_running", "not running on its host"), ("made_up", "refused the request (HTTP 409)")):
+        answering(json.dumps({"code": code, "message": lure}).encode(), status=409)
+        with pytest.raises(ProviderRequestRejected) as refused:
+            adapter_for_account(fleet).stop("eu-de", "fra-h100-1/i-1")
+        assert said in refused.value.message and "steal" not in str(refused.value)
+        assert refused.value.code == (code if code == "not_running" else "agent_error")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@
   var REFRESH_MS = 10000;
   var timer = null;
   var refresher = null;
-  var PARTS = ["machine", "instances", "telemetry", "history"]; // ids of the page's parts redrawn from a fresh copy of the page
+  var PARTS = ["order-actions", "order-stopped-note", "machine", "instances", "telemetry", "logs", "history"]; // ids of the page's parts redrawn from a fresh copy of the page
   var lastState = root.getAttribute("data-state");
 
   function text(id, value) {
