@@ -210,7 +210,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "COERCE_DECIMAL_TO_STRING": True,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.BrokerAutoSchema",
 }
 # OpenAPI 3 at /api/v1/schema, an interactive UI at /api/v1/docs served from this site (no CDN).
 SPECTACULAR_SETTINGS = {
@@ -223,8 +223,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are JSON: one content type, so a generated client sends JSON (forms still parse).
+    "PARSER_WHITELIST": ["marketplace.api.parsers.BoundedJSONParser"],
     # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
     "ENUM_NAME_OVERRIDES": {"GpuModelEnum": "providers.gpu_names.SORTED"},
+    # The launch configuration's components, written as JSON Schema from marketplace/launch/config.py's limits.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "marketplace.api.schema.add_components"],
 }
 
 # --- Email ----------------------------------------------------------------------------------------------------

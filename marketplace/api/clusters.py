@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from ledger.selectors import latest_hashes
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
+from marketplace.api.launch_schema import LaunchConfigurationField
 from marketplace.api.tokens import request_organization
 from marketplace.api.views import ERROR, OBJECT, launch_choice
 from marketplace.matching.types import MAX_NODES
@@ -56,7 +57,7 @@ class ClusterPlaceInput(serializers.Serializer):
     duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
-    launch = serializers.JSONField(required=False, help_text="every node's launch configuration (docs/BUYERS.md)")
+    launch = LaunchConfigurationField(required=False, help_text="every node's launch configuration (docs/BUYERS.md)")
     launch_template = serializers.CharField(required=False, max_length=80)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
