@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from marketplace.api.launch_schema import LAUNCH_VIEW, LaunchConfigurationField
@@ -556,6 +556,56 @@ class OrderPageOutput(serializers.Serializer):
     results = OrderOutput(many=True)
     next_cursor = serializers.CharField(allow_null=True)
     next = serializers.CharField(allow_null=True)
+
+
+class BudgetOutput(serializers.Serializer):
+    """USD as decimal text; null: no limit."""
+
+    budget_per_hour = serializers.CharField(allow_null=True)
+    budget_monthly = serializers.CharField(allow_null=True)
+    live_per_hour = serializers.CharField(allow_null=True, help_text="the hourly rate of the live orders")
+    month_to_date = serializers.CharField(allow_null=True, help_text="this month's usage so far")
+
+
+class InvoiceLineOutput(serializers.Serializer):
+    order = serializers.UUIDField()
+    description = serializers.CharField()
+    seconds = serializers.IntegerField()
+    price_per_hour = serializers.CharField()
+    amount_minor = serializers.IntegerField(help_text="cents, rounded once as the book charges it")
+    amount_usd = serializers.CharField()
+    ended_at = serializers.DateTimeField()
+
+
+class InvoiceOutput(serializers.Serializer):
+    month = serializers.CharField()
+    currency = serializers.CharField()
+    lines = InvoiceLineOutput(many=True)
+    total_minor = serializers.IntegerField(help_text="the sum of the lines' cents")
+    total_usd = serializers.CharField()
+
+
+class OfferPageOutput(serializers.Serializer):
+    results = OfferOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+    next = serializers.CharField(allow_null=True)
+
+
+# Its "from" field is a Python keyword, so this schema-only serializer is built from a mapping.
+OFFER_PRICE_OUTPUT = inline_serializer(
+    "OfferPriceOutput",
+    fields={
+        "from": serializers.DateTimeField(help_text="when the price took effect"),
+        "price_usd": serializers.CharField(),
+    },
+    many=True,
+)
+
+
+class OfferPricesOutput(serializers.Serializer):
+    offer = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    prices = OFFER_PRICE_OUTPUT
 
 
 class BudgetInput(serializers.Serializer):

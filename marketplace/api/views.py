@@ -34,8 +34,12 @@ from marketplace.api.launch import client_address
 from marketplace.api.schema import ERROR
 from marketplace.api.serializers import (
     BudgetInput,
+    BudgetOutput,
+    InvoiceOutput,
     OfferListInput,
     OfferOutput,
+    OfferPageOutput,
+    OfferPricesOutput,
     OrderOutput,
     OrderPageOutput,
     OrderPlacedOutput,
@@ -120,7 +124,8 @@ class OfferListApi(APIView):
     required_scopes = {"GET": ("offers:read",)}
 
     @extend_schema(
-        parameters=[OfferListInput, *SEARCH_PARAMS, *pagination.PARAMETERS], responses={200: OBJECT, 400: ERROR}
+        parameters=[OfferListInput, *SEARCH_PARAMS, *pagination.PARAMETERS],
+        responses={200: OfferPageOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
@@ -179,7 +184,7 @@ class OfferPricesApi(APIView):
     @extend_schema(
         operation_id="offer_prices",
         parameters=[count_parameter("days", *PRICE_DAYS)],
-        responses={200: OBJECT, 400: ERROR, 404: ERROR},
+        responses={200: OfferPricesOutput, 400: ERROR, 404: ERROR},
     )
     def get(self, request: Request, offer_id: str) -> Response:
         days = _count(request, "days", *PRICE_DAYS)
@@ -439,11 +444,11 @@ class BudgetApi(APIView):
 
     required_scopes = {"GET": ("orders:place",)}  # changing budgets needs an owner's session, never a token
 
-    @extend_schema(responses={200: OBJECT})
+    @extend_schema(responses={200: BudgetOutput})
     def get(self, request: Request) -> Response:
         return Response(_budget_body(request_organization(request)))
 
-    @extend_schema(request=BudgetInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
+    @extend_schema(request=BudgetInput, responses={200: BudgetOutput, 400: ERROR, 403: ERROR})
     def put(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.BUDGETS)
         body = BudgetInput(data=request.data)
@@ -474,7 +479,7 @@ class InvoiceApi(APIView):
                 description="YYYY-MM (UTC); absent or empty: this month",
             )
         ],
-        responses={200: OBJECT, 400: ERROR},
+        responses={200: InvoiceOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         organization = request_organization(request)
