@@ -61,7 +61,6 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "providers",
@@ -195,7 +194,6 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.tokens.ScopedTokenAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [
@@ -212,7 +210,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "COERCE_DECIMAL_TO_STRING": True,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.BrokerAutoSchema",
 }
 # OpenAPI 3 at /api/v1/schema, an interactive UI at /api/v1/docs served from this site (no CDN).
 SPECTACULAR_SETTINGS = {
@@ -225,8 +223,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are JSON: one content type, so a generated client sends JSON (forms still parse).
+    "PARSER_WHITELIST": ["marketplace.api.parsers.BoundedJSONParser"],
     # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
     "ENUM_NAME_OVERRIDES": {"GpuModelEnum": "providers.gpu_names.SORTED"},
+    # The launch configuration's components, written as JSON Schema from marketplace/launch/config.py's limits.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "marketplace.api.schema.add_components"],
 }
 
 # --- Email ----------------------------------------------------------------------------------------------------

@@ -110,6 +110,15 @@ def alice(acme):
 
 
 @pytest.fixture
+def alice_bearer(acme, alice) -> str:
+    """The Authorization header of a token with every scope of alice's in acme: the API's one kind of token."""
+    from marketplace.api.tokens import api_token_create
+    from marketplace.models import TokenScope
+
+    return f"Bearer {api_token_create(organization=acme, user=alice, name='tests', scopes=TokenScope.values).raw}"
+
+
+@pytest.fixture
 def bob(acme):
     return MembershipFactory(user__username="bob", organization=acme, role=Role.MEMBER).user
 

@@ -107,8 +107,9 @@ class BrokerClient:
         self._session.headers["Accept"] = "application/json"
         self._session.headers["User-Agent"] = "gpu-broker-client/0.1"
         if token:
-            # A bare brk_ token is a Bearer token; "Token abc" (a legacy DRF token) is sent as given.
-            self._session.headers["Authorization"] = token if " " in token else f"Bearer {token}"
+            # The broker takes one kind of token, brk_…, as a Bearer token; anything else is sent the same way so
+            # that the broker's 401 says what is wrong with it.
+            self._session.headers["Authorization"] = f"Bearer {token.strip()}"
 
     def close(self) -> None:
         self._session.close()

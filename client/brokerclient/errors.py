@@ -38,7 +38,8 @@ class InvalidRequest(BrokerError):
 
 
 class AuthenticationFailed(BrokerError):
-    """401: no token, or an unknown or revoked one."""
+    """401: no token, or a malformed, unknown or revoked one (``code`` says which: token_missing, token_malformed,
+    token_unknown, token_revoked)."""
 
 
 class PaymentRequired(BrokerError):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import AllowAny
@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
+from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.billing.book import book_account_balance, credit_available
 from marketplace.billing.credit import CURRENCY
@@ -48,7 +49,6 @@ from marketplace.portal.countries import COUNTRIES
 from providers.text import name_problem
 
 OBJECT = OpenApiTypes.OBJECT
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
 _SCOPES_READ = ("billing:manage",)
 _MIN, _MAX = Decimal(MIN_TOPUP_MINOR) / 100, Decimal(MAX_TOPUP_MINOR) / 100
 # Stripe's events are a few KB; anything much larger is not one.
@@ -193,7 +193,7 @@ class TopUpListCreateApi(APIView):
 
     @extend_schema(
         request=TopUpInput,
-        parameters=[idempotency.PARAMETER],
+        parameters=[idempotency.REQUIRED_PARAMETER],
         responses={200: OBJECT, 201: OBJECT, 202: OBJECT, 400: ERROR, 402: ERROR, 403: ERROR, 503: ERROR},
     )
     def post(self, request: Request) -> Response:

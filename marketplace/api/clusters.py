@@ -18,8 +18,9 @@ from rest_framework.views import APIView
 from ledger.selectors import latest_hashes
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
+from marketplace.api.launch_schema import LaunchConfigurationField
 from marketplace.api.tokens import request_organization
-from marketplace.api.views import ERROR, OBJECT, launch_choice
+from marketplace.api.views import ERROR, launch_choice
 from marketplace.matching.types import MAX_NODES
 from marketplace.models import Cluster, Organization
 from marketplace.numbers import MAX_ID, MAX_PRICE_PER_HOUR, DecimalSerializerField, IntegerSerializerField
@@ -56,7 +57,7 @@ class ClusterPlaceInput(serializers.Serializer):
     duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
-    launch = serializers.JSONField(required=False, help_text="every node's launch configuration (docs/BUYERS.md)")
+    launch = LaunchConfigurationField(required=False, help_text="every node's launch configuration (docs/BUYERS.md)")
     launch_template = serializers.CharField(required=False, max_length=80)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +66,51 @@ class ClusterPlaceInput(serializers.Serializer):
         if "offer" in attrs and "nodes" not in attrs:
             raise serializers.ValidationError({"nodes": ["how many machines of the offer: from 2 to 64"]})
         return attrs
+
+
+class ClusterNodeOutput(serializers.Serializer):
+    order = serializers.UUIDField()
+    round = serializers.IntegerField(allow_null=True)
+    node = serializers.IntegerField(allow_null=True)
+    state = serializers.CharField()
+    state_reason = serializers.CharField()
+    zone = serializers.CharField(allow_null=True)
+    public_ip = serializers.CharField(allow_null=True)
+
+
+class ClusterOutput(serializers.Serializer):
+    """What ``cluster_output`` writes."""
+
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    state_reason = serializers.CharField()
+    nodes = serializers.IntegerField()
+    round = serializers.IntegerField()
+    offer = serializers.IntegerField()
+    instance_type = serializers.CharField()
+    zone = serializers.CharField()
+    quote = serializers.UUIDField(allow_null=True)
+    gpu_model = serializers.CharField()
+    gpus_per_node = serializers.IntegerField()
+    pricing_model = serializers.CharField()
+    regions = serializers.ListField(child=serializers.CharField())
+    needs_rdma = serializers.BooleanField()
+    placement_group = serializers.BooleanField()
+    max_price_per_node_hour = serializers.CharField()
+    price_per_hour = serializers.CharField()
+    allow_failover = serializers.BooleanField()
+    duration_hours = serializers.CharField(allow_null=True)
+    current_nodes = ClusterNodeOutput(many=True)
+    orders = ClusterNodeOutput(many=True)
+    ledger_head = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    state_changed_at = serializers.DateTimeField()
+
+
+class ClusterPageOutput(serializers.Serializer):
+    results = ClusterOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+    next = serializers.CharField(allow_null=True)
 
 
 def _clusters(organization: Organization) -> QuerySet[Cluster]:
@@ -141,7 +187,7 @@ class ClusterListCreateApi(APIView):
 
     required_scopes = {"GET": ("orders:place", "instances:manage"), "POST": ("orders:place",)}
 
-    @extend_schema(operation_id="clusters_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
+    @extend_schema(operation_id="clusters_list", parameters=pagination.PARAMETERS, responses={200: ClusterPageOutput})
     def get(self, request: Request) -> Response:
         clusters = _clusters(request_organization(request)).order_by("-id")
         page = pagination.paginate(
@@ -153,7 +199,7 @@ class ClusterListCreateApi(APIView):
     @extend_schema(
         request=ClusterPlaceInput,
         parameters=[idempotency.PARAMETER],
-        responses={200: OBJECT, 201: OBJECT, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
+        responses={200: ClusterOutput, 201: ClusterOutput, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
     )
     def post(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.ORDER)
@@ -189,7 +235,7 @@ class ClusterListCreateApi(APIView):
 class ClusterDetailApi(APIView):
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
-    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    @extend_schema(responses={200: ClusterOutput, 404: ERROR})
     def get(self, request: Request, cluster_id: str) -> Response:
         return Response(cluster_output(_cluster_or_404(request, cluster_id)))
 
@@ -199,7 +245,7 @@ class ClusterTerminateApi(APIView):
 
     required_scopes = {"POST": ("instances:manage",)}
 
-    @extend_schema(request=None, responses={202: OBJECT, 404: ERROR})
+    @extend_schema(request=None, responses={202: ClusterOutput, 404: ERROR})
     def post(self, request: Request, cluster_id: str) -> Response:
         cluster = _cluster_or_404(request, cluster_id, BuyerPermission.ORDER)
         cluster_terminate(cluster=cluster)

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ledger.checkpoints import ProofUnavailable
+from marketplace.api.tokens import MADE_WHERE, PREFIX
 from marketplace.billing.credit import PaymentRequired
 from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
@@ -70,6 +71,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
+    if isinstance(exc, exceptions.NotAuthenticated):  # neither a token nor a signed-in session came with it
+        exc = exceptions.NotAuthenticated(f"no API token: send the header 'Authorization: Bearer {PREFIX}…' "
+                                          f"{MADE_WHERE}", "token_missing")  # fmt: skip
     shaped = _shape(exc, response)
     for header in ("Retry-After", "WWW-Authenticate"):
         if header in response:

@@ -37,7 +37,18 @@ from marketplace.orders.errors import IdempotencyConflict
 MAX_KEY = 255
 HEADER = "Idempotency-Key"
 PARAMETER = OpenApiParameter(
-    HEADER, str, OpenApiParameter.HEADER, description="a retry with the same key and body returns the first answer"
+    HEADER,
+    {"type": "string", "maxLength": MAX_KEY},
+    OpenApiParameter.HEADER,
+    description="a retry with the same key and body returns the first answer",
+)
+# Where a retry must never repeat the act (a card charged twice), the key is required.
+REQUIRED_PARAMETER = OpenApiParameter(
+    HEADER,
+    {"type": "string", "minLength": 1, "maxLength": MAX_KEY, "pattern": r"\S"},
+    OpenApiParameter.HEADER,
+    required=True,
+    description="required: a retry with the same key and body returns the first answer, charging once",
 )
 
 View = Callable[..., Response]

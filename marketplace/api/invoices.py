@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api import pagination
+from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.billing.invoices import invoice_csv, invoice_document, invoice_get, invoice_pdf
 from marketplace.models import Invoice
 
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
 # The same scopes as the month's running invoice (GET /api/v1/invoice).
 INVOICE_SCOPES = {"GET": ("orders:place", "instances:manage")}
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -15,6 +14,8 @@ from rest_framework.views import APIView
 
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
+from marketplace.api.launch_schema import LAUNCH_VIEW, LaunchConfigurationField
+from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.clients import client_address as request_address
 from marketplace.launch.config import (
@@ -32,7 +33,6 @@ from providers.sshkeys import MAX_KEY_TEXT, MAX_NAME
 
 SCOPES = ("keys:manage",)
 READ_SCOPES = ("keys:manage", "orders:place")
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
 
 
 def client_address(request: Request) -> str | None:
@@ -143,7 +143,7 @@ LAUNCH_HELP = (
 class LaunchTemplateInput(serializers.Serializer):
     name = serializers.CharField(max_length=80)
     description = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
-    launch = serializers.JSONField(help_text=LAUNCH_HELP)
+    launch = LaunchConfigurationField(help_text=LAUNCH_HELP)
 
 
 class LaunchTemplateOutput(serializers.ModelSerializer):
@@ -154,6 +154,7 @@ class LaunchTemplateOutput(serializers.ModelSerializer):
         model = LaunchTemplate
         fields = ["id", "name", "description", "launch", "created_at", "updated_at"]
 
+    @extend_schema_field(LAUNCH_VIEW)
     def get_launch(self, template: LaunchTemplate) -> dict[str, Any] | None:
         return launch_view(template.configuration)
 

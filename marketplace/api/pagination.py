@@ -31,15 +31,21 @@ M = TypeVar("M", bound=Model)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
-PARAMETERS = [
-    OpenApiParameter("limit", int, description=f"rows per page, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})"),
-    OpenApiParameter("cursor", str, description="the next_cursor of the page before"),
-]
 
 
 # A cursor is decoded from the client's text: every value it carries is checked before it is converted and
 # compared in SQL (a 1e1000000 there would be rounded, or turned into an integer, for a minute).
 MAX_CURSOR = 1024
+PARAMETERS = [
+    OpenApiParameter(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+        description=f"rows per page, 1 to {MAX_LIMIT} (default {DEFAULT_LIMIT})",
+    ),
+    OpenApiParameter(
+        "cursor", {"type": "string", "maxLength": MAX_CURSOR}, description="the next_cursor of the page before"
+    ),
+]
 MAX_KEY_TEXT = 64
 _INTEGER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
 _NUMBER = re.compile(r"-?[0-9]{1,30}(?:\.[0-9]{0,30})?(?:[eE][+-]?[0-9]{1,2})?", re.ASCII)

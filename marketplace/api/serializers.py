@@ -8,9 +8,10 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
+from marketplace.api.launch_schema import LAUNCH_VIEW, LaunchConfigurationField
 from marketplace.catalog.regions import JURISDICTIONS
 from marketplace.catalog.selectors import gpu_spec
 from marketplace.launch.config import launch_view
@@ -104,6 +105,9 @@ def _iso(value: dt.datetime) -> str:
 
 
 class OfferListInput(serializers.Serializer):
+    # Read from the query string, where DRF takes an empty value for an optional field as no value.
+    blank_is_absent = True
+
     gpu = serializers.CharField(required=False, allow_blank=True, max_length=32)
     count = IntegerSerializerField(required=False, min_value=1, max_value=64)
     region = serializers.CharField(required=False, allow_blank=True, max_length=64)
@@ -137,7 +141,7 @@ class OrderPlaceInput(serializers.Serializer):
     duration_hours = DecimalSerializerField(
         required=False, max_digits=8, decimal_places=2, min_value=Decimal("0.01"), max_value=Decimal("8760")
     )
-    launch = serializers.JSONField(
+    launch = LaunchConfigurationField(
         required=False,
         help_text="what the machine runs and who may reach it (docs/BUYERS.md: Launch configuration); absent: a "
         "quote's configuration, else just the machine with the organisation's SSH keys, SSH open to the caller's "
@@ -312,7 +316,7 @@ def demand_from(data: dict[str, Any]) -> Demand:
 class LaunchFields(serializers.Serializer):
     """The launch configuration a quote's (or a procurement demand's) order will launch."""
 
-    launch = serializers.JSONField(
+    launch = LaunchConfigurationField(
         required=False, help_text="a launch configuration (docs/BUYERS.md: Launch configuration)"
     )
     launch_template = serializers.CharField(required=False, max_length=80, help_text="a saved template's id or name")
@@ -375,6 +379,7 @@ class QuoteOutput(serializers.Serializer):
     expires_at = serializers.DateTimeField()
     launch = serializers.SerializerMethodField()
 
+    @extend_schema_field(LAUNCH_VIEW)
     def get_launch(self, quote: Quote) -> dict[str, Any] | None:
         return launch_view(quote.launch_config)
 
@@ -384,6 +389,27 @@ class QuoteOutput(serializers.Serializer):
 
     def get_job_hours(self, quote: Quote) -> float:
         return float(quote.breakdown.get("job_hours") or quote.duration_hours)
+
+
+class NearMissOutput(serializers.Serializer):
+    offer = serializers.IntegerField()
+    instance_type = serializers.CharField()
+    region = serializers.CharField()
+    gpu_model = serializers.CharField()
+    price_per_hour = serializers.CharField()
+    failed = serializers.ListField(child=serializers.CharField(), help_text="the requirements it missed")
+    relax = serializers.CharField(help_text="what to relax for it to qualify")
+
+
+class QuoteBatchOutput(serializers.Serializer):
+    """POST /api/v1/quotes: the ranked quotes of one workload, and when few or none, why."""
+
+    batch = serializers.UUIDField()
+    expires_at = serializers.DateTimeField()
+    quotes = QuoteOutput(many=True)
+    defaults = serializers.DictField(help_text="the requirements the ranking applied, defaults included")
+    rejected = serializers.DictField(child=serializers.IntegerField(), help_text="offers left out, by reason")
+    near_misses = NearMissOutput(many=True)
 
 
 class AttemptOutput(serializers.Serializer):
@@ -404,6 +430,12 @@ class InstanceOutput(serializers.Serializer):
     instance_type = serializers.CharField()
     state = serializers.CharField()
     public_ip = serializers.CharField()
+
+
+class UsageOutput(serializers.Serializer):
+    seconds = serializers.IntegerField()
+    amount_minor = serializers.IntegerField(help_text="the cost so far in cents, rounded once")
+    amount_usd = serializers.CharField(help_text="the same figure as decimal text")
 
 
 class SilentPeriodOutput(serializers.Serializer):
@@ -476,10 +508,12 @@ class OrderOutput(serializers.ModelSerializer):
             "state_changed_at",
         ]
 
+    @extend_schema_field(InstanceOutput(allow_null=True))
     def get_instance(self, order: Order) -> dict[str, object] | None:
         instance = order.instance
         return None if instance is None else dict(InstanceOutput(instance).data)
 
+    @extend_schema_field(UsageOutput)
     def get_usage(self, order: Order) -> dict[str, object]:
         """The cost so far, rounded once to the cent as the storefront shows it and the book will charge it
         (``marketplace.money``): ``amount_minor`` in cents, ``amount_usd`` the same figure as text."""
@@ -487,6 +521,7 @@ class OrderOutput(serializers.ModelSerializer):
         cents = minor_units(usage.amount_usd, "USD")
         return {"seconds": usage.seconds, "amount_minor": cents, "amount_usd": minor_text(cents, "USD")}
 
+    @extend_schema_field(LAUNCH_VIEW)
     def get_launch(self, order: Order) -> dict[str, Any] | None:
         return launch_view(order.launch_config)
 
@@ -506,6 +541,71 @@ class OrderOutput(serializers.ModelSerializer):
     def get_ledger_head(self, order: Order) -> str | None:
         entries = self.context.get("ledger_heads", {})
         return entries.get(order.pk)
+
+
+class OrderPlacedOutput(OrderOutput):
+    """An order as placing it answers: the order, and what the buyer should know (budget warnings)."""
+
+    warnings = serializers.ListField(child=serializers.CharField())
+
+    class Meta(OrderOutput.Meta):
+        fields = [*OrderOutput.Meta.fields, "warnings"]
+
+
+class OrderPageOutput(serializers.Serializer):
+    results = OrderOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+    next = serializers.CharField(allow_null=True)
+
+
+class BudgetOutput(serializers.Serializer):
+    """USD as decimal text; null: no limit."""
+
+    budget_per_hour = serializers.CharField(allow_null=True)
+    budget_monthly = serializers.CharField(allow_null=True)
+    live_per_hour = serializers.CharField(allow_null=True, help_text="the hourly rate of the live orders")
+    month_to_date = serializers.CharField(allow_null=True, help_text="this month's usage so far")
+
+
+class InvoiceLineOutput(serializers.Serializer):
+    order = serializers.UUIDField()
+    description = serializers.CharField()
+    seconds = serializers.IntegerField()
+    price_per_hour = serializers.CharField()
+    amount_minor = serializers.IntegerField(help_text="cents, rounded once as the book charges it")
+    amount_usd = serializers.CharField()
+    ended_at = serializers.DateTimeField()
+
+
+class InvoiceOutput(serializers.Serializer):
+    month = serializers.CharField()
+    currency = serializers.CharField()
+    lines = InvoiceLineOutput(many=True)
+    total_minor = serializers.IntegerField(help_text="the sum of the lines' cents")
+    total_usd = serializers.CharField()
+
+
+class OfferPageOutput(serializers.Serializer):
+    results = OfferOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+    next = serializers.CharField(allow_null=True)
+
+
+# Its "from" field is a Python keyword, so this schema-only serializer is built from a mapping.
+OFFER_PRICE_OUTPUT = inline_serializer(
+    "OfferPriceOutput",
+    fields={
+        "from": serializers.DateTimeField(help_text="when the price took effect"),
+        "price_usd": serializers.CharField(),
+    },
+    many=True,
+)
+
+
+class OfferPricesOutput(serializers.Serializer):
+    offer = serializers.IntegerField()
+    since = serializers.DateTimeField()
+    prices = OFFER_PRICE_OUTPUT
 
 
 class BudgetInput(serializers.Serializer):

@@ -1,11 +1,11 @@
 """Scoped API tokens: creating and revoking them, and authenticating requests that carry one.
 
-A request with ``Authorization: Bearer brk_…`` acts as the token's creator in the token's organisation, and
-only within the token's scopes: each API view names the scope it needs (``required_scopes``), and
-``HasScope`` refuses (403, naming the scope) a token without it. A token works only while its creator is in
-its organisation (401 after they leave or are removed), and carries no more than the creator's role now allows
-(``ROLE_SCOPES``: a creator since made a viewer keeps only the read scopes). A web session or a legacy DRF
-token acts for its user's active buyer organisation (``request_organization``).
+The API's one kind of token. A request with ``Authorization: Bearer brk_…`` acts as the token's creator in the
+token's organisation, and only within the token's scopes: each API view names the scope it needs
+(``required_scopes``), and ``HasScope`` refuses (403, naming the scope) a token without it. A token works only while
+its creator is in its organisation (401 after they leave or are removed), and carries no more than the creator's
+role now allows (``ROLE_SCOPES``: a creator since made a viewer keeps only the read scopes). A storefront
+session acts for its user's active buyer organisation (``request_organization``).
 
 Every API view that reads or changes an organisation's things goes through ``request_organization`` with the
 ``BuyerPermission`` it needs, which refuses a role short of it (403 naming the role needed).
@@ -41,6 +41,19 @@ ROLE_SCOPES: dict[str, frozenset[str]] = {
     Role.MEMBER: frozenset(TokenScope.values),
     Role.VIEWER: READ_SCOPES,
 }
+
+
+# Where a person gets a token, said in every 401 that a new token would cure.
+MADE_WHERE = "(make one under API tokens, or with: manage.py api_token create USER)"
+
+
+class TokenRefused(exceptions.AuthenticationFailed):
+    """A 401 whose code says what was wrong with the token sent: token_malformed, token_unknown, token_revoked
+    (revoked, its creator disabled or gone from its organisation). With no token at all the answer is the
+    exception handler's token_missing."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code)
 
 
 def token_hash(raw: str) -> str:
@@ -89,25 +102,41 @@ def api_token_revoke(*, token: ApiToken) -> None:
 
 
 class ScopedTokenAuthentication(authentication.BaseAuthentication):
+    """The API's one kind of token: ``Authorization: Bearer brk_…``. Any other ``Authorization`` header is
+    refused (401) saying what was wrong with it, rather than passed over to end as "credentials were not
+    provided"; a request with none falls through to the storefront's session, and without one the exception
+    handler says no token was sent (``marketplace.api.errors``)."""
+
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header.startswith(f"{self.keyword} {PREFIX}"):
+        header = authentication.get_authorization_header(request).decode("latin-1").strip()
+        if not header:
             return None
-        raw = header[len(self.keyword) + 1 :].strip()
+        scheme, _, raw = header.partition(" ")
+        raw = raw.strip()
+        if scheme != self.keyword or not raw.startswith(PREFIX) or " " in raw:
+            raise TokenRefused("token_malformed", f"the Authorization header must be 'Bearer {PREFIX}…' {MADE_WHERE}")
         # The creator's role now, read with the token: one query, and None once they left the organisation.
         role = Membership.objects.filter(user=OuterRef("created_by"), organization=OuterRef("organization"))
         token = (
             ApiToken.objects.select_related("created_by", "organization")
             .annotate(creator_role=Subquery(role.values("role")[:1]))
-            .filter(token_hash=token_hash(raw), revoked_at__isnull=True)
+            .filter(token_hash=token_hash(raw))
             .first()
         )
-        if token is None or not token.created_by.is_active:
-            raise exceptions.AuthenticationFailed("the API token is unknown or revoked")
+        if token is None:
+            raise TokenRefused("token_unknown", f"no such API token (mistyped or from another broker?) {MADE_WHERE}")
+        if token.revoked_at is not None:
+            raise TokenRefused(
+                "token_revoked", f"the API token {token.prefix}… was revoked on {token.revoked_at:%Y-%m-%d}"
+            )
+        if not token.created_by.is_active:
+            raise TokenRefused("token_revoked", f"the API token {token.prefix}…'s creator's account is disabled")
         if not creator_role(token):
-            raise exceptions.AuthenticationFailed("the API token's creator is no longer in its organisation")
+            raise TokenRefused(
+                "token_revoked", f"the API token {token.prefix}…'s creator is no longer in its organisation"
+            )
         now = timezone.now()
         # To the minute is all a token list needs; writing on every request would double a read's cost.
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
@@ -148,7 +177,7 @@ def request_organization(request: Request, permission: BuyerPermission = BuyerPe
     """The buyer organisation the request acts for, once its role may do ``permission``.
 
     A scoped token acts in its own organisation with its creator's role there (both read at authentication);
-    a session or a legacy token in the user's active organisation (the storefront's choice, else their oldest).
+    a storefront session in the user's active organisation (the storefront's choice, else their oldest).
     Raises ``PermissionDenied`` (403) for a user in no buyer organisation or a role short of ``permission``.
     """
     if isinstance(request.auth, ApiToken):

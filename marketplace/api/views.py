@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db.models import F, QuerySet
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import AllowAny
@@ -31,13 +31,21 @@ from ledger.receipts import (
 )
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
+from marketplace.api.schema import ERROR
 from marketplace.api.serializers import (
     BudgetInput,
+    BudgetOutput,
+    InvoiceOutput,
     OfferListInput,
     OfferOutput,
+    OfferPageOutput,
+    OfferPricesOutput,
     OrderOutput,
+    OrderPageOutput,
+    OrderPlacedOutput,
     OrderPlaceInput,
     ProcurementInput,
+    QuoteBatchOutput,
     QuoteCreateInput,
     QuoteOutput,
     demand_from,
@@ -46,7 +54,7 @@ from marketplace.api.throttling import ExpensiveRateThrottle, TokenRateThrottle
 from marketplace.api.tokens import request_organization
 from marketplace.billing.credit import CURRENCY
 from marketplace.catalog.history import offer_prices
-from marketplace.catalog.query import QueryError, gpu_partitions, offers_query, rows_in_order
+from marketplace.catalog.query import MAX_QUERY, QueryError, gpu_partitions, offers_query, rows_in_order
 from marketplace.catalog.selectors import OfferFilters, offers_filter
 from marketplace.launch.config import LaunchChoice
 from marketplace.matching import Ranking
@@ -66,11 +74,42 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 
 # For the OpenAPI schema: untyped JSON objects, the one error shape, and shared parameters.
 OBJECT = OpenApiTypes.OBJECT
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
+# What month_bounds reads: strptime's %Y-%m, four digits of year (from 0001) and a month 01 to 12; empty: this
+# month, as when it is absent.
+MONTH_PATTERN = r"^$|^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
 SEARCH_PARAMS = [
-    OpenApiParameter("q", str, description="the query language, e.g. gpu=H100 count>=8 region=eu price<40"),
+    OpenApiParameter(
+        "q",
+        {"type": "string", "maxLength": MAX_QUERY},
+        description="the query language, e.g. gpu=H100 count>=8 region=eu price<40",
+    ),
     OpenApiParameter("sort", str, enum=["price", "gpuprice", "tflops", "score"]),
 ]
+
+
+# The whole-number query parameters: (default, minimum, maximum), read by _count and stated in the schema.
+PRICE_DAYS = (30, 1, 365)
+CHECKPOINTS_AFTER = (0, 0, 2**63 - 1)
+CHECKPOINTS_LIMIT = (100, 1, 1000)
+TREE_SIZE = (0, 1, 2**63 - 1)
+LEAVES_START = (1, 1, 2**63 - 1)
+LEAVES_LIMIT = (10_000, 1, 10_000)
+
+
+def count_parameter(name: str, default: int, minimum: int, maximum: int, *, required: bool = False) -> OpenApiParameter:
+    """The schema of a whole-number query parameter ``_count`` reads, with its bounds."""
+    schema = {"type": "integer", "minimum": minimum, "maximum": maximum, **({} if required else {"default": default})}
+    return OpenApiParameter(name, schema, required=required, description=f"{minimum} to {maximum}")
+
+
+def _count(request: Request, name: str, default: int, minimum: int, maximum: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    # Length first: int() of a 5,000-digit text raises (a 500), and a long one costs time for nothing.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not minimum <= int(raw) <= maximum:
+        raise ValidationError({name: [f"a whole number from {minimum} to {maximum}"]})
+    return int(raw)
 
 
 def _order_output(order: Order) -> dict[str, object]:
@@ -85,7 +124,8 @@ class OfferListApi(APIView):
     required_scopes = {"GET": ("offers:read",)}
 
     @extend_schema(
-        parameters=[OfferListInput, *SEARCH_PARAMS, *pagination.PARAMETERS], responses={200: OBJECT, 400: ERROR}
+        parameters=[OfferListInput, *SEARCH_PARAMS, *pagination.PARAMETERS],
+        responses={200: OfferPageOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         search, sort = request.query_params.get("q", ""), request.query_params.get("sort", "price")
@@ -143,11 +183,11 @@ class OfferPricesApi(APIView):
 
     @extend_schema(
         operation_id="offer_prices",
-        parameters=[OpenApiParameter("days", int)],
-        responses={200: OBJECT, 400: ERROR, 404: ERROR},
+        parameters=[count_parameter("days", *PRICE_DAYS)],
+        responses={200: OfferPricesOutput, 400: ERROR, 404: ERROR},
     )
     def get(self, request: Request, offer_id: str) -> Response:
-        days = _count(request, "days", 30, minimum=1, maximum=365)
+        days = _count(request, "days", *PRICE_DAYS)
         offer = _offer_or_404(offer_id)
         since = timezone.now() - dt.timedelta(days=days)
         prices = offer_prices(offer, since=since)
@@ -188,7 +228,7 @@ class OrderListCreateApi(APIView):
 
     required_scopes = {"GET": ("orders:place", "instances:manage"), "POST": ("orders:place",)}
 
-    @extend_schema(operation_id="orders_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
+    @extend_schema(operation_id="orders_list", parameters=pagination.PARAMETERS, responses={200: OrderPageOutput})
     def get(self, request: Request) -> Response:
         organization = request_organization(request)
         orders = order_list(organization=organization).order_by("-id")
@@ -201,7 +241,15 @@ class OrderListCreateApi(APIView):
     @extend_schema(
         request=OrderPlaceInput,
         parameters=[idempotency.PARAMETER],
-        responses={200: OBJECT, 201: OBJECT, 400: ERROR, 402: ERROR, 404: ERROR, 409: ERROR, 410: ERROR},
+        responses={
+            200: OrderPlacedOutput,
+            201: OrderPlacedOutput,
+            400: ERROR,
+            402: ERROR,
+            404: ERROR,
+            409: ERROR,
+            410: ERROR,
+        },
     )
     def post(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.ORDER)
@@ -251,7 +299,7 @@ def _order_or_404(request: Request, order_id: str, permission: BuyerPermission =
 class OrderDetailApi(APIView):
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
-    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    @extend_schema(responses={200: OrderOutput, 404: ERROR})
     def get(self, request: Request, order_id: str) -> Response:
         return Response(_order_output(_order_or_404(request, order_id)))
 
@@ -261,7 +309,7 @@ class OrderTerminateApi(APIView):
 
     required_scopes = {"POST": ("instances:manage",)}
 
-    @extend_schema(request=None, responses={202: OBJECT, 404: ERROR, 409: ERROR})
+    @extend_schema(request=None, responses={202: OrderOutput, 404: ERROR, 409: ERROR})
     def post(self, request: Request, order_id: str) -> Response:
         order = order_terminate(order=_order_or_404(request, order_id, BuyerPermission.ORDER))
         order = _order_or_404(request, str(order.public_id))
@@ -296,7 +344,9 @@ class QuoteCreateApi(APIView):
     throttle_classes = [TokenRateThrottle, ExpensiveRateThrottle]
 
     @extend_schema(
-        request=QuoteCreateInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
+        request=QuoteCreateInput,
+        parameters=[idempotency.PARAMETER],
+        responses={201: QuoteBatchOutput, 400: ERROR, 409: ERROR},
     )
     @idempotency.idempotent("quotes.create")
     def post(self, request: Request) -> Response:
@@ -394,11 +444,11 @@ class BudgetApi(APIView):
 
     required_scopes = {"GET": ("orders:place",)}  # changing budgets needs an owner's session, never a token
 
-    @extend_schema(responses={200: OBJECT})
+    @extend_schema(responses={200: BudgetOutput})
     def get(self, request: Request) -> Response:
         return Response(_budget_body(request_organization(request)))
 
-    @extend_schema(request=BudgetInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
+    @extend_schema(request=BudgetInput, responses={200: BudgetOutput, 400: ERROR, 403: ERROR})
     def put(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.BUDGETS)
         body = BudgetInput(data=request.data)
@@ -422,7 +472,14 @@ class InvoiceApi(APIView):
     required_scopes = {"GET": ("orders:place", "instances:manage")}
 
     @extend_schema(
-        parameters=[OpenApiParameter("month", str, description="YYYY-MM (UTC)")], responses={200: OBJECT, 400: ERROR}
+        parameters=[
+            OpenApiParameter(
+                "month",
+                {"type": "string", "pattern": MONTH_PATTERN},
+                description="YYYY-MM (UTC); absent or empty: this month",
+            )
+        ],
+        responses={200: InvoiceOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         organization = request_organization(request)
@@ -487,16 +544,6 @@ class OrderReceiptApi(APIView):
         return Response(body)
 
 
-def _count(request: Request, name: str, default: int, *, minimum: int, maximum: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    # Length first: int() of a 5,000-digit text raises (a 500), and a long one costs time for nothing.
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19) or not minimum <= int(raw) <= maximum:
-        raise ValidationError({name: [f"a whole number from {minimum} to {maximum}"]})
-    return int(raw)
-
-
 class LedgerKeyApi(APIView):
     """GET /api/v1/ledger/key: the key checkpoints are signed with, and every earlier one with the checkpoints it
     signed and its handover (ledger/receipts.py). Public, like everything an auditor needs."""
@@ -516,11 +563,12 @@ class CheckpointListApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        parameters=[OpenApiParameter("after", int), OpenApiParameter("limit", int)], responses={200: OBJECT, 400: ERROR}
+        parameters=[count_parameter("after", *CHECKPOINTS_AFTER), count_parameter("limit", *CHECKPOINTS_LIMIT)],
+        responses={200: OBJECT, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
-        after = _count(request, "after", 0, minimum=0, maximum=2**63 - 1)
-        limit = _count(request, "limit", 100, minimum=1, maximum=1000)
+        after = _count(request, "after", *CHECKPOINTS_AFTER)
+        limit = _count(request, "limit", *CHECKPOINTS_LIMIT)
         page = list(Checkpoint.objects.select_related("anchor").filter(size__gt=after).order_by("size")[: limit + 1])
         more = len(page) > limit
         page = page[:limit]
@@ -551,15 +599,18 @@ class ConsistencyApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        parameters=[OpenApiParameter("old", int, required=True), OpenApiParameter("new", int, required=True)],
+        parameters=[
+            count_parameter("old", *TREE_SIZE, required=True),
+            count_parameter("new", *TREE_SIZE, required=True),
+        ],
         responses={200: OBJECT, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         missing = [name for name in ("old", "new") if name not in request.query_params]
         if missing:
             raise ValidationError({name: ["required"] for name in missing})
-        old = _count(request, "old", 0, minimum=1, maximum=2**63 - 1)
-        new = _count(request, "new", 0, minimum=1, maximum=2**63 - 1)
+        old = _count(request, "old", *TREE_SIZE)
+        new = _count(request, "new", *TREE_SIZE)
         return Response({"old_size": old, "new_size": new, "proof": consistency_proof(old, new)})
 
 
@@ -570,10 +621,11 @@ class LeafHashesApi(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        parameters=[OpenApiParameter("start", int), OpenApiParameter("limit", int)], responses={200: OBJECT, 400: ERROR}
+        parameters=[count_parameter("start", *LEAVES_START), count_parameter("limit", *LEAVES_LIMIT)],
+        responses={200: OBJECT, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
-        start = _count(request, "start", 1, minimum=1, maximum=2**63 - 1)
-        limit = _count(request, "limit", 10_000, minimum=1, maximum=10_000)
+        start = _count(request, "start", *LEAVES_START)
+        limit = _count(request, "limit", *LEAVES_LIMIT)
         rows = LedgerEntry.objects.filter(sequence__gte=start).order_by("sequence")[:limit]
         return Response({"start": start, "leaf_hashes": list(rows.values_list("leaf_hash", flat=True))})

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -15,6 +14,7 @@ from rest_framework.views import APIView
 
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
+from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.models import Organization, WebhookDelivery, WebhookEndpoint
 from marketplace.orders.selectors import BuyerPermission
@@ -35,7 +35,6 @@ from marketplace.webhooks.services import (
 )
 
 SCOPES = ("webhooks:manage",)
-ERROR = OpenApiResponse(OpenApiTypes.OBJECT, description='{"error": {"code", "message", "fields"?}}')
 
 
 class WebhookCreateInput(serializers.Serializer):

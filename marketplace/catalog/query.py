@@ -103,10 +103,13 @@ class Term:
     column: int
 
 
+MAX_QUERY = 1000
+
+
 def parse(text: str) -> list[Term]:
     """The terms of ``text``; raises ``QueryError`` at the first term that is not ``field op value``."""
-    if len(text) > 1000:
-        raise QueryError("a search is at most 1,000 characters", term=text[:20] + "…", column=1)
+    if len(text) > MAX_QUERY:
+        raise QueryError(f"a search is at most {MAX_QUERY:,} characters", term=text[:20] + "…", column=1)
     terms = []
     for match in _TERM.finditer(text):
         raw, column = match.group(), match.start() + 1

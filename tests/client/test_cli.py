@@ -116,7 +116,7 @@ def test_api_errors_exit_1_with_the_code_and_usage_errors_exit_2(broker_cli, liv
     invalid = broker_cli("offers", "cuont>=1", "--json")
     assert invalid.returncode == 1 and "invalid (400)" in invalid.stderr and "cuont" in invalid.stderr
     unauthorised = broker_cli("offers", env_extra={"BROKER_TOKEN": "brk_nope"})
-    assert unauthorised.returncode == 1 and "authentication_failed (401)" in unauthorised.stderr
+    assert unauthorised.returncode == 1 and "token_unknown (401): no such API token" in unauthorised.stderr
 
     assert broker_cli("order").returncode == 2  # neither --offer nor --quote
     assert broker_cli("order", "--offer", "1", "--quote", str(uuid.uuid4())).returncode == 2

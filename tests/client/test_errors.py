@@ -58,6 +58,6 @@ def test_a_token_without_the_scope_or_unknown_is_refused(live_server, acme, alic
     assert denied.value.status == 403 and "orders:place" in denied.value.message
     with pytest.raises(AuthenticationFailed) as unknown:
         next(BrokerClient(live_server.url, "brk_not-a-token").offers())
-    assert (unknown.value.status, unknown.value.code) == (401, "authentication_failed")
+    assert (unknown.value.status, unknown.value.code) == (401, "token_unknown")
     assert isinstance(unknown.value, BrokerError)
     assert Order.objects.count() == 0

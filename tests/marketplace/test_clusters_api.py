@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from ledger.services import ledger_sequence
+from marketplace.api.clusters import ClusterNodeOutput, ClusterOutput
 from marketplace.models import Cluster, ClusterState, Offer, Order, OrderState
 from tests.leases import boot_if_launched
 from tests.marketplace.test_clusters import INSTANCE_TYPE, _offers
@@ -35,6 +36,9 @@ def test_a_buyer_places_reads_and_ends_a_cluster_and_a_stranger_sees_none_of_it(
     assert (cluster["nodes"], cluster["gpus_per_node"], cluster["instance_type"]) == (2, 4, INSTANCE_TYPE)
     assert cluster["price_per_hour"] == format(offer.price_usd * 2, "f")
     assert [n["node"] for n in cluster["current_nodes"]] == [1, 2]
+    # The answer is the shape the OpenAPI schema documents
+    assert set(cluster) == set(ClusterOutput().fields)
+    assert set(cluster["current_nodes"][0]) == set(ClusterNodeOutput().fields)
     ledger_sequence()  # the sequencer process's turn: the cluster's newest entry gets its hash
     assert api.get(f"/api/v1/clusters/{cluster['id']}").json()["ledger_head"]
     # A retry with the same key is the same cluster; each node is an order the buyer can read

@@ -20,7 +20,6 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from bench.market import specs
@@ -258,9 +257,9 @@ def test_records_outside_the_window_are_forgotten(aws_account, acme, alice) -> N
 
 
 @pytest.fixture
-def api(alice) -> APIClient:  # type: ignore[no-untyped-def]
+def api(alice_bearer) -> APIClient:  # type: ignore[no-untyped-def]
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=alice_bearer)
     return client
 
 

@@ -11,7 +11,6 @@ import json
 from decimal import Decimal
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from marketplace.matching import PROFILES, Amount, Demand, OfferView, Profile, assign, rank
@@ -111,9 +110,9 @@ def test_the_batch_minimises_dollars_for_the_jobs() -> None:
 
 
 @pytest.fixture
-def api(alice) -> APIClient:
+def api(alice_bearer) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=alice_bearer)
     return client
 
 

@@ -11,7 +11,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from marketplace.catalog.gpu_specs import gpu_models_upsert
@@ -71,7 +70,7 @@ def _held(order: Order) -> int:
 
 @pytest.mark.django_db
 def test_a_procurement_plans_at_most_the_free_gpus_of_a_machine_and_each_of_its_quotes_can_be_ordered(
-    fleet, divisible_host, acme, alice, django_capture_on_commit_callbacks
+    fleet, divisible_host, acme, alice, alice_bearer, django_capture_on_commit_callbacks
 ):
     # Given a pair already running on the machine: GPUs 0 and 1 held, six free
     with django_capture_on_commit_callbacks(execute=True):
@@ -84,7 +83,7 @@ def test_a_procurement_plans_at_most_the_free_gpus_of_a_machine_and_each_of_its_
 
     # When a buyer procures three pairs and two quads of H100 (14 GPUs) over the API
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=alice_bearer)
     demands = [
         {"id": f"{kind}{i}", "profile": "training", "gpu_count": gpus, "gpu_models": ["H100-SXM5"]}
         for i, (kind, gpus) in enumerate([("pair", 2)] * 3 + [("quad", 4)] * 2)

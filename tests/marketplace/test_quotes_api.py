@@ -8,7 +8,6 @@ from decimal import Decimal
 
 import pytest
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from ledger.models import LedgerEntry
@@ -53,10 +52,10 @@ def book(db):
 
 
 @pytest.fixture
-def api(alice) -> APIClient:
+def api(alice_bearer) -> APIClient:
     """Alice's client, signed in with a real API token (the header a script would send)."""
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    client.credentials(HTTP_AUTHORIZATION=alice_bearer)
     return client
 
 
