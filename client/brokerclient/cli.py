@@ -546,9 +546,19 @@ def cmd_launch(client: BrokerClient, args: argparse.Namespace, out: TextIO) -> i
     result = client.quote({**workload, **choice})
     quotes = result.get("quotes") or []
     if not quotes:
-        sys.stderr.write("broker: no offer fits: " + "; ".join(
-            f"{m['instance_type']} fails {', '.join(m['failed'])}" for m in result.get("near_misses", [])[:3]
-        ) + "\n")  # fmt: skip
+        misses = result.get("near_misses", [])[:3]
+        why = "; ".join(
+            f"{m['instance_type']} fails {', '.join(m['failed'])}" + (f" ({m['relax']})" if m.get("relax") else "")
+            for m in misses
+        )
+        sys.stderr.write(f"broker: no offer fits: {why or f'no {args.gpu} on sale meets the {args.profile} profile'}\n")
+        profile_bound = {"gpu memory", "interconnect", "fp64", "ecc", "video encoders"}
+        if not misses or any(profile_bound & set(m.get("failed") or []) for m in misses):
+            # A newcomer's --gpu T4 meets the default training profile's 80 GB: say which knob it is.
+            sys.stderr.write(
+                f"broker: the {args.profile} profile asks that of every GPU; for another card pick the profile "
+                f"that fits the work, e.g. --profile inference or --profile fine_tuning\n"
+            )
         return EXIT_API
     best = quotes[0]
     offer = best["offer"]

@@ -101,6 +101,16 @@ def test_launch_waits_for_ready_and_ssh_pins_the_reported_host_key(cli_env, boot
     assert known == f"[127.0.0.1]:{lease.ssh_port} {lease.host_keys[0]['public_key']}"
 
 
+def test_launch_of_a_card_its_profile_refuses_says_which_option_to_change(cli_env, booting_hosts, acme):
+    # H100s have no hardware video encoder, which the transcoding profile asks of every GPU.
+    refused = broker(cli_env, "launch", "--gpu", "H100:8", "--profile", "transcoding", "--wait", "5")
+
+    assert refused.returncode != 0 and not Order.objects.filter(organization=acme).exists()
+    assert "broker: no offer fits: no H100:8 on sale meets the transcoding profile" in refused.stderr
+    assert "the transcoding profile asks that of every GPU" in refused.stderr
+    assert "--profile inference" in refused.stderr
+
+
 def test_ssh_to_an_order_without_a_ready_machine_says_why(cli_env, acme, alice, booting_hosts):
     from marketplace.orders.services import order_terminate
 
