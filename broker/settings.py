@@ -228,8 +228,10 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
         "GpuModelEnum": "providers.gpu_names.SORTED",
-        # An order's state is one of several choice sets of fields named "state": named, not numbered.
+        # Several choice sets are answered in fields named "state": each named, not numbered.
         "OrderStateEnum": "marketplace.models.OrderState",
+        "TopUpStateEnum": "marketplace.models.TopUpState",
+        "LeaseStateEnum": "marketplace.models.LeaseState",
     },
     # The launch configuration's components, written as JSON Schema from marketplace/launch/config.py's limits.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "marketplace.api.schema.add_components"],

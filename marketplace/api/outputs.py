@@ -9,7 +9,9 @@ from typing import Any
 
 from rest_framework import serializers
 
+from ledger.receipts import COMPLETE, PENDING
 from marketplace.api.serializers import QuoteOutput
+from marketplace.models import PaymentTerms, TopUpState
 
 
 def page_of(name: str, item: serializers.Serializer) -> type[serializers.Serializer]:
@@ -39,14 +41,16 @@ class BillingOutput(serializers.Serializer):
     """``marketplace.api.billing.billing_body``: amounts as decimal text in ``currency``."""
 
     currency = serializers.CharField()
-    payment_terms = serializers.CharField(help_text="prepaid or an invoicing term")
+    payment_terms = serializers.ChoiceField(choices=PaymentTerms.choices)
     credit_available = serializers.CharField()
     held_for_running_orders = serializers.CharField()
     country = serializers.CharField(allow_null=True, help_text="ISO 3166-1 alpha-2; null: not set")
     tax_id = serializers.CharField(allow_null=True)
     payment_method = serializers.CharField(allow_null=True, help_text="the saved card; null: none saved")
     auto_topup = AutoTopUpOutput(allow_null=True, help_text="null: automatic top-up is off")
-    email_verified = serializers.BooleanField(allow_null=True, help_text="null when the caller is a token")
+    email_verified = serializers.BooleanField(
+        allow_null=True, help_text="whether the caller's (or the token creator's) email address is verified"
+    )
     top_up = TopUpBoundsOutput(help_text="the smallest and largest top-up")
 
 
@@ -56,7 +60,7 @@ class TopUpOutput(serializers.Serializer):
     id = serializers.UUIDField()
     amount = serializers.CharField()
     currency = serializers.CharField()
-    state = serializers.CharField(help_text="pending, requires_action, succeeded or failed")
+    state = serializers.ChoiceField(choices=TopUpState.choices)
     automatic = serializers.BooleanField()
     next_action_url = serializers.CharField(allow_null=True)
     checkout_url = serializers.CharField(allow_null=True, help_text="Stripe's page where a person types the card")
@@ -155,7 +159,9 @@ class ReceiptOutput(serializers.Serializer):
 
     format = serializers.CharField()
     origin = serializers.CharField()
-    status = serializers.CharField(help_text="complete, or pending while entries wait for a checkpoint")
+    status = serializers.ChoiceField(
+        choices=[COMPLETE, PENDING], help_text="pending while entries wait for a checkpoint, else complete"
+    )
     signed_size = serializers.IntegerField()
     first_pending = serializers.IntegerField(allow_null=True)
     verifier_key = serializers.CharField()
@@ -210,7 +216,7 @@ InvoicePageOutput = page_of("InvoicePageOutput", InvoiceSummaryOutput(many=True)
 
 
 class InvoiceItemOutput(serializers.Serializer):
-    type = serializers.CharField(help_text="charge or credit")
+    type = serializers.ChoiceField(choices=["charge", "credit"], help_text="a charge, or a credit note")
     at = serializers.DateTimeField()
     order = serializers.CharField(help_text="the order's id")
     description = serializers.CharField()

@@ -18,7 +18,7 @@ from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
 from marketplace.matching.types import MAX_NODES
-from marketplace.models import GpuModel, Offer, Order, Quote, SilentPeriod
+from marketplace.models import GpuModel, LeaseState, Offer, Order, Quote, SilentPeriod
 from marketplace.money import minor_text, minor_units
 from marketplace.numbers import (
     MAX_BUDGET,
@@ -488,7 +488,7 @@ class BootFailureOutput(serializers.Serializer):
 class BootOutput(serializers.Serializer):
     """``marketplace.launch.selectors.order_boot``: where the current machine's boot stands."""
 
-    state = serializers.CharField(help_text="waiting, claimed, ready, failed, refused or ended")
+    state = serializers.ChoiceField(choices=LeaseState.choices)
     deadline = serializers.DateTimeField(allow_null=True)
     claimed_at = serializers.DateTimeField(allow_null=True)
     ready_at = serializers.DateTimeField(allow_null=True)
