@@ -225,8 +225,14 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Request bodies are JSON: one content type, so a generated client sends JSON (forms still parse).
     "PARSER_WHITELIST": ["marketplace.api.parsers.BoundedJSONParser"],
-    # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
-    "ENUM_NAME_OVERRIDES": {"GpuModelEnum": "providers.gpu_names.SORTED"},
+    "ENUM_NAME_OVERRIDES": {
+        # GPU model keys are one choice set wherever a request names a GPU (gpu_models, work_reference_gpu).
+        "GpuModelEnum": "providers.gpu_names.SORTED",
+        # Several choice sets are answered in fields named "state": each named, not numbered.
+        "OrderStateEnum": "marketplace.models.OrderState",
+        "TopUpStateEnum": "marketplace.models.TopUpState",
+        "LeaseStateEnum": "marketplace.models.LeaseState",
+    },
     # The launch configuration's components, written as JSON Schema from marketplace/launch/config.py's limits.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "marketplace.api.schema.add_components"],
 }

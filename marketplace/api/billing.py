@@ -7,7 +7,6 @@ from decimal import Decimal
 from typing import Any
 
 from django.urls import reverse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
@@ -18,6 +17,7 @@ from rest_framework.views import APIView
 
 from marketplace.api import idempotency, pagination
 from marketplace.api.errors import error_response
+from marketplace.api.outputs import BillingOutput, TopUpOutput, TopUpPageOutput
 from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.billing.book import book_account_balance, credit_available
@@ -48,7 +48,6 @@ from marketplace.orders.selectors import BuyerPermission
 from marketplace.portal.countries import COUNTRIES
 from providers.text import name_problem
 
-OBJECT = OpenApiTypes.OBJECT
 _SCOPES_READ = ("billing:manage",)
 _MIN, _MAX = Decimal(MIN_TOPUP_MINOR) / 100, Decimal(MAX_TOPUP_MINOR) / 100
 # Stripe's events are a few KB; anything much larger is not one.
@@ -147,11 +146,11 @@ class BillingApi(APIView):
 
     required_scopes = {"GET": _SCOPES_READ}  # changing them needs an owner's session, never a token
 
-    @extend_schema(responses={200: OBJECT})
+    @extend_schema(responses={200: BillingOutput})
     def get(self, request: Request) -> Response:
         return Response(billing_body(request_organization(request), request.user))
 
-    @extend_schema(request=ProfileInput, responses={200: OBJECT, 400: ERROR, 403: ERROR})
+    @extend_schema(request=ProfileInput, responses={200: BillingOutput, 400: ERROR, 403: ERROR})
     def put(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.PAY)
         body = ProfileInput(data=request.data)
@@ -182,7 +181,7 @@ class TopUpListCreateApi(APIView):
 
     required_scopes = {"GET": _SCOPES_READ, "POST": _SCOPES_READ}
 
-    @extend_schema(operation_id="topups_list", parameters=pagination.PARAMETERS, responses={200: OBJECT})
+    @extend_schema(operation_id="topups_list", parameters=pagination.PARAMETERS, responses={200: TopUpPageOutput})
     def get(self, request: Request) -> Response:
         organization = request_organization(request)
         rows = TopUp.objects.filter(organization=organization).order_by("-id")
@@ -194,7 +193,7 @@ class TopUpListCreateApi(APIView):
     @extend_schema(
         request=TopUpInput,
         parameters=[idempotency.REQUIRED_PARAMETER],
-        responses={200: OBJECT, 201: OBJECT, 202: OBJECT, 400: ERROR, 402: ERROR, 403: ERROR, 503: ERROR},
+        responses={**dict.fromkeys((200, 201, 202), TopUpOutput), 400: ERROR, 402: ERROR, 403: ERROR, 503: ERROR},
     )
     def post(self, request: Request) -> Response:
         organization = request_organization(request, BuyerPermission.PAY)
@@ -290,7 +289,7 @@ class TopUpDetailApi(APIView):
 
     required_scopes = {"GET": _SCOPES_READ}
 
-    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    @extend_schema(responses={200: TopUpOutput, 404: ERROR})
     def get(self, request: Request, topup_id: str) -> Response:
         organization = request_organization(request)
         topup = TopUp.objects.filter(organization=organization, public_id=_uuid(topup_id)).first()
@@ -309,7 +308,7 @@ class TopUpCancelApi(APIView):
 
     required_scopes = {"POST": _SCOPES_READ}
 
-    @extend_schema(request=None, responses={200: OBJECT, 404: ERROR, 409: ERROR, 502: ERROR})
+    @extend_schema(request=None, responses={200: TopUpOutput, 404: ERROR, 409: ERROR, 502: ERROR})
     def post(self, request: Request, topup_id: str) -> Response:
         organization = request_organization(request, BuyerPermission.PAY)
         topup = TopUp.objects.filter(organization=organization, public_id=_uuid(topup_id)).first()

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api import pagination
+from marketplace.api.outputs import InvoicePageOutput, IssuedInvoiceOutput
 from marketplace.api.schema import ERROR
 from marketplace.api.tokens import request_organization
 from marketplace.billing.invoices import invoice_csv, invoice_document, invoice_get, invoice_pdf
@@ -48,7 +49,7 @@ class InvoiceListApi(APIView):
     required_scopes = INVOICE_SCOPES
 
     @extend_schema(
-        operation_id="invoices_list", parameters=pagination.PARAMETERS, responses={200: OpenApiTypes.OBJECT, 400: ERROR}
+        operation_id="invoices_list", parameters=pagination.PARAMETERS, responses={200: InvoicePageOutput, 400: ERROR}
     )
     def get(self, request: Request) -> Response:
         invoices = Invoice.objects.filter(organization=request_organization(request))
@@ -63,7 +64,7 @@ class InvoiceDetailApi(APIView):
 
     required_scopes = INVOICE_SCOPES
 
-    @extend_schema(operation_id="invoice_issued_retrieve", responses={200: OpenApiTypes.OBJECT, 404: ERROR})
+    @extend_schema(operation_id="invoice_issued_retrieve", responses={200: IssuedInvoiceOutput, 404: ERROR})
     def get(self, request: Request, number: str) -> Response:
         invoice = _invoice_or_404(request, number)
         return Response({"invoice": invoice_document(invoice), "sha256": invoice.sha256})

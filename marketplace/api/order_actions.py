@@ -11,11 +11,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace.api.views import ERROR, OBJECT, _order_or_404, _order_output
+from marketplace.api.serializers import OrderOutput
+from marketplace.api.views import ERROR, _order_or_404, _order_output
 from marketplace.orders.actions import order_restart, order_start, order_stop
 from marketplace.orders.selectors import DEFAULT_LOG_LINES, MAX_LOG_LINES, BuyerPermission, order_workload_log
 
-_ACTION_RESPONSES = {202: OBJECT, 400: ERROR, 404: ERROR, 409: ERROR, 429: ERROR}
+_ACTION_RESPONSES = {202: OrderOutput, 400: ERROR, 404: ERROR, 409: ERROR, 429: ERROR}
 
 
 class OrderStopApi(APIView):

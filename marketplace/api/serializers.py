@@ -18,7 +18,7 @@ from marketplace.launch.config import launch_view
 from marketplace.launch.selectors import order_boot, order_connection
 from marketplace.matching import PROFILES, Amount, Demand, Profile, Tolerance
 from marketplace.matching.types import MAX_NODES
-from marketplace.models import GpuModel, Offer, Order, Quote, SilentPeriod
+from marketplace.models import GpuModel, LeaseState, Offer, Order, Quote, SilentPeriod
 from marketplace.money import minor_text, minor_units
 from marketplace.numbers import (
     MAX_BUDGET,
@@ -456,6 +456,47 @@ class SilenceOutput(serializers.Serializer):
     periods = SilentPeriodOutput(many=True)
 
 
+class HostKeyOutput(serializers.Serializer):
+    type = serializers.CharField()
+    fingerprint = serializers.CharField()
+    public_key = serializers.CharField()
+
+
+class PortUrlOutput(serializers.Serializer):
+    port = serializers.IntegerField()
+    url = serializers.CharField()
+
+
+class ConnectionOutput(serializers.Serializer):
+    """``marketplace.launch.selectors.order_connection``: how to reach a ready machine."""
+
+    ssh = serializers.CharField(help_text="the command that logs in")
+    host = serializers.CharField()
+    port = serializers.IntegerField()
+    user = serializers.CharField()
+    host_keys = HostKeyOutput(many=True, help_text="the keys to check on first connection")
+    known_hosts = serializers.ListField(child=serializers.CharField(), help_text="the same keys as known_hosts lines")
+    urls = PortUrlOutput(many=True, help_text="a URL per exposed port")
+    ready_at = serializers.DateTimeField(allow_null=True)
+
+
+class BootFailureOutput(serializers.Serializer):
+    stage = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField()
+
+
+class BootOutput(serializers.Serializer):
+    """``marketplace.launch.selectors.order_boot``: where the current machine's boot stands."""
+
+    state = serializers.ChoiceField(choices=LeaseState.choices)
+    deadline = serializers.DateTimeField(allow_null=True)
+    claimed_at = serializers.DateTimeField(allow_null=True)
+    ready_at = serializers.DateTimeField(allow_null=True)
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="the GPUs the agent saw")
+    workload = serializers.CharField(allow_blank=True, help_text="what the agent started")
+    failure = BootFailureOutput(allow_null=True)
+
+
 class OrderOutput(serializers.ModelSerializer):
     id = serializers.UUIDField(source="public_id")
     gpu_model = serializers.CharField(source="gpu_model.key")
@@ -532,9 +573,11 @@ class OrderOutput(serializers.ModelSerializer):
         periods = SilentPeriodOutput(silence.periods, many=True, context={"now": now}).data
         return {"minutes": silence.minutes, "periods": periods}
 
+    @extend_schema_field(ConnectionOutput(allow_null=True, help_text="null until the machine is ready"))
     def get_connection(self, order: Order) -> dict[str, Any] | None:
         return order_connection(order)
 
+    @extend_schema_field(BootOutput(allow_null=True, help_text="null: no machine with a lease was launched"))
     def get_boot(self, order: Order) -> dict[str, Any] | None:
         return order_boot(order)
 

@@ -9,7 +9,6 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F, QuerySet
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
@@ -31,6 +30,15 @@ from ledger.receipts import (
 )
 from marketplace.api import idempotency, pagination
 from marketplace.api.launch import client_address
+from marketplace.api.outputs import (
+    CheckpointOutput,
+    CheckpointPageOutput,
+    ConsistencyOutput,
+    LeafHashesOutput,
+    LedgerKeyOutput,
+    ProcurementOutput,
+    ReceiptOutput,
+)
 from marketplace.api.schema import ERROR
 from marketplace.api.serializers import (
     BudgetInput,
@@ -72,8 +80,6 @@ from marketplace.orders.selectors import (
 )
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 
-# For the OpenAPI schema: untyped JSON objects, the one error shape, and shared parameters.
-OBJECT = OpenApiTypes.OBJECT
 # What month_bounds reads: strptime's %Y-%m, four digits of year (from 0001) and a month 01 to 12; empty: this
 # month, as when it is absent.
 MONTH_PATTERN = r"^$|^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
@@ -379,7 +385,9 @@ class ProcurementCreateApi(APIView):
     throttle_classes = [TokenRateThrottle, ExpensiveRateThrottle]
 
     @extend_schema(
-        request=ProcurementInput, parameters=[idempotency.PARAMETER], responses={201: OBJECT, 400: ERROR, 409: ERROR}
+        request=ProcurementInput,
+        parameters=[idempotency.PARAMETER],
+        responses={201: ProcurementOutput, 400: ERROR, 409: ERROR},
     )
     @idempotency.idempotent("procurements.create")
     def post(self, request: Request) -> Response:
@@ -525,7 +533,7 @@ class OrderReceiptApi(APIView):
     required_scopes = {"GET": ("ledger:read",)}
 
     @extend_schema(
-        responses={200: OBJECT, 404: ERROR},
+        responses={200: ReceiptOutput, 404: ERROR},
         parameters=[
             OpenApiParameter(
                 "Retry-After",
@@ -550,7 +558,7 @@ class LedgerKeyApi(APIView):
 
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OBJECT})
+    @extend_schema(responses={200: LedgerKeyOutput})
     def get(self, request: Request) -> Response:
         return Response(
             {"origin": settings.LEDGER_ORIGIN, "verifier_key": verifier_key(), "key_history": key_history_json()}
@@ -564,7 +572,7 @@ class CheckpointListApi(APIView):
 
     @extend_schema(
         parameters=[count_parameter("after", *CHECKPOINTS_AFTER), count_parameter("limit", *CHECKPOINTS_LIMIT)],
-        responses={200: OBJECT, 400: ERROR},
+        responses={200: CheckpointPageOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         after = _count(request, "after", *CHECKPOINTS_AFTER)
@@ -585,7 +593,7 @@ class CheckpointLatestApi(APIView):
 
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OBJECT, 404: ERROR})
+    @extend_schema(responses={200: CheckpointOutput, 404: ERROR})
     def get(self, request: Request) -> Response:
         checkpoint = latest_checkpoint()
         if checkpoint is None:
@@ -603,7 +611,7 @@ class ConsistencyApi(APIView):
             count_parameter("old", *TREE_SIZE, required=True),
             count_parameter("new", *TREE_SIZE, required=True),
         ],
-        responses={200: OBJECT, 400: ERROR},
+        responses={200: ConsistencyOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         missing = [name for name in ("old", "new") if name not in request.query_params]
@@ -622,7 +630,7 @@ class LeafHashesApi(APIView):
 
     @extend_schema(
         parameters=[count_parameter("start", *LEAVES_START), count_parameter("limit", *LEAVES_LIMIT)],
-        responses={200: OBJECT, 400: ERROR},
+        responses={200: LeafHashesOutput, 400: ERROR},
     )
     def get(self, request: Request) -> Response:
         start = _count(request, "start", *LEAVES_START)

@@ -133,3 +133,25 @@ def test_a_whole_range_pattern_matches_exactly_the_range():
     for low, high in [(0, 9), (3, 8759), (1, 99998), (17, 23456)]:
         pattern = re.compile(f"^{whole_range_pattern(low, high)}$")
         assert [n for n in range(0, high + 30) if pattern.match(str(n))] == list(range(low, high + 1))
+
+
+def test_every_answer_is_typed_field_by_field(spec):
+    """No 2xx answer is a bare free-form object: each names a component or lists its properties, so a generated
+    client gets a model, not a dict (issue 36)."""
+    untyped = []
+    for label, operation in _operations(spec):
+        for code, response in operation["responses"].items():
+            if not code.startswith("2"):
+                continue
+            for media, content in response.get("content", {}).items():
+                schema = content.get("schema", {})
+                if media == "application/json" and "$ref" not in schema and "properties" not in schema:
+                    untyped.append((label, code))
+    assert untyped == []
+
+
+def test_an_orders_connection_and_boot_are_typed(spec):
+    order = spec["components"]["schemas"]["OrderOutput"]["properties"]
+    for field, component in [("connection", "ConnectionOutput"), ("boot", "BootOutput")]:
+        assert order[field]["allOf"] == [{"$ref": f"#/components/schemas/{component}"}], field
+        assert order[field]["nullable"] is True, field
