@@ -36,6 +36,9 @@ def test_a_buyer_stops_and_starts_a_host_lease_from_its_page_and_reads_its_logs(
 
     expect(page.locator("#order-state")).to_have_text("stopped")
     expect(page.locator("#order-stopped-billing")).to_contain_text("costs its whole price while stopped")
+    # No ssh line to a machine that does not answer; it comes back once the agent reports after the start.
+    expect(page.locator("#connection")).to_contain_text("nothing answers on its SSH port")
+    expect(page.locator("#ssh-command")).to_have_count(0)
     expect(page.locator("#stop-form")).to_have_count(0)
     expect(page.locator("#restart-form")).to_have_count(0)
     page.locator("#start-form summary").click()
@@ -49,6 +52,8 @@ def test_a_buyer_stops_and_starts_a_host_lease_from_its_page_and_reads_its_logs(
     assert agent.heartbeat() == "running"  # the agent reports after the start: running again
     page.locator("#logs-refresh").click()
     expect(page.locator("#order-state")).to_have_text("running")
+    page.reload()
+    expect(page.locator("#ssh-command")).to_have_count(1)
     order.refresh_from_db()
     assert order.state == OrderState.RUNNING
     shoot(page, "order-actions-running-again")
