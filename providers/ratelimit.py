@@ -500,7 +500,8 @@ ALIBABA_ACTIONS_CALLED = frozenset(
      "DescribeAvailableResource", "DescribeDisks", "DescribeImages", "DescribeInstanceAttribute",
      "DescribeInstanceStatus", "DescribeInstanceTypes", "DescribeInstances", "DescribeKeyPairs", "DescribePrice",
      "DescribeRegions", "DescribeSecurityGroupAttribute", "DescribeSecurityGroups", "DescribeSpotPriceHistory",
-     "DescribeUserData", "DescribeVSwitches", "ImportKeyPair", "RunInstances"}
+     "DescribeUserData", "DescribeVSwitches", "ImportKeyPair", "RebootInstance", "RunInstances", "StartInstance",
+     "StopInstance"}
 )  # fmt: skip
 # Buckets the whole broker shares rather than an account: Azure's Retail Prices API takes no credentials, so no
 # one account's figure may size its bucket.

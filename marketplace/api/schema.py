@@ -24,6 +24,9 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 
+from marketplace.api.launch_schema import COMPONENTS
+from marketplace.api.serializers import MAX_PROCUREMENT_DEMANDS
+
 
 class ErrorDetailOutput(serializers.Serializer):
     code = serializers.CharField(help_text="what went wrong, for programs: invalid, not_found, token_unknown, ...")
@@ -87,9 +90,6 @@ class BrokerAutoSchema(AutoSchema):  # type: ignore[misc]
 def add_components(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: the components written as JSON Schema rather than serializers
     (the launch configuration, ``marketplace.api.launch_schema``)."""
-    from marketplace.api.launch_schema import COMPONENTS
-    from marketplace.api.serializers import MAX_PROCUREMENT_DEMANDS
-
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(COMPONENTS)
     # A nested serializer's many=True bounds are not carried over by drf-spectacular: stated here.

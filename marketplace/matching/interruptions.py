@@ -46,6 +46,7 @@ STATELESS_RESTART_HOURS = 0.05
 # must stay finite.
 MAX_SLOWDOWN = 100.0
 # Floating-point slack when counting whole checkpoint intervals in the work (10 / 0.1 is 100.00000000000001).
+_MAX_CHECKPOINTS = 1e9
 _EPS = 1e-9
 
 
@@ -84,6 +85,10 @@ def expected_hours(
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be finite and at least 0, not {value!r}")
     work = float(work_hours)
+    # Checkpoints more often than this many per job are continuous checkpointing for every rate, and counting
+    # them would overflow (a checkpoint every 1e-311 hours).
+    if checkpoint_hours and work / checkpoint_hours > _MAX_CHECKPOINTS:
+        checkpoint_hours = 0.0
     if checkpoint_hours is None or checkpoint_hours >= work:
         total = segment_hours(lam, work, restart_hours)
     elif checkpoint_hours == 0:

@@ -297,3 +297,13 @@ def test_a_bad_deadline_gets_400_naming_it(api, a10g_book, deadline) -> None:
     assert response.status_code == 400
     assert set(response.json()["error"]["fields"]) == {"deadline_hours"}
     assert Quote.objects.count() == 0
+
+
+def test_checkpoints_too_many_to_count_are_continuous_checkpointing_not_an_overflow():
+    # Schemathesis sent checkpoint_interval_hours=2.2e-311: a billion or more checkpoints per job count as
+    # continuous, where counting them raised OverflowError (a 500 on POST /procurements).
+    rates = [0.0, 0.05, 2.0]
+    tiny = expected_hours(423113.3, rates, checkpoint_hours=2.225073858507e-311, restart_hours=0.25)
+    continuous = expected_hours(423113.3, rates, checkpoint_hours=0.0, restart_hours=0.25)
+
+    assert np.all(np.isfinite(tiny[:2])) and list(tiny) == list(continuous)
