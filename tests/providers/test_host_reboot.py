@@ -127,8 +127,12 @@ def test_a_rebooted_host_brings_its_lease_back_heartbeating_with_no_buyer_action
     restarted = timezone.now()
     _wait(lambda: order.leases.filter(pk=lease.pk, last_heartbeat_at__gt=restarted).exists(),
           "a heartbeat once the container runs again")  # fmt: skip
-    assert _docker("ps", "-aq", "--no-trunc", "--filter", "label=gpu-broker.lease").split() == [container]
-    bridge = "gb-" + _docker("inspect", "-f", '{{index .Config.Labels "gpu-broker.lease"}}', container)[-12:]
+    # The same container, never a second for this lease (containers other tests' leases left are not its own).
+    lease_label = _docker("inspect", "-f", '{{index .Config.Labels "gpu-broker.lease"}}', container)
+    assert _docker("ps", "-aq", "--no-trunc", "--filter", f"label=gpu-broker.lease={lease_label}").split() == [
+        container
+    ]
+    bridge = "gb-" + lease_label[-12:]
     rules = subprocess.run(["iptables", "-S", FIREWALL_CHAIN], capture_output=True, text=True, timeout=30).stdout
     assert f"-i {bridge} -j DROP" in rules
     order.refresh_from_db()
