@@ -19,6 +19,7 @@ class ProviderKind(models.TextChoices):
     ALIBABA = "alibaba", "Alibaba Cloud"
     TENCENT = "tencent", "Tencent Cloud"
     COMMUNITY = "community", "Independent provider"
+    KUBERNETES = "kubernetes", "Kubernetes cluster"
 
 
 class Provider(models.Model):
@@ -109,6 +110,28 @@ class ProviderAccount(models.Model):
             }
             for m in rows
         ]
+
+
+class ClusterNode(models.Model):
+    """One node of a Kubernetes seller's cluster as the last offer sync saw it: the capacity pool the broker
+    places orders in, as an independent machine is one.
+
+    ``units`` maps each extended resource the node sells (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``,
+    ``nvidia.com/gpu.shared``) to the units the broker may place there: allocatable minus what the pods it did
+    not place request. The broker's own pods are counted by its holds (``marketplace.NodeHold``), taken and
+    released under this row's lock, so concurrent orders never place more than the node has free. A node no
+    longer on sale (cordoned, NotReady, gone) keeps its row with no units, so the holds on it stay valid."""
+
+    account = models.ForeignKey(ProviderAccount, on_delete=models.PROTECT, related_name="cluster_nodes")
+    name = models.CharField(max_length=253)  # a node's name is a DNS subdomain
+    units = models.JSONField(default=dict, blank=True)
+    synced_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "name"], name="cluster_node_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.units}"
 
 
 class MachineState(models.TextChoices):

@@ -43,6 +43,11 @@ class Credentials:
 
 
 GPU_FRACTION = "gpu_fraction"  # OfferQuote.extra key: the share of a card each GPU of the offer is
+# OfferQuote.extra keys of a Kubernetes node's offers: the extended resource the offer's units are of
+# (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ...), and how many of them the node has free of pods the
+# broker did not place; the broker holds its own orders' units (marketplace/orders/reservations.py).
+NODE_RESOURCE = "resource"
+NODE_UNITS_FREE = "units_free"
 NETWORK_GBPS = "network_gbps"  # OfferQuote.extra key: the instance's network bandwidth in Gbit/s, where published
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.catalog import unit_prices
-from marketplace.orders.reservations import machine_offers_recount
+from marketplace.orders.reservations import cluster_nodes_refresh, machine_offers_recount
 from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, ProviderKind, SyncStatus
@@ -277,7 +277,9 @@ def _write_postgresql(
             INSERT INTO marketplace_offer
                 (account_id, {row_cols}, status, first_seen_at, last_seen_at, price_since)
             SELECT %(account)s, {row_cols}, %(available)s, %(now)s, %(now)s, %(now)s FROM stage
-            ON CONFLICT ({keys}) DO UPDATE SET {updates}, price_since = CASE
+            ON CONFLICT ({keys}) DO UPDATE SET {updates},
+                reserved = LEAST(marketplace_offer.reserved, COALESCE(EXCLUDED.capacity, marketplace_offer.reserved)),
+                price_since = CASE
                 WHEN marketplace_offer.price = EXCLUDED.price THEN marketplace_offer.price_since
                 ELSE EXCLUDED.price_since END
             RETURNING id, price
@@ -332,6 +334,11 @@ def _write_orm(
     """The same writes through the ORM, for SQLite; the caller holds the transaction."""
     before = {(o.region, o.zone, o.instance_type, o.pricing_model): o for o in Offer.objects.filter(account=account)}
     changed = [before[k] for k, row in valid.items() if k in before and before[k].price != row["price"]]
+    for key, row in valid.items():
+        old = before.get(key)
+        if old is not None and row["capacity"] is not None and old.reserved > row["capacity"]:
+            # A listing that shrank (a cluster node lost GPUs): what it holds is recounted after the sync.
+            Offer.objects.filter(pk=old.pk).update(reserved=row["capacity"])
     Offer.objects.bulk_create(
         [
             Offer(
@@ -419,6 +426,8 @@ def offers_sync(*, account_id: int, now: dt.datetime | None = None) -> SyncOutco
     report = offers_ingest(account=account, quotes=quotes, now=started)
     if account.kind == ProviderKind.COMMUNITY:
         machine_offers_recount(account_id=account.pk)
+    elif account.kind == ProviderKind.KUBERNETES:
+        cluster_nodes_refresh(account_id=account.pk, quotes=quotes, now=started)
     ProviderAccount.objects.filter(pk=account.pk).update(
         sync_status=SyncStatus.OK, sync_error="", last_synced_at=started
     )

@@ -313,6 +313,25 @@ class Attempt(models.Model):
         return f"attempt {self.number} of {self.order_id}: {self.outcome}"
 
 
+class NodeHold(models.Model):
+    """Units of one extended resource on one Kubernetes node held for an attempt, from its reservation until
+    the attempt's units are released, when the row is deleted (marketplace/orders/reservations.py takes them
+    under the node's row lock). The device plugin, not the broker, picks which GPU the pod gets, so a hold
+    counts units rather than naming GPUs."""
+
+    node = models.ForeignKey("providers.ClusterNode", on_delete=models.PROTECT, related_name="holds")
+    attempt = models.OneToOneField(Attempt, on_delete=models.CASCADE, related_name="node_hold")
+    resource = models.CharField(max_length=120)
+    units = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(units__gte=1), name="node_hold_units_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.units} {self.resource} on {self.node_id} for attempt {self.attempt_id}"
+
+
 class GpuHold(models.Model):
     """One GPU of an independent provider's machine held for an attempt, or one MIG slice of it, from its
     reservation until the attempt's units are released, when the row is deleted.

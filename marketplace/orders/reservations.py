@@ -27,6 +27,12 @@ unique per GPU: a whole GPU's hold covers all eight, so a whole lease never gets
 GPU held whole, and two slices never overlap, even past the lock. The attempt's ``reserved`` is then 1, and
 the machine's slice offers reserve what their profile can no longer fit.
 
+A Kubernetes seller's node is a pool of the same kind (``providers.ClusterNode``): per extended resource
+(whole GPUs, each MIG profile of the mixed strategy, time-sliced shares), the units the last sync saw free of
+pods the broker did not place. A reservation locks the node's row, counts the units its ``NodeHold`` rows already
+hold, takes the offer's units only when they fit, and sets every offer of the node's ``reserved`` to the leases
+of its size the units left can no longer hold. The device plugin picks the GPU, so holds count units.
+
 When too few GPUs are free, an order may outbid running interruptible orders on the machine
 (marketplace/orders/bids.py): lowest bid first, only when that frees enough. Their holds pass to the attempt at
 once (it waits to launch until their notice is over); holds beyond what it needs stay with the outbid order
@@ -43,10 +49,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from marketplace.models import Attempt, GpuHold, GpuSlot, Offer, Order
+from marketplace.models import Attempt, GpuHold, GpuSlot, NodeHold, Offer, Order
 from marketplace.orders.bids import Outbid, outbid_candidates, preemption_notice
 from providers.community.mig import MIG_PROFILE, MigProfile, mig_place, mig_profile
-from providers.models import Machine
+from providers.models import ClusterNode, Machine, ProviderKind
+from providers.types import NODE_RESOURCE, NODE_UNITS_FREE, OfferQuote
 
 
 def units_for(offer: Offer, order: Order) -> int:
@@ -201,6 +208,85 @@ def _gpus_release(attempt: Attempt) -> None:
     _machine_offers_recount(machine)
 
 
+def _node_id(offer: Offer) -> int | None:
+    """The Kubernetes node an offer sells units of (its zone names it within the account), or None."""
+    if not (offer.extra or {}).get(NODE_RESOURCE):
+        return None
+    return ClusterNode.objects.filter(account_id=offer.account_id, name=offer.zone).values_list("pk", flat=True).first()
+
+
+def _node_held(node: ClusterNode) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for resource, units in NodeHold.objects.filter(node=node).values_list("resource", "units"):
+        held[resource] = held.get(resource, 0) + units
+    return held
+
+
+def _node_offers_recount(node: ClusterNode) -> None:
+    """Each of the node's finite offers reserves the leases of its size that the units left of its resource
+    can no longer hold."""
+    held = _node_held(node)
+    offers = list(_listing_offers_of(node.account_id, node.name).select_for_update(no_key=True).order_by("id"))
+    for offer in offers:
+        assert offer.capacity is not None  # the queryset keeps finite offers only
+        resource = str((offer.extra or {}).get(NODE_RESOURCE, ""))
+        left = max(0, int(node.units.get(resource, 0)) - held.get(resource, 0))
+        fit = min(offer.capacity, left // max(1, offer.gpu_count))
+        if offer.reserved != offer.capacity - fit:
+            Offer.objects.filter(pk=offer.pk).update(reserved=offer.capacity - fit)
+
+
+def _node_take(attempt: Attempt, node_id: int) -> bool:
+    resource = str((attempt.offer.extra or {}).get(NODE_RESOURCE, ""))
+    wanted = attempt.offer.gpu_count
+    with transaction.atomic():
+        # The node's row lock serialises every hold and release on it: what is free here stays free until
+        # this transaction ends.
+        node = ClusterNode.objects.select_for_update().get(pk=node_id)
+        if int(node.units.get(resource, 0)) - _node_held(node).get(resource, 0) < wanted:
+            return False
+        NodeHold.objects.create(node=node, attempt=attempt, resource=resource, units=wanted)
+        _node_offers_recount(node)
+    Attempt.objects.filter(pk=attempt.pk).update(reserved=wanted)
+    attempt.reserved = wanted
+    return True
+
+
+def _node_release(attempt: Attempt) -> bool:
+    """Delete the attempt's hold on a Kubernetes node under the node's lock; False when it holds none."""
+    node_id = NodeHold.objects.filter(attempt=attempt).values_list("node_id", flat=True).first()
+    if node_id is None:
+        return False
+    node = ClusterNode.objects.select_for_update().get(pk=node_id)
+    NodeHold.objects.filter(attempt=attempt).delete()
+    _node_offers_recount(node)
+    return True
+
+
+def cluster_nodes_refresh(*, account_id: int, quotes: list[OfferQuote], now: Any) -> None:
+    """Record what a Kubernetes account's sync saw free on each node (the quotes' ``NODE_UNITS_FREE`` per
+    ``NODE_RESOURCE``) and recount each node's offers from its holds, each node under its own row lock. A node
+    absent from the sync (cordoned, NotReady, removed) keeps its row with no units: its holds stay, nothing
+    more is placed there."""
+    seen: dict[str, dict[str, int]] = {}
+    for quote in quotes:
+        resource, free = quote.extra.get(NODE_RESOURCE), quote.extra.get(NODE_UNITS_FREE)
+        if isinstance(resource, str) and isinstance(free, int) and not isinstance(free, bool) and free >= 0:
+            seen.setdefault(quote.zone, {})[resource] = free
+    known = set(ClusterNode.objects.filter(account_id=account_id).values_list("name", flat=True))
+    ClusterNode.objects.bulk_create(
+        [ClusterNode(account_id=account_id, name=name) for name in sorted(seen.keys() - known)],
+        ignore_conflicts=True,
+    )
+    for node_id in ClusterNode.objects.filter(account_id=account_id).order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            node = ClusterNode.objects.select_for_update().get(pk=node_id)
+            node.units = seen.get(node.name, {})
+            node.synced_at = now
+            node.save(update_fields=["units", "synced_at"])
+            _node_offers_recount(node)
+
+
 def gpu_indexes_held(*, attempt_id: int) -> tuple[int, ...]:
     """The GPU indexes the attempt holds on an independent machine, lowest first (empty elsewhere); for a MIG
     slice, the one GPU it is a slice of."""
@@ -217,6 +303,10 @@ def reservation_take(*, attempt: Attempt) -> bool:
     offer = attempt.offer
     if offer.capacity is None:
         return True
+    if offer.account.kind == ProviderKind.KUBERNETES:
+        node_id = _node_id(offer)
+        # A node the broker has no pool for (its sync has not recorded it yet) has nothing to place on.
+        return node_id is not None and _node_take(attempt, node_id)
     machine_id = _machine_id(offer)
     if machine_id is not None:
         return _gpus_take(attempt, machine_id)
@@ -249,6 +339,8 @@ def reservation_release(*, attempt_id: int) -> int:
         Attempt.objects.filter(pk=attempt.pk).update(reserved=0)
         if GpuHold.objects.filter(attempt=attempt).exists():
             _gpus_release(attempt)
+            return units
+        if _node_release(attempt):
             return units
         machine_id = _machine_id(attempt.offer)
         if machine_id is not None:
