@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, SYNC_QUEUE, WEBHOOK_QUEUE
-from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
+from marketplace.demo import DEMO_BUYER, DEMO_CLUSTER_ADMIN, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 from providers.manifest import manifest_service_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,6 +144,7 @@ def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None 
         (DEMO_BUYER, "buyer ($500 credit): find GPUs, order, top up", url),
         (DEMO_PROVIDER_ADMIN, "provider (cloud reseller): accounts, earnings", f"{url}provider/"),
         ("helga", "provider (three independent machines)", f"{url}provider/"),
+        (DEMO_CLUSTER_ADMIN, "provider (a Kubernetes GPU cluster)", f"{url}provider/"),
         (DEMO_STAFF, "marketplace staff: verify providers, machines", f"{url}admin/"),
     ]
     people = "".join(f"    {name:<6} {what:<48} {where}\n" for name, what, where in logins)

@@ -5,3 +5,4 @@ DEMO_PASSWORD = "broker-demo-2026"  # noqa: S105 - a published demo login for th
 DEMO_BUYER = "alice"
 DEMO_PROVIDER_ADMIN = "petra"
 DEMO_STAFF = "sam"  # marketplace staff: verifies providers and machines in /admin/
+DEMO_CLUSTER_ADMIN = "kai"  # sells a Kubernetes GPU cluster (the Kubernetes sandbox)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.devrun import banner, machines_line
-from marketplace.demo import DEMO_BUYER, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
+from marketplace.demo import DEMO_BUYER, DEMO_CLUSTER_ADMIN, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 
 
 def test_the_banner_names_the_url_and_each_demo_login_with_where_to_go():
@@ -13,6 +13,7 @@ def test_the_banner_names_the_url_and_each_demo_login_with_where_to_go():
     assert "The broker is running at http://127.0.0.1:8123/" in text
     assert f"password {DEMO_PASSWORD}" in text
     for name, page in ((DEMO_BUYER, "/"), (DEMO_PROVIDER_ADMIN, "/provider/"), ("helga", "/provider/"),
+                       (DEMO_CLUSTER_ADMIN, "/provider/"),
                        (DEMO_STAFF, "/admin/")):  # fmt: skip
         line = next(line for line in lines if line.strip().startswith(name + " "))
         assert line.endswith(f"http://127.0.0.1:8123{page}")

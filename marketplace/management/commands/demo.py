@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from marketplace.billing.payments import TopUpRequest, billing_profile, topup_start
 from marketplace.billing.stripe_gateway import PaymentError
-from marketplace.demo import DEMO_PASSWORD, DEMO_STAFF
+from marketplace.demo import DEMO_CLUSTER_ADMIN, DEMO_PASSWORD, DEMO_STAFF
 from marketplace.launch.keys import ssh_key_add
 from marketplace.models import Membership, Organization, OrganizationKind, Role, SshKey
 from marketplace.models.billing import EmailVerification
@@ -31,8 +31,8 @@ from marketplace.portal.services import (
 )
 from providers.community.protocol import new_secret
 from providers.community.services import machine_list
-from providers.manifest import read_manifest
-from providers.models import Machine, MachineState
+from providers.manifest import SandboxAccount, read_manifest
+from providers.models import Machine, MachineState, ProviderKind
 from providers.services import provider_account_connect
 
 
@@ -64,6 +64,7 @@ class Command(BaseCommand):
         buyer, _ = Organization.objects.get_or_create(name="Acme Research", defaults={"kind": OrganizationKind.BUYER})
         Membership.objects.get_or_create(user=alice, organization=buyer, defaults={"role": Role.OWNER})
         _seed_ssh_key(buyer, alice)
+        manifest = read_manifest(Path(options["sandbox_manifest"]))
         accounts = [
             provider_account_connect(
                 provider_name="Petra Cloud Resale",
@@ -74,7 +75,8 @@ class Command(BaseCommand):
                 endpoint_url=spec.endpoint_url,
                 options=spec.options,
             )
-            for spec in read_manifest(Path(options["sandbox_manifest"]))
+            for spec in manifest
+            if spec.kind != ProviderKind.KUBERNETES
         ]
         account = accounts[0]
         seller, _ = Organization.objects.get_or_create(
@@ -88,6 +90,9 @@ class Command(BaseCommand):
             helga_org = Organization.objects.get(provider=fleet.provider)
             helga = helga_org.memberships.get(role=Role.OWNER).user
             _seed_onboarded(helga_org, helga, "Helga's GPU Farm Ltd", "IE", "1 Example Quay\nDublin 2")
+        for spec in manifest:
+            if spec.kind == ProviderKind.KUBERNETES:
+                accounts.append(_seed_cluster(users, spec))
         _seed_staff(users)
         _seed_credit(buyer, alice)
         self.stdout.write(
@@ -116,6 +121,29 @@ def _seed_onboarded(organization: Organization, owner: Any, legal_name: str, cou
         )
         provider_details_update(organization=organization, details=details)
     provider_terms_accept(organization=organization, user=owner, version=TERMS_VERSION)
+
+
+def _seed_cluster(users: Any, spec: SandboxAccount) -> Any:
+    """Kai's neocloud: a Kubernetes cluster (the sandbox's nodes) priced per GPU-hour per model, onboarded."""
+    kai, created = users.objects.get_or_create(username=DEMO_CLUSTER_ADMIN, defaults={"email": "kai@example.com"})
+    if created:
+        kai.set_password(DEMO_PASSWORD)
+        kai.save()
+    account = provider_account_connect(
+        provider_name="Kai's Neocloud",
+        kind=spec.kind,
+        name="kai-cluster",
+        credentials=spec.credentials,
+        regions=spec.demo_regions,
+        endpoint_url=spec.endpoint_url,
+        options=spec.options,
+    )
+    org, _ = Organization.objects.get_or_create(
+        name="Kai's Neocloud", defaults={"kind": OrganizationKind.PROVIDER, "provider": account.provider}
+    )
+    Membership.objects.get_or_create(user=kai, organization=org, defaults={"role": Role.OWNER})
+    _seed_onboarded(org, kai, "Kai's Neocloud B.V.", "NL", "1 Voorbeeldstraat\n1011 Amsterdam")
+    return account
 
 
 def _seed_staff(users: Any) -> None:
