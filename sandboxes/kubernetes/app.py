@@ -475,6 +475,8 @@ class KubernetesSandbox(SandboxApp):
 
     def handle(self, environ: WSGIEnviron, start_response: StartResponse) -> Iterable[bytes]:
         request = Request(environ)
+        # The cluster moves on between requests, one scheduler and kubelet step each: a pod created by one request
+        # is bound (and running) when the next one looks.
         self.tick()
         try:
             response = self._dispatch(request)
@@ -483,8 +485,6 @@ class KubernetesSandbox(SandboxApp):
         except Exception as exc:  # an API server answers a bug with a 500 Status, not an HTML page
             log.exception("kubernetes sandbox: %s %s failed", request.method, request.path)
             response = ApiError(500, "InternalError", f"Internal error occurred: {exc}").response()
-        # Again after answering: a pod this request created is scheduled (and maybe running) by the next one.
-        self.tick()
         return response(environ, start_response)
 
     def _dispatch(self, request: Request) -> Response:
@@ -527,7 +527,7 @@ class KubernetesSandbox(SandboxApp):
         if verb in ("list", "watch"):
             if verb == "watch":
                 raise ApiError(405, "MethodNotAllowed", "the sandbox does not serve watch")
-            return self._list(request, resource, namespace if resource.namespaced else None)
+            return self._list(request, resource, namespace or None)
         if verb == "get":
             assert name is not None
             return object_response(self._get(resource, namespace, name))
@@ -757,9 +757,11 @@ class KubernetesSandbox(SandboxApp):
 
     # ----------------------------------------------------------------------------- services and quotas
 
-    def _node_port(self, wanted: int | None, field: str) -> int:
+    def _node_port(self, wanted: int | None, field: str, chosen: set[int]) -> int:
+        """A NodePort for one port of a new Service (``chosen``: those its earlier ports took)."""
         low, high = objects.NODE_PORT_RANGE
         taken = {p.get("nodePort") for s in self.store.items("services") for p in s["spec"].get("ports") or []}
+        taken |= chosen
         if wanted:
             if not isinstance(wanted, int) or not low <= wanted <= high:
                 raise invalid(

@@ -285,10 +285,10 @@ def _qos_class(containers: list[dict[str, Any]]) -> str:
 
 
 def prepare_service(
-    obj: dict[str, Any], node_port: Callable[[int | None, str], int], cluster_ip: str
+    obj: dict[str, Any], node_port: Callable[[int | None, str, set[int]], int], cluster_ip: str
 ) -> dict[str, Any]:
-    """Validate and default a Service; ``node_port(wanted, field)`` allocates a NodePort (raising ``ApiError`` 422
-    for one taken or out of range)."""
+    """Validate and default a Service; ``node_port(wanted, field, chosen)`` allocates a NodePort (raising
+    ``ApiError`` 422 for one taken or out of range)."""
     name = obj["metadata"]["name"]
     spec = obj.setdefault("spec", {})
     if not isinstance(spec, dict):
@@ -341,11 +341,14 @@ def prepare_service(
         spec["clusterIPs"] = [cluster_ip]
     if service_type in ("NodePort", "LoadBalancer"):
         spec.setdefault("externalTrafficPolicy", "Cluster")
-    for index, port in enumerate(ports):
+    chosen: set[int] = set()
+    # Ports naming their NodePort first, so an automatic choice does not take one a later port asks for.
+    for index, port in sorted(enumerate(ports), key=lambda item: not item[1].get("nodePort")):
         port.setdefault("protocol", "TCP")
         port.setdefault("targetPort", port["port"])
         if service_type in ("NodePort", "LoadBalancer"):
-            port["nodePort"] = node_port(port.get("nodePort"), f"spec.ports[{index}].nodePort")
+            port["nodePort"] = node_port(port.get("nodePort"), f"spec.ports[{index}].nodePort", chosen)
+            chosen.add(port["nodePort"])
     obj["status"] = {"loadBalancer": {}}
     return obj
 
