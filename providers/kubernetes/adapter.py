@@ -91,6 +91,7 @@ class KubernetesAdapter(ProviderAdapter):
             raise ValueError("options.shared_gpus: give allow or deny")
         self._shared = shared == "allow"
         self._pod_cidrs = _cidrs(self.options.get("pod_cidrs", ""))
+        self._ca_bundle = ca_bundle
         self._image = self.options.get("image") or launching.DEFAULT_IMAGE
         if not launching.image_ok(self._image):
             raise ValueError("options.image: not a container image reference")
@@ -173,7 +174,7 @@ class KubernetesAdapter(ProviderAdapter):
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
         """Create the namespace, then (each tolerating ``AlreadyExists`` on a repeat) the boot Secret, the
         ResourceQuota, the NetworkPolicy, the Service and last the Pod, so the pod never runs unwalled. A repeat
-        with the same client token returns the pod the first made. A final refusal of the pod (quota,
+        with the same client token returns the pod the first made. A final refusal of any of them (quota,
         permissions, an invalid spec) deletes the namespace again, so nothing is left; a transient one keeps it
         for the retry. Raises ``QuotaExceeded``, ``CredentialsRejected``, ``TransientProviderError`` or
         ``ProviderRequestRejected``; no node fitting shows later, as ``describe``'s FAILED (capacity)."""
@@ -201,6 +202,20 @@ class KubernetesAdapter(ProviderAdapter):
                 raise
             if (existing.get("status") or {}).get("phase") == "Terminating":
                 return mapping.terminated_handle(f"{namespace}/{mapping.POD_NAME}", spec.region)
+        try:
+            pod, service = self._fill(namespace, spec, labels, resource, count, image)
+        except ProviderError as exc:
+            if not exc.retryable:  # a retry would fail alike: leave nothing in the cluster
+                self._discard(namespace)
+            raise
+        if pod is None:
+            raise ProviderRequestRejected("the pod vanished while being launched", code="NotFound", provider=PROVIDER)
+        return self._handle(pod, spec.region, service)
+
+    def _fill(
+        self, namespace: str, spec: LaunchSpec, labels: dict[str, str], resource: str, count: int, image: str
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The namespace's objects, the pod last; each one already there (a repeated launch) is taken as is."""
         boot = spec.boot
         script = self.user_data(spec)
         ingress = boot.ingress if boot is not None else ()
@@ -225,17 +240,10 @@ class KubernetesAdapter(ProviderAdapter):
             with_boot=script is not None,
             object_labels=labels,
         )
-        try:
-            pod = self._create(self._client.create_pod, namespace, pod_spec) or self._client.read_pod(
-                namespace, mapping.POD_NAME
-            )
-        except ProviderError as exc:
-            if not exc.retryable:
-                self._discard(namespace)
-            raise
-        if pod is None:
-            raise ProviderRequestRejected("the pod vanished while being launched", code="NotFound", provider=PROVIDER)
-        return self._handle(pod, spec.region, service)
+        pod = self._create(self._client.create_pod, namespace, pod_spec) or self._client.read_pod(
+            namespace, mapping.POD_NAME
+        )
+        return pod, service
 
     def _create(self, create: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The object created, or None when it was already there (a repeated launch)."""
@@ -388,7 +396,7 @@ class KubernetesAdapter(ProviderAdapter):
             for ns in self._client.list_namespaces(f"{mapping.ORDER_LABEL}={order_ref}")
         }
         try:
-            samples = dcgm.gpu_utilization(fetch_metrics(url, self._connect, self._read_timeout))
+            samples = dcgm.gpu_utilization(fetch_metrics(url, self._connect, self._read_timeout, self._ca_bundle))
         except dcgm.DcgmUnreadable as exc:
             raise ProviderRequestRejected(
                 f"the DCGM exporter's answer: {exc}", code="Malformed", provider=PROVIDER

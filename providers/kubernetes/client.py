@@ -266,11 +266,17 @@ class KubernetesClient:
         return True
 
 
-def fetch_metrics(url: str, connect_timeout: float, read_timeout: float) -> bytes:
-    """GET a dcgm-exporter's ``/metrics`` text, bounded in size, without following redirects or retrying.
-    Raises ``TransientProviderError`` when it cannot be read and ``MalformedProviderResponse`` for an answer over
-    ``MAX_METRICS_BYTES``."""
-    pool = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout))
+def fetch_metrics(url: str, connect_timeout: float, read_timeout: float, ca_bundle: str = "") -> bytes:
+    """GET a dcgm-exporter's ``/metrics`` text, bounded in size, without following redirects or retrying. Over
+    https the exporter's certificate is checked against ``ca_bundle`` (the cluster's CA, which signs what the
+    cluster serves) when given, else the system's CAs. Raises ``TransientProviderError`` when it cannot be read
+    and ``MalformedProviderResponse`` for an answer over ``MAX_METRICS_BYTES``."""
+    pool = urllib3.PoolManager(
+        retries=False,
+        timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+        cert_reqs="CERT_REQUIRED",
+        ca_cert_data=ca_bundle or None,
+    )
     try:
         response = pool.request("GET", url, preload_content=False, redirect=False)
         try:
@@ -290,5 +296,7 @@ def fetch_metrics(url: str, connect_timeout: float, read_timeout: float) -> byte
     finally:
         pool.clear()
     if len(data) > MAX_METRICS_BYTES:
-        raise MalformedProviderResponse(f"the DCGM exporter's answer is larger than {MAX_METRICS_BYTES} bytes")
+        raise MalformedProviderResponse(
+            f"the DCGM exporter's answer is larger than {MAX_METRICS_BYTES} bytes", provider=PROVIDER
+        )
     return bytes(data)
