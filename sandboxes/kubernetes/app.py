@@ -8,7 +8,8 @@
   after ``namespace_finalize_seconds``), pods, services (NodePorts from 30000-32767), secrets, events,
   resourcequotas (enforced at pod create: 403 ``exceeded quota``); **networking.k8s.io/v1** networkpolicies (kept as
   given). Create answers 201 with the stored object, 409 AlreadyExists, 422 Invalid, 404 NotFound; lists are
-  ``<Kind>List`` with ``metadata.resourceVersion`` and take ``labelSelector`` and ``fieldSelector``.
+  ``<Kind>List`` with ``metadata.resourceVersion`` and take ``labelSelector`` and ``fieldSelector``; pods,
+  namespaces and events can be watched (``watch=true``). No update, patch or Jobs.
 - **Scheduler** (``scheduler``): a pending pod is bound to the first node (in name order) its nodeSelector and
   required node affinity allow that is Ready, not cordoned and has the extended resources free; else it stays
   Pending with ``PodScheduled=False/Unschedulable`` and a ``FailedScheduling`` event in the scheduler's words.
@@ -40,7 +41,7 @@ import shutil
 import ssl
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -55,6 +56,7 @@ from sandboxes.faults import IMAGE_ACTION, TRANSPORT_KINDS, FaultKind, FaultRegi
 from sandboxes.kubernetes import kubelet, objects
 from sandboxes.kubernetes.auth import (
     DEMO_TOKEN,
+    Identity,
     PolicyRule,
     TokenRegistry,
     authorize,
@@ -79,7 +81,7 @@ from sandboxes.kubernetes.seed import (
     NodeSeed,
 )
 from sandboxes.kubernetes.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
-from sandboxes.kubernetes.state import Call, Key, PodRuntime, Store, snapshot
+from sandboxes.kubernetes.state import WATCHED, Call, Key, PodRuntime, Store, snapshot
 from sandboxes.kubernetes.wire import (
     NAMESPACES,
     NETWORK_POLICIES,
@@ -115,6 +117,9 @@ ROUTE = re.compile(
     r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
 )
 DCGM_PATH = "/dcgm/metrics"
+WATCH_MAX_S = 600  # a watch ends after at most this long; clients watch again from the last resourceVersion
+WATCH_TICK_S = 0.1
+MAX_OBJECTS = 50_000  # past this the store answers as a full etcd does
 MAX_BODY = 3 * 1024 * 1024  # the API server's request body limit
 CREATABLE = frozenset({"namespaces", "pods", "services", "secrets", "resourcequotas", "networkpolicies", "events"})
 DELETABLE = CREATABLE
@@ -198,6 +203,7 @@ class KubernetesSandbox(SandboxApp):
         return self.cert_path.read_text()
 
     def stop(self) -> None:
+        self.store.end_watches()
         super().stop()
         if self._owns_tls_dir:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
@@ -272,7 +278,7 @@ class KubernetesSandbox(SandboxApp):
                 for key, value in allocatable.items():
                     parse_quantity(value)
                     status["allocatable"][key] = str(value)
-            self.store.touch(node)
+            self.store.touch("nodes", node)
             self._generation += 1
 
     def finish_pod(self, namespace: str, name: str, exit_code: int = 0) -> None:
@@ -283,7 +289,7 @@ class KubernetesSandbox(SandboxApp):
             if pod is None:
                 raise KeyError(f"no pod {namespace}/{name}")
             kubelet.terminated_status(pod, exit_code)
-            self.store.touch(pod)
+            self.store.touch("pods", pod)
             self._generation += 1
         self.booter.halt(f"{namespace}/{name}")
 
@@ -514,7 +520,7 @@ class KubernetesSandbox(SandboxApp):
         call = self._call(_action(verb, resource), namespace, body)
         self.record_call(call)
         identity = self.tokens.identify(request.headers.get("Authorization"))
-        self._transport(call, resource, verb, namespace, name)
+        self._transport(call, identity, resource, verb, namespace if resource.namespaced else "", name)
         authorize(identity, verb, resource, namespace if resource.namespaced else "", name)
         if resource is SSRR:
             if verb != "create":
@@ -526,7 +532,7 @@ class KubernetesSandbox(SandboxApp):
             verb = "get"
         if verb in ("list", "watch"):
             if verb == "watch":
-                raise ApiError(405, "MethodNotAllowed", "the sandbox does not serve watch")
+                return self._watch(request, resource, namespace or None)
             return self._list(request, resource, namespace or None)
         if verb == "get":
             assert name is not None
@@ -589,8 +595,17 @@ class KubernetesSandbox(SandboxApp):
         return Call(action, namespace, resources, node)
 
     def _transport(
-        self, call: Call, resource: Resource | None = None, verb: str = "", namespace: str = "", name: str | None = None
+        self,
+        call: Call,
+        identity: Identity | None = None,
+        resource: Resource | None = None,
+        verb: str = "",
+        namespace: str = "",
+        name: str | None = None,
     ) -> None:
+        """Faults acting before the request is served: ``slow`` waits, ``throttle`` answers 429 (503 with code
+        ``ServiceUnavailable``), ``credentials`` 401 (403 naming the caller, verb and resource with code
+        ``Forbidden``)."""
         fault = self.faults.take(call.action, call.resources, call.node, kinds=TRANSPORT_KINDS)
         if fault is not None and fault.kind is FaultKind.SLOW:
             self.faults.sleep(fault.seconds)
@@ -601,8 +616,7 @@ class KubernetesSandbox(SandboxApp):
             return
         if fault.kind is FaultKind.THROTTLE:
             raise service_unavailable() if fault.code == "ServiceUnavailable" else too_many_requests(self.retry_after_s)
-        if fault.code == "Forbidden" and resource is not None:
-            identity = self.tokens.identify(f"Bearer {DEMO_TOKEN}")
+        if fault.code == "Forbidden" and resource is not None and identity is not None:
             raise forbidden(resource, name, forbidden_message(identity, verb, resource, namespace))
         raise unauthorized()
 
@@ -636,6 +650,83 @@ class KubernetesSandbox(SandboxApp):
             }
         )
 
+    def _watch(self, request: Request, resource: Resource, namespace: str | None) -> Response:
+        """A watch ("Efficient detection of changes", https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+        newline-delimited ``{"type": ADDED|MODIFIED|DELETED, "object": ...}`` events after ``resourceVersion`` (from
+        now, after an ADDED event for each object there is, without one), until ``timeoutSeconds``; an object leaving
+        or entering the selectors is DELETED or ADDED. A resourceVersion older than the kept history is a 410 Gone
+        ``ERROR`` event, as after etcd's compaction."""
+        if resource.plural not in WATCHED:
+            raise method_not_allowed()
+        label_requirements = parse_label_selector(request.args.get("labelSelector"))
+        field_requirements = parse_field_selector(request.args.get("fieldSelector"), resource)
+        try:
+            timeout = min(max(int(request.args.get("timeoutSeconds") or WATCH_MAX_S), 1), WATCH_MAX_S)
+        except ValueError as exc:
+            raise bad_request("timeoutSeconds must be an integer") from exc
+
+        def matches(obj: dict[str, Any]) -> bool:
+            in_scope = namespace is None or obj["metadata"].get("namespace", "") == namespace
+            return (
+                in_scope
+                and labels_match(label_requirements, obj["metadata"].get("labels"))
+                and fields_match(field_requirements, obj)
+            )
+
+        since_text = request.args.get("resourceVersion") or ""
+        initial: list[dict[str, Any]] = []
+        with self._lock:
+            epoch = self.store.epoch
+            current = [o for o in self.store.items(resource.plural, namespace) if matches(o)]
+            visible = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in current}
+            if since_text in ("", "0"):
+                since = self.store.revision
+                initial = [snapshot(o) for o in current]
+            else:
+                try:
+                    since = int(since_text)
+                except ValueError as exc:
+                    raise bad_request(f'invalid resource version "{since_text}"') from exc
+                oldest = self.store.history[0].revision if self.store.history else self.store.revision
+                if since < oldest - 1:
+                    gone = ApiError(410, "Expired", f"too old resource version: {since} ({oldest})")
+                    line = json.dumps({"type": "ERROR", "object": json.loads(gone.response().get_data())})
+                    return Response(line + "\n", mimetype="application/json")
+
+        def events() -> Iterator[str]:
+            for obj in initial:
+                yield json.dumps({"type": "ADDED", "object": obj}) + "\n"
+            last, deadline = since, time.monotonic() + timeout
+            while True:
+                self.tick()  # the cluster moves on while a watcher waits, as it does between requests
+                with self._lock:
+                    if self.store.epoch != epoch:
+                        return
+                    pending = [c for c in self.store.history if c.revision > last and c.plural == resource.plural]
+                    if not pending:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            return
+                        self.store.changed.wait(min(remaining, WATCH_TICK_S))
+                        continue
+                for change in pending:
+                    last = change.revision
+                    key = (change.obj["metadata"].get("namespace", ""), change.obj["metadata"]["name"])
+                    now_visible = change.type != "DELETED" and matches(change.obj)
+                    kind = change.type
+                    if now_visible and key not in visible:
+                        kind = "ADDED"
+                    elif not now_visible and key in visible:
+                        kind = "DELETED"
+                    elif not now_visible:
+                        continue
+                    visible.discard(key)
+                    if now_visible:
+                        visible.add(key)
+                    yield json.dumps({"type": kind, "object": change.obj}) + "\n"
+
+        return Response(events(), mimetype="application/json")
+
     def _get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             obj = self.store.get(resource.plural, namespace if resource.namespaced else "", name)
@@ -666,6 +757,8 @@ class KubernetesSandbox(SandboxApp):
                             }
                         ],
                     )
+            if self.store.count() >= MAX_OBJECTS:
+                raise ApiError(500, "InternalError", "etcdserver: mvcc: database space exceeded")
             existing = self.store.get(resource.plural, namespace, name)
             if existing is not None:
                 raise already_exists(resource, name, being_deleted="deletionTimestamp" in existing["metadata"])
@@ -706,7 +799,7 @@ class KubernetesSandbox(SandboxApp):
                 if obj["status"]["phase"] != "Terminating":
                     obj["metadata"]["deletionTimestamp"] = now_rfc3339()
                     obj["status"] = {"phase": "Terminating"}
-                    self.store.touch(obj)
+                    self.store.touch("namespaces", obj)
                     halted = self._empty_namespace(name)
                     self._namespace_deadlines[name] = time.monotonic() + self.namespace_finalize_seconds
                 answer = object_response(snapshot(obj))
@@ -866,7 +959,7 @@ class KubernetesSandbox(SandboxApp):
             ):
                 event["count"] += 1
                 event["lastTimestamp"] = stamp
-                self.store.touch(event)
+                self.store.touch("events", event)
                 return
         source = {"component": component, **({"host": host} if host else {})}
         self.store.put_new(
@@ -970,7 +1063,7 @@ class KubernetesSandbox(SandboxApp):
                 {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()},
             ]
             kubelet.waiting_status(pod, "ContainerCreating", "")
-            self.store.touch(pod)
+            self.store.touch("pods", pod)
             self._event(
                 pod,
                 "Normal",
@@ -991,7 +1084,7 @@ class KubernetesSandbox(SandboxApp):
                 "message": message,
             }
         ]
-        self.store.touch(pod)
+        self.store.touch("pods", pod)
         self._event(pod, "Warning", "FailedScheduling", message, SCHEDULER)
 
     def _kubelet(
@@ -1056,7 +1149,7 @@ class KubernetesSandbox(SandboxApp):
         node_index = next((i for i, s in enumerate(self.seed) if s.name == node), 0)
         kubelet.running_status(pod, HOST_IP, f"10.244.{node_index}.{self._pod_ips % 250 + 2}")
         runtime.waiting = ""
-        self.store.touch(pod)
+        self.store.touch("pods", pod)
         self._event(pod, "Normal", "Created", f"Created container: {container['name']}", "kubelet", node)
         self._event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet", node)
         if runtime.booted:
@@ -1074,7 +1167,7 @@ class KubernetesSandbox(SandboxApp):
     def _wait(self, pod: dict[str, Any], runtime: PodRuntime, reason: str, message: str) -> None:
         runtime.waiting, runtime.waiting_message = reason, message
         kubelet.waiting_status(pod, reason, message)
-        self.store.touch(pod)
+        self.store.touch("pods", pod)
 
     def _gpus_of(self, node_name: str, runtime: PodRuntime) -> list[GpuSeen]:
         """The GPUs the pod's container sees: its whole GPUs, one GPU for a MIG device (its slice's memory) or a

@@ -48,12 +48,11 @@ SECRETS = Resource("secrets", "Secret", "", "v1", True)
 EVENTS = Resource("events", "Event", "", "v1", True)
 RESOURCE_QUOTAS = Resource("resourcequotas", "ResourceQuota", "", "v1", True)
 NETWORK_POLICIES = Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True)
-JOBS = Resource("jobs", "Job", "batch", "v1", True)
 SSRR = Resource("selfsubjectrulesreviews", "SelfSubjectRulesReview", "authorization.k8s.io", "v1", False)
 
 RESOURCES: dict[tuple[str, str], Resource] = {
     (r.group, r.plural): r
-    for r in (NODES, NAMESPACES, PODS, SERVICES, SECRETS, EVENTS, RESOURCE_QUOTAS, NETWORK_POLICIES, JOBS, SSRR)
+    for r in (NODES, NAMESPACES, PODS, SERVICES, SECRETS, EVENTS, RESOURCE_QUOTAS, NETWORK_POLICIES, SSRR)
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import requests
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -778,3 +778,89 @@ def test_the_dcgm_exporter_reports_each_gpu_with_its_pod(
     assert busy.labels["UUID"].startswith("GPU-") and busy.labels["device"] == "nvidia1"
     idle = util[("gpu-a100-0", "2")]
     assert idle.value == 0 and "pod" not in idle.labels
+
+
+# ----------------------------------------------------------------------------------------------- watch
+
+
+def test_a_pod_watch_replays_its_changes_from_a_resource_version(core: client.CoreV1Api) -> None:
+    # Watch events (ADDED, MODIFIED, DELETED) after a resourceVersion, and 410 Gone for one too old,
+    # https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes.
+    _namespace(core)
+    since = core.list_namespaced_pod("brk-one", _request_timeout=TIMEOUT).metadata.resource_version
+    core.create_namespaced_pod("brk-one", _pod(limits={GPU: "1"}), _request_timeout=TIMEOUT)
+    core.read_namespaced_pod("lease", "brk-one", _request_timeout=TIMEOUT)  # the scheduler and kubelet move on
+    core.delete_namespaced_pod("lease", "brk-one", _request_timeout=TIMEOUT)
+
+    seen = []
+    stream = watch.Watch()
+    for event in stream.stream(core.list_namespaced_pod, "brk-one", resource_version=since, timeout_seconds=5,
+                               _request_timeout=TIMEOUT):  # fmt: skip
+        seen.append((event["type"], event["object"].status.phase, event["object"].spec.node_name))
+        if event["type"] == "DELETED":
+            stream.stop()
+    with pytest.raises(ApiException) as gone:
+        for _ in watch.Watch().stream(core.list_namespaced_pod, "brk-one", resource_version="1", timeout_seconds=1):
+            pass
+
+    assert seen[0] == ("ADDED", "Pending", None)
+    assert ("MODIFIED", "Running", "gpu-a100-0") in seen
+    assert seen[-1][0] == "DELETED"
+    assert gone.value.status == 410
+
+
+def test_a_watch_with_a_selector_sees_only_matching_pods(core: client.CoreV1Api) -> None:
+    # Watch with labelSelector, https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes.
+    _namespace(core)
+    since = core.list_namespaced_pod("brk-one", _request_timeout=TIMEOUT).metadata.resource_version
+    other = _pod("other", limits={})
+    other.metadata.labels = {"app": "other"}
+    core.create_namespaced_pod("brk-one", other, _request_timeout=TIMEOUT)
+    core.create_namespaced_pod("brk-one", _pod(limits={}), _request_timeout=TIMEOUT)
+
+    names = set()
+    stream = watch.Watch()
+    for event in stream.stream(core.list_namespaced_pod, "brk-one", resource_version=since, label_selector="app=lease",
+                               timeout_seconds=1, _request_timeout=TIMEOUT):  # fmt: skip
+        names.add(event["object"].metadata.name)
+
+    assert names == {"lease"}
+
+
+# ---------------------------------------------------------------------------------------- hostile input
+
+
+def test_malformed_requests_are_refused_with_400_and_422_naming_the_field(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # Invalid (422) with details.causes per field, and BadRequest (400) for a body or selector that does not parse,
+    # https://kubernetes.io/docs/reference/using-api/api-concepts/ and
+    # https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/status/.
+    _namespace(core)
+    unequal = _pod("unequal", limits={GPU: "2"})
+    unequal.spec.containers[0].resources.requests = {GPU: "1"}
+    dangling = _pod("dangling")
+    dangling.spec.containers[0].volume_mounts = [client.V1VolumeMount(name="boot", mount_path="/broker/boot")]
+    headers = {"Authorization": f"Bearer {DEMO_TOKEN}", "Content-Type": "application/json"}
+
+    with pytest.raises(ApiException) as not_equal:
+        core.create_namespaced_pod("brk-one", unequal, _request_timeout=TIMEOUT)
+    with pytest.raises(ApiException) as no_volume:
+        core.create_namespaced_pod("brk-one", dangling, _request_timeout=TIMEOUT)
+    with pytest.raises(ApiException) as selector:
+        core.list_namespaced_pod("brk-one", field_selector="spec.secret=x", _request_timeout=TIMEOUT)
+    garbage = requests.post(f"{sandbox.url}/api/v1/namespaces/brk-one/pods", data=b"{not json", headers=headers,
+                            verify=str(ca_file), timeout=TIMEOUT)  # fmt: skip
+    huge = requests.post(f"{sandbox.url}/api/v1/namespaces/brk-one/secrets", data=b"x" * (4 * 1024 * 1024),
+                         headers=headers, verify=str(ca_file), timeout=TIMEOUT)  # fmt: skip
+
+    assert _status(not_equal)["details"]["causes"] == [{
+        "reason": "FieldValueInvalid", "field": "spec.containers[0].resources.requests",
+        "message": 'Invalid value: "1": must be equal to nvidia.com/gpu limit of 2'}]  # fmt: skip
+    assert _status(no_volume)["message"] == (
+        'Pod "dangling" is invalid: spec.containers[0].volumeMounts[0].name: Not found: "boot"'
+    )
+    assert (selector.value.status, _status(selector)["message"]) == (400, "field label not supported: spec.secret")
+    assert (garbage.status_code, garbage.json()["reason"]) == (400, "BadRequest")
+    assert (huge.status_code, huge.json()["reason"]) == (413, "RequestEntityTooLarge")
+    assert sandbox.pods() == []
