@@ -16,6 +16,7 @@ import pytest
 import requests
 import yaml
 
+from providers.endpoints import EndpointRefused, account_endpoints_check
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -331,3 +332,44 @@ def test_gpu_telemetry_reads_the_dcgm_exporter_for_the_orders_pod_only(sandbox):
         ("gpu-t4-0", mine.extra["namespace"], "lease", 73.0)
     ]
     assert adapter(sandbox, dcgm_url="").gpu_telemetry("ord-tele") == []
+
+
+# ------------------------------------------------------------------------------------ addresses, limits
+
+
+def test_the_api_server_and_the_dcgm_exporter_are_held_to_the_seller_endpoint_rules(settings):
+    settings.PROVIDER_ENDPOINTS = "public"
+    inside = Credentials("kubernetes", {"token": "t"}, "https://10.0.0.1:6443")
+
+    with pytest.raises(EndpointRefused) as api_server:
+        account_endpoints_check(inside, {})
+    with pytest.raises(EndpointRefused) as exporter:
+        account_endpoints_check(
+            Credentials("kubernetes", {"token": "t"}, "https://8.8.8.8:6443"),  # public: passes
+            {"dcgm_url": "http://169.254.169.254/metrics"},  # the cloud metadata service: refused
+        )
+
+    assert api_server.value.field == "endpoint_url"
+    assert exporter.value.field == "dcgm_url"
+    settings.PROVIDER_ENDPOINTS = "public+loopback"  # where the sandboxes listen
+    account_endpoints_check(Credentials("kubernetes", {"token": "t"}, "https://127.0.0.1:6443"), {})
+
+
+def test_an_api_server_url_without_tls_is_refused_before_any_token_is_sent():
+    with pytest.raises(ValueError, match="endpoint_url: the server URL must be https"):
+        KubernetesAdapter(Credentials("kubernetes", {"token": "t"}, "http://203.0.113.10:6443"), ["eu-central"], {})
+
+
+def test_a_disk_larger_than_the_nodes_ephemeral_storage_is_refused_before_launch(sandbox):
+    a = adapter(sandbox)
+    offer = next(o for o in a.list_offers() if o.zone == "gpu-t4-0" and o.instance_type == "k8s-gpu-1")
+    launch = replace(spec("k8s-gpu-1", "gpu-t4-0", "ord-disk"), offer_extra=offer.extra)
+
+    fits = a.launch_problems(replace(launch, boot=contract_boot(disk_gb=offer.extra["ephemeral_storage_gb"])))
+    too_big = a.launch_problems(replace(launch, boot=contract_boot(disk_gb=offer.extra["ephemeral_storage_gb"] + 1)))
+
+    assert fits == []
+    assert [(p.field, p.message) for p in too_big] == [
+        ("launch.disk_gb", f"{offer.extra['ephemeral_storage_gb'] + 1} GB is more than node gpu-t4-0's 900 GB of "
+                           "ephemeral storage")
+    ]  # fmt: skip
