@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import base64
 import json
+import select
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -864,3 +869,60 @@ def test_malformed_requests_are_refused_with_400_and_422_naming_the_field(
     assert (garbage.status_code, garbage.json()["reason"]) == (400, "BadRequest")
     assert (huge.status_code, huge.json()["reason"]) == (413, "RequestEntityTooLarge")
     assert sandbox.pods() == []
+
+
+# ------------------------------------------------------------------------------------------- standalone
+
+
+def test_the_standalone_sandbox_writes_the_cluster_account_to_its_manifest(tmp_path: Path) -> None:
+    # What the run command reads (sandboxes/demo.py): the API server URL, a token and the CA bundle in PEM, the
+    # account's options; the served API answers that token over TLS verified with that CA.
+    manifest = tmp_path / "sandbox.json"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandboxes",
+            "serve",
+            "--only",
+            "kubernetes",
+            "--port",
+            "0",
+            "--manifest",
+            str(manifest),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready, "the sandbox did not start within 30 s"
+        line = process.stdout.readline().strip()
+        # The manifest is written (atomically) once every sandbox listens, just after the line above.
+        deadline = time.monotonic() + 30
+        while not manifest.exists() and time.monotonic() < deadline and process.poll() is None:
+            select.select([], [], [], 0.02)
+        account = json.loads(manifest.read_text())["kubernetes"]
+        ca = tmp_path / "ca.pem"
+        ca.write_text(account["credentials"]["ca_bundle"])
+        nodes = requests.get(
+            account["endpoint_url"] + "/api/v1/nodes",
+            headers={"Authorization": f"Bearer {account['credentials']['token']}"},
+            verify=str(ca),
+            timeout=TIMEOUT,
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+    assert line == f"kubernetes sandbox listening on {account['endpoint_url']}"
+    assert account["endpoint_url"].startswith("https://127.0.0.1:")
+    assert (account["kind"], account["demo_regions"], account["all_regions"]) == (
+        "kubernetes", ["eu-central"], ["eu-central"])  # fmt: skip
+    assert sorted(account["credentials"]) == ["ca_bundle", "token"]
+    assert account["credentials"]["ca_bundle"].startswith("-----BEGIN CERTIFICATE-----")
+    assert account["options"]["dcgm_url"] == account["endpoint_url"] + "/dcgm/metrics"
+    assert nodes.json()["kind"] == "NodeList" and len(nodes.json()["items"]) == 7
