@@ -741,6 +741,43 @@ def test_a_running_pod_boots_the_lease_agent_from_its_secret_and_its_delete_halt
     assert sandbox.booter.machines() == []
 
 
+def test_a_boot_fault_on_the_pod_s_node_keeps_its_agent_silent(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api
+) -> None:
+    # The sandboxes' boot faults (sandboxes/boot.py), matched on the GPU resource and the node: the pod runs, as
+    # Kubernetes sees it, but its lease agent never phones home.
+    sandbox.booter.mode = BootMode.HOLD
+    _namespace(core)
+    data = {"boot.sh": base64.b64encode(_boot_script()).decode()}
+    core.create_namespaced_secret("brk-one", client.V1Secret(metadata=client.V1ObjectMeta(name="boot"), data=data))
+    sandbox.faults.inject("boot_silent", instance_type=GPU, zone="gpu-t4-0")
+
+    core.create_namespaced_pod("brk-one", _pod(node="gpu-t4-0", boot_secret="boot"), _request_timeout=TIMEOUT)
+    pod = core.read_namespaced_pod("lease", "brk-one", _request_timeout=TIMEOUT)
+
+    assert pod.status.phase == "Running"
+    assert [(r.instance_id, r.outcome) for r in sandbox.booter.records] == [("brk-one/lease", "silent")]
+    assert sandbox.booter.machines() == []
+
+
+def test_the_control_api_registers_tokens_and_changes_nodes(sandbox: KubernetesSandbox, ca_file: Path) -> None:
+    # The sandboxes' control API (sandboxes/server.py), for a process that did not start the sandbox.
+    control = f"{sandbox.url}/_sandbox"
+    made = requests.post(f"{control}/tokens", json={"user": "system:serviceaccount:a:b",
+                         "deny": [["list", "nodes"]]}, verify=str(ca_file), timeout=TIMEOUT)  # fmt: skip
+    changed = requests.post(f"{control}/nodes/gpu-t4-0", json={"ready": False}, verify=str(ca_file), timeout=TIMEOUT)
+    unknown = requests.post(f"{control}/nodes/nope", json={"ready": False}, verify=str(ca_file), timeout=TIMEOUT)
+    api = client.CoreV1Api(_api(sandbox, ca_file, made.json()["token"]))
+
+    with pytest.raises(ApiException) as denied:
+        api.list_node(_request_timeout=TIMEOUT)
+    node = api.read_node("gpu-t4-0", _request_timeout=TIMEOUT)
+
+    assert (made.status_code, changed.status_code, unknown.status_code) == (201, 200, 400)
+    assert denied.value.status == 403
+    assert {c.type: c.status for c in node.status.conditions}["Ready"] == "False"
+
+
 def test_a_pod_whose_secret_is_missing_waits_in_container_creating(core: client.CoreV1Api) -> None:
     # FailedMount for a missing Secret volume, https://kubernetes.io/docs/concepts/configuration/secret/.
     _namespace(core)
@@ -783,6 +820,26 @@ def test_the_dcgm_exporter_reports_each_gpu_with_its_pod(
     assert busy.labels["UUID"].startswith("GPU-") and busy.labels["device"] == "nvidia1"
     idle = util[("gpu-a100-0", "2")]
     assert idle.value == 0 and "pod" not in idle.labels
+
+
+def test_the_dcgm_exporter_labels_a_mig_device_with_its_profile_and_instance(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # dcgm-exporter's MIG labels GPU_I_PROFILE and GPU_I_ID, https://github.com/NVIDIA/dcgm-exporter#kubernetes
+    # and NVIDIA's "GPU Operator with MIG", https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-mig.html.
+    _namespace(core)
+    core.create_namespaced_pod(
+        "brk-one", _pod(limits={"nvidia.com/mig-3g.20gb": "1"}, node="gpu-a100-mig-0"), _request_timeout=TIMEOUT
+    )
+    core.read_namespaced_pod("lease", "brk-one", _request_timeout=TIMEOUT)
+
+    page = requests.get(sandbox.url + "/dcgm/metrics", verify=str(ca_file), timeout=TIMEOUT).text
+    [family] = [f for f in text_string_to_metric_families(page) if f.name == "DCGM_FI_DEV_FB_USED"]
+    mine = [s.labels for s in family.samples if s.labels.get("pod") == "lease"]
+
+    assert [(m["Hostname"], m["gpu"], m["GPU_I_PROFILE"], m["GPU_I_ID"], m["namespace"]) for m in mine] == [
+        ("gpu-a100-mig-0", "2", "3g.20gb", "1", "brk-one")
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- watch
