@@ -516,10 +516,16 @@ class KubernetesSandbox(SandboxApp):
         if not resource.namespaced and resource is not NAMESPACES and namespace:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         verb = self._verb(request, name)
+        action = _action(verb, resource)
+        try:
+            # Authentication comes first, as in the API server's filter chain: a stranger's body is never read.
+            identity = self.tokens.identify(request.headers.get("Authorization"))
+        except ApiError:
+            self.record_call(Call(action, namespace))
+            raise
         body = self._body(request) if request.method in ("POST", "PUT", "PATCH") else None
-        call = self._call(_action(verb, resource), namespace, body)
+        call = self._call(action, namespace, body)
         self.record_call(call)
-        identity = self.tokens.identify(request.headers.get("Authorization"))
         self._transport(call, identity, resource, verb, namespace if resource.namespaced else "", name)
         authorize(identity, verb, resource, namespace if resource.namespaced else "", name)
         if resource is SSRR:
