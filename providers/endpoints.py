@@ -30,8 +30,8 @@ from providers.addresses import is_loopback, is_public
 from providers.types import Credentials
 from untrusted.jsonbody import bounded_json
 
-# The options that name an endpoint (Azure's, for sovereign clouds).
-_URL_OPTIONS = ("authority_url", "prices_url")
+# The options that name an endpoint (Azure's, for sovereign clouds; a Kubernetes cluster's DCGM exporter).
+_URL_OPTIONS = ("authority_url", "prices_url", "dcgm_url")
 
 
 class EndpointRefused(ValueError):

@@ -15,6 +15,7 @@ ADAPTERS: dict[str, str] = {
     "alibaba": "providers.alibaba.adapter.AlibabaAdapter",
     "gcp": "providers.gcp.adapter.GcpAdapter",
     "community": "providers.community.adapter.CommunityAdapter",
+    "kubernetes": "providers.kubernetes.adapter.KubernetesAdapter",
 }
 
 

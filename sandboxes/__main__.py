@@ -27,6 +27,7 @@ SANDBOXES: dict[str, str] = {
     "tencent": "sandboxes.tencent.app:TencentSandbox",
     "alibaba": "sandboxes.alibaba.app:AlibabaSandbox",
     "gcp": "sandboxes.gcp.app:GcpSandbox",
+    "kubernetes": "sandboxes.kubernetes.app:KubernetesSandbox",
     "stripe": "sandboxes.stripe.app:StripeSandbox",
 }
 

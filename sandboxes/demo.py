@@ -73,12 +73,25 @@ def _gcp(sandbox: Any) -> SandboxAccount:
     )
 
 
+def _kubernetes(sandbox: Any) -> SandboxAccount:
+    # One cluster, one region: the API server URL, a service account token and the cluster CA (PEM text).
+    return SandboxAccount(
+        kind="kubernetes",
+        endpoint_url=sandbox.url,
+        credentials=sandbox.account_credentials(),
+        demo_regions=[sandbox.region],
+        all_regions=[sandbox.region],
+        options=sandbox.account_options(),
+    )
+
+
 SANDBOX_ACCOUNTS: dict[str, Callable[[Any], SandboxAccount]] = {
     "aws": _aws,
     "azure": _azure,
     "tencent": _tencent,
     "alibaba": _alibaba,
     "gcp": _gcp,
+    "kubernetes": _kubernetes,
 }
 
 # kind -> "module:function" starting that sandbox in-process on a free port.
@@ -88,6 +101,7 @@ STARTERS: dict[str, str] = {
     "tencent": "sandboxes.tencent.app:start_tencent_sandbox",
     "alibaba": "sandboxes.alibaba.app:start_alibaba_sandbox",
     "gcp": "sandboxes.gcp.app:start_gcp_sandbox",
+    "kubernetes": "sandboxes.kubernetes.app:start_kubernetes_sandbox",
 }
 
 

@@ -148,6 +148,8 @@ def test_what_a_launch_created_is_listed_by_its_order_and_released(held):
 
 
 def test_a_missing_image_fails_the_launch_before_any_instance_exists(held):
+    if held.extra.get("images_checked_before_launch") is False:
+        pytest.skip(f"{held.kind} has no image catalogue to ask: a pull failure shows after the launch")
     spec = booted_spec(held)
     held.sandbox.faults.inject("image_missing", region=spec.region)
 

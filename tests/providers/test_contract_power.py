@@ -55,6 +55,14 @@ def _stopped(target: ContractTarget, *, boot: bool = False) -> tuple[ProviderAda
     return adapter, _until(adapter, stopping, InstanceState.STOPPED)
 
 
+@pytest.fixture(autouse=True)
+def _stoppable_kinds_only(target):
+    """A kind without a stop that keeps the disk (a Kubernetes pod) is held to ``ProviderAdapter.stop``'s
+    refusal in its own tests instead."""
+    if not target.make_adapter(True, {}).stoppable:
+        pytest.skip(f"{target.kind} has no stop that keeps the instance")
+
+
 @pytest.fixture
 def held(target):
     booter = target.sandbox.booter
