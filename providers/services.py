@@ -10,6 +10,7 @@ from providers import ratelimit
 from providers.base import ProviderAdapter
 from providers.endpoints import account_endpoints_check
 from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.kubernetes.kubeconfig import kubeconfig_credentials
 from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import ADAPTERS, build_adapter
 from providers.secrets import SecretUnreadable
@@ -17,6 +18,20 @@ from providers.secrets import SecretUnreadable
 
 class AccountInvalid(ValueError):
     """The account's settings are wrong; the message names the field."""
+
+
+def account_credentials_normalise(kind: str, values: dict[str, str], endpoint_url: str) -> tuple[dict[str, str], str]:
+    """The credentials and endpoint an account keeps. A Kubernetes account's kubeconfig, pasted once, becomes
+    its API server URL, token and CA bundle, and is not kept itself; any other account passes unchanged.
+    Raises ``AccountInvalid`` naming the kubeconfig's problem."""
+    if kind != ProviderKind.KUBERNETES or not values.get("kubeconfig"):
+        return {k: v for k, v in values.items() if k != "kubeconfig"}, endpoint_url
+    try:
+        server, found = kubeconfig_credentials(values["kubeconfig"])
+    except ValueError as exc:
+        raise AccountInvalid(f"kubeconfig: {exc}") from None
+    rest = {k: v for k, v in values.items() if k not in ("kubeconfig", *found)}
+    return {**rest, **found}, server
 
 
 def adapter_for_account(account: ProviderAccount) -> ProviderAdapter:
@@ -62,6 +77,9 @@ def provider_account_connect(
         raise AccountInvalid("regions: name at least one region")
     if not credentials and kind != ProviderKind.COMMUNITY:  # an independent fleet signs per machine instead
         raise AccountInvalid("credentials: none given")
+    credentials, endpoint_url = account_credentials_normalise(kind, credentials, endpoint_url)
+    if kind == ProviderKind.KUBERNETES and not (endpoint_url and credentials.get("token")):
+        raise AccountInvalid("credentials: a cluster needs its API server URL and a service account token")
     try:
         ratelimit.limits_from_options(options or {}, kind)
     except ValueError as exc:

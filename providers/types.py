@@ -48,6 +48,9 @@ GPU_FRACTION = "gpu_fraction"  # OfferQuote.extra key: the share of a card each 
 # broker did not place; the broker holds its own orders' units (marketplace/orders/reservations.py).
 NODE_RESOURCE = "resource"
 NODE_UNITS_FREE = "units_free"
+# OfferQuote.extra key: True for a time-sliced share of a card (NVIDIA's device plugin time-slicing): its
+# ``GPU_FRACTION`` is a share of the card's time, not of its memory, which every share sees whole (and shares).
+GPU_TIME_SLICED = "time_sliced"
 NETWORK_GBPS = "network_gbps"  # OfferQuote.extra key: the instance's network bandwidth in Gbit/s, where published
 
 

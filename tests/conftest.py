@@ -280,7 +280,7 @@ def gcp_account(db, gcp_sandbox):
     return ProviderAccount.objects.get(pk=account.pk)
 
 
-def _sandbox_account(kind: str, sandbox):
+def _sandbox_account(kind: str, sandbox, provider_name: str = "Petra Cloud Resale"):
     """Petra's account of ``kind`` connected to ``sandbox`` the way the run command connects it
     (``sandboxes.demo``), its offers synced through the real adapter."""
     from marketplace.catalog.services import offers_sync
@@ -290,7 +290,7 @@ def _sandbox_account(kind: str, sandbox):
 
     how = SANDBOX_ACCOUNTS[kind](sandbox)
     account = provider_account_connect(
-        provider_name="Petra Cloud Resale",
+        provider_name=provider_name,
         kind=kind,
         name=f"{kind}-sandbox",
         credentials=how.credentials,
@@ -324,6 +324,30 @@ def azure_sandbox(azure_sandbox_server):
 def azure_account(db, azure_sandbox):
     """Petra's Azure subscription pointed at the sandbox, synced through the real adapter."""
     return _sandbox_account("azure", azure_sandbox)
+
+
+@pytest.fixture(scope="session")
+def kubernetes_sandbox_server():
+    from sandboxes.kubernetes.app import start_kubernetes_sandbox
+
+    sandbox = start_kubernetes_sandbox()
+    _SANDBOX_SERVERS.append(sandbox)
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def kubernetes_sandbox(kubernetes_sandbox_server):
+    kubernetes_sandbox_server.reset()
+    yield kubernetes_sandbox_server
+    kubernetes_sandbox_server.reset()
+
+
+@pytest.fixture
+def kubernetes_account(db, kubernetes_sandbox):
+    """Kai's cluster (the Kubernetes sandbox) connected as the run command connects it, synced through the real
+    adapter: its nodes' GPUs, MIG slices and shares on sale, each node a capacity pool."""
+    return _sandbox_account("kubernetes", kubernetes_sandbox, provider_name="Kai's Neocloud")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, ProviderKind, SyncStatus
 from providers.services import adapter_for_account
-from providers.types import GPU_FRACTION, OfferQuote, PricingModel
+from providers.types import GPU_FRACTION, GPU_TIME_SLICED, OfferQuote, PricingModel
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ def _gpu_fraction(quote: OfferQuote) -> float:
 
 
 def _memory_problem(quote: OfferQuote, spec: _SpecRow, fraction: float) -> str:
-    # A slice holds its share of the card's memory: that share is what the row must match.
-    expected = spec.memory_gb * fraction
+    # A slice holds its share of the card's memory: that share is what the row must match. A time-sliced
+    # share's fraction is of the card's time: it sees all the memory.
+    expected = spec.memory_gb * (1 if quote.extra.get(GPU_TIME_SLICED) is True else fraction)
     if quote.gpu_memory_gb == round(expected):
         return ""
     if abs(quote.gpu_memory_gb - expected * 1024) <= expected * 64:

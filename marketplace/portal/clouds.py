@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 
 from providers.endpoints import KEY_MAX_BYTES, KEY_MAX_DEPTH
+from providers.kubernetes.permissions import cluster_role_yaml
+from providers.kubernetes.pricing import parse_gpu_prices
 from untrusted.jsonbody import bounded_json
 
 
@@ -24,6 +26,18 @@ def validate_service_account_json(value: str) -> None:
     missing = [key for key in ("client_email", "private_key") if not info.get(key)]
     if missing:
         raise ValidationError(f"the key has no {' or '.join(missing)}")
+
+
+def _gpu_prices(value: str) -> None:
+    try:
+        parse_gpu_prices(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+
+
+def _shared_gpus(value: str) -> None:
+    if value not in ("allow", "deny"):
+        raise ValidationError(f"write allow or deny, not {value[:40]!r}")
 
 
 def _tencent_site(value: str) -> None:
@@ -55,6 +69,13 @@ class Cloud:
     options: tuple[CloudField, ...]
     region_pattern: re.Pattern[str]
     region_examples: tuple[str, ...] = field(default_factory=tuple)
+    # Where the adapter calls: an override for a cloud (optional), the API server for a cluster (required).
+    endpoint_label: str = "Endpoint override"
+    endpoint_help: str = "optional: a sovereign region's or a private endpoint"
+    endpoint_required: bool = False
+    # A cluster's seller needs the role its service account must hold, shown on the connect form.
+    setup_note: str = ""
+    setup_text: str = ""
 
     @property
     def all_options(self) -> tuple[CloudField, ...]:
@@ -176,5 +197,53 @@ CLOUDS: dict[str, Cloud] = {
         # ap-guangzhou, na-siliconvalley, ap-shanghai-fsi
         region_pattern=re.compile(r"[a-z]{2}-[a-z]+(-[a-z0-9]+)*"),
         region_examples=("ap-guangzhou", "ap-shanghai"),
+    ),
+    "kubernetes": Cloud(
+        kind="kubernetes",
+        label="Kubernetes cluster",
+        credentials=(
+            CloudField(
+                "token",
+                "Service account token",
+                secret=True,
+                kind="textarea",
+                help="a token of a service account bound to the ClusterRole below (or paste a kubeconfig)",
+            ),
+            CloudField("ca_bundle", "Cluster CA (PEM)", kind="textarea", help="the API server's certificate authority"),
+            CloudField(
+                "kubeconfig",
+                "Or a kubeconfig",
+                secret=True,
+                kind="textarea",
+                help="pasted once: its current context's server, CA and token fill the fields above",
+            ),
+        ),
+        options=(
+            CloudField(
+                "gpu_prices",
+                "Prices per GPU-hour (USD)",
+                kind="textarea",
+                help="one rule per line: GPU model, price, and optionally a node pool label, e.g. "
+                "'A100-80GB-SXM4 1.90' or 'T4 0.30 broker.example/pool=spot'",
+                validator=_gpu_prices,
+            ),
+            CloudField(
+                "shared_gpus",
+                "Time-sliced GPUs",
+                help="allow: sell nvidia.com/gpu.shared replicas too",
+                validator=_shared_gpus,
+            ),
+            CloudField("dcgm_url", "DCGM exporter URL", kind="url", help="optional: per-GPU utilization from it"),
+            CloudField("image", "Default image", help="for script workloads; default nvidia/cuda base"),
+        ),
+        # The seller's own name for where the cluster is: eu-central, us-tx-1
+        region_pattern=re.compile(r"[a-z][a-z0-9-]{1,30}[a-z0-9]"),
+        region_examples=("eu-central", "us-tx"),
+        endpoint_label="API server URL",
+        endpoint_help="https://..., as the cluster's kubeconfig names it (not needed with a kubeconfig)",
+        endpoint_required=True,
+        setup_note="The service account needs this ClusterRole (and a ClusterRoleBinding to it); saving checks "
+        "each rule with a SelfSubjectRulesReview and names any that is missing.",
+        setup_text=cluster_role_yaml(),
     ),
 }

@@ -280,6 +280,8 @@ class AccountForm(forms.Form):
         self.stored = stored
         self.editing = editing
         self.fields["regions"].help_text = f"comma-separated, e.g. {', '.join(cloud.region_examples)}"
+        self.fields["endpoint_url"].label = cloud.endpoint_label
+        self.fields["endpoint_url"].help_text = cloud.endpoint_help
         self.fields["regions"].widget.attrs["placeholder"] = ", ".join(cloud.region_examples)
         for spec in cloud.credentials:
             self.fields[spec.key] = _cloud_field(
@@ -341,6 +343,9 @@ class AccountForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if self.cloud.endpoint_required and not data.get("endpoint_url") and not data.get("kubeconfig"):
+            if "endpoint_url" not in self.errors:
+                self.add_error("endpoint_url", f"give the {self.cloud.endpoint_label}, or paste a kubeconfig")
         for spec in self.cloud.all_options:
             raw = (data.get(spec.key) or "").strip()
             if raw and spec.kind in ("number", "integer"):

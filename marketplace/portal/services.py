@@ -41,7 +41,7 @@ from providers.errors import ProviderError
 from providers.models import Provider, ProviderAccount, ProviderKind
 from providers.registry import build_adapter
 from providers.secrets import SecretUnreadable
-from providers.services import AccountInvalid, provider_account_connect
+from providers.services import AccountInvalid, account_credentials_normalise, provider_account_connect
 from providers.text import name_problem
 from providers.types import Credentials
 
@@ -398,7 +398,13 @@ def provider_account_save(
     if account is None and taken.exists():
         raise PortalError("you already have an account of that name", field="name")
 
-    credentials = Credentials(kind=data.kind, values=values, endpoint_url=data.endpoint_url or None)
+    try:
+        values, endpoint_url = account_credentials_normalise(data.kind, values, data.endpoint_url)
+    except AccountInvalid as exc:
+        raise PortalError(str(exc).removeprefix("kubeconfig: "), field="kubeconfig") from None
+    if data.kind == ProviderKind.KUBERNETES and not values.get("token"):
+        raise PortalError("give the service account's token, or paste a kubeconfig", field="token")
+    credentials = Credentials(kind=data.kind, values=values, endpoint_url=endpoint_url or None)
     try:
         account_endpoints_check(credentials, options)
     except EndpointRefused as exc:
@@ -435,7 +441,7 @@ def provider_account_save(
                 name=account.name if account else data.name,
                 credentials=values,
                 regions=data.regions,
-                endpoint_url=data.endpoint_url,
+                endpoint_url=endpoint_url,
                 options=options,
             )
         except AccountInvalid as exc:

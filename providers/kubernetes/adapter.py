@@ -26,7 +26,7 @@ from providers.kubernetes.pricing import parse_gpu_prices
 from providers.launch import LaunchLimits, LaunchProblem, OrderResource, UserDataMeasure, WorkloadKind
 from providers.options import option_number
 from providers.sshkeys import KEY_TYPES
-from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote
+from providers.types import NODE_RESOURCE, Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote
 
 PROVIDER = mapping.PROVIDER
 _INSTANCE_ID = re.compile(rf"({launching.NAMESPACE_PREFIX}[0-9a-f]{{20}})/{mapping.POD_NAME}")
@@ -140,7 +140,7 @@ class KubernetesAdapter(ProviderAdapter):
                 provider=PROVIDER,
             )
         resource, count = named
-        offered = spec.offer_extra.get("resource")
+        offered = spec.offer_extra.get(NODE_RESOURCE)
         # The offer may sell slices or shares under nvidia.com/gpu itself (MIG single strategy, time-slicing
         # without renaming): its own resource name wins.
         if isinstance(offered, str) and (

@@ -23,7 +23,7 @@ from providers.community.mig import COMPUTE_SLICES, MIG_PROFILE, mig_profile
 from providers.gpu_specs import gpu_spec_get
 from providers.kubernetes import mapping
 from providers.kubernetes.pricing import PriceRule, price_for
-from providers.types import GPU_FRACTION, OfferQuote, PricingModel
+from providers.types import GPU_FRACTION, GPU_TIME_SLICED, NODE_RESOURCE, NODE_UNITS_FREE, OfferQuote, PricingModel
 
 SIZES = (1, 2, 4, 8)
 DEFAULT_POOL_LABEL = "broker.example/pool"
@@ -89,8 +89,8 @@ def _node_offers(node: mapping.NodeView, used: Mapping[tuple[str, str], Decimal]
             continue
         base = {
             "node": node.name,
-            "resource": resource,
-            "units_free": free,
+            NODE_RESOURCE: resource,
+            NODE_UNITS_FREE: free,
             "units_allocatable": units,
             "pool": node.labels.get(s.pool_label, ""),
             "node_selector": {mapping.HOSTNAME_LABEL: node.labels.get(mapping.HOSTNAME_LABEL, node.name)},
@@ -106,7 +106,7 @@ def _node_offers(node: mapping.NodeView, used: Mapping[tuple[str, str], Decimal]
             if not s.shared_gpus or (count := mapping.replicas(node)) is None or count < 2 or free < 1:
                 continue
             share = Fraction(1, count)
-            extra = {**base, GPU_FRACTION: float(share), "replicas": count}
+            extra = {**base, GPU_FRACTION: float(share), GPU_TIME_SLICED: True, "replicas": count}
             quotes.append(
                 _quote(node, s, model, "k8s-shared-1", 1, Fraction(1, units), per_gpu * _dec(share), free, extra)
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from providers.errors import CredentialsRejected
@@ -104,3 +105,12 @@ def cluster_role_rules(permissions: Sequence[Permission] = PERMISSIONS) -> list[
     return [
         {"apiGroups": [group], "resources": [resource], "verbs": verbs} for (group, resource), verbs in rules.items()
     ]
+
+
+CLUSTER_ROLE_FILE = Path(__file__).with_name("clusterrole.yaml")
+
+
+def cluster_role_yaml() -> str:
+    """The ClusterRole manifest a seller applies (``clusterrole.yaml``), as the portal and ``manage.py provider
+    clusterrole`` show it."""
+    return CLUSTER_ROLE_FILE.read_text()

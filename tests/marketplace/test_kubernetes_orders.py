@@ -1,0 +1,201 @@
+"""Orders on a Kubernetes seller's cluster (issue 37), end to end through the broker and the real `kubernetes`
+client against the cluster sandbox: placed through the API, a namespace with a pod that asks for exactly its
+GPUs, ready once the lease agent in the pod reports, telemetry, and nothing left in the cluster when it ends;
+a pod no node can take fails over like a sold-out zone; concurrent orders never oversubscribe a node."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ledger.services import ledger_verify
+from marketplace.models import Attempt, AttemptOutcome, NodeHold, Offer, Order, OrderState
+from marketplace.orders.reconcile import account_resources_reconcile
+from marketplace.orders.selectors import order_telemetry
+from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from providers.services import adapter_for_account
+from tests.leases import LAUNCH, boot_if_launched, held_agent
+from tests.races import race_same
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(alice) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+def _offer(account, node: str, instance_type: str) -> Offer:
+    return Offer.objects.get(account=account, zone=node, instance_type=instance_type, pricing_model="on_demand")
+
+
+def _order_through_the_api(api, capture, offer: Offer, launch: dict | None = None) -> Order:
+    body = {"offer": offer.pk, "max_price_per_hour": str(offer.price_usd + Decimal("0.5"))}
+    if launch is not None:
+        body["launch"] = launch
+    with capture(execute=True):
+        response = api.post("/api/v1/orders", body, format="json")
+    assert response.status_code in (200, 201), response.json()
+    return Order.objects.get(public_id=response.json()["id"])
+
+
+def test_an_order_runs_in_a_pod_of_its_own_and_ends_with_nothing_left_in_the_cluster(
+    api, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-2")
+
+    order = boot_if_launched(_order_through_the_api(api, django_capture_on_commit_callbacks, offer), kubernetes_sandbox)
+
+    assert order.state == OrderState.RUNNING, order.state_reason
+    namespace = order.instance.provider_instance_id.split("/")[0]
+    (pod,) = kubernetes_sandbox.pods(namespace)
+    # The scheduler bound it to the offer's node and the device plugin gave it exactly its two GPUs.
+    assert (pod.node, pod.phase, len(pod.devices)) == ("gpu-t4-0", "Running", 2)
+    # Two of the node's four T4s are held for the order: a 4-GPU lease no longer fits there, two single ones do.
+    attempt = Attempt.objects.get(order=order, outcome=AttemptOutcome.LAUNCHED)
+    assert NodeHold.objects.get(attempt=attempt).units == 2
+    assert _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-4").reserved == 1
+    assert _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1").reserved == 2
+
+    # The lease agent in the pod reports telemetry, as on every provider kind.
+    assert held_agent(order, kubernetes_sandbox).heartbeat() == "running"
+    now = timezone.now()
+    telemetry = order_telemetry(order, since=now - dt.timedelta(hours=1), now=now)
+    assert telemetry is not None and telemetry.latest is not None
+    assert len(telemetry.latest.gpus) == 2  # the agent sees the pod's two GPUs
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.TERMINATED
+    assert namespace not in kubernetes_sandbox.namespaces() or kubernetes_sandbox.pods(namespace) == []
+    assert adapter_for_account(kubernetes_account).find_by_order(order.ref) == []
+    assert not NodeHold.objects.filter(attempt=attempt).exists()
+    assert _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-4").reserved == 0
+    assert ledger_verify().ok
+
+
+def test_a_pod_no_node_can_take_is_a_capacity_failure_and_the_order_fails_over(
+    acme, alice, kubernetes_account, kubernetes_sandbox, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    first = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+    # Someone else's pods took the node's GPUs after the sync: the scheduler leaves the broker's pod Pending.
+    kubernetes_sandbox.faults.inject("capacity", action="createPod", instance_type="nvidia.com/gpu", zone="gpu-t4-0")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=first.pk, max_price_per_hour=Decimal("1"), allow_failover=True
+            ),
+        ).order
+    order = boot_if_launched(order, aws_sandbox)
+
+    failed = Attempt.objects.get(order=order, number=1)
+    assert failed.outcome == AttemptOutcome.FAILED
+    assert failed.provider_code == "FailedScheduling", failed.provider_message
+    assert "Insufficient nvidia.com/gpu" in failed.provider_message
+    assert not NodeHold.objects.filter(attempt=failed).exists()
+    assert kubernetes_sandbox.pods() == []  # nothing of the failed attempt is left in the cluster
+    # The next-ranked T4 within the cap, on another provider kind, took the order.
+    assert order.state == OrderState.RUNNING, order.state_reason
+    assert order.instance.account_id == aws_account.pk
+
+
+def test_an_image_that_cannot_be_pulled_is_the_buyers_error_named(
+    api, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+    image = "registry.example/team/trainer:v9"
+    kubernetes_sandbox.faults.inject("image_missing", action="image", instance_type=image)
+
+    order = _order_through_the_api(
+        api,
+        django_capture_on_commit_callbacks,
+        offer,
+        launch={"workload": {"kind": "container", "image": image}},
+    )
+    order.refresh_from_db()
+
+    attempt = Attempt.objects.get(order=order, number=1)
+    assert attempt.outcome == AttemptOutcome.FAILED
+    assert attempt.provider_code in {"ErrImagePull", "ImagePullBackOff"}, attempt.provider_message
+    assert image in attempt.provider_message
+    assert kubernetes_sandbox.pods() == []
+    assert not NodeHold.objects.filter(attempt__order=order).exists()
+
+
+def test_the_reconciler_deletes_namespaces_of_orders_that_ended(
+    acme, alice, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    order = boot_if_launched(
+        _order_with(
+            acme, alice, _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1"), django_capture_on_commit_callbacks
+        ),
+        kubernetes_sandbox,
+    )
+    assert order.state == OrderState.RUNNING, order.state_reason
+    namespace = order.instance.provider_instance_id.split("/")[0]
+    # The order ended in the broker, but its namespace's deletion never reached the cluster.
+    Order.objects.filter(pk=order.pk).update(state=OrderState.TERMINATED)
+
+    report = account_resources_reconcile(account_id=kubernetes_account.pk, now=timezone.now(), grace_s=0)
+
+    assert report.errors == []
+    assert namespace not in kubernetes_sandbox.namespaces() or kubernetes_sandbox.pods(namespace) == []
+
+
+def _order_with(acme, alice, offer: Offer, capture) -> Order:
+    with capture(execute=True):
+        return order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH,
+                offer_id=offer.pk,
+                max_price_per_hour=offer.price_usd + Decimal("1"),
+                allow_failover=False,
+            ),
+        ).order
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_orders_never_oversubscribe_a_node(acme, alice, kubernetes_account, kubernetes_sandbox):
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL; SQLite serialises every write")
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")  # four T4s
+
+    def place() -> int:
+        return order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH,
+                offer_id=offer.pk,
+                max_price_per_hour=offer.price_usd + Decimal("1"),
+                allow_failover=False,
+            ),
+        ).order.pk
+
+    placed, errors = race_same(8, place)
+
+    assert errors == []
+    orders = [boot_if_launched(o, kubernetes_sandbox) for o in Order.objects.filter(pk__in=placed)]
+    running = [o for o in orders if o.state == OrderState.RUNNING]
+    assert len(running) == 4, [(o.state, o.state_reason) for o in orders]
+    assert {o.state for o in orders} == {OrderState.RUNNING, OrderState.FAILED}
+    pods = [p for p in kubernetes_sandbox.pods() if p.node == "gpu-t4-0"]
+    assert len(pods) == 4
+    assert sum(NodeHold.objects.filter(node__name="gpu-t4-0").values_list("units", flat=True)) == 4
+    for order in running:
+        order_terminate(order=order)
+    assert NodeHold.objects.count() == 0
+    assert ledger_verify().ok
