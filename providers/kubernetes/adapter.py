@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from providers import ratelimit
 from providers.base import ProviderAdapter
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
@@ -106,6 +107,7 @@ class KubernetesAdapter(ProviderAdapter):
                 read_timeout=self._read_timeout,
                 max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 retry_backoff=option_number(self.options, "retry_backoff", BACKOFF_SECONDS),
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
 
