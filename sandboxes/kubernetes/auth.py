@@ -58,6 +58,7 @@ SERVED: tuple[tuple[str, str], ...] = (
     ("", "events"),
     ("", "resourcequotas"),
     ("networking.k8s.io", "networkpolicies"),
+    ("batch", "jobs"),
 )
 # Granted to every authenticated user by the default ClusterRoles system:basic-user and system:discovery.
 BASIC_RULES = (
