@@ -217,6 +217,14 @@ class KubernetesClient:
             self.core.list_pod_for_all_namespaces, field_selector="status.phase!=Succeeded,status.phase!=Failed"
         )
 
+    def list_labelled_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        """Pods of every namespace carrying the labels."""
+        return self._list(self.core.list_pod_for_all_namespaces, label_selector=label_selector)
+
+    def list_labelled_services(self, label_selector: str) -> list[dict[str, Any]]:
+        """Services of every namespace carrying the labels."""
+        return self._list(self.core.list_service_for_all_namespaces, label_selector=label_selector)
+
     def list_namespaces(self, label_selector: str) -> list[dict[str, Any]]:
         return self._list(self.core.list_namespace, label_selector=label_selector)
 
