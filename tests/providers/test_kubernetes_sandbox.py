@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -537,6 +538,33 @@ def test_mig_devices_and_shared_gpus_schedule_under_their_own_resource_names(
     message = core.read_namespaced_pod("mig-c", "brk-one", _request_timeout=TIMEOUT).status.conditions[0].message
     assert message.startswith("0/7 nodes are available: 1 Insufficient nvidia.com/mig-3g.20gb, ")
     assert "4 node(s) didn't match Pod's node affinity/selector" in message
+
+
+def test_concurrent_pods_never_take_more_gpus_than_the_node_has(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # Extended resources are not overcommitted,
+    # https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources ; twelve
+    # clients create one-GPU pods for the eight-GPU node at once.
+    for index in range(12):
+        _namespace(core, f"brk-{index}")
+    start = threading.Barrier(12)
+
+    def create(index: int) -> None:
+        api = client.CoreV1Api(_api(sandbox, ca_file))
+        start.wait(timeout=TIMEOUT)
+        api.create_namespaced_pod(f"brk-{index}", _pod(limits={GPU: "1"}), _request_timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    phases = [p.phase for p in sandbox.pods()]
+
+    assert sorted(phases) == ["Pending"] * 4 + ["Running"] * 8
+    devices = [d for p in sandbox.pods() for d in p.devices]
+    assert sorted(devices) == [f"nvidia.com/gpu:{i}" for i in range(8)]
 
 
 # ---------------------------------------------------------------------------------------------- quotas
