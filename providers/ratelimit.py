@@ -484,6 +484,16 @@ def tencent_limit(group: str) -> Limit:
     return Limit.per_window(TENCENT_PER_SECOND.get(group, TENCENT_DEFAULT_PER_SECOND), 1)
 
 
+# Kubernetes. An API server publishes no request rate per client: it shares its capacity by API Priority and
+# Fairness and answers 429 with Retry-After past it (https://kubernetes.io/docs/concepts/cluster-administration/
+# flow-control/); what it sizes is concurrency (kube-apiserver's --max-requests-inflight 400 and
+# --max-mutating-requests-inflight 200 by default, https://kubernetes.io/docs/reference/command-line-tools-reference/
+# kube-apiserver/). The figure is a conservative choice: one bucket per cluster for everything the broker sends it,
+# 50 requests a second with bursts of 100, a small share of what one API server serves; a seller whose cluster
+# takes more (or less) sizes it with ``rate_limit.api``.
+KUBERNETES_LIMITS = {"api": Limit(capacity=100, refill_per_s=50)}
+
+
 # ------------------------------------------------------------------------------------ an account's own figures
 
 # The EC2 actions the broker calls (providers/aws): each is its own bucket (``aws_group``), sized by its category.
@@ -516,6 +526,7 @@ ACCOUNT_GROUPS: Mapping[str, frozenset[str]] = {
     "gcp": frozenset(GCP_LIMITS),
     "alibaba": frozenset(ALIBABA_LIMITS) | ALIBABA_ACTIONS_CALLED,
     "tencent": frozenset(TENCENT_PER_SECOND) | TENCENT_UNPUBLISHED,
+    "kubernetes": frozenset(KUBERNETES_LIMITS),
 }
 # The bounds of an account's figure: a request takes at least one token, so a bucket holds at least one; a
 # hundred thousand, at once or a second, is far beyond any figure above and any a cloud grants.

@@ -79,7 +79,7 @@ def _kubernetes(sandbox: Any) -> SandboxAccount:
         kind="kubernetes",
         endpoint_url=sandbox.url,
         credentials=sandbox.account_credentials(),
-        demo_regions=[sandbox.region],
+        demo_regions=DEMO_REGIONS["kubernetes"],
         all_regions=[sandbox.region],
         options=sandbox.account_options(),
     )

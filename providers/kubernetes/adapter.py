@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from providers import ratelimit
 from providers.base import ProviderAdapter
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
@@ -106,6 +107,7 @@ class KubernetesAdapter(ProviderAdapter):
                 read_timeout=self._read_timeout,
                 max_attempts=int(option_number(self.options, "max_attempts", DEFAULT_MAX_ATTEMPTS)),
                 retry_backoff=option_number(self.options, "retry_backoff", BACKOFF_SECONDS),
+                rate_limits=ratelimit.limits_from_options(self.options, self.kind),
             )
         )
 
@@ -282,6 +284,11 @@ class KubernetesAdapter(ProviderAdapter):
         pod = self._client.read_pod(namespace, mapping.POD_NAME)
         if pod is not None:
             return self._handle(pod, region)
+        return self._without_pod(region, namespace, instance_id)
+
+    def _without_pod(self, region: str, namespace: str, instance_id: str) -> InstanceHandle:
+        """An instance whose pod the cluster does not have: TERMINATED when its namespace is gone or going, else
+        PENDING (a launch that made the namespace and not yet the pod)."""
         ns = self._client.read_namespace(namespace)
         if ns is None or (ns.get("status") or {}).get("phase") == "Terminating":
             return mapping.terminated_handle(instance_id, region)
@@ -295,6 +302,48 @@ class KubernetesAdapter(ProviderAdapter):
             tags={str(k): str(v) for k, v in labels.items()},
             extra={"namespace": namespace, "phase": "NoPod"},
         )
+
+    def describe_many(self, region: str, instance_ids: Sequence[str]) -> dict[str, InstanceHandle]:
+        """One list of the broker's pods and one of its Services across all namespaces (by label, paged), and
+        one of the nodes for their addresses, whatever the number of ids. An id whose pod is not listed is read on
+        its own namespace: PENDING while the namespace waits for its pod, absent once it is gone or going (the
+        cluster forgot it) or when it never was."""
+        wanted: dict[str, str] = {}
+        for instance_id in dict.fromkeys(instance_ids):
+            match = _INSTANCE_ID.fullmatch(instance_id)
+            if match is not None:
+                wanted[match.group(1)] = instance_id
+        if not wanted:
+            return {}
+        selector = f"{mapping.MANAGED_BY}={mapping.MANAGED_BY_VALUE}"
+        pods = {
+            str((p.get("metadata") or {}).get("namespace")): p
+            for p in self._client.list_labelled_pods(selector)
+            if (p.get("metadata") or {}).get("name") == mapping.POD_NAME
+        }
+        found: dict[str, InstanceHandle] = {}
+        if any(namespace in pods for namespace in wanted):
+            services = {
+                str((s.get("metadata") or {}).get("namespace")): s
+                for s in self._client.list_labelled_services(selector)
+                if (s.get("metadata") or {}).get("name") == launching.SERVICE_NAME
+            }
+            nodes = {view.name: view for view in map(mapping.node_view, self._client.list_nodes())}
+            for namespace, instance_id in wanted.items():
+                pod = pods.get(namespace)
+                if pod is None:
+                    continue
+                spec = pod.get("spec") or {}
+                node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get(mapping.HOSTNAME_LABEL)
+                found[instance_id] = mapping.instance_handle(
+                    pod, region, node=nodes.get(str(node)), service=services.get(namespace)
+                )
+        for namespace, instance_id in wanted.items():
+            if instance_id not in found:
+                handle = self._without_pod(region, namespace, instance_id)
+                if handle.state is not InstanceState.TERMINATED:
+                    found[instance_id] = handle
+        return found
 
     def _namespace_of(self, instance_id: str) -> str:
         match = _INSTANCE_ID.fullmatch(instance_id)

@@ -15,7 +15,7 @@ the server is the account's CA bundle being wrong (credentials); timeouts and co
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from providers import ratelimit
 from providers.deadline import CALL_DEADLINE_S, CallDeadline
 from providers.errors import (
     CredentialsRejected,
@@ -63,6 +64,7 @@ class ClientSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_backoff: float = BACKOFF_SECONDS
     call_deadline: float = CALL_DEADLINE_S
+    rate_limits: Mapping[str, ratelimit.Limit] | None = None  # this account's own figures by bucket group
 
 
 def _error(exc: BaseException) -> ProviderError:
@@ -145,7 +147,18 @@ class KubernetesClient:
 
     # ------------------------------------------------------------------------------------------ plumbing
 
-    def _once(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def _once(
+        self, call: Callable[..., Any], *args: Any, deadline: CallDeadline | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """One request: a token from the cluster's shared bucket first (``providers.ratelimit``; raises
+        ``TransientProviderError`` ``BrokerRateLimited`` when the wait would pass the call's deadline), then the
+        call with the timeouts, its answer read bounded."""
+        s = self.settings
+        limit = ratelimit.resolve("api", ratelimit.KUBERNETES_LIMITS["api"], s.rate_limits)
+        key = ratelimit.BucketKey(PROVIDER, s.endpoint_url, "cluster", "api")
+        ratelimit.acquire(
+            [(key, limit, 1)], deadline or CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
+        )
         with _sdk_errors():
             response = call(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
             return _json(response)
@@ -159,8 +172,10 @@ class KubernetesClient:
         while True:
             attempt += 1
             try:
-                return self._once(call, *args, **kwargs)
-            except TransientProviderError:
+                return self._once(call, *args, deadline=deadline, **kwargs)
+            except TransientProviderError as error:
+                if error.code == ratelimit.RATE_LIMITED:  # it already waited all the deadline allows
+                    raise
                 delay = min(BACKOFF_CAP_SECONDS, s.retry_backoff * 2 ** (attempt - 1))
                 if attempt >= s.max_attempts or not deadline.allows_retry(delay):
                     raise
@@ -201,6 +216,14 @@ class KubernetesClient:
         return self._list(
             self.core.list_pod_for_all_namespaces, field_selector="status.phase!=Succeeded,status.phase!=Failed"
         )
+
+    def list_labelled_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        """Pods of every namespace carrying the labels."""
+        return self._list(self.core.list_pod_for_all_namespaces, label_selector=label_selector)
+
+    def list_labelled_services(self, label_selector: str) -> list[dict[str, Any]]:
+        """Services of every namespace carrying the labels."""
+        return self._list(self.core.list_service_for_all_namespaces, label_selector=label_selector)
 
     def list_namespaces(self, label_selector: str) -> list[dict[str, Any]]:
         return self._list(self.core.list_namespace, label_selector=label_selector)

@@ -124,7 +124,10 @@ def pod_body(
 
 
 def service_body(ports: Sequence[tuple[int, str]], object_labels: dict[str, str]) -> dict[str, Any]:
-    """A NodePort Service selecting the lease pod by its order labels, one port per (port, protocol)."""
+    """A NodePort Service selecting the lease pod by its order labels, one port per (port, protocol). Its external
+    traffic stays on the pod's own node (``externalTrafficPolicy: Local``), which keeps the client's source
+    address, so the NetworkPolicy's ipBlock rules judge the buyer's address and not a node's
+    (https://kubernetes.io/docs/tutorials/services/source-ip/#source-ip-for-services-with-type-nodeport)."""
     selector = {k: object_labels[k] for k in (mapping.ORDER_LABEL, mapping.ATTEMPT_LABEL)}
     return {
         "apiVersion": "v1",
@@ -132,6 +135,7 @@ def service_body(ports: Sequence[tuple[int, str]], object_labels: dict[str, str]
         "metadata": _meta(SERVICE_NAME, object_labels),
         "spec": {
             "type": "NodePort",
+            "externalTrafficPolicy": "Local",
             "selector": selector,
             "ports": [
                 {"name": f"{protocol.lower()}-{port}", "port": port, "targetPort": port, "protocol": protocol.upper()}

@@ -49,7 +49,7 @@ PERMISSIONS: tuple[Permission, ...] = (
     *_all("", "pods", "get", "list", "create"),
     *_all("", "namespaces", "get", "list", "create", "delete"),
     *_all("", "secrets", "create"),
-    *_all("", "services", "get", "create"),
+    *_all("", "services", "get", "list", "create"),
     *_all("networking.k8s.io", "networkpolicies", "create"),
     *_all("", "resourcequotas", "create"),
 )

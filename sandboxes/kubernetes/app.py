@@ -9,7 +9,8 @@
   resourcequotas (enforced at pod create: 403 ``exceeded quota``); **networking.k8s.io/v1** networkpolicies (kept as
   given). Create answers 201 with the stored object, 409 AlreadyExists, 422 Invalid, 404 NotFound; lists are
   ``<Kind>List`` with ``metadata.resourceVersion`` and take ``labelSelector`` and ``fieldSelector``; pods,
-  namespaces and events can be watched (``watch=true``). No update, patch or Jobs.
+  namespaces and events can be watched (``watch=true``); **batch/v1** jobs run one pod at a time (``jobs``). No
+  update or patch.
 - **Scheduler** (``scheduler``): a pending pod is bound to the first node (in name order) its nodeSelector and
   required node affinity allow that is Ready, not cordoned and has the extended resources free; else it stays
   Pending with ``PodScheduled=False/Unschedulable`` and a ``FailedScheduling`` event in the scheduler's words.
@@ -53,7 +54,7 @@ from providers import gpu_names
 from providers.community.executor_base import GpuSeen
 from sandboxes.boot import simulated_gpus
 from sandboxes.faults import IMAGE_ACTION, TRANSPORT_KINDS, FaultKind, FaultRegistry
-from sandboxes.kubernetes import kubelet, objects
+from sandboxes.kubernetes import jobs, kubelet, objects
 from sandboxes.kubernetes.auth import (
     DEMO_TOKEN,
     Identity,
@@ -83,6 +84,7 @@ from sandboxes.kubernetes.seed import (
 from sandboxes.kubernetes.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from sandboxes.kubernetes.state import WATCHED, Call, Key, PodRuntime, Store, snapshot
 from sandboxes.kubernetes.wire import (
+    JOBS,
     NAMESPACES,
     NETWORK_POLICIES,
     PODS,
@@ -121,7 +123,9 @@ WATCH_MAX_S = 600  # a watch ends after at most this long; clients watch again f
 WATCH_TICK_S = 0.1
 MAX_OBJECTS = 50_000  # past this the store answers as a full etcd does
 MAX_BODY = 3 * 1024 * 1024  # the API server's request body limit
-CREATABLE = frozenset({"namespaces", "pods", "services", "secrets", "resourcequotas", "networkpolicies", "events"})
+CREATABLE = frozenset(
+    {"namespaces", "pods", "services", "secrets", "resourcequotas", "networkpolicies", "events", "jobs"}
+)
 DELETABLE = CREATABLE
 SCHEDULER = "default-scheduler"
 HOST_IP = "127.0.0.1"
@@ -523,7 +527,7 @@ class KubernetesSandbox(SandboxApp):
         except ApiError:
             self.record_call(Call(action, namespace))
             raise
-        body = self._body(request) if request.method in ("POST", "PUT", "PATCH") else None
+        body = self._body(request) if request.method in ("POST", "PUT", "PATCH", "DELETE") else None
         call = self._call(action, namespace, body)
         self.record_call(call)
         self._transport(call, identity, resource, verb, namespace if resource.namespaced else "", name)
@@ -553,7 +557,7 @@ class KubernetesSandbox(SandboxApp):
             if resource.plural not in DELETABLE:
                 raise method_not_allowed()
             assert name is not None
-            return self._delete(resource, namespace, name)
+            return self._delete(resource, namespace, name, body if isinstance(body, dict) else {})
         raise method_not_allowed()
 
     @staticmethod
@@ -591,6 +595,9 @@ class KubernetesSandbox(SandboxApp):
         node = None
         if isinstance(body, dict) and isinstance(body.get("spec"), dict):
             spec = body["spec"]
+            template = spec.get("template")
+            if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+                spec = template["spec"]  # a Job's pod template
             names = set()
             for container in spec.get("containers") or []:
                 if isinstance(container, dict):
@@ -781,7 +788,11 @@ class KubernetesSandbox(SandboxApp):
                 objects.prepare_quota(obj, resource)
             elif resource is NETWORK_POLICIES:
                 objects.prepare_network_policy(obj, resource)
+            elif resource is JOBS:
+                jobs.prepare_job(obj, resource)
             stored = self.store.put_new(resource.plural, obj)
+            if resource is JOBS:
+                jobs.label_job(stored)
             if resource is RESOURCE_QUOTAS:
                 self._refresh_quota(stored)
             answer = snapshot(stored)
@@ -792,7 +803,10 @@ class KubernetesSandbox(SandboxApp):
                 self._runtimes[(namespace, name)] = runtime
         return answer
 
-    def _delete(self, resource: Resource, namespace: str, name: str) -> Response:
+    def _delete(self, resource: Resource, namespace: str, name: str, options: dict[str, Any]) -> Response:
+        """Delete one object. ``options`` is the DeleteOptions body: a Job's pods go with it under the propagation
+        policies ``Background`` and ``Foreground``, and stay (orphaned) under ``Orphan``, batch/v1's default
+        ("Garbage Collection", https://kubernetes.io/docs/concepts/architecture/garbage-collection/)."""
         halted: list[str] = []
         with self._lock:
             scope = namespace if resource.namespaced else ""
@@ -816,6 +830,8 @@ class KubernetesSandbox(SandboxApp):
                 self._remove_pod(namespace, name)
                 halted = [f"{namespace}/{name}"]
             else:
+                if resource is JOBS:
+                    halted = self._release_job_pods(obj, options)
                 self.store.remove(resource.plural, scope, name)
                 answer = object_response(
                     {
@@ -834,6 +850,50 @@ class KubernetesSandbox(SandboxApp):
         for instance_id in halted:
             self.booter.halt(instance_id)
         return answer
+
+    def _job_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        uid = job["metadata"]["uid"]
+        return [p for p in self.store.items("pods", job["metadata"]["namespace"])
+                if (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/controller-uid") == uid]  # fmt: skip
+
+    def _release_job_pods(self, job: dict[str, Any], options: dict[str, Any]) -> list[str]:
+        policy = options.get("propagationPolicy") or (
+            "Orphan" if options.get("orphanDependents", True) else "Background"
+        )
+        halted = []
+        for pod in self._job_pods(job):
+            namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+            if policy in ("Background", "Foreground"):
+                self._remove_pod(namespace, name)
+                halted.append(f"{namespace}/{name}")
+            else:
+                pod["metadata"].pop("ownerReferences", None)
+                self.store.touch("pods", pod)
+        return halted
+
+    def _run_jobs(self) -> None:
+        """The Job controller's pass: each Job's status from its pods, and a new pod where one is due."""
+        for job in self.store.items("jobs"):
+            pods = self._job_pods(job)
+            status, due = jobs.job_status(job, [p["status"].get("phase", "Pending") for p in pods])
+            if status != job.get("status"):
+                job["status"] = status
+                self.store.touch("jobs", job)
+            if not due:
+                continue
+            namespace = job["metadata"]["namespace"]
+            pod = objects.check_body(jobs.pod_for(job, f"{job['metadata']['name']}-{objects.alphanumeric_suffix()}"),
+                                     PODS, namespace)  # fmt: skip
+            try:
+                objects.prepare_pod(pod)
+                self._admit_quota(pod, Call("createPod", namespace))
+            except ApiError as refused:
+                self._event(job, "Warning", "FailedCreate", f"Error creating: {refused.message}", "job-controller")
+                continue
+            pod["metadata"]["ownerReferences"] = [jobs.owner_reference(job)]
+            self.store.put_new("pods", pod)
+            self._runtimes[(namespace, pod["metadata"]["name"])] = PodRuntime()
+            self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", "job-controller")
 
     def _remove_pod(self, namespace: str, name: str) -> None:
         self.store.remove("pods", namespace, name)
@@ -952,7 +1012,8 @@ class KubernetesSandbox(SandboxApp):
     # ------------------------------------------------------------------------------------ events
 
     def _event(self, pod: dict[str, Any], kind: str, reason: str, message: str, component: str, host: str = "") -> None:
-        """Record an event about a pod, counting a repeat of the same reason and message as the recorder does."""
+        """Record an event about an object (a pod, a Job), counting a repeat of the same reason and message as the
+        event recorder does."""
         namespace = pod["metadata"]["namespace"]
         name = pod["metadata"]["name"]
         stamp = now_rfc3339()
@@ -975,11 +1036,11 @@ class KubernetesSandbox(SandboxApp):
                 "apiVersion": "v1",
                 "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": namespace},
                 "involvedObject": {
-                    "kind": "Pod",
+                    "kind": pod["kind"],
                     "namespace": namespace,
                     "name": name,
                     "uid": pod["metadata"]["uid"],
-                    "apiVersion": "v1",
+                    "apiVersion": pod["apiVersion"],
                     "resourceVersion": pod["metadata"]["resourceVersion"],
                     **(
                         {"fieldPath": "spec.containers{" + pod["spec"]["containers"][0]["name"] + "}"}
@@ -1013,6 +1074,7 @@ class KubernetesSandbox(SandboxApp):
                     self._empty_namespace(namespace)
                     self.store.remove("namespaces", "", namespace)
                     del self._namespace_deadlines[namespace]
+            self._run_jobs()
             for pod in self.store.items("pods"):
                 key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
                 runtime = self._runtimes.setdefault(key, PodRuntime())

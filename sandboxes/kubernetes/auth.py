@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandboxes.kubernetes.wire import ApiError, Resource, forbidden, unauthorized
+from sandboxes.kubernetes.wire import Resource, forbidden, unauthorized
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 DEMO_TOKEN = "k8s-sandbox-demo-token"  # noqa: S105 - a sandbox's published demo credential, not a secret
@@ -58,6 +58,7 @@ SERVED: tuple[tuple[str, str], ...] = (
     ("", "events"),
     ("", "resourcequotas"),
     ("networking.k8s.io", "networkpolicies"),
+    ("batch", "jobs"),
 )
 # Granted to every authenticated user by the default ClusterRoles system:basic-user and system:discovery.
 BASIC_RULES = (
@@ -158,14 +159,8 @@ def authorize(
 
 def rules_review(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
     """The SelfSubjectRulesReview answer: the request echoed, with ``status`` holding the caller's rules."""
+    # An empty namespace asks for the rules that hold cluster-wide: the sandbox's rules are all cluster-wide.
     namespace = str(((body.get("spec") or {}).get("namespace")) or "")
-    if not namespace:
-        raise ApiError(
-            422,
-            "Invalid",
-            'SelfSubjectRulesReview.authorization.k8s.io "" is invalid: spec.namespace: Required value: '
-            "namespace is required",
-        )
     rules = [rule.to_json() for rule in (*BASIC_RULES, *identity.rules)]
     return {
         "kind": "SelfSubjectRulesReview",

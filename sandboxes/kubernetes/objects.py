@@ -40,7 +40,7 @@ MAX_OBJECT_BYTES = 1_572_864  # etcd's default request limit, which the API serv
 NAME_RULES = {"namespaces": "label", "services": "dns1035"}  # every other kind: a DNS-1123 subdomain
 
 
-def _alphanumeric_suffix() -> str:
+def alphanumeric_suffix() -> str:
     alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet, no vowels or 0/1/3
     return "".join(secrets.choice(alphabet) for _ in range(5))
 
@@ -67,7 +67,7 @@ def check_body(body: Any, resource: Resource, namespace: str) -> dict[str, Any]:
         raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
     name = metadata.get("name")
     if not name and metadata.get("generateName"):
-        name = str(metadata["generateName"]) + _alphanumeric_suffix()
+        name = str(metadata["generateName"]) + alphanumeric_suffix()
     if not name:
         raise invalid(resource, "", [required("metadata.name", "name or generateName is required")])
     name = str(name)

@@ -48,11 +48,12 @@ SECRETS = Resource("secrets", "Secret", "", "v1", True)
 EVENTS = Resource("events", "Event", "", "v1", True)
 RESOURCE_QUOTAS = Resource("resourcequotas", "ResourceQuota", "", "v1", True)
 NETWORK_POLICIES = Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True)
+JOBS = Resource("jobs", "Job", "batch", "v1", True)
 SSRR = Resource("selfsubjectrulesreviews", "SelfSubjectRulesReview", "authorization.k8s.io", "v1", False)
 
 RESOURCES: dict[tuple[str, str], Resource] = {
     (r.group, r.plural): r
-    for r in (NODES, NAMESPACES, PODS, SERVICES, SECRETS, EVENTS, RESOURCE_QUOTAS, NETWORK_POLICIES, SSRR)
+    for r in (NODES, NAMESPACES, PODS, SERVICES, SECRETS, EVENTS, RESOURCE_QUOTAS, NETWORK_POLICIES, JOBS, SSRR)
 }
 
 
@@ -199,7 +200,9 @@ def invalid(resource: Resource, name: str, causes: list[Cause]) -> ApiError:
         details["group"] = resource.group
     details["kind"] = resource.kind
     details["causes"] = [c.to_json() for c in causes]
-    return ApiError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {summary}', details)
+    # The group kind as GroupKind.String() writes it: "Pod", "Job.batch", "NetworkPolicy.networking.k8s.io".
+    group_kind = f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+    return ApiError(422, "Invalid", f'{group_kind} "{name}" is invalid: {summary}', details)
 
 
 # ---------------------------------------------------------------------------------------------------- names

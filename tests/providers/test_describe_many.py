@@ -39,6 +39,7 @@ READ_ACTION = {
     "tencent": "DescribeInstances",
     "gcp": "compute.instances.aggregatedList",
     "azure": "VirtualMachines_ListAll",  # every VM of the subscription with statusOnly=true, paged
+    "kubernetes": "listPods",  # the broker's pods of every namespace by label, paged
 }
 IDS_PER_REQUEST = {
     "aws": DESCRIBE_FILTER_VALUES_MAX,
@@ -46,6 +47,7 @@ IDS_PER_REQUEST = {
     "tencent": TENCENT_IDS_MAX,
     "gcp": None,  # as many names as fit one filter (names_filters)
     "azure": None,
+    "kubernetes": None,
 }
 BATCHING = ("alibaba", "aws", "tencent")  # a documented number of ids per request
 
@@ -108,7 +110,7 @@ def test_describe_many_answers_the_known_instances_and_leaves_the_unknown_one_ou
         # One list for the four names; the name GCP does not list has its operations read (it never had one).
         assert _reads(target) == len(names_filters([i.split("/", 1)[1] for i in [*ids, *unknown]])) == 1
         assert len(target.sandbox.calls("compute.zoneOperations.list")) == 1
-    else:  # Azure: one list of the subscription's VMs, whatever the number of ids
+    else:  # Azure: one list of the subscription's VMs; Kubernetes: one of the broker's pods; whatever the ids
         assert _reads(target) == 1
 
 

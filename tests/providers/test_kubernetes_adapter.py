@@ -217,6 +217,28 @@ def test_terminate_leaves_nothing_in_the_cluster_and_is_idempotent(sandbox):
     assert a.list_order_resources() == []
 
 
+def test_describe_many_reads_the_brokers_pods_in_one_list_and_leaves_out_what_the_cluster_forgot(sandbox):
+    a = adapter(sandbox)
+    running = until(a, a.launch(spec("k8s-gpu-1", "gpu-t4-0", "ord-many-1")), InstanceState.RUNNING)
+    pending = a.launch(spec("k8s-gpu-8", "gpu-t4-0", "ord-many-2"))  # a T4 node has 4: never scheduled
+    ended = a.launch(spec("k8s-gpu-1", "gpu-t4-0", "ord-many-3"))
+    a.terminate(ended.region, ended.instance_id)
+    order_namespaces(sandbox)  # the sandbox finishes deleting it
+    never = "brk-" + "0" * 20 + "/lease"
+    sandbox.clear_calls()
+
+    answer = a.describe_many("eu-central", [running.instance_id, pending.instance_id, ended.instance_id, never])
+
+    assert {i: h.state for i, h in answer.items()} == {
+        running.instance_id: InstanceState.RUNNING,
+        pending.instance_id: InstanceState.FAILED,
+    }
+    assert answer[running.instance_id].extra["ports"] == running.extra["ports"]
+    assert answer[running.instance_id].public_ip == "127.0.0.1"
+    assert len(sandbox.calls("listPods")) == 1
+    assert sandbox.calls("getPod") == []
+
+
 def test_an_id_that_is_not_the_adapters_is_not_found(sandbox):
     with pytest.raises(ProviderRequestRejected) as raised:
         adapter(sandbox).describe("eu-central", "default/train")

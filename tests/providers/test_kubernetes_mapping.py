@@ -602,6 +602,17 @@ def test_the_pod_asks_exactly_the_orders_gpus_on_the_offers_node():
     }  # fmt: skip
 
 
+def test_the_service_opens_ssh_and_the_buyers_ports_on_the_pods_node_keeping_the_source_address():
+    ingress = (IngressRule(8000, ("203.0.113.0/24",)), IngressRule(9000, ("203.0.113.0/24",), protocol="udp"))
+
+    body = launching.service_body(launching.service_ports(ingress), launching.labels("ord-1", "ord-1-a1"))
+
+    assert body["spec"]["type"] == "NodePort"
+    assert body["spec"]["externalTrafficPolicy"] == "Local"
+    assert body["spec"]["selector"] == {"broker.order": "ord-1", "broker.attempt": launching.attempt_hex("ord-1-a1")}
+    assert [(p["port"], p["protocol"]) for p in body["spec"]["ports"]] == [(22, "TCP"), (8000, "TCP"), (9000, "UDP")]
+
+
 def test_instance_types_name_their_resource():
     assert catalog.instance_resource("k8s-gpu-4") == ("nvidia.com/gpu", 4)
     assert catalog.instance_resource("k8s-mig-3g.40gb") == ("nvidia.com/mig-3g.40gb", 1)

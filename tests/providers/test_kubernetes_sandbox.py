@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -539,6 +540,33 @@ def test_mig_devices_and_shared_gpus_schedule_under_their_own_resource_names(
     assert "4 node(s) didn't match Pod's node affinity/selector" in message
 
 
+def test_concurrent_pods_never_take_more_gpus_than_the_node_has(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # Extended resources are not overcommitted,
+    # https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources ; twelve
+    # clients create one-GPU pods for the eight-GPU node at once.
+    for index in range(12):
+        _namespace(core, f"brk-{index}")
+    start = threading.Barrier(12)
+
+    def create(index: int) -> None:
+        api = client.CoreV1Api(_api(sandbox, ca_file))
+        start.wait(timeout=TIMEOUT)
+        api.create_namespaced_pod(f"brk-{index}", _pod(limits={GPU: "1"}), _request_timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    phases = [p.phase for p in sandbox.pods()]
+
+    assert sorted(phases) == ["Pending"] * 4 + ["Running"] * 8
+    devices = [d for p in sandbox.pods() for d in p.devices]
+    assert sorted(devices) == [f"nvidia.com/gpu:{i}" for i in range(8)]
+
+
 # ---------------------------------------------------------------------------------------------- quotas
 
 
@@ -840,6 +868,82 @@ def test_the_dcgm_exporter_labels_a_mig_device_with_its_profile_and_instance(
     assert [(m["Hostname"], m["gpu"], m["GPU_I_PROFILE"], m["GPU_I_ID"], m["namespace"]) for m in mine] == [
         ("gpu-a100-mig-0", "2", "3g.20gb", "1", "brk-one")
     ]
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+
+
+def _job(name: str = "lease", restart_policy: str = "Never", backoff_limit: int = 1) -> client.V1Job:
+    template = _pod(limits={GPU: "1"})
+    template.spec.restart_policy = restart_policy
+    return client.V1Job(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1JobSpec(
+            backoff_limit=backoff_limit,
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels={"app": "lease"}), spec=template.spec
+            ),
+        ),
+    )
+
+
+def test_a_job_runs_its_pod_replaces_a_failed_one_and_completes(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # Job, https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/job-v1/ and "Jobs"
+    # (pod labels, backoffLimit, the Complete condition), https://kubernetes.io/docs/concepts/workloads/controllers/job/.
+    batch = client.BatchV1Api(_api(sandbox, ca_file))
+    _namespace(core)
+
+    created = batch.create_namespaced_job("brk-one", _job(), _request_timeout=TIMEOUT)
+    [first] = core.list_namespaced_pod("brk-one", label_selector="job-name=lease", _request_timeout=TIMEOUT).items
+    sandbox.finish_pod("brk-one", first.metadata.name, 1)
+    pods = core.list_namespaced_pod("brk-one", label_selector="job-name=lease", _request_timeout=TIMEOUT).items
+    [second] = [p for p in pods if p.metadata.name != first.metadata.name]
+    core.read_namespaced_pod(second.metadata.name, "brk-one", _request_timeout=TIMEOUT)
+    sandbox.finish_pod("brk-one", second.metadata.name, 0)
+    job = batch.read_namespaced_job("lease", "brk-one", _request_timeout=TIMEOUT)
+
+    uid = created.metadata.uid
+    assert created.spec.selector.match_labels == {"batch.kubernetes.io/controller-uid": uid}
+    assert first.metadata.name.startswith("lease-") and len(first.metadata.name) == len("lease-") + 5
+    assert first.metadata.labels["batch.kubernetes.io/job-name"] == "lease"
+    assert first.metadata.labels["batch.kubernetes.io/controller-uid"] == uid
+    assert [(o.kind, o.name, o.uid, o.controller) for o in first.metadata.owner_references] == [
+        ("Job", "lease", uid, True)
+    ]
+    assert (job.status.succeeded, job.status.failed, job.status.active) == (1, 1, 0)
+    assert {c.type: c.status for c in job.status.conditions}["Complete"] == "True"
+    created_events = [m for _, reason, m in _events(core, "brk-one", "lease") if reason == "SuccessfulCreate"]
+    assert created_events == [f"Created pod: {first.metadata.name}", f"Created pod: {second.metadata.name}"]
+
+
+def test_a_job_deleted_in_the_background_takes_its_pods_and_an_orphaning_delete_leaves_them(
+    sandbox: KubernetesSandbox, core: client.CoreV1Api, ca_file: Path
+) -> None:
+    # Propagation policies (batch/v1 defaults to orphaning),
+    # https://kubernetes.io/docs/concepts/architecture/garbage-collection/ ; a Job's restartPolicy must be Never or
+    # OnFailure, https://kubernetes.io/docs/concepts/workloads/controllers/job/#pod-template.
+    batch = client.BatchV1Api(_api(sandbox, ca_file))
+    _namespace(core)
+    batch.create_namespaced_job("brk-one", _job("gone"), _request_timeout=TIMEOUT)
+    batch.create_namespaced_job("brk-one", _job("kept"), _request_timeout=TIMEOUT)
+    core.list_namespaced_pod("brk-one", _request_timeout=TIMEOUT)  # the controller has made both pods
+
+    batch.delete_namespaced_job(
+        "gone", "brk-one", body=client.V1DeleteOptions(propagation_policy="Background"), _request_timeout=TIMEOUT
+    )
+    batch.delete_namespaced_job("kept", "brk-one", _request_timeout=TIMEOUT)
+    with pytest.raises(ApiException) as always:
+        batch.create_namespaced_job("brk-one", _job("bad", restart_policy="Always"), _request_timeout=TIMEOUT)
+
+    left = core.list_namespaced_pod("brk-one", _request_timeout=TIMEOUT).items
+    assert [p.metadata.labels["job-name"] for p in left] == ["kept"]
+    assert left[0].metadata.owner_references is None
+    assert _status(always)["message"] == (
+        'Job.batch "bad" is invalid: spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: '
+        '"OnFailure", "Never"'
+    )
 
 
 # ----------------------------------------------------------------------------------------------- watch
