@@ -339,6 +339,7 @@ _PERIODIC = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
     "orders-sweep": {"task": "marketplace.orders_sweep", "schedule": 60.0},
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
+    "clusters-gpus-read": {"task": "marketplace.clusters_gpus_read", "schedule": 60.0},
     "orders-silence": {"task": "marketplace.orders_silence_sweep", "schedule": 15.0},
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},

@@ -14,6 +14,7 @@ from marketplace.billing.tasks import (
 from marketplace.catalog.tasks import machines_withdraw_silent_task, offers_sync_account_task, offers_sync_all_task
 from marketplace.orders.tasks import (
     cluster_advance_task,
+    clusters_gpus_read_task,
     order_boot_deadline_task,
     order_boot_settle_task,
     order_poll_task,
@@ -30,6 +31,7 @@ from marketplace.webhooks import tasks as webhook_tasks
 __all__ = [
     "billing_sweep_task",
     "cluster_advance_task",
+    "clusters_gpus_read_task",
     "idempotency_expire_task",
     "invoices_issue_due_task",
     "machines_withdraw_silent_task",

@@ -143,6 +143,11 @@ class LeaseHeartbeat(models.Model):
     power_w = models.DecimalField(max_digits=9, decimal_places=1)
     gpus = models.JSONField(default=list)
     workload_state = models.CharField(max_length=16, blank=True, default="")
+    # Who measured: the lease agent on the machine, or a Kubernetes seller's DCGM exporter reading the GPUs the
+    # order's pod holds (marketplace/orders/cluster_telemetry.py).
+    source = models.CharField(
+        max_length=8, choices=[("agent", "lease agent"), ("dcgm", "DCGM exporter")], default="agent"
+    )
 
     class Meta:
         indexes = [models.Index(fields=["lease", "at"], name="lease_heartbeat_time")]

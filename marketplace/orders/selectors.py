@@ -270,7 +270,9 @@ class Telemetry:
     minutes: list[tuple[dt.datetime, Decimal, Decimal, Decimal]]  # (minute, utilization %, temperature C, power W)
     latest: MachineHeartbeat | LeaseHeartbeat | None
     tdp_w: int | None  # the whole machine's rated power (TDP x GPUs), when the spec table knows it
-    source: str = "lease"  # "lease": the lease agent on the machine; "host": an independent host's own agent
+    # "lease": the lease agent on the machine; "host": an independent host's own agent; "dcgm": a Kubernetes
+    # cluster's DCGM exporter
+    source: str = "lease"
 
 
 def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Telemetry | None:
@@ -291,6 +293,10 @@ def order_telemetry(order: Order, *, since: dt.datetime, now: dt.datetime) -> Te
     if lease is not None and lease.heartbeats.exists():
         beats = LeaseHeartbeat.objects.filter(lease=lease, at__gte=start, at__lte=end)
         name, gpus, source = f"{instance.instance_type} {instance.provider_instance_id}", order.gpu_count, "lease"
+        # A cluster's DCGM exporter measures the GPUs the pod holds, where the workload cannot write: its
+        # figures are charted when it sent any (marketplace/orders/cluster_telemetry.py).
+        measured = beats.filter(source="dcgm")
+        beats, source = (measured, "dcgm") if measured.exists() else (beats.filter(source="agent"), source)
     elif instance.account.kind == ProviderKind.COMMUNITY:
         # One machine is one zone of its account (providers/community/adapter.py).
         machine = Machine.objects.filter(account_id=instance.account_id, name=instance.zone).first()

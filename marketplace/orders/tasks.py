@@ -23,6 +23,7 @@ from marketplace.orders.actions import (
     orders_starting_overdue,
 )
 from marketplace.orders.bids import orders_preemption_due
+from marketplace.orders.cluster_telemetry import clusters_gpus_read
 from marketplace.orders.clusters import cluster_advance, clusters_to_advance
 from marketplace.orders.ending import instance_end_settle, instances_to_settle, order_terminate_instance
 from marketplace.orders.launching import Step, attempt_settle_after_transient, order_provision
@@ -230,6 +231,15 @@ def orders_sweep_task() -> int:
             log.warning("could not start order %s again: %s", order_id, exc)
         count += 1
     return count
+
+
+@shared_task(name="marketplace.clusters_gpus_read", **TASK_OPTIONS)
+@stops_at_soft_limit
+@one_at_a_time("clusters-gpus-read")
+def clusters_gpus_read_task() -> dict[str, int]:
+    """Read each Kubernetes seller's DCGM exporter for its running orders' GPUs
+    (marketplace.orders.cluster_telemetry)."""
+    return clusters_gpus_read(now=timezone.now())
 
 
 @shared_task(name="marketplace.orders_reconcile", **TASK_OPTIONS)

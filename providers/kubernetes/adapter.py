@@ -61,9 +61,10 @@ class KubernetesAdapter(ProviderAdapter):
         source=launching.DATA_LIMIT_SOURCE,
         native_key_types=KEY_TYPES,  # the boot script (the Secret) is this cluster's own key mechanism
     )
-    # The CUDA base images have no user but root; the pod, its namespace, NetworkPolicy and ResourceQuota are the
-    # lease's walls.
-    login_user: ClassVar[str] = "root"
+    # The buyer logs in as a user of the lease's own, never as root: the lease agent makes it in the pod (the CUDA
+    # base images have only root), and sshd refuses root. The pod, its namespace, NetworkPolicy and ResourceQuota
+    # are the lease's walls.
+    login_user: ClassVar[str] = "lease"
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -428,29 +429,36 @@ class KubernetesAdapter(ProviderAdapter):
             problems.append(LaunchProblem("launch.image", "not a container image reference"))
         return problems
 
-    def gpu_telemetry(self, order_ref: str) -> list[dcgm.GpuSample]:
-        """Per-GPU samples of the order's pods from the seller's DCGM exporter (option ``dcgm_url``; none set:
-        empty). The URL is held to the same address rules as every seller endpoint. Raises
-        ``TransientProviderError`` when the exporter cannot be read, ``ProviderRequestRejected`` for a refused
-        URL or an answer that is not the exposition format."""
+    def gpu_telemetry(self) -> dict[str, list[dcgm.GpuSample]]:
+        """Per-GPU samples from the seller's DCGM exporter (option ``dcgm_url``; none set: empty), keyed by the
+        broker order whose namespace holds the GPU: one read of the exporter for every order on the cluster. The
+        URL is held to the same address rules as every seller endpoint. Raises ``TransientProviderError`` when
+        the exporter cannot be read, ``ProviderRequestRejected`` for a refused URL or an answer that is not the
+        exposition format."""
         url = self.options.get("dcgm_url", "")
-        if not url or not launching.label_value_ok(order_ref) or not order_ref:
-            return []
+        if not url:
+            return {}
         try:
             endpoint_check("options.dcgm_url", url)
         except EndpointRefused as exc:
             raise ProviderRequestRejected(str(exc), code="Invalid", provider=PROVIDER) from None
-        namespaces = {
-            str((ns.get("metadata") or {}).get("name") or "")
-            for ns in self._client.list_namespaces(f"{mapping.ORDER_LABEL}={order_ref}")
-        }
+        orders: dict[str, str] = {}
+        for ns in self._client.list_namespaces(f"{mapping.MANAGED_BY}={mapping.MANAGED_BY_VALUE}"):
+            metadata = ns.get("metadata") or {}
+            order_ref = str((metadata.get("labels") or {}).get(mapping.ORDER_LABEL) or "")
+            if order_ref:
+                orders[str(metadata.get("name") or "")] = order_ref
         try:
             samples = dcgm.gpu_utilization(fetch_metrics(url, self._connect, self._read_timeout, self._ca_bundle))
         except dcgm.DcgmUnreadable as exc:
             raise ProviderRequestRejected(
                 f"the DCGM exporter's answer: {exc}", code="Malformed", provider=PROVIDER
             ) from None
-        return [s for s in samples if s.namespace in namespaces]
+        found: dict[str, list[dcgm.GpuSample]] = {}
+        for sample in samples:
+            if sample.namespace in orders:
+                found.setdefault(orders[sample.namespace], []).append(sample)
+        return found
 
 
 def _cidrs(text: str) -> tuple[str, ...]:

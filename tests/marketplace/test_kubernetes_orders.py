@@ -14,7 +14,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.services import ledger_verify
-from marketplace.models import Attempt, AttemptOutcome, NodeHold, Offer, Order, OrderState
+from marketplace.models import Attempt, AttemptOutcome, LeaseHeartbeat, NodeHold, Offer, Order, OrderState
+from marketplace.orders.cluster_telemetry import clusters_gpus_read
 from marketplace.orders.reconcile import account_resources_reconcile
 from marketplace.orders.selectors import order_telemetry
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
@@ -199,3 +200,42 @@ def test_concurrent_orders_never_oversubscribe_a_node(acme, alice, kubernetes_ac
         order_terminate(order=order)
     assert NodeHold.objects.count() == 0
     assert ledger_verify().ok
+
+
+def test_the_clusters_dcgm_exporter_measures_the_gpus_the_orders_pod_holds(
+    api, client, alice, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    # dcgm-exporter's DCGM_FI_DEV_GPU_UTIL per GPU, labelled with the pod holding it
+    # (https://github.com/NVIDIA/dcgm-exporter/blob/main/etc/default-counters.csv).
+    order = boot_if_launched(
+        _order_through_the_api(
+            api, django_capture_on_commit_callbacks, _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+        ),
+        kubernetes_sandbox,
+    )
+    assert order.state == OrderState.RUNNING, order.state_reason
+    (pod,) = kubernetes_sandbox.pods(order.instance.provider_instance_id.split("/")[0])
+    kubernetes_sandbox.set_gpu_utilization("gpu-t4-0", int(pod.devices[0].rsplit(":", 1)[1]), 87)
+    assert held_agent(order, kubernetes_sandbox).heartbeat() == "running"
+
+    now = timezone.now()
+    assert clusters_gpus_read(now=now) == {"accounts": 1, "recorded": 1, "errors": 0}
+
+    beat = LeaseHeartbeat.objects.get(lease__order=order, source="dcgm")
+    assert (beat.utilization_pct, len(beat.gpus)) == (Decimal("87.0"), 1)
+    telemetry = order_telemetry(order, since=now - dt.timedelta(hours=1), now=now + dt.timedelta(seconds=1))
+    assert telemetry is not None and telemetry.source == "dcgm"
+    assert telemetry.latest == beat
+    client.force_login(alice)
+    page = client.get(f"/orders/{order.public_id}/").content.decode()
+    assert "From the cluster's DCGM exporter" in page
+
+
+def test_an_exporter_that_cannot_be_read_stops_no_other_account(
+    kubernetes_account, kubernetes_sandbox, settings, caplog
+):
+    # A 503 from the exporter, as a proxy in front of it answers while it restarts.
+    kubernetes_sandbox.faults.inject("throttle", action="dcgmMetrics", code="ServiceUnavailable")
+
+    assert clusters_gpus_read(now=timezone.now()) == {"accounts": 0, "recorded": 0, "errors": 1}
+    assert not LeaseHeartbeat.objects.filter(source="dcgm").exists()

@@ -341,19 +341,20 @@ def test_every_call_is_bounded_by_its_timeouts(sandbox):
 # ------------------------------------------------------------------------------------------- telemetry
 
 
-def test_gpu_telemetry_reads_the_dcgm_exporter_for_the_orders_pod_only(sandbox):
+def test_gpu_telemetry_reads_the_dcgm_exporter_once_for_each_orders_pods(sandbox):
     a = adapter(sandbox)
     mine = until(a, a.launch(spec("k8s-gpu-1", "gpu-t4-0", "ord-tele")), InstanceState.RUNNING)
     until(a, a.launch(spec("k8s-gpu-1", "gpu-t4-0", "ord-other")), InstanceState.RUNNING)
     [device] = [p.devices for p in sandbox.pods() if f"{p.namespace}/{p.name}" == mine.instance_id]
     sandbox.set_gpu_utilization("gpu-t4-0", int(device[0].rsplit(":", 1)[1]), 73)
 
-    samples = a.gpu_telemetry("ord-tele")
+    samples = a.gpu_telemetry()
 
-    assert [(s.hostname, s.namespace, s.pod, s.utilization_pct) for s in samples] == [
+    assert sorted(samples) == ["ord-other", "ord-tele"]  # one read of the exporter, split by order
+    assert [(s.hostname, s.namespace, s.pod, s.utilization_pct) for s in samples["ord-tele"]] == [
         ("gpu-t4-0", mine.extra["namespace"], "lease", 73.0)
     ]
-    assert adapter(sandbox, dcgm_url="").gpu_telemetry("ord-tele") == []
+    assert adapter(sandbox, dcgm_url="").gpu_telemetry() == {}
 
 
 # ------------------------------------------------------------------------------------ addresses, limits
