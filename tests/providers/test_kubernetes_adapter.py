@@ -307,10 +307,14 @@ def test_a_pasted_kubeconfig_connects(sandbox):
 # ---------------------------------------------------------------------------------------- faults, time
 
 
-def test_a_throttled_read_is_retried_and_a_throttled_write_is_not(sandbox):
+def test_a_throttled_read_is_retried_after_the_servers_retry_after_and_a_throttled_write_is_not(sandbox):
     a = adapter(sandbox)
+    sandbox.retry_after_s = 1
     sandbox.faults.inject("throttle", action="listNodes", times=1)
+    started = time.monotonic()
     assert a.list_offers()
+    assert time.monotonic() - started >= 1  # it waited the Retry-After, not its own 0.25 s backoff
+    assert len(sandbox.calls("listNodes")) == 2
 
     sandbox.faults.inject("throttle", action="createPod", times=1)
     with pytest.raises(TransientProviderError) as raised:
