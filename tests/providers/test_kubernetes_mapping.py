@@ -224,6 +224,19 @@ def test_cordoned_not_ready_tainted_cpu_only_and_unpriced_nodes_are_not_on_sale(
     assert {o.zone for o in offers} == {"gpu-t4-0"}
 
 
+def test_a_node_described_nonsensically_is_skipped_and_the_others_still_sold():
+    nameless = node("x", gfd("Tesla-T4", 15360, 4), {"nvidia.com/gpu": "4"})
+    nameless["metadata"]["name"] = "Not A Name/" + "x" * 300
+    odd_pool = node(
+        "gpu-t4-1", {**gfd("Tesla-T4", 15360, 4), "broker.example/pool": "x" * 500}, {"nvidia.com/gpu": "4"}
+    )
+
+    offers = catalog.offers([nameless, odd_pool, A100], [], settings())
+
+    assert {o.zone for o in offers} == {"gpu-t4-1", "gpu-a100-0"}
+    assert {o.extra["pool"] for o in offers} == {""}
+
+
 def test_a_price_rule_naming_the_nodes_pool_label_wins_over_the_models_rule():
     spot = node("gpu-t4-spot", {**gfd("Tesla-T4", 15360, 4), "broker.example/pool": "spot-t4"}, {"nvidia.com/gpu": "4"})
     plain = node("gpu-t4-0", gfd("Tesla-T4", 15360, 4), {"nvidia.com/gpu": "4"})
