@@ -46,7 +46,8 @@ class KubernetesAdapter(ProviderAdapter):
     sell time-sliced GPUs), ``image`` (default ``launching.DEFAULT_IMAGE``), ``pool_label`` (the node label whose
     value prices may name and offers report, default ``broker.example/pool``), ``pod_cidrs`` (comma-separated;
     what the lease may not reach), ``dcgm_url`` (a dcgm-exporter's ``/metrics``), ``connect_timeout`` /
-    ``read_timeout`` seconds (5/30), ``max_attempts`` for reads (3), ``retry_backoff`` (0.25 s, doubling).
+    ``read_timeout`` seconds (5/30), ``max_attempts`` for reads (3), ``retry_backoff`` (0.25 s, doubling),
+    ``rate_limit.api`` (the cluster's request bucket, ``providers.ratelimit.KUBERNETES_LIMITS``).
 
     Instance ids are ``<namespace>/lease``; the namespace is derived from the client token, so a repeated launch
     finds the first one's objects. Terminating deletes the namespace. Not stoppable: a pod has no stop that keeps

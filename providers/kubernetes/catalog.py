@@ -20,8 +20,9 @@ from fractions import Fraction
 from typing import Any
 
 from providers.community.mig import COMPUTE_SLICES, MIG_PROFILE, mig_profile
+from providers.errors import MalformedProviderResponse
 from providers.gpu_specs import gpu_spec_get
-from providers.kubernetes import mapping
+from providers.kubernetes import mapping, pricing
 from providers.kubernetes.pricing import PriceRule, price_for
 from providers.types import GPU_FRACTION, GPU_TIME_SLICED, NODE_RESOURCE, NODE_UNITS_FREE, OfferQuote, PricingModel
 
@@ -57,7 +58,12 @@ def offers(
     nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], settings: OfferSettings
 ) -> list[OfferQuote]:
     """Every offer of the cluster, sorted by (zone, instance type)."""
-    views = [mapping.node_view(n) for n in nodes]
+    views = []
+    for item in nodes:
+        try:
+            views.append(mapping.node_view(item))
+        except MalformedProviderResponse:
+            continue  # a node the API server describes nonsensically is not sold; the others still are
     resources = sorted({r for v in views for r in v.allocatable if _gpu_resource(r)})
     used = mapping.foreign_requests(pods, resources)
     quotes: list[OfferQuote] = []
@@ -92,7 +98,7 @@ def _node_offers(node: mapping.NodeView, used: Mapping[tuple[str, str], Decimal]
             NODE_RESOURCE: resource,
             NODE_UNITS_FREE: free,
             "units_allocatable": units,
-            "pool": node.labels.get(s.pool_label, ""),
+            "pool": pool if pricing.label_value_problem(pool := node.labels.get(s.pool_label, "")) is None else "",
             "node_selector": {mapping.HOSTNAME_LABEL: node.labels.get(mapping.HOSTNAME_LABEL, node.name)},
             "ephemeral_storage_gb": int(node.allocatable.get("ephemeral-storage", Decimal(0)) / GIB),
         }

@@ -49,7 +49,27 @@ MAX_BODY_BYTES = 32 * 1024 * 1024  # one page of 500 pods with their managedFiel
 MAX_DEPTH = 64  # managedFields nest deeply (fieldsV1 mirrors the object)
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
+RETRY_AFTER_CAP_S = 5.0  # the longest Retry-After a read waits for before trying again (the deadline still holds)
+
 T = TypeVar("T")
+
+
+class Throttled(TransientProviderError):
+    """A 429: the API server's flow control turned the request away, saying how long to wait (``Retry-After``,
+    also ``details.retryAfterSeconds`` of its Status: https://kubernetes.io/docs/concepts/cluster-administration/
+    flow-control/)."""
+
+    def __init__(self, message: str, *, retry_after_s: float, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(exc: ApiException) -> float:
+    """The answer's ``Retry-After`` in seconds (a number; 0 when absent or a date), capped."""
+    value = str((exc.headers or {}).get("Retry-After") or "").strip()
+    if not value.isdigit() or len(value) > 6:
+        return 0.0
+    return min(float(value), RETRY_AFTER_CAP_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +106,16 @@ def _error(exc: BaseException) -> ProviderError:
                 body = bounded_json(text, max_bytes=mapping.MAX_STATUS_CHARS, max_depth=8)
             except ValueError:
                 body = None
-        return mapping.status_error(status, body if isinstance(body, dict) else None, str(exc.reason or ""))
+        error = mapping.status_error(status, body if isinstance(body, dict) else None, str(exc.reason or ""))
+        if status == 429:
+            return Throttled(
+                error.message,
+                retry_after_s=_retry_after(exc),
+                code=error.code,
+                provider=PROVIDER,
+                http_status=status,
+            )
+        return error
     if isinstance(exc, urllib3.exceptions.HTTPError):
         return TransientProviderError(str(exc)[:500] or type(exc).__name__, code=type(exc).__name__, provider=PROVIDER)
     if isinstance(exc, pydantic.ValidationError):  # the client refused to build the request
@@ -164,8 +193,8 @@ class KubernetesClient:
             return _json(response)
 
     def _read(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """A read, retried on transient errors with capped exponential backoff while a retry still ends within
-        the call's deadline."""
+        """A read, retried on transient errors with capped exponential backoff (at least the ``Retry-After`` of a
+        429) while a retry still ends within the call's deadline."""
         s = self.settings
         deadline = CallDeadline(s.connect_timeout + s.read_timeout, s.call_deadline)
         attempt = 0
@@ -177,6 +206,8 @@ class KubernetesClient:
                 if error.code == ratelimit.RATE_LIMITED:  # it already waited all the deadline allows
                     raise
                 delay = min(BACKOFF_CAP_SECONDS, s.retry_backoff * 2 ** (attempt - 1))
+                if isinstance(error, Throttled):  # the server said how long; wait at least that
+                    delay = max(delay, error.retry_after_s)
                 if attempt >= s.max_attempts or not deadline.allows_retry(delay):
                     raise
                 time.sleep(delay)

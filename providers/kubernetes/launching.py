@@ -151,12 +151,25 @@ def service_ports(ingress: Sequence[IngressRule]) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+# Never reachable from a lease, whatever the seller's pod networks: link-local addresses, where clouds serve their
+# instance metadata (169.254.169.254, with the node's credentials) and nodes their local services.
+ALWAYS_EXCEPTED = ("169.254.0.0/16", "fe80::/10")
+# The cluster's DNS, the one thing inside the cluster a lease must reach: the pods labelled ``k8s-app: kube-dns``
+# (CoreDNS keeps kube-dns's label) in the namespace the API server labels ``kubernetes.io/metadata.name:
+# kube-system`` (https://kubernetes.io/docs/reference/labels-annotations-taints/#kubernetes-io-metadata-name).
+CLUSTER_DNS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+
+
 def network_policy_body(
     ingress: Sequence[IngressRule], pod_cidrs: Sequence[str], object_labels: dict[str, str]
 ) -> dict[str, Any]:
-    """Ingress only from the buyer's CIDRs on their ports; egress anywhere but the cluster's pod networks
-    (``pod_cidrs``), so the lease reaches the internet and the broker but no other order's pod. Without ingress
-    rules nothing may come in (the policy type Ingress with no rule denies all)."""
+    """Ingress only from the buyer's CIDRs on their ports; egress to the cluster's DNS on port 53, and anywhere
+    but the cluster's pod networks (``pod_cidrs``) and link-local addresses, so the lease reaches the internet
+    and the broker but no other order's pod and no metadata service. Without ingress rules nothing may come in
+    (the policy type Ingress with no rule denies all)."""
     rules = []
     for rule in ingress:
         rules.append(
@@ -165,9 +178,13 @@ def network_policy_body(
                 "ports": [{"port": rule.port, "protocol": rule.protocol.upper()}],
             }
         )
-    egress = []
+    egress: list[dict[str, Any]] = [
+        {"to": [CLUSTER_DNS], "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    ]
     for world, version in (("0.0.0.0/0", 4), ("::/0", 6)):
-        excepted = [c for c in pod_cidrs if ipaddress.ip_network(c, strict=False).version == version]
+        excepted = [
+            c for c in (*pod_cidrs, *ALWAYS_EXCEPTED) if ipaddress.ip_network(c, strict=False).version == version
+        ]
         block: dict[str, Any] = {"cidr": world}
         if excepted:
             block["except"] = excepted

@@ -102,6 +102,9 @@ class NodeView:
         return self.external_ip or self.internal_ip
 
 
+# A node's name is a DNS subdomain: at most 253 characters of lower-case letters, digits, '-' and '.'
+# (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 # The taint GPU node pools commonly carry (NVIDIA's README example tolerates it; GKE adds it to GPU nodes): the
 # broker's pods tolerate it, and only it.
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -113,8 +116,8 @@ def node_view(item: Mapping[str, Any]) -> NodeView:
     metadata = _dict(item.get("metadata"))
     spec, status = _dict(item.get("spec")), _dict(item.get("status"))
     name = metadata.get("name")
-    if not isinstance(name, str) or not name:
-        raise MalformedProviderResponse("a node without metadata.name", provider=PROVIDER)
+    if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
+        raise MalformedProviderResponse(f"a node named {str(name)[:80]!r}, not a DNS subdomain", provider=PROVIDER)
     labels = {str(k): str(v) for k, v in _dict(metadata.get("labels")).items()}
     ready = any(
         _dict(c).get("type") == "Ready" and _dict(c).get("status") == "True" for c in _list(status.get("conditions"))

@@ -7,6 +7,8 @@ SelfSubjectRulesReview as https://kubernetes.io/docs/reference/access-authn-auth
 from __future__ import annotations
 
 import base64
+import http.server
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,6 +22,7 @@ from providers.endpoints import EndpointRefused, account_endpoints_check
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
+    MalformedProviderResponse,
     ProviderRequestRejected,
     QuotaExceeded,
     TransientProviderError,
@@ -28,6 +31,7 @@ from providers.kubernetes.adapter import KubernetesAdapter
 from providers.kubernetes.kubeconfig import kubeconfig_credentials
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, PricingModel
 from sandboxes.kubernetes.app import KubernetesSandbox, start_kubernetes_sandbox
+from sandboxes.tls import server_context, write_tls
 from tests.providers.contract import contract_boot, settle
 
 
@@ -307,10 +311,14 @@ def test_a_pasted_kubeconfig_connects(sandbox):
 # ---------------------------------------------------------------------------------------- faults, time
 
 
-def test_a_throttled_read_is_retried_and_a_throttled_write_is_not(sandbox):
+def test_a_throttled_read_is_retried_after_the_servers_retry_after_and_a_throttled_write_is_not(sandbox):
     a = adapter(sandbox)
+    sandbox.retry_after_s = 1
     sandbox.faults.inject("throttle", action="listNodes", times=1)
+    started = time.monotonic()
     assert a.list_offers()
+    assert time.monotonic() - started >= 1  # it waited the Retry-After, not its own 0.25 s backoff
+    assert len(sandbox.calls("listNodes")) == 2
 
     sandbox.faults.inject("throttle", action="createPod", times=1)
     with pytest.raises(TransientProviderError) as raised:
@@ -396,3 +404,52 @@ def test_a_disk_larger_than_the_nodes_ephemeral_storage_is_refused_before_launch
         ("launch.disk_gb", f"{offer.extra['ephemeral_storage_gb'] + 1} GB is more than node gpu-t4-0's 900 GB of "
                            "ephemeral storage")
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ a hostile API server
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """An "API server" whose every answer is ``self.server.body`` (200, application/json)."""
+
+    def do_GET(self) -> None:
+        body: bytes = self.server.body  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[http.server.HTTPServer, str]]:
+    ca, chain, key = write_tls(tmp_path_factory.mktemp("hostile-tls"), ca_common_name="hostile CA")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    httpd.socket = server_context(chain, key).wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd, ca.read_text()
+    httpd.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests deeper than 64 levels"),
+        (b'{"items": [], "pad": "' + b"x" * (32 * 1024 * 1024) + b'"}', "larger than 33554432 bytes"),
+        (b"<html>not json</html>", "not JSON"),
+        (b"[1, 2, 3]", "not a JSON object"),
+        (b'{"kind": "NodeList"}', "a list without items"),
+    ],
+)
+def test_an_api_server_answer_out_of_bounds_or_shape_is_malformed_naming_why(hostile, body, message):
+    httpd, ca = hostile
+    httpd.body = body  # type: ignore[attr-defined]
+    url = f"https://127.0.0.1:{httpd.server_address[1]}"
+    a = KubernetesAdapter(Credentials("kubernetes", {"token": "t", "ca_bundle": ca}, url), ["eu-central"], {})
+
+    with pytest.raises(MalformedProviderResponse, match=message):
+        a.list_offers()

@@ -224,6 +224,19 @@ def test_cordoned_not_ready_tainted_cpu_only_and_unpriced_nodes_are_not_on_sale(
     assert {o.zone for o in offers} == {"gpu-t4-0"}
 
 
+def test_a_node_described_nonsensically_is_skipped_and_the_others_still_sold():
+    nameless = node("x", gfd("Tesla-T4", 15360, 4), {"nvidia.com/gpu": "4"})
+    nameless["metadata"]["name"] = "Not A Name/" + "x" * 300
+    odd_pool = node(
+        "gpu-t4-1", {**gfd("Tesla-T4", 15360, 4), "broker.example/pool": "x" * 500}, {"nvidia.com/gpu": "4"}
+    )
+
+    offers = catalog.offers([nameless, odd_pool, A100], [], settings())
+
+    assert {o.zone for o in offers} == {"gpu-t4-1", "gpu-a100-0"}
+    assert {o.extra["pool"] for o in offers} == {""}
+
+
 def test_a_price_rule_naming_the_nodes_pool_label_wins_over_the_models_rule():
     spot = node("gpu-t4-spot", {**gfd("Tesla-T4", 15360, 4), "broker.example/pool": "spot-t4"}, {"nvidia.com/gpu": "4"})
     plain = node("gpu-t4-0", gfd("Tesla-T4", 15360, 4), {"nvidia.com/gpu": "4"})
@@ -566,7 +579,7 @@ def test_the_namespace_is_named_from_the_client_token_and_everything_carries_the
     }
 
 
-def test_the_network_policy_lets_in_only_the_buyers_ranges_and_keeps_out_of_pod_networks():
+def test_the_network_policy_lets_in_only_the_buyers_ranges_and_keeps_out_of_pods_and_metadata_but_dns():
     ingress = (IngressRule(22, ("203.0.113.0/24",)), IngressRule(8000, ("198.51.100.0/24", "2001:db8::/32")))
 
     policy = launching.network_policy_body(ingress, ("10.0.0.0/8", "fd00::/8"), {})
@@ -574,9 +587,14 @@ def test_the_network_policy_lets_in_only_the_buyers_ranges_and_keeps_out_of_pod_
     assert launching.policy_ingress(policy) == {(22, "203.0.113.0/24"), (8000, "198.51.100.0/24"),
                                                  (8000, "2001:db8::/32")}  # fmt: skip
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
     assert policy["spec"]["egress"] == [
-        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]},
-        {"to": [{"ipBlock": {"cidr": "::/0", "except": ["fd00::/8"]}}]},
+        {"to": [dns], "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "169.254.0.0/16"]}}]},
+        {"to": [{"ipBlock": {"cidr": "::/0", "except": ["fd00::/8", "fe80::/10"]}}]},
     ]
 
 
