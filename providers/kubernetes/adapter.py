@@ -3,6 +3,7 @@ cluster whose GPU nodes run NVIDIA's device plugin (and GPU Feature Discovery fo
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from typing import Any, ClassVar
 
 from providers import ratelimit
 from providers.base import ProviderAdapter
+from providers.boot import render_boot_script
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.errors import CredentialsRejected, ProviderError, ProviderRequestRejected
 from providers.kubernetes import catalog, dcgm, launching, mapping, permissions
@@ -174,6 +176,25 @@ class KubernetesAdapter(ProviderAdapter):
         if boot is not None and boot.workload_kind is WorkloadKind.CONTAINER and boot.workload.get("image"):
             return str(boot.workload["image"])
         return (boot.image if boot is not None else None) or spec.image or self._image
+
+    # ------------------------------------------------------------------------- the boot inside the pod
+
+    def boot_prelude(self, spec: LaunchSpec) -> str:
+        """What the lease agent needs in the pod's image, added where missing (``launching.POD_PRELUDE``): bash,
+        Python 3, curl and an SSH server, the login user, and sshd listening on port 22."""
+        return launching.POD_PRELUDE
+
+    def user_data(self, spec: LaunchSpec) -> bytes | None:
+        """The boot script, run by the pod's container itself. Kubernetes runs the buyer's image, so a container
+        workload is its command run in place (``launching.in_place_workload``), not a container started inside
+        the pod; and the script ends by waiting on the agent it started, so the pod lives as long as the lease."""
+        boot = spec.boot
+        if boot is None:
+            return None
+        if boot.workload_kind is WorkloadKind.CONTAINER:
+            boot = dataclasses.replace(boot, workload=launching.in_place_workload(boot.workload))
+        script = render_boot_script(boot, login_user=self.login_user, prelude=self.boot_prelude(spec))
+        return script + launching.POD_KEEPALIVE
 
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
         """Create the namespace, then (each tolerating ``AlreadyExists`` on a repeat) the boot Secret, the
@@ -428,6 +449,16 @@ class KubernetesAdapter(ProviderAdapter):
             )
         if not launching.image_ok(self._image_for(spec)):
             problems.append(LaunchProblem("launch.image", "not a container image reference"))
+        if boot.workload_kind is WorkloadKind.CONTAINER and not boot.workload.get("command"):
+            # The pod runs the boot script in the buyer's image, so the image's own entrypoint does not run: the
+            # command must be given. A cluster cannot read an image's entrypoint before pulling it.
+            problems.append(
+                LaunchProblem(
+                    "launch.workload.command",
+                    "a Kubernetes cluster runs the container's command in its pod: give the command "
+                    "(the image's entrypoint is not run)",
+                )
+            )
         return problems
 
     def gpu_telemetry(self) -> dict[str, list[dcgm.GpuSample]]:

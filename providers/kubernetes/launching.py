@@ -15,6 +15,7 @@ import base64
 import hashlib
 import ipaddress
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,7 +118,7 @@ def pod_body(
         "containers": [container],
     }
     if with_boot:
-        container["command"] = ["/bin/sh", f"{BOOT_MOUNT}/{BOOT_KEY}"]
+        container["command"] = ["/bin/bash", f"{BOOT_MOUNT}/{BOOT_KEY}"]
         container["volumeMounts"] = [{"name": BOOT_OBJECT, "mountPath": BOOT_MOUNT, "readOnly": True}]
         spec["volumes"] = [{"name": BOOT_OBJECT, "secret": {"secretName": BOOT_OBJECT, "defaultMode": 0o500}}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(mapping.POD_NAME, object_labels), "spec": spec}
@@ -216,3 +217,38 @@ def policy_ingress(policy: dict[str, Any]) -> set[tuple[int, str]]:
         for port in rule.get("ports") or []:
             found.update((int(port.get("port")), cidr) for cidr in cidrs)
     return found
+
+
+# What the lease agent needs, installed where the pod's image lacks it (Debian and Ubuntu images, which the CUDA
+# and most ML images are, through apt; RHEL-like through dnf; Alpine through apk), then the login user and an SSH
+# server on port 22 with its host keys: a pod has no init system to start one. Idempotent, like the whole script.
+POD_PRELUDE = """\
+need=
+for tool in python3 curl sshd useradd; do command -v "$tool" >/dev/null 2>&1 || need=1; done
+[ -x /usr/sbin/sshd ] || need=1
+if [ -n "$need" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q && apt-get install -y -q --no-install-recommends python3 curl openssh-server ca-certificates
+  elif command -v dnf >/dev/null 2>&1; then
+    dnf install -y -q python3 curl openssh-server shadow-utils
+  elif command -v apk >/dev/null 2>&1; then
+    apk add -q python3 curl openssh shadow bash
+  fi
+fi
+id "$BROKER_LOGIN_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$BROKER_LOGIN_USER"
+mkdir -p /run/sshd && ssh-keygen -A >/dev/null 2>&1
+pgrep -x sshd >/dev/null 2>&1 || /usr/sbin/sshd -o PermitRootLogin=no -o PasswordAuthentication=no"""
+
+# A pod lives as long as its first process: the script, started as that process, waits for the agent it started
+# in the background, so the pod ends (Succeeded) when the lease agent does.
+POD_KEEPALIVE = b"# a pod lives as long as its first process: wait for the lease agent\nwait\n"
+
+
+def in_place_workload(workload: dict[str, Any]) -> dict[str, Any]:
+    """A container workload as the lease agent runs it inside the pod Kubernetes already made of the buyer's
+    image: its command and arguments as a script (``exec``, each word quoted), with its env; ports are the
+    pod's own. The image itself is the pod's (``pod_body``)."""
+    words = [str(w) for w in (workload.get("command") or [])] + [str(a) for a in (workload.get("args") or [])]
+    script = "#!/bin/bash\nexec " + " ".join(shlex.quote(w) for w in words) + "\n"
+    return {"kind": "script", "script": script, "env": list(workload.get("env") or [])}

@@ -159,6 +159,7 @@ class SandboxPod:
     node: str | None
     waiting: str
     devices: tuple[str, ...]
+    image: str = ""  # the first container's
 
 
 class KubernetesSandbox(SandboxApp):
@@ -318,6 +319,7 @@ class KubernetesSandbox(SandboxApp):
                         runtime.node,
                         runtime.waiting,
                         tuple(f"{d.resource}:{d.index}" for d in runtime.devices),
+                        str(pod["spec"]["containers"][0].get("image") or ""),
                     )
                 )
             return found

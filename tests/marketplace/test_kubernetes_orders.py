@@ -19,8 +19,11 @@ from marketplace.orders.cluster_telemetry import clusters_gpus_read
 from marketplace.orders.reconcile import account_resources_reconcile
 from marketplace.orders.selectors import order_telemetry
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from providers.boot import lease_file_from_script
 from providers.services import adapter_for_account
+from providers.types import LaunchSpec, PricingModel
 from tests.leases import LAUNCH, boot_if_launched, held_agent
+from tests.providers.contract import contract_boot
 from tests.races import race_same
 
 pytestmark = pytest.mark.django_db
@@ -122,7 +125,7 @@ def test_an_image_that_cannot_be_pulled_is_the_buyers_error_named(
         api,
         django_capture_on_commit_callbacks,
         offer,
-        launch={"workload": {"kind": "container", "image": image}},
+        launch={"workload": {"kind": "container", "image": image, "command": ["python3", "train.py"]}},
     )
     order.refresh_from_db()
 
@@ -132,6 +135,52 @@ def test_an_image_that_cannot_be_pulled_is_the_buyers_error_named(
     assert image in attempt.provider_message
     assert kubernetes_sandbox.pods() == []
     assert not NodeHold.objects.filter(attempt__order=order).exists()
+
+
+def test_a_container_without_its_command_is_refused_naming_the_field(
+    api, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post(
+            "/api/v1/orders",
+            {"offer": offer.pk, "launch": {"workload": {"kind": "container", "image": "vllm/vllm-openai:v0.6.3"}}},
+            format="json",
+        )
+
+    assert response.status_code == 400
+    assert "give the command" in response.json()["error"]["fields"]["launch.workload.command"][0]
+    assert kubernetes_sandbox.namespaces() == ["default", "kube-node-lease", "kube-public", "kube-system"]
+    assert not Order.objects.exists()
+
+
+def test_a_container_runs_its_command_in_the_pod_kubernetes_made_of_its_image(
+    acme, alice, kubernetes_account, kubernetes_sandbox
+):
+    """The pod is the buyer's image, and its boot script hands the lease agent the container's command as the
+    process to run there, with the tools the agent needs installed where the image lacks them and the pod kept
+    alive as long as the agent runs."""
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+    adapter = adapter_for_account(kubernetes_account)
+    boot = contract_boot()
+    spec = LaunchSpec(
+        region=offer.region, zone=offer.zone, instance_type=offer.instance_type, pricing_model=PricingModel.ON_DEMAND,
+        client_token="ord-inplace-a1", order_ref="ord-inplace", gpu_count=1, offer_extra=offer.extra, boot=boot,
+    )  # fmt: skip
+
+    script = adapter.user_data(spec)
+
+    lease = lease_file_from_script(script)
+    assert lease["workload"]["kind"] == "script"
+    assert lease["workload"]["script"].endswith("exec python3 -m vllm.entrypoints.openai.api_server --model m\n")
+    text = script.decode()
+    assert "apt-get install" in text and "/usr/sbin/sshd" in text
+    assert "docker" not in text  # no container runtime inside the pod
+    assert text.rstrip().endswith("wait")
+    handle = adapter.launch(spec)
+    (pod,) = kubernetes_sandbox.pods(handle.instance_id.split("/")[0])
+    assert pod.image == "vllm/vllm-openai:v0.6.3"
 
 
 def test_the_reconciler_deletes_namespaces_of_orders_that_ended(

@@ -157,8 +157,9 @@ def contract_boot(
     workload = (
         {"kind": WorkloadKind.SCRIPT.value, "script": script, "env": []}
         if script is not None
-        else {"kind": "container", "image": "vllm/vllm-openai:v0.6.3", "ports": [8000], "env": [], "command": [],
-              "args": ["--model", "m"]}
+        else {"kind": "container", "image": "vllm/vllm-openai:v0.6.3", "ports": [8000], "env": [],
+              # The image's own entrypoint, given (vLLM's Dockerfile): a Kubernetes pod runs the command itself.
+              "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": ["--model", "m"]}
     )  # fmt: skip
     return BootSpec(
         broker_url="https://broker.example",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers.boot import lease_file_from_script
-from providers.kubernetes import catalog
+from providers.kubernetes import catalog, launching
 from providers.kubernetes.adapter import KubernetesAdapter
 from providers.types import Credentials, InstanceHandle
 from sandboxes.kubernetes.app import KubernetesSandbox, start_kubernetes_sandbox
@@ -135,5 +135,6 @@ def target(sandbox: KubernetesSandbox) -> ContractTarget:
         launched=lambda handle: launched_view(sandbox, handle),
         # The Kubernetes API has no image catalogue: an image that cannot be pulled shows on the pod (describe's
         # FAILED, ErrImagePull), after the launch.
-        extra={"images_checked_before_launch": False},
+        # No image catalogue to ask before a launch; a container workload is its command run in the pod itself.
+        extra={"images_checked_before_launch": False, "workload_in_place": launching.in_place_workload},
     )

@@ -612,7 +612,7 @@ def test_the_pod_asks_exactly_the_orders_gpus_on_the_offers_node():
 
     assert container["resources"] == {"limits": {"nvidia.com/mig-3g.20gb": "1"},
                                       "requests": {"ephemeral-storage": "120Gi"}}  # fmt: skip
-    assert container["command"] == ["/bin/sh", "/broker/boot/boot.sh"]
+    assert container["command"] == ["/bin/bash", "/broker/boot/boot.sh"]
     assert body["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a100-mig-0"}
     assert body["spec"]["volumes"] == [{"name": "boot", "secret": {"secretName": "boot", "defaultMode": 0o500}}]
     assert launching.resource_quota_body("nvidia.com/mig-3g.20gb", 1, {})["spec"]["hard"] == {
