@@ -49,6 +49,7 @@ from marketplace.catalog.selectors import (
 )
 from marketplace.models import GpuModel, Offer
 from marketplace.numbers import number_problem
+from providers.models import ProviderKind
 
 _TERM = re.compile(r"\S+")
 _SPLIT = re.compile(r"^(?P<field>[A-Za-z_]+)(?P<op>!=|>=|<=|=|<|>)(?P<value>.*)$")
@@ -69,7 +70,7 @@ _FLOATS = ("gpuprice", "reliability", "net", "perf")
 # A cloud's disk is sized at launch (up to its adapter's bound), so a disk term does not narrow cloud offers.
 _UNKNOWN_MATCHES = ("disk",)
 _PRICING = {"on_demand": "on_demand", "ondemand": "on_demand", "on-demand": "on_demand", "spot": "spot"}
-PROVIDERS = _PROVIDERS = ("aws", "azure", "gcp", "alibaba", "tencent", "community")
+PROVIDERS = _PROVIDERS = tuple(ProviderKind.values)
 _LOOKUP = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}
 # What a numeric term may compare with: beyond every offer there is (GPUs per machine, GB per GPU, USD per hour).
 _RANGES = {

@@ -48,7 +48,7 @@ from marketplace.models import (
 from providers.community.mig import MIG_PROFILE
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
-from providers.models import Machine, MachineHeartbeat, ProviderKind
+from providers.models import ClusterNode, Machine, MachineHeartbeat, ProviderKind
 from providers.registry import ADAPTERS, adapter_class
 from providers.types import GPU_FRACTION, NETWORK_GBPS, PricingModel
 
@@ -156,8 +156,8 @@ def offers_filter(qs: QuerySet[Offer], f: OfferFilters) -> QuerySet[Offer]:
 class OfferGroup:
     """One row of the offers page: the offers of one account's instance type in one region at one pricing model,
     one per zone, in the search's order (so ``offers[0]``, the lead, is the cheapest zone's). An independent
-    machine is a group of its own: its "zone" names the machine, a different host with its own record, not an
-    interchangeable placement."""
+    machine, or a Kubernetes cluster's node, is a group of its own: its "zone" names the machine, a different host
+    with its own GPUs and record, not an interchangeable placement."""
 
     offers: tuple[Offer, ...]
 
@@ -188,6 +188,8 @@ class OfferGroupPage:
 
 
 _GROUP_FIELDS = ("account_id", "instance_type", "region", "pricing_model", "group_zone")
+# Kinds whose zone is one machine (a host, a cluster's node) rather than a placement of the same hardware.
+_MACHINE_KINDS = (ProviderKind.COMMUNITY, ProviderKind.KUBERNETES)
 
 
 def offer_groups(queryset: QuerySet[Offer], *, offset: int, limit: int) -> OfferGroupPage:
@@ -198,7 +200,7 @@ def offer_groups(queryset: QuerySet[Offer], *, offset: int, limit: int) -> Offer
     of the catalogue."""
     keyed = queryset.annotate(
         group_zone=Case(
-            When(account__kind=ProviderKind.COMMUNITY, then=F("zone")), default=Value(""), output_field=CharField()
+            When(account__kind__in=_MACHINE_KINDS, then=F("zone")), default=Value(""), output_field=CharField()
         )
     )
     grouped = keyed.order_by().values(*_GROUP_FIELDS).annotate(best=Min("sort_key"))
@@ -432,7 +434,8 @@ def _pooled(offer: Offer) -> bool:
 
 
 def machine_pool(account_id: int, machine: str) -> str:
-    """The capacity pool an independent machine's offers share in the engine (``OfferView.capacity_pool``)."""
+    """The capacity pool an independent machine's (or a cluster node's) offers share in the engine
+    (``OfferView.capacity_pool``)."""
     return f"machine:{account_id}:{machine}"
 
 
@@ -480,8 +483,8 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
     """Every offer on sale now as the engine sees it: spec, jurisdiction, reliability, spot risk. An
     independent machine's reliability is its own (``machine_reliability``), a cloud account's its launches'.
     An independent machine's finite offers of whole GPUs (one per lease size and pricing model) share one
-    capacity pool, its free GPUs (``machine_free_gpus``), so a batch never plans more GPUs on it than it has
-    free."""
+    capacity pool, its free GPUs (``machine_free_gpus``), and so do a Kubernetes node's, so a batch never plans
+    more GPUs on one than it has free."""
     since = now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
     reliability = account_reliability()
     machines = machine_reliability(now=now)
@@ -494,13 +497,17 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
         .select_related("gpu_model", "account")
         .order_by("id")
     )
-    # GPU holds, and so pools, exist only where a finite offer's zone names a Machine of its account
-    # (reservations.py's test); one query for all of them.
+    # GPU holds, and so pools, exist only where a finite offer's zone names a Machine of its account, or a
+    # Kubernetes cluster's node (reservations.py's test); one query each for all of them.
     zones = {(o.account_id, o.zone) for o in offers if _pooled(o)}
     listed: set[tuple[int, str]] = set()
     if zones:
-        machine_rows = Machine.objects.filter(account_id__in={account for account, _ in zones})
-        listed = zones & set(machine_rows.values_list("account_id", "name"))
+        accounts = {account for account, _ in zones}
+        machine_rows = Machine.objects.filter(account_id__in=accounts)
+        node_rows = ClusterNode.objects.filter(account_id__in=accounts)
+        listed = zones & (
+            set(machine_rows.values_list("account_id", "name")) | set(node_rows.values_list("account_id", "name"))
+        )
     free = machine_free_gpus(o for o in offers if (o.account_id, o.zone) in listed)
     # What each provider kind can do is its adapter's to say; asked once per kind on sale, not per offer.
     packs = {

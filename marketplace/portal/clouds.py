@@ -76,6 +76,9 @@ class Cloud:
     # A cluster's seller needs the role its service account must hold, shown on the connect form.
     setup_note: str = ""
     setup_text: str = ""
+    # Options a seller of this kind must set to sell at all (a cluster's prices), shown beside the credentials
+    # rather than folded away with the others.
+    primary_options: tuple[str, ...] = ()
 
     @property
     def all_options(self) -> tuple[CloudField, ...]:
@@ -207,7 +210,7 @@ CLOUDS: dict[str, Cloud] = {
                 "Service account token",
                 secret=True,
                 kind="textarea",
-                help="a token of a service account bound to the ClusterRole below (or paste a kubeconfig)",
+                help="a token of a service account bound to the ClusterRole above (or paste a kubeconfig)",
             ),
             CloudField("ca_bundle", "Cluster CA (PEM)", kind="textarea", help="the API server's certificate authority"),
             CloudField(
@@ -245,5 +248,6 @@ CLOUDS: dict[str, Cloud] = {
         setup_note="The service account needs this ClusterRole (and a ClusterRoleBinding to it); saving checks "
         "each rule with a SelfSubjectRulesReview and names any that is missing.",
         setup_text=cluster_role_yaml(),
+        primary_options=("gpu_prices",),
     ),
 }

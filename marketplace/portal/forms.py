@@ -312,7 +312,10 @@ class AccountForm(forms.Form):
         return [(self[s.key], s.key in self.stored, clear.get(f"clear_{s.key}")) for s in self.cloud.credentials]
 
     def option_fields(self) -> list[forms.BoundField]:
-        return [self[s.key] for s in self.cloud.all_options]
+        return [self[s.key] for s in self.cloud.all_options if s.key not in self.cloud.primary_options]
+
+    def primary_option_fields(self) -> list[forms.BoundField]:
+        return [self[s.key] for s in self.cloud.all_options if s.key in self.cloud.primary_options]
 
     def clean_regions(self) -> list[str]:
         names = [n for n in re.split(r"[\s,;]+", self.cleaned_data["regions"].strip().lower()) if n]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import hashlib
+from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from marketplace.models import Invitation, Membership, Organization, OrganizationKind, Role
-from providers.models import ProviderAccount
+from marketplace.models import Invitation, Membership, NodeHold, Organization, OrganizationKind, Role
+from providers.models import ClusterNode, ProviderAccount
 from providers.secrets import SecretUnreadable
 
 
@@ -45,6 +47,36 @@ def provider_membership(user: AbstractBaseUser | AnonymousUser) -> Membership | 
 
 def account_list(*, organization: Organization) -> QuerySet[ProviderAccount]:
     return ProviderAccount.objects.filter(provider_id=organization.provider_id).order_by("name", "pk")
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node of a seller's cluster as the broker sells it: per extended resource, the units the last sync saw
+    free of other pods, and how many of them the broker's orders hold now."""
+
+    account_id: int
+    name: str
+    resources: list[tuple[str, int, int]]  # (resource, free at the sync, held by orders)
+    synced_at: dt.datetime | None
+
+    @property
+    def on_sale(self) -> bool:
+        return bool(self.resources)
+
+
+def cluster_nodes(*, organization: Organization) -> dict[int, list[NodeRow]]:
+    """Per Kubernetes account of the organisation's provider, its nodes by name (two queries)."""
+    nodes = list(
+        ClusterNode.objects.filter(account__provider_id=organization.provider_id).order_by("account_id", "name")
+    )
+    held: dict[tuple[int, str], int] = {}
+    for node_id, resource, units in NodeHold.objects.filter(node__in=nodes).values_list("node_id", "resource", "units"):
+        held[(node_id, resource)] = held.get((node_id, resource), 0) + units
+    found: dict[int, list[NodeRow]] = {}
+    for node in nodes:
+        resources = [(r, int(n), held.get((node.pk, r), 0)) for r, n in sorted((node.units or {}).items())]
+        found.setdefault(node.account_id, []).append(NodeRow(node.account_id, node.name, resources, node.synced_at))
+    return found
 
 
 def account_get(*, organization: Organization, account_id: int) -> ProviderAccount | None:

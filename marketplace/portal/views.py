@@ -265,6 +265,7 @@ def accounts(request: HttpRequest) -> HttpResponse:
         accounts=rows,
         clouds=CLOUDS.values(),
         editable_kinds=list(CLOUDS),
+        nodes=selectors.cluster_nodes(organization=membership.organization),
     )
 
 

@@ -6,6 +6,7 @@ a pod no node can take fails over like a sold-out zone; concurrent orders never 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
@@ -14,6 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.services import ledger_verify
+from marketplace.catalog.selectors import machine_pool, offer_views
 from marketplace.models import Attempt, AttemptOutcome, LeaseHeartbeat, NodeHold, Offer, Order, OrderState
 from marketplace.orders.cluster_telemetry import clusters_gpus_read
 from marketplace.orders.reconcile import account_resources_reconcile
@@ -288,3 +290,38 @@ def test_an_exporter_that_cannot_be_read_stops_no_other_account(
 
     assert clusters_gpus_read(now=timezone.now()) == {"accounts": 0, "recorded": 0, "errors": 1}
     assert not LeaseHeartbeat.objects.filter(source="dcgm").exists()
+
+
+def test_a_procurement_packs_demands_onto_a_nodes_free_gpus_and_no_more(
+    acme, alice, alice_bearer, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    # Given one of the T4 node's four GPUs taken by a running order
+    running = _order_with(
+        acme, alice, _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1"), django_capture_on_commit_callbacks
+    )
+    assert NodeHold.objects.get(attempt__order=running).units == 1
+    # The engine sees the node's whole-GPU sizes as one pool of its three free GPUs.
+    pools = {
+        (v.gpu_count, v.capacity_pool, v.pool_capacity)
+        for v in offer_views(now=timezone.now())
+        if v.offer_id in set(Offer.objects.filter(zone="gpu-t4-0").values_list("pk", flat=True))
+    }
+    assert pools == {(n, machine_pool(kubernetes_account.pk, "gpu-t4-0"), 3) for n in (1, 2, 4)}
+
+    # When a buyer procures three pairs of T4 on the cluster's region
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=alice_bearer)
+    demands = [
+        {"id": f"pair{i}", "profile": "inference", "gpu_count": 2, "gpu_models": ["T4"], "regions": ["eu-central"]}
+        for i in range(3)
+    ]
+    response = client.post(
+        "/api/v1/procurements", data=json.dumps({"demands": demands, "time_limit": 2}), content_type="application/json"
+    )
+
+    # Then one pair fits the node's three free GPUs; the others wait, saying why
+    assert response.status_code == 201, response.content
+    body = response.json()
+    planned = [a for a in body["assignments"] if a["quote"] is not None]
+    assert len(planned) == 1, body["assignments"]
+    assert len([a for a in body["assignments"] if a["quote"] is None]) == 2

@@ -8,11 +8,13 @@ from __future__ import annotations
 import base64
 import json
 from io import StringIO
+from pathlib import Path
 
 import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
+from marketplace.catalog.services import offers_sync
 from providers.kubernetes.permissions import CLUSTER_ROLE_FILE
 from providers.models import ProviderAccount
 from tests.portal.conftest import client_for
@@ -169,3 +171,26 @@ def test_the_command_prints_the_clusterrole(capsys):
     role = yaml.safe_load(out.getvalue())
     assert role == yaml.safe_load(CLUSTER_ROLE_FILE.read_text())
     assert role["kind"] == "ClusterRole"
+
+
+def test_the_readme_gives_the_clusterrole_the_code_checks():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Selling a Kubernetes cluster", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+
+    assert yaml.safe_load(block) == yaml.safe_load(CLUSTER_ROLE_FILE.read_text())
+
+
+def test_the_accounts_page_shows_each_node_on_sale_with_its_free_and_held_units(petra, kubernetes_sandbox):
+    client = client_for(petra)
+    assert client.post("/provider/accounts/connect/kubernetes", _form(kubernetes_sandbox)).status_code == 302
+    account = ProviderAccount.objects.get()
+    ProviderAccount.objects.filter(pk=account.pk).update(enabled=True)
+    assert offers_sync(account_id=account.pk).ok
+
+    page = client.get("/provider/accounts").content.decode()
+
+    assert 'aria-label="Nodes of fra-1"' in page
+    # The A100 and T4 nodes are priced; the MIG node's A100-40GB and the L4s are not, so they are not on sale.
+    assert "<code>gpu-a100-0</code>" in page and "<code>nvidia.com/gpu</code> 8 / 0" in page
+    assert "<code>gpu-t4-0</code>" in page and "<code>nvidia.com/gpu</code> 4 / 0" in page
+    assert "gpu-t4-cordoned-0" not in page
