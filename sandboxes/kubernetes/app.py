@@ -1247,9 +1247,10 @@ class KubernetesSandbox(SandboxApp):
             return []
         indexes = sorted({d.index for d in runtime.devices})
         mig = next((d for d in runtime.devices if d.mig_profile), None)
-        memory_gb = seed.memory_mib // 1024
+        # Rounded to the nearest GB, as the lease agent reads nvidia-smi's MiB (a 1g.5gb's 4864 MiB is 5 GB).
+        memory_gb = round(seed.memory_mib / 1024)
         if mig is not None:
-            memory_gb = max(1, A100_40_PROFILES[mig.mig_profile].memory_mib // 1024)
+            memory_gb = max(1, round(A100_40_PROFILES[mig.mig_profile].memory_mib / 1024))
         return simulated_gpus(seed.model, len(indexes), memory_gb)
 
     # ------------------------------------------------------------------------------------------ DCGM

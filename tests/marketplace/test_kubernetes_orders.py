@@ -11,6 +11,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -27,6 +28,7 @@ from providers.types import LaunchSpec, PricingModel
 from tests.leases import LAUNCH, boot_if_launched, held_agent
 from tests.providers.contract import contract_boot
 from tests.races import race_same
+from tests.storefront import order_from_the_page
 
 pytestmark = pytest.mark.django_db
 
@@ -86,6 +88,27 @@ def test_an_order_runs_in_a_pod_of_its_own_and_ends_with_nothing_left_in_the_clu
     assert not NodeHold.objects.filter(attempt=attempt).exists()
     assert _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-4").reserved == 0
     assert ledger_verify().ok
+
+
+def test_an_order_from_the_storefront_runs_on_a_cluster_node(
+    alice, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
+):
+    client = Client()
+    client.force_login(alice)
+    offer = _offer(kubernetes_account, "gpu-a100-mig-0", "k8s-mig-1g.5gb")  # one MIG slice of an A100
+    nonce = order_from_the_page(client, offer)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/orders/place", {"nonce": nonce})
+
+    order = boot_if_launched(Order.objects.get(), kubernetes_sandbox)
+    assert response.status_code == 302
+    assert order.state == OrderState.RUNNING, order.state_reason
+    (pod,) = kubernetes_sandbox.pods(order.instance.provider_instance_id.split("/")[0])
+    assert (pod.node, pod.devices[0].rsplit(":", 1)[0]) == ("gpu-a100-mig-0", "nvidia.com/mig-1g.5gb")
+    assert NodeHold.objects.get(attempt__order=order).resource == "nvidia.com/mig-1g.5gb"
+    page = client.get(f"/orders/{order.public_id}/").content.decode()
+    assert "k8s-mig-1g.5gb" in page and "gpu-a100-mig-0" in page
 
 
 def test_a_pod_no_node_can_take_is_a_capacity_failure_and_the_order_fails_over(

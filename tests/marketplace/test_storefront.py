@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 import pytest
 from django.test import Client
@@ -13,6 +12,7 @@ from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer, Order
 from providers.types import PricingModel
 from tests.factories import ProviderAccountFactory, listed_quotes
+from tests.storefront import order_from_the_page
 
 pytestmark = pytest.mark.django_db
 
@@ -71,29 +71,13 @@ def test_my_orders_needs_a_login(offers):
     assert response["Location"].startswith("/login/")
 
 
-def _order_from_the_page(client: Client, offer: Offer) -> str:
-    """Configure (just the machine, the organisation's keys, for an hour) and confirm; the confirmation's nonce."""
-    page = client.get(f"/orders/new?offer={offer.pk}").content.decode()
-    nonce = re.search(r'name="nonce" value="([^"]+)"', page).group(1)
-    keys = re.findall(r'name="ssh_keys" value="([^"]+)" checked', page)
-    configured = client.post(
-        "/orders/new",
-        {"offer": offer.pk, "nonce": nonce, "duration_hours": "1", "ssh_keys": keys, "workload_kind": "none",
-         "access": "mine", "allow_failover": "on", "env_rows": "0"},
-    )  # fmt: skip
-    assert configured.status_code == 302
-    confirm = client.get(configured["Location"]).content.decode()
-    assert 'action="/orders/place"' in confirm
-    return nonce
-
-
 def test_an_order_placed_from_the_page_appears_on_my_orders_with_its_ledger_hash(
     offers, alice, charlie, django_capture_on_commit_callbacks
 ):
     client = Client()
     client.force_login(alice)
     offer = Offer.objects.get(instance_type="p5.48xlarge")
-    nonce = _order_from_the_page(client, offer)
+    nonce = order_from_the_page(client, offer)
 
     # The sandbox is not running in this test: provisioning fails, which is what the page must then show.
     with django_capture_on_commit_callbacks(execute=False):
@@ -121,7 +105,7 @@ def test_a_double_submitted_confirmation_places_one_order(offers, alice, django_
     client = Client()
     client.force_login(alice)
     offer = Offer.objects.get(instance_type="g5.xlarge", pricing_model="on_demand")
-    nonce = _order_from_the_page(client, offer)
+    nonce = order_from_the_page(client, offer)
 
     with django_capture_on_commit_callbacks(execute=False):
         client.post("/orders/place", {"nonce": nonce})
