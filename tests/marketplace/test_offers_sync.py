@@ -126,7 +126,7 @@ def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
     assert BOB.access_key_id not in account.credentials_encrypted
     assert account.credentials().values["access_key_id"] == BOB.access_key_id
 
-    with pytest.raises(CommandError, match="refused it: aws: AuthFailure"):
+    with pytest.raises(CommandError, match="refused the account, nothing was saved: aws: AuthFailure"):
         call_command(
             "provider",
             "connect",
@@ -145,6 +145,8 @@ def test_provider_connect_checks_the_credentials(aws_sandbox, capsys):
             "--regions",
             "us-east-1",
         )
+    # The refused credentials replaced nothing: the account keeps the ones that passed.
+    assert ProviderAccount.objects.get(name="main").credentials().values["access_key_id"] == BOB.access_key_id
     with pytest.raises(CommandError, match="expected KEY=VALUE"):
         call_command(
             "provider", "connect", "--provider", "P", "--kind", "aws", "--name", "n", "--credential", "oops",
