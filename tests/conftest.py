@@ -283,11 +283,16 @@ def gcp_account(db, gcp_sandbox):
 def _sandbox_account(kind: str, sandbox, provider_name: str = "Petra Cloud Resale"):
     """Petra's account of ``kind`` connected to ``sandbox`` the way the run command connects it
     (``sandboxes.demo``), its offers synced through the real adapter."""
+    from marketplace.catalog.gpu_specs import gpu_models_upsert
     from marketplace.catalog.services import offers_sync
+    from marketplace.models import GpuModel
     from providers.models import ProviderAccount
     from providers.services import provider_account_connect
     from sandboxes.demo import SANDBOX_ACCOUNTS
 
+    if not GpuModel.objects.exists():
+        # A transactional test before this one flushed the rows the data migration seeded.
+        gpu_models_upsert(GpuModel)
     how = SANDBOX_ACCOUNTS[kind](sandbox)
     account = provider_account_connect(
         provider_name=provider_name,

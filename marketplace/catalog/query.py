@@ -16,7 +16,8 @@ Terms are ``field op value`` separated by spaces, all of which must hold. Fields
 - ``region`` (``=``, ``!=``): a region name (``us-east-1``) or a jurisdiction (``eu``, ``us``, ``apac``,
   ``cn``, ``ch``, ...).
 - ``pricing`` (``=``, ``!=``): ``on_demand`` (or ``ondemand``), ``spot``.
-- ``provider`` (``=``, ``!=``): ``aws``, ``azure``, ``gcp``, ``alibaba``, ``tencent``, ``community``.
+- ``provider`` (``=``, ``!=``): a provider kind, ``aws``, ``azure``, ``gcp``, ``alibaba``, ``tencent``, ``community``,
+  ``kubernetes``.
 - ``seller`` (``=``, ``!=``): the seller's name, case-insensitive, a space written as ``_``.
 
 A mistake raises ``QueryError`` whose message names the term and its column and says what would be right.
