@@ -278,6 +278,16 @@ class Order(models.Model):
         """The reference the broker tags provider instances with."""
         return f"ord-{self.public_id.hex}"
 
+    @staticmethod
+    def public_id_of(ref: str) -> uuid.UUID | None:
+        """The public id a ``ref`` names (as a provider's tag or label gives it back); None for anything else."""
+        if not ref.startswith("ord-") or len(ref) != 36:
+            return None
+        try:
+            return uuid.UUID(hex=ref[4:])
+        except ValueError:
+            return None
+
 
 class AttemptOutcome(models.TextChoices):
     PENDING = "pending", "pending"

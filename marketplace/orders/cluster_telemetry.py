@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from decimal import Decimal, InvalidOperation
 
-from marketplace.models import Instance, Lease, LeaseHeartbeat, LeaseState, OrderState
+from marketplace.models import Instance, Lease, LeaseHeartbeat, LeaseState, Order, OrderState
 from providers.errors import ProviderError
 from providers.kubernetes.adapter import KubernetesAdapter
 from providers.kubernetes.dcgm import GpuSample
@@ -65,11 +64,6 @@ def _gpu(sample: GpuSample) -> dict[str, object] | None:
     }
 
 
-def _order_ref(ref: str) -> bool:
-    """Is a label's value an order reference the broker writes (``ord-`` and 32 hex digits)?"""
-    return len(ref) == 36 and ref.startswith("ord-") and all(c in "0123456789abcdef" for c in ref[4:])
-
-
 def cluster_gpus_read(*, account_id: int, now: dt.datetime) -> int:
     """Read the account's DCGM exporter once and record a ``dcgm`` heartbeat for each running order on it whose
     pod's GPUs it reported; returns how many were recorded. Raises ``ProviderError`` when the exporter or the
@@ -81,13 +75,12 @@ def cluster_gpus_read(*, account_id: int, now: dt.datetime) -> int:
     by_order = adapter.gpu_telemetry()
     if not by_order:
         return 0
-    # An order's reference is its public id (``Order.ref``): the labels name orders by it.
-    public_ids = [uuid.UUID(ref.removeprefix("ord-")) for ref in by_order if _order_ref(ref)]
+    public_ids = [pid for pid in (Order.public_id_of(ref) for ref in by_order) if pid is not None]
     running = [
-        (attempt_id, f"ord-{public_id.hex}")
-        for attempt_id, public_id in Instance.objects.filter(
+        (instance.attempt_id, instance.order.ref)
+        for instance in Instance.objects.filter(
             account_id=account_id, active=True, order__state=OrderState.RUNNING, order__public_id__in=public_ids
-        ).values_list("attempt_id", "order__public_id")
+        ).select_related("order")
     ]
     leases = {
         lease.attempt_id: lease
@@ -96,7 +89,7 @@ def cluster_gpus_read(*, account_id: int, now: dt.datetime) -> int:
     recorded = 0
     for attempt_id, ref in running:
         lease = leases.get(attempt_id)
-        gpus = [g for g in (_gpu(s) for s in by_order.get(str(ref), [])) if g is not None]
+        gpus = [g for g in (_gpu(s) for s in by_order.get(ref, [])) if g is not None]
         if lease is None or not gpus:
             continue
         LeaseHeartbeat.objects.create(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import uuid
 from collections import defaultdict
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -145,10 +144,8 @@ def orders_to_reconcile(*, now: dt.datetime, quiet_s: int = 300, lookback_s: int
 
 
 def _order_for_ref(ref: str) -> Order | None:
-    try:
-        return Order.objects.filter(public_id=uuid.UUID(ref.removeprefix("ord-"))).first()
-    except ValueError:
-        return None
+    public_id = Order.public_id_of(ref)
+    return None if public_id is None else Order.objects.filter(public_id=public_id).first()
 
 
 def account_resources_reconcile(*, account_id: int, now: dt.datetime, grace_s: int = 120) -> ReconcileReport:

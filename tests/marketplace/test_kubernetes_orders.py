@@ -25,7 +25,7 @@ from marketplace.orders.services import PlaceRequest, order_place, order_termina
 from providers.boot import lease_file_from_script
 from providers.services import adapter_for_account
 from providers.types import LaunchSpec, PricingModel
-from tests.leases import LAUNCH, boot_if_launched, held_agent
+from tests.leases import LAUNCH, boot_if_launched, held_agent, running_order
 from tests.providers.contract import contract_boot
 from tests.races import race_same
 from tests.storefront import order_from_the_page
@@ -211,13 +211,9 @@ def test_a_container_runs_its_command_in_the_pod_kubernetes_made_of_its_image(
 def test_the_reconciler_deletes_namespaces_of_orders_that_ended(
     acme, alice, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
 ):
-    order = boot_if_launched(
-        _order_with(
-            acme, alice, _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1"), django_capture_on_commit_callbacks
-        ),
-        kubernetes_sandbox,
-    )
-    assert order.state == OrderState.RUNNING, order.state_reason
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+    capture = django_capture_on_commit_callbacks
+    order = running_order(acme, alice, offer, capture, kubernetes_sandbox, allow_failover=False)
     namespace = order.instance.provider_instance_id.split("/")[0]
     # The order ended in the broker, but its namespace's deletion never reached the cluster.
     Order.objects.filter(pk=order.pk).update(state=OrderState.TERMINATED)
@@ -226,20 +222,6 @@ def test_the_reconciler_deletes_namespaces_of_orders_that_ended(
 
     assert report.errors == []
     assert namespace not in kubernetes_sandbox.namespaces() or kubernetes_sandbox.pods(namespace) == []
-
-
-def _order_with(acme, alice, offer: Offer, capture) -> Order:
-    with capture(execute=True):
-        return order_place(
-            organization=acme,
-            user=alice,
-            request=PlaceRequest(
-                launch=LAUNCH,
-                offer_id=offer.pk,
-                max_price_per_hour=offer.price_usd + Decimal("1"),
-                allow_failover=False,
-            ),
-        ).order
 
 
 @pytest.mark.django_db(transaction=True)
@@ -319,9 +301,9 @@ def test_a_procurement_packs_demands_onto_a_nodes_free_gpus_and_no_more(
     acme, alice, alice_bearer, kubernetes_account, kubernetes_sandbox, django_capture_on_commit_callbacks
 ):
     # Given one of the T4 node's four GPUs taken by a running order
-    running = _order_with(
-        acme, alice, _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1"), django_capture_on_commit_callbacks
-    )
+    offer = _offer(kubernetes_account, "gpu-t4-0", "k8s-gpu-1")
+    capture = django_capture_on_commit_callbacks
+    running = running_order(acme, alice, offer, capture, kubernetes_sandbox, allow_failover=False)
     assert NodeHold.objects.get(attempt__order=running).units == 1
     # The engine sees the node's whole-GPU sizes as one pool of its three free GPUs.
     pools = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 import pytest
 from django.utils import timezone
@@ -10,7 +11,7 @@ from django.utils import timezone
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.launch.leases import boot_spec, lease_open
-from marketplace.models import Attempt, AttemptOutcome, Instance, OrderState
+from marketplace.models import Attempt, AttemptOutcome, Instance, Order, OrderState
 from marketplace.orders.launching import Step
 from marketplace.orders.readiness import order_poll
 from marketplace.orders.reconcile import order_reconcile, orders_to_reconcile
@@ -197,3 +198,12 @@ def test_a_known_instance_stopped_by_the_reconciler_is_announced_to_webhooks(
     announced = WebhookDelivery.objects.filter(event_type="instance.terminated").get()
     assert announced.payload["instance"]["provider_instance_id"] == instance.provider_instance_id
     assert announced.payload["reason"] == "order is terminated"
+
+
+def test_an_order_reference_read_back_from_a_provider_names_its_order_or_nothing():
+    public_id = uuid.uuid4()
+    order = Order(public_id=public_id)
+
+    assert Order.public_id_of(order.ref) == public_id
+    for foreign in ("", "ord-", f"ord-{public_id.hex}0", f"ord-{'z' * 32}", f"job-{public_id.hex}", "ord-" + "-" * 32):
+        assert Order.public_id_of(foreign) is None
