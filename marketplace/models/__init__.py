@@ -17,6 +17,15 @@ from marketplace.models.billing import (
     TopUpState,
 )
 from marketplace.models.catalog import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
+from marketplace.models.fleets import (
+    Fleet,
+    FleetAction,
+    FleetDecision,
+    FleetMetricSample,
+    FleetRuleKind,
+    FleetState,
+    MetricSource,
+)
 from marketplace.models.idempotency import IdempotentResponse
 from marketplace.models.jobs import PeriodicRun
 from marketplace.models.launch import (
@@ -78,6 +87,12 @@ __all__ = [
     "ConnectAccount",
     "DeliveryState",
     "EmailVerification",
+    "Fleet",
+    "FleetAction",
+    "FleetDecision",
+    "FleetMetricSample",
+    "FleetRuleKind",
+    "FleetState",
     "FxRate",
     "GpuHold",
     "GpuModel",
@@ -94,6 +109,7 @@ __all__ = [
     "LeaseHeartbeat",
     "LeaseState",
     "Membership",
+    "MetricSource",
     "MismatchKind",
     "NodeHold",
     "Offer",

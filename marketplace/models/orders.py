@@ -239,6 +239,10 @@ class Order(models.Model):
     cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.PROTECT, related_name="orders")
     cluster_round = models.PositiveSmallIntegerField(null=True, blank=True)
     cluster_node = models.PositiveSmallIntegerField(null=True, blank=True)
+    # A replica of a fleet (marketplace/fleets/): otherwise a plain order in every respect.
+    fleet = models.ForeignKey(
+        "marketplace.Fleet", null=True, blank=True, on_delete=models.PROTECT, related_name="replicas"
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

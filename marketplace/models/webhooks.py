@@ -32,6 +32,7 @@ class WebhookEventType(models.TextChoices):
     INSTANCE_UNHEALTHY = "instance.unhealthy", "instance unhealthy: its agent stopped reporting"
     INSTANCE_RECOVERED = "instance.recovered", "instance recovered: its agent reports again"
     INSTANCE_TERMINATED = "instance.terminated", "instance terminated"
+    FLEET_SCALED = "fleet.scaled", "fleet scaling decision: replicas placed or ended, and why"
     PING = "ping", "ping (sent on request only)"
 
 
