@@ -34,10 +34,36 @@ from marketplace.orders.silence import order_silence
 from providers import gpu_names
 
 
+class OfferSlaOutput(serializers.Serializer):
+    """What an offer's seller commits to (issue 38): availability in percent, the credit tiers
+    ``[[below_pct, credit_pct], ...]`` (measured availability below the first figure earns the second percent of
+    the period's compute charge), and where the figure comes from."""
+
+    availability_pct = serializers.CharField()
+    credits = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    source = serializers.CharField()
+
+
+def offer_sla_output(offer: Offer) -> dict[str, Any] | None:
+    """The offer's SLA as the API writes it; None for an offer without one (every spot offer)."""
+    if offer.sla_availability is None:
+        return None
+    return {
+        "availability_pct": format(offer.sla_availability, "f"),
+        "credits": offer.sla_credits,
+        "source": offer.sla_source,
+    }
+
+
 class OfferOutput(serializers.ModelSerializer):
     gpu_model = serializers.CharField(source="gpu_model.key")
     provider = serializers.CharField(source="account.kind")
     price_per_gpu_hour_usd = serializers.DecimalField(max_digits=14, decimal_places=6)
+    sla = serializers.SerializerMethodField()
+
+    @extend_schema_field(OfferSlaOutput(allow_null=True))
+    def get_sla(self, offer: Offer) -> dict[str, Any] | None:
+        return offer_sla_output(offer)
 
     class Meta:
         model = Offer
@@ -61,6 +87,7 @@ class OfferOutput(serializers.ModelSerializer):
             "interconnect",
             "status",
             "last_seen_at",
+            "sla",
         ]
 
     def to_representation(self, offer: Offer) -> dict[str, Any]:
@@ -87,6 +114,7 @@ class OfferOutput(serializers.ModelSerializer):
             "interconnect": offer.interconnect,
             "status": offer.status,
             "last_seen_at": _iso(offer.last_seen_at),
+            "sla": offer_sla_output(offer),
         }
 
 

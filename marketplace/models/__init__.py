@@ -54,6 +54,7 @@ from marketplace.models.organizations import (
     Role,
 )
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
+from marketplace.models.sla import Outage, OutageCause, SlaCredit, SshWatch
 from marketplace.models.tokens import ApiToken, TokenScope
 from marketplace.models.webhooks import (
     DeliveryState,
@@ -103,6 +104,8 @@ __all__ = [
     "OrderState",
     "Organization",
     "OrganizationKind",
+    "Outage",
+    "OutageCause",
     "PaymentTerms",
     "Payout",
     "PayoutState",
@@ -117,7 +120,9 @@ __all__ = [
     "Role",
     "SilenceEnd",
     "SilentPeriod",
+    "SlaCredit",
     "SshKey",
+    "SshWatch",
     "StoppedPeriod",
     "StripeEvent",
     "TokenScope",
