@@ -349,6 +349,12 @@ _PERIODIC = {
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "clusters-gpus-read": {"task": "marketplace.clusters_gpus_read", "schedule": 60.0},
     "orders-silence": {"task": "marketplace.orders_silence_sweep", "schedule": 15.0},
+    "sla-ssh-probe": {"task": "marketplace.sla_ssh_probe_all", "schedule": SLA_SSH_PROBE_INTERVAL_S},
+    # Last month's SLAs judged and credited on the 1st at 01:00 UTC, after the month's last probes.
+    "sla-month-close": {
+        "task": "marketplace.sla_month_close",
+        "schedule": crontab(minute="0", hour="1", day_of_month="1"),
+    },
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "machines-withdraw-silent": {"task": "marketplace.machines_withdraw_silent", "schedule": 30.0},

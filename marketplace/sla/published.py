@@ -12,7 +12,7 @@ Pure: no ORM, no settings; the caller passes the floor and the seller's choice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 SPOT = "spot"
 # Provider kinds whose seller states the figure (providers.models.ProviderKind values).
@@ -42,14 +42,27 @@ class OfferSla:
         return [[str(t.below_pct), str(t.credit_pct)] for t in self.tiers]
 
 
+class TiersMalformed(ValueError):
+    """An offer's stored credit tiers cannot be read. Raised, not read as "no tiers": a corrupted schedule must
+    not quietly waive a buyer's credit; the judgment fails loudly for that order and is retried."""
+
+
 def tiers_from_json(raw: object) -> tuple[Tier, ...]:
-    """The tiers an offer row stores, read back; anything malformed reads as no tiers (no credit owed)."""
-    if not isinstance(raw, list):
-        return ()
+    """The tiers an offer row stores, read back, highest threshold first; ``TiersMalformed`` naming what is
+    wrong when they are not a short list of ``[below_pct, credit_pct]`` finite decimal strings in 0..100."""
+    if not isinstance(raw, list) or len(raw) > 10:
+        raise TiersMalformed(f"sla_credits must be a list of at most 10 tiers, not {str(raw)[:40]!r}")
     tiers = []
-    for row in raw[:10]:
-        if isinstance(row, list) and len(row) == 2 and all(isinstance(v, str) and len(v) < 16 for v in row):
-            tiers.append(Tier(Decimal(row[0]), Decimal(row[1])))
+    for number, row in enumerate(raw, start=1):
+        if not (isinstance(row, list) and len(row) == 2 and all(isinstance(v, str) and len(v) < 16 for v in row)):
+            raise TiersMalformed(f"sla_credits tier {number} must be [below_pct, credit_pct] as strings")
+        try:
+            below, credit = Decimal(row[0]), Decimal(row[1])
+        except InvalidOperation:
+            raise TiersMalformed(f"sla_credits tier {number} holds a figure that is not a number") from None
+        if not (below.is_finite() and credit.is_finite() and 0 <= below <= 100 and 0 <= credit <= 100):
+            raise TiersMalformed(f"sla_credits tier {number} must hold percentages from 0 to 100")
+        tiers.append(Tier(below, credit))
     return tuple(sorted(tiers, key=lambda t: t.below_pct, reverse=True))
 
 

@@ -14,7 +14,15 @@ from rest_framework.test import APIClient
 
 from marketplace.catalog.services import offers_ingest
 from marketplace.models import Offer
-from marketplace.sla.published import CLOUD_SLAS, Tier, credit_tier, offer_sla, standard_tiers, tiers_from_json
+from marketplace.sla.published import (
+    CLOUD_SLAS,
+    Tier,
+    TiersMalformed,
+    credit_tier,
+    offer_sla,
+    standard_tiers,
+    tiers_from_json,
+)
 from providers.types import PricingModel
 from tests.factories import ProviderAccountFactory, listed_quotes
 
@@ -74,8 +82,23 @@ def test_the_credit_tier_is_the_lowest_threshold_the_measurement_is_below():
     assert credit_tier(tiers, Decimal("98.99")) == tiers[1]
     assert credit_tier(tiers, Decimal("0")) == tiers[2]
     assert tiers_from_json(CLOUD_SLAS["aws"].credits_json()) == tiers
-    assert tiers_from_json("not a list") == ()
-    assert tiers_from_json([["99", {"x": 1}], [1, 2]]) == ()
+    assert tiers_from_json([]) == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("not a list", "must be a list"),
+        ([["99", {"x": 1}]], "tier 1 must be"),
+        ([["99", "10"], ["NaN", "10"]], "tier 2 must hold percentages"),
+        ([["ninety", "10"]], "not a number"),
+        ([["99", "150"]], "from 0 to 100"),
+        ([["99", "10"]] * 11, "at most 10"),
+    ],
+)
+def test_malformed_stored_tiers_are_refused_loudly_not_read_as_no_credit(raw, message):
+    with pytest.raises(TiersMalformed, match=message):
+        tiers_from_json(raw)
 
 
 def test_cloud_offers_state_their_sla_on_ingestion_and_spot_ones_none(aws_account):

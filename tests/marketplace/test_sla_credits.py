@@ -1,0 +1,227 @@
+"""Credits paid, not promised (issue 38, part 4): an outage staged on a real running order (the AWS sandbox,
+PostgreSQL) produces exactly the tier's credit in the book, a ledger entry with the measurements and a credit
+line on the invoice; nothing at or above the SLA or on spot; once per order and period, however often or
+concurrently it is judged; one bad order never stops the month's close.
+
+Time is injected: the month judged is November 2026 and its close runs at 00:00 on 1 December."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from ledger.models import LedgerEntry
+from marketplace.billing.book import book_account_balance
+from marketplace.billing.credit import order_seller
+from marketplace.billing.invoices import invoice_draft
+from marketplace.models import BookAccountKind, BookEntry, Instance, Order, OrderState, OutageCause, SlaCredit
+from marketplace.orders.outages import outage_close, outage_open
+from marketplace.sla.credits import sla_credit_settle, sla_month_close
+from tests.leases import boot_if_launched
+
+pytestmark = pytest.mark.django_db
+
+NOV = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+DEC = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+H = dt.timedelta(hours=1)
+DAY5 = "2026-11-05"
+PRICE = Decimal("0.5")  # USD per hour: 720 hours of November cost 360.00 USD
+
+
+@pytest.fixture
+def api(alice) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+def _offer(account, pricing: str = "on_demand"):
+    return account.offers.filter(instance_type="g4dn.xlarge", pricing_model=pricing).order_by("price_usd", "pk")[0]
+
+
+def _running_since_november(api, aws_account, aws_sandbox, capture) -> Order:
+    """A running on-demand order, booted by its agent, whose machine has been ready since 1 November, at 0.50
+    USD an hour."""
+    with capture(execute=True):
+        api.post("/api/v1/orders", data=json.dumps({"offer": _offer(aws_account).pk}), content_type="application/json")
+    order = Order.objects.latest("id")
+    with capture(execute=True):
+        boot_if_launched(order, aws_sandbox)
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING, order.state_reason
+    Order.objects.filter(pk=order.pk).update(price_per_hour=PRICE)
+    Instance.objects.filter(order=order).update(ready_at=NOV)
+    return Order.objects.get(pk=order.pk)
+
+
+def _stage(order: Order, cause: str, start: dt.datetime, end: dt.datetime) -> None:
+    outage_open(order_id=order.pk, cause=cause, at=start)
+    outage_close(order_id=order.pk, cause=cause, at=end)
+
+
+def _balances(order: Order) -> tuple[int, int]:
+    seller = order_seller(order)
+    return (
+        book_account_balance(kind=BookAccountKind.BUYER_CREDIT, currency="USD", organization=order.organization),
+        book_account_balance(kind=BookAccountKind.PROVIDER_PAYABLE, currency="USD", organization=seller),
+    )
+
+
+def test_an_outage_below_the_sla_pays_the_tiers_credit_from_the_sellers_payable(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    # Ten hours lost on 5 November, and the agent silent for two hours across its end: eleven hours down.
+    _stage(order, OutageCause.PROVIDER_STATE, NOV + 96 * H, NOV + 106 * H)
+    _stage(order, OutageCause.AGENT_SILENT, NOV + 105 * H, NOV + 107 * H)
+    buyer_before, seller_before = _balances(order)
+
+    record = sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
+
+    # 709 of 720 hours up: 98.4722 %, under AWS's 99.0 % step, so 30 % of 360.00 USD.
+    assert record is not None
+    assert (record.committed_pct, record.measured_pct, record.tier_pct) == (
+        Decimal("99.500"),
+        Decimal("98.4722"),
+        Decimal("30"),
+    )
+    assert (record.measured_seconds, record.down_seconds) == (720 * 3600, 11 * 3600)
+    assert (record.charge_minor, record.amount_minor, record.period_end) == (36000, 10800, DEC)
+    assert _balances(order) == (buyer_before - 10800, seller_before + 10800)
+    entry = BookEntry.objects.get(kind="sla.credit")
+    assert (entry.order_id, entry.created_at, record.entry_id) == (order.pk, DEC, entry.pk)
+    assert entry.memo == "SLA credit 30%: measured 98.4722% against 99.5% committed"
+
+    (ledgered,) = LedgerEntry.objects.filter(kind="sla.credited", subject=f"order:{order.public_id}")
+    assert json.loads(ledgered.payload) == {
+        "order": str(order.public_id),
+        "organization": order.organization_id,
+        "period_start": "2026-11-01T00:00:00+00:00",
+        "window": ["2026-11-01T00:00:00+00:00", "2026-12-01T00:00:00+00:00"],
+        "committed_pct": "99.500",
+        "measured_pct": "98.4722",
+        "measured_seconds": 2592000,
+        "down_seconds": 39600,
+        "outages": [
+            {"cause": "provider_state", "started_at": f"{DAY5}T00:00:00+00:00", "ended_at": f"{DAY5}T10:00:00+00:00"},
+            {"cause": "agent_silent", "started_at": f"{DAY5}T09:00:00+00:00", "ended_at": f"{DAY5}T11:00:00+00:00"},
+        ],
+        "tier_pct": "30",
+        "charge_minor": 36000,
+        "amount_minor": 10800,
+        "currency": "USD",
+    }  # fmt: skip
+
+    draft = invoice_draft(order.organization, "2026-12")
+    credits = [line for line in draft.lines if line.type == "credit"]
+    assert [(c.order, c.net_minor, c.tax_minor) for c in credits] == [(str(order.public_id), -10800, 0)]
+    assert credits[0].description.startswith("SLA credit 30%: measured 98.4722% against 99.5% committed (")
+    assert draft.total_minor == -10800
+
+
+def test_at_or_above_the_sla_the_period_is_judged_and_nothing_is_paid(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    # 3.6 hours of 720 is exactly 0.5 %: 99.5 % measured is the SLA met, not missed.
+    _stage(order, OutageCause.SSH_UNREACHABLE, NOV + 10 * H, NOV + 10 * H + dt.timedelta(minutes=216))
+    before = _balances(order)
+
+    record = sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
+
+    assert record is not None
+    assert (record.measured_pct, record.tier_pct, record.amount_minor, record.entry_id) == (
+        Decimal("99.5000"),
+        Decimal(0),
+        0,
+        None,
+    )
+    assert _balances(order) == before
+    assert not BookEntry.objects.filter(kind="sla.credit").exists()
+    assert not LedgerEntry.objects.filter(kind="sla.credited").exists()
+
+
+def test_a_spot_order_has_no_sla_to_judge(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    Order.objects.filter(pk=order.pk).update(offer=_offer(aws_account, "spot"))
+    _stage(order, OutageCause.PROVIDER_STATE, NOV, NOV + 300 * H)
+
+    assert sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC) is None
+    assert not SlaCredit.objects.exists()
+    assert not BookEntry.objects.filter(kind="sla.credit").exists()
+
+
+def test_judging_a_period_twice_pays_once(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    _stage(order, OutageCause.PROVIDER_STATE, NOV, NOV + 40 * H)
+    first = sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
+    # More downtime recorded later does not reopen a judged month.
+    _stage(order, OutageCause.AGENT_SILENT, NOV + 100 * H, NOV + 200 * H)
+    again = sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC + H)
+
+    assert first is not None and again is not None
+    assert (again.pk, again.amount_minor) == (first.pk, first.amount_minor)
+    # 680 of 720 hours: 94.4444 %, under 95 %: the whole month back.
+    assert first.amount_minor == 36000
+    assert BookEntry.objects.filter(kind="sla.credit").count() == 1
+    assert LedgerEntry.objects.filter(kind="sla.credited").count() == 1
+
+
+def test_the_months_close_judges_every_order_and_one_bad_order_stops_none(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks, caplog
+):
+    bad = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    good = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    for order in (bad, good):
+        _stage(order, OutageCause.PROVIDER_STATE, NOV, NOV + 40 * H)
+    # The bad order's offer holds a corrupted schedule: its judgment fails loudly, for it alone.
+    bad.offer.__class__.objects.filter(pk=bad.offer_id).update(sla_credits=[["ninety", "10"]])
+    Order.objects.filter(pk=good.pk).update(offer=_offer(aws_account).__class__.objects.exclude(pk=bad.offer_id)
+        .filter(account=aws_account, pricing_model="on_demand").order_by("pk")[0])  # fmt: skip
+
+    closed = sla_month_close(now=DEC)
+
+    assert (closed.queued, closed.failed) == ([good.pk], [bad.pk])
+    assert list(SlaCredit.objects.values_list("order_id", "amount_minor")) == [(good.pk, 36000)]
+    assert "SLA month close: order" in caplog.text
+    # A rerun judges only what is left: the good order's month is not paid twice.
+    again = sla_month_close(now=DEC)
+    assert (again.queued, again.failed) == ([], [bad.pk])
+    assert BookEntry.objects.filter(kind="sla.credit").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_judges_of_one_month_pay_once(
+    alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    client = APIClient()
+    client.force_authenticate(alice)
+    order = _running_since_november(client, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    _stage(order, OutageCause.PROVIDER_STATE, NOV, NOV + 40 * H)
+    barrier = threading.Barrier(2)
+    results: list[object] = []
+
+    def judge() -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC).pk)
+        except Exception as exc:  # reported below, not lost in the thread
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=judge) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(results) == 2 and results[0] == results[1], results
+    assert SlaCredit.objects.count() == 1
+    assert BookEntry.objects.filter(kind="sla.credit").count() == 1
