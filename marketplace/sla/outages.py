@@ -26,7 +26,9 @@ def outages_on_leaving_running(*, order: Order, to: str, now: dt.datetime) -> No
         .first()
     )
     since = min(lost.terminated_at, now) if lost is not None and lost.terminated_at is not None else now
-    outage_open(order_id=order.pk, cause=OutageCause.PROVIDER_STATE, at=since, instance=lost, detail=order.state_reason)
+    # The row holds the transition's reason already; the caller's instance still has the one it moved from.
+    reason = Order.objects.filter(pk=order.pk).values_list("state_reason", flat=True).first() or ""
+    outage_open(order_id=order.pk, cause=OutageCause.PROVIDER_STATE, at=since, instance=lost, detail=reason)
 
 
 def outages_on_running(*, order_id: int, now: dt.datetime) -> None:

@@ -14,15 +14,28 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import LedgerEntry
 from marketplace.billing.book import book_account_balance
 from marketplace.billing.credit import order_seller
 from marketplace.billing.invoices import invoice_draft
-from marketplace.models import BookAccountKind, BookEntry, Instance, Order, OrderState, OutageCause, SlaCredit
+from marketplace.models import (
+    BookAccountKind,
+    BookEntry,
+    Instance,
+    Order,
+    OrderState,
+    Outage,
+    OutageCause,
+    SlaCredit,
+)
+from marketplace.orders.losses import instance_lost
 from marketplace.orders.outages import outage_close, outage_open
-from marketplace.sla.credits import sla_credit_settle, sla_month_close
+from marketplace.orders.services import order_terminate
+from marketplace.sla.credits import month_start, sla_credit_settle, sla_month_close
+from marketplace.tasks import order_provision_task
 from tests.leases import boot_if_launched
 
 pytestmark = pytest.mark.django_db
@@ -30,6 +43,7 @@ pytestmark = pytest.mark.django_db
 NOV = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 DEC = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 H = dt.timedelta(hours=1)
+MINUTE = dt.timedelta(minutes=1)
 DAY5 = "2026-11-05"
 PRICE = Decimal("0.5")  # USD per hour: 720 hours of November cost 360.00 USD
 
@@ -225,3 +239,59 @@ def test_two_concurrent_judges_of_one_month_pay_once(
     assert len(results) == 2 and results[0] == results[1], results
     assert SlaCredit.objects.count() == 1
     assert BookEntry.objects.filter(kind="sla.credit").count() == 1
+
+
+def test_a_lost_machine_is_a_provider_outage_until_the_order_runs_again_and_its_end_pays_the_credit(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    now = timezone.now()
+    first = order.instances.get(active=True)
+    Instance.objects.filter(pk=first.pk).update(ready_at=now - 20 * MINUTE)
+    # The provider took the machine ten minutes ago (as a spot reclaim or a host loss is recorded).
+    with django_capture_on_commit_callbacks(execute=True):
+        instance_lost(
+            order, Instance.objects.get(pk=first.pk), state="terminated", ended_at=now - 10 * MINUTE,
+            reason="the provider stopped the machine", code="test",
+        )  # fmt: skip
+    order.refresh_from_db()
+    assert order.state == OrderState.PROVISIONING
+    outage = Outage.objects.get(order=order)
+    assert (outage.cause, outage.started_at, outage.ended_at, outage.instance_id) == (
+        OutageCause.PROVIDER_STATE,
+        now - 10 * MINUTE,
+        None,
+        first.pk,
+    )
+    assert "the provider stopped the machine" in outage.detail
+
+    # Failover launches the next machine, and its agent's ready report runs the order again.
+    with django_capture_on_commit_callbacks(execute=True):
+        order_provision_task.delay(order.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        boot_if_launched(order, aws_sandbox)
+    order.refresh_from_db()
+    assert order.state == OrderState.RUNNING, order.state_reason
+    outage.refresh_from_db()
+    assert outage.ended_at is not None and outage.ended_at >= now
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    order.refresh_from_db()
+    assert order.state == OrderState.TERMINATED
+    record = SlaCredit.objects.get(order=order)
+    window = (order.state_changed_at - max(now - 20 * MINUTE, month_start(order.state_changed_at))).total_seconds()
+    down = (outage.ended_at - max(outage.started_at, month_start(order.state_changed_at))).total_seconds()
+    assert (record.period_start, record.period_end) == (month_start(order.state_changed_at), order.state_changed_at)
+    assert (record.measured_seconds, record.down_seconds) == (int(window), int(down))
+    # About half the window down: under 95 %, the whole of the period's compute comes back.
+    assert record.tier_pct == Decimal(100)
+    assert record.amount_minor == record.charge_minor > 0
+    entry = BookEntry.objects.get(kind="sla.credit", order=order)
+    assert sorted(entry.lines.values_list("account__kind", "amount_minor")) == [
+        (BookAccountKind.BUYER_CREDIT, -record.amount_minor),
+        (BookAccountKind.PROVIDER_PAYABLE, record.amount_minor),
+    ]
+    month = order.state_changed_at.strftime("%Y-%m")
+    kinds = [(line.type, line.order) for line in invoice_draft(order.organization, month).lines]
+    assert kinds == [("charge", str(order.public_id)), ("credit", str(order.public_id))]
