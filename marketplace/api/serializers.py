@@ -31,6 +31,7 @@ from marketplace.numbers import (
 )
 from marketplace.orders.selectors import order_usage
 from marketplace.orders.silence import order_silence
+from marketplace.sla.selectors import order_sla
 from providers import gpu_names
 
 
@@ -466,6 +467,58 @@ class UsageOutput(serializers.Serializer):
     amount_usd = serializers.CharField(help_text="the same figure as decimal text")
 
 
+class OutageOutput(serializers.Serializer):
+    cause = serializers.CharField(help_text="agent_silent, ssh_unreachable or provider_state")
+    started_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it lasts")
+    detail = serializers.CharField()
+
+
+class SlaCreditOutput(serializers.Serializer):
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    committed_pct = serializers.CharField()
+    measured_pct = serializers.CharField()
+    measured_seconds = serializers.IntegerField()
+    down_seconds = serializers.IntegerField()
+    tier_pct = serializers.CharField()
+    amount_minor = serializers.IntegerField(help_text="the credit paid to the buyer's credit, in cents; 0: none owed")
+
+
+class OrderSlaOutput(serializers.Serializer):
+    committed_pct = serializers.CharField(allow_null=True, help_text="null: the offer states no SLA (spot)")
+    source = serializers.CharField()
+    credits_schedule = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    measured_pct = serializers.CharField(allow_null=True, help_text="this month so far; null before it ran")
+    measured_seconds = serializers.IntegerField()
+    down_seconds = serializers.IntegerField()
+    outages = OutageOutput(many=True)
+    credits = SlaCreditOutput(many=True)
+
+
+def order_sla_output(order: Order, *, now: dt.datetime) -> dict[str, Any]:
+    """The order's SLA as the API writes it: committed and measured availability, outages and credits."""
+    sla = order_sla(order, now=now)
+    return {
+        "committed_pct": None if sla.committed_pct is None else format(sla.committed_pct, "f"),
+        "source": sla.source,
+        "credits_schedule": sla.tiers,
+        "measured_pct": None if sla.measured_pct is None else format(sla.measured_pct, "f"),
+        "measured_seconds": sla.measured_seconds,
+        "down_seconds": sla.down_seconds,
+        "outages": OutageOutput(sla.outages, many=True).data,
+        "credits": [
+            {
+                "period_start": c.period_start, "period_end": c.period_end,
+                "committed_pct": format(c.committed_pct, "f"), "measured_pct": format(c.measured_pct, "f"),
+                "measured_seconds": c.measured_seconds, "down_seconds": c.down_seconds,
+                "tier_pct": format(c.tier_pct, "f"), "amount_minor": c.amount_minor,
+            }
+            for c in sla.credits
+        ],
+    }  # fmt: skip
+
+
 class SilentPeriodOutput(serializers.Serializer):
     cause = serializers.CharField(help_text="what fell silent: lease_agent, the agent on the machine")
     instance = serializers.CharField(source="instance.provider_instance_id")
@@ -540,6 +593,7 @@ class OrderOutput(serializers.ModelSerializer):
     connection = serializers.SerializerMethodField()
     boot = serializers.SerializerMethodField()
     silence = serializers.SerializerMethodField()
+    sla = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -549,6 +603,7 @@ class OrderOutput(serializers.ModelSerializer):
             "state_reason",
             "health",
             "silence",
+            "sla",
             "offer",
             "quote",
             "cluster",
@@ -600,6 +655,10 @@ class OrderOutput(serializers.ModelSerializer):
         silence = order_silence(order, now=now)
         periods = SilentPeriodOutput(silence.periods, many=True, context={"now": now}).data
         return {"minutes": silence.minutes, "periods": periods}
+
+    @extend_schema_field(OrderSlaOutput)
+    def get_sla(self, order: Order) -> dict[str, Any]:
+        return order_sla_output(order, now=self.context.get("now") or timezone.now())
 
     @extend_schema_field(ConnectionOutput(allow_null=True, help_text="null until the machine is ready"))
     def get_connection(self, order: Order) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
+from django.utils import timezone
 
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
@@ -45,6 +46,7 @@ from marketplace.models import (
     OfferStatus,
     OrderState,
 )
+from marketplace.sla.selectors import accounts_availability
 from providers.community.mig import MIG_PROFILE
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
@@ -358,15 +360,22 @@ _NOT_RELIABILITY = (CapacityUnavailable.error_class, QuotaExceeded.error_class)
 _PRIOR_OK, _PRIOR_ALL = 19, 20
 
 
-def account_reliability() -> dict[int, float]:
-    """Per provider account, the share of launches that succeeded, smoothed by a prior."""
+def account_reliability(*, now: dt.datetime | None = None) -> dict[int, float]:
+    """Per provider account, the share of launches that succeeded, smoothed by a prior, times the availability
+    the broker measured over its orders in the last 30 days (issue 38; an account with nothing measured keeps
+    its launch share: no evidence is not bad evidence)."""
     rows = (
         Attempt.objects.exclude(outcome=AttemptOutcome.PENDING)
         .exclude(error_class__in=_NOT_RELIABILITY)
         .values("offer__account_id")
         .annotate(total=Count("id"), ok=Count("id", filter=Q(outcome=AttemptOutcome.LAUNCHED)))
     )
-    return {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
+    launches = {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
+    measured = accounts_availability(now=now or timezone.now(), account_ids=launches)
+    return {
+        account: share * (float(measured[account].availability_pct) / 100 if account in measured else 1.0)
+        for account, share in launches.items()
+    }
 
 
 def machine_reliability(*, now: dt.datetime) -> dict[tuple[int, str], float]:

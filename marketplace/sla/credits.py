@@ -23,7 +23,6 @@ from decimal import Decimal
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from ledger.services import ledger_append
@@ -84,10 +83,10 @@ def sla_judge(
     end = min(period_end, ended) if ended is not None else period_end
     if end <= start:
         return None
-    outages = list(
-        Outage.objects.filter(order=order, started_at__lt=end)
-        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
-        .order_by("started_at", "pk")
+    # Read through the relation so a caller measuring many orders prefetches them once.
+    outages = sorted(
+        (o for o in order.outages.all() if o.started_at < end and (o.ended_at is None or o.ended_at > start)),
+        key=lambda o: (o.started_at, o.pk),
     )
     stopped = [(p.started_at, p.ended_at) for p in order.stopped_periods.all()]
     measured = availability(
@@ -112,7 +111,11 @@ def sla_credit_settle(
     nothing to judge (no SLA, nothing ran). Below the SLA, in one transaction: the record, the ``sla.credit``
     book entry (seller's payable to the buyer's credit) and the ``sla.credited`` ledger entry with the
     measurements. At or above it, only the record (amount 0): judged, nothing owed."""
-    order = Order.objects.select_related("offer").prefetch_related("instances", "stopped_periods").get(pk=order.pk)
+    order = (
+        Order.objects.select_related("offer")
+        .prefetch_related("instances", "stopped_periods", "outages")
+        .get(pk=order.pk)
+    )
     existing = SlaCredit.objects.filter(order=order, period_start=period_start).first()
     if existing is not None:
         return existing
@@ -135,7 +138,8 @@ def sla_credit_settle(
                 measured_pct=measured_pct,
                 measured_seconds=judged.measured.measured_seconds,
                 down_seconds=judged.measured.down_seconds,
-                tier_pct=tier.credit_pct if tier is not None else 0,
+                # At the column's scale, so the ledgered figure reads as the stored one.
+                tier_pct=(tier.credit_pct if tier is not None else Decimal(0)).quantize(Decimal("0.01")),
                 charge_minor=charge,
                 amount_minor=amount,
                 currency=CURRENCY,

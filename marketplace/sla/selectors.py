@@ -14,6 +14,8 @@ from django.db.models import Count, Q, Sum
 from marketplace.models import Order, OrderState, Outage, SlaCredit
 from marketplace.sla.availability import Measured
 from marketplace.sla.credits import month_start, sla_judge
+from marketplace.sla.published import CLOUD_SLAS, SELLER_CHOSEN
+from providers.models import Provider, ProviderAccount
 
 WINDOW = dt.timedelta(days=30)
 
@@ -73,23 +75,21 @@ def account_availability(*, account_id: int, now: dt.datetime, window: dt.timede
     orders = (
         Order.objects.filter(_ran_since(now - window), offer__account_id=account_id)
         .select_related("offer")
-        .prefetch_related("instances", "stopped_periods")
+        .prefetch_related("instances", "stopped_periods", "outages")
         .distinct()
     )
     return orders_availability(orders, now=now, window=window)
 
 
 def accounts_availability(
-    *, account_ids: Iterable[int], now: dt.datetime, window: dt.timedelta = WINDOW
+    *, now: dt.datetime, account_ids: Iterable[int] | None = None, window: dt.timedelta = WINDOW
 ) -> dict[int, Measured]:
-    """``account_availability`` of several accounts, in one read of their orders; accounts without any are
-    left out (nothing measured: no evidence either way)."""
-    orders = (
-        Order.objects.filter(_ran_since(now - window), offer__account_id__in=list(account_ids))
-        .select_related("offer")
-        .prefetch_related("instances", "stopped_periods")
-        .distinct()
-    )
+    """``account_availability`` of several accounts (every account when None), in one read of their orders and
+    outages; accounts without any are left out (nothing measured: no evidence either way)."""
+    orders = Order.objects.filter(_ran_since(now - window))
+    if account_ids is not None:
+        orders = orders.filter(offer__account_id__in=list(account_ids))
+    orders = orders.select_related("offer").prefetch_related("instances", "stopped_periods", "outages").distinct()
     by_account: dict[int, list[Order]] = {}
     for order in orders:
         by_account.setdefault(order.offer.account_id, []).append(order)
@@ -114,7 +114,7 @@ def orders_below_sla(*, now: dt.datetime) -> int:
         Order.objects.filter(state=OrderState.RUNNING, offer__sla_availability__isnull=False)
         .filter(Q(outages__ended_at__isnull=True) | Q(outages__ended_at__gt=start))
         .select_related("offer")
-        .prefetch_related("instances", "stopped_periods")
+        .prefetch_related("instances", "stopped_periods", "outages")
         .distinct()
     )
     below = 0
@@ -129,3 +129,54 @@ def credits_posted() -> tuple[int, int]:
     """For the metrics: SLA credits paid so far, as (count, sum in minor units)."""
     row = SlaCredit.objects.filter(amount_minor__gt=0).aggregate(n=Count("pk"), total=Sum("amount_minor"))
     return int(row["n"] or 0), int(row["total"] or 0)
+
+
+def account_committed_pct(account: ProviderAccount, *, floor: Decimal) -> Decimal:
+    """What the account's on-demand offers state: its cloud's published figure, or its seller's choice (at least
+    the floor)."""
+    if account.kind in SELLER_CHOSEN:
+        return max(account.sla_commitment_pct or floor, floor)
+    published = CLOUD_SLAS.get(account.kind)
+    return published.availability_pct if published is not None else Decimal(0)
+
+
+@dataclass(frozen=True)
+class SlaRow:
+    """One row of the portal's SLA table: an account, or one machine of an independent host's account."""
+
+    account: ProviderAccount
+    machine: str
+    committed_pct: Decimal
+    measured: Measured | None  # None: nothing ran in the last 30 days
+
+    @property
+    def below(self) -> bool:
+        return self.measured is not None and self.measured.availability_pct < self.committed_pct
+
+
+def provider_sla_rows(*, provider: Provider, now: dt.datetime, floor: Decimal) -> list[SlaRow]:
+    """Each of the provider's accounts, and each machine of its host accounts, with its measured availability
+    over the last 30 days against its commitment."""
+    accounts = list(ProviderAccount.objects.filter(provider=provider).order_by("name", "pk"))
+    orders = (
+        Order.objects.filter(_ran_since(now - WINDOW), offer__account__provider=provider)
+        .select_related("offer")
+        .prefetch_related("instances", "stopped_periods", "outages")
+        .distinct()
+    )
+    by_account: dict[int, list[Order]] = {}
+    by_machine: dict[tuple[int, str], list[Order]] = {}
+    for order in orders:
+        by_account.setdefault(order.offer.account_id, []).append(order)
+        by_machine.setdefault((order.offer.account_id, order.offer.zone), []).append(order)
+    rows = []
+    for account in accounts:
+        committed = account_committed_pct(account, floor=floor)
+        group = by_account.get(account.pk)
+        measured = orders_availability(group, now=now) if group else None
+        rows.append(SlaRow(account, "", committed, measured))
+        if account.kind == "community":
+            for (account_id, machine), machine_orders in sorted(by_machine.items()):
+                if account_id == account.pk:
+                    rows.append(SlaRow(account, machine, committed, orders_availability(machine_orders, now=now)))
+    return rows

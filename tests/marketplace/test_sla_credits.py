@@ -14,6 +14,8 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -35,6 +37,7 @@ from marketplace.orders.losses import instance_lost
 from marketplace.orders.outages import outage_close, outage_open
 from marketplace.orders.services import order_terminate
 from marketplace.sla.credits import month_start, sla_credit_settle, sla_month_close
+from marketplace.sla.published import CLOUD_SLAS
 from marketplace.tasks import order_provision_task
 from tests.leases import boot_if_launched
 
@@ -126,7 +129,7 @@ def test_an_outage_below_the_sla_pays_the_tiers_credit_from_the_sellers_payable(
             {"cause": "provider_state", "started_at": f"{DAY5}T00:00:00+00:00", "ended_at": f"{DAY5}T10:00:00+00:00"},
             {"cause": "agent_silent", "started_at": f"{DAY5}T09:00:00+00:00", "ended_at": f"{DAY5}T11:00:00+00:00"},
         ],
-        "tier_pct": "30",
+        "tier_pct": "30.00",
         "charge_minor": 36000,
         "amount_minor": 10800,
         "currency": "USD",
@@ -295,3 +298,32 @@ def test_a_lost_machine_is_a_provider_outage_until_the_order_runs_again_and_its_
     month = order.state_changed_at.strftime("%Y-%m")
     kinds = [(line.type, line.order) for line in invoice_draft(order.organization, month).lines]
     assert kinds == [("charge", str(order.public_id)), ("credit", str(order.public_id))]
+
+
+def test_the_order_page_and_api_show_the_sla_outages_and_credit(
+    api, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    _stage(order, OutageCause.PROVIDER_STATE, NOV + 96 * H, NOV + 106 * H)
+    _stage(order, OutageCause.AGENT_SILENT, NOV + 105 * H, NOV + 107 * H)
+    sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
+
+    body = api.get(f"/api/v1/orders/{order.public_id}").json()["sla"]
+    assert (body["committed_pct"], body["source"]) == ("99.500", CLOUD_SLAS["aws"].source)
+    assert body["credits_schedule"] == [["99.5", "10"], ["99.0", "30"], ["95.0", "100"]]
+    assert [(o["cause"], o["started_at"], o["ended_at"]) for o in body["outages"]] == [
+        ("provider_state", "2026-11-05T00:00:00Z", "2026-11-05T10:00:00Z"),
+        ("agent_silent", "2026-11-05T09:00:00Z", "2026-11-05T11:00:00Z"),
+    ]
+    assert [(c["measured_pct"], c["tier_pct"], c["amount_minor"]) for c in body["credits"]] == [
+        ("98.4722", "30.00", 10800)
+    ]
+
+    page = Client()
+    page.force_login(alice)
+    html = page.get(reverse("storefront:order-detail", args=[order.public_id])).content.decode()
+    assert "Committed <strong>99.5 %</strong>" in html
+    assert (
+        '<td class="num">98.4722 %</td><td class="num money">108.00 USD <span class="muted small">(30 %)</span>' in html
+    )
+    assert "the provider took the machine" in html and "2026-11-05 10:00:00" in html

@@ -82,7 +82,7 @@ def test_a_server_that_sends_an_ssh_2_identification_answers(banner):
 
 
 def test_a_server_that_accepts_and_says_nothing_fails_within_the_deadline(silent):
-    with pytest.raises(ProbeFailed, match="no SSH identification within 0.5 s"):
+    with pytest.raises(ProbeFailed, match=r"no SSH identification within 0\.5 s"):
         ssh_banner("127.0.0.1", silent.port, timeout_s=0.5)
 
 
@@ -128,9 +128,7 @@ def _point_ssh_at(order: Order, port: int) -> None:
     )
 
 
-def test_three_failed_probes_open_an_outage_from_the_first_and_one_answer_closes_it(
-    running, silent, banner, settings
-):
+def test_three_failed_probes_open_an_outage_from_the_first_and_one_answer_closes_it(running, silent, banner, settings):
     settings.SLA_SSH_TIMEOUT_S = 0.5
     _point_ssh_at(running, silent.port)
 
