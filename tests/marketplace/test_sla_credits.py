@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from ledger.models import LedgerEntry
 from marketplace.billing.book import book_account_balance
 from marketplace.billing.credit import order_seller
-from marketplace.billing.invoices import invoice_draft
+from marketplace.billing.invoices import invoice_csv, invoice_draft, invoice_issue, invoice_pdf
 from marketplace.models import (
     BookAccountKind,
     BookEntry,
@@ -38,6 +38,7 @@ from marketplace.orders.outages import outage_close, outage_open
 from marketplace.orders.services import order_terminate
 from marketplace.sla.credits import month_start, sla_credit_settle, sla_month_close
 from marketplace.sla.published import CLOUD_SLAS
+from marketplace.sla.selectors import credits_posted, open_outages_by_cause, orders_below_sla
 from marketplace.tasks import order_provision_task
 from tests.leases import boot_if_launched
 
@@ -140,6 +141,12 @@ def test_an_outage_below_the_sla_pays_the_tiers_credit_from_the_sellers_payable(
     assert [(c.order, c.net_minor, c.tax_minor) for c in credits] == [(str(order.public_id), -10800, 0)]
     assert credits[0].description.startswith("SLA credit 30%: measured 98.4722% against 99.5% committed (")
     assert draft.total_minor == -10800
+    # The issued document, its CSV and its PDF carry the same line.
+    issued = invoice_issue(order.organization, "2026-12", now=dt.datetime(2027, 1, 1, 2, tzinfo=dt.UTC))
+    assert [(i["type"], i["net_minor"]) for i in issued.lines["items"]] == [("credit", -10800)]
+    row = invoice_csv(issued).splitlines()[1].split(",")
+    assert (row[1], row[2], row[3], row[6]) == ("credit", "2026-12-01", str(order.public_id), "-108.00")
+    assert invoice_pdf(issued, compress=False).count(b"SLA credit 30%") == 1
 
 
 def test_at_or_above_the_sla_the_period_is_judged_and_nothing_is_paid(
@@ -327,3 +334,20 @@ def test_the_order_page_and_api_show_the_sla_outages_and_credit(
         '<td class="num">98.4722 %</td><td class="num money">108.00 USD <span class="muted small">(30 %)</span>' in html
     )
     assert "the provider took the machine" in html and "2026-11-05 10:00:00" in html
+
+
+def test_the_metrics_selectors_count_open_outages_orders_below_their_sla_and_credits_paid(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    now = NOV + 20 * 24 * H
+    outage_open(order_id=order.pk, cause=OutageCause.SSH_UNREACHABLE, at=NOV + 19 * 24 * H)
+    assert open_outages_by_cause() == {"ssh_unreachable": 1}
+    # One day down of twenty: 95 %, below 99.5 %.
+    assert orders_below_sla(now=now) == 1
+    assert credits_posted() == (0, 0)
+
+    outage_close(order_id=order.pk, cause=OutageCause.SSH_UNREACHABLE, at=now)
+    sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
+    assert open_outages_by_cause() == {}
+    assert credits_posted() == (1, 10800)  # 24 of 720 hours down: 96.6667 %, under 99 %: 30 % of 360.00 USD
