@@ -27,15 +27,18 @@ from marketplace.models import (
     BookAccountKind,
     BookEntry,
     Instance,
+    Lease,
     Order,
     OrderState,
     Outage,
     OutageCause,
+    SilentPeriod,
     SlaCredit,
 )
 from marketplace.orders.losses import instance_lost
 from marketplace.orders.outages import outage_close, outage_open
 from marketplace.orders.services import order_terminate
+from marketplace.orders.silence import order_silence_degrade
 from marketplace.sla.credits import month_start, sla_credit_settle, sla_month_close
 from marketplace.sla.published import CLOUD_SLAS
 from marketplace.sla.selectors import credits_posted, open_outages_by_cause, orders_below_sla
@@ -351,3 +354,23 @@ def test_the_metrics_selectors_count_open_outages_orders_below_their_sla_and_cre
     sla_credit_settle(order=order, period_start=NOV, period_end=DEC, now=DEC)
     assert open_outages_by_cause() == {}
     assert credits_posted() == (1, 10800)  # 24 of 720 hours down: 96.6667 %, under 99 %: 30 % of 360.00 USD
+
+
+def test_an_agents_silence_is_an_outage_from_its_last_report_closed_with_its_silent_period(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks, settings
+):
+    order = _running_since_november(api, aws_account, aws_sandbox, django_capture_on_commit_callbacks)
+    heard = timezone.now().replace(microsecond=0) - H
+    Lease.objects.filter(attempt__instance__order=order).update(last_heartbeat_at=heard)
+
+    assert order_silence_degrade(order_id=order.pk, now=heard + dt.timedelta(seconds=settings.LEASE_SILENCE_S + 1))
+    outage = Outage.objects.get(order=order)
+    period = SilentPeriod.objects.get(order=order)
+    assert (outage.cause, outage.started_at, outage.ended_at) == (OutageCause.AGENT_SILENT, heard, None)
+    assert outage.started_at == period.started_at
+
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    outage.refresh_from_db()
+    period.refresh_from_db()
+    assert outage.ended_at is not None and outage.ended_at == period.ended_at
