@@ -100,6 +100,25 @@ def accounts_availability(
     }
 
 
+def machines_availability(*, now: dt.datetime, window: dt.timedelta = WINDOW) -> dict[tuple[int, str], Measured]:
+    """Per independent machine (account, machine name = its offers' zone), the measured availability of the
+    orders it ran over the last ``window``; machines with nothing measured are left out."""
+    orders = (
+        Order.objects.filter(_ran_since(now - window), offer__account__kind="community")
+        .select_related("offer")
+        .prefetch_related("instances", "stopped_periods", "outages")
+        .distinct()
+    )
+    by_machine: dict[tuple[int, str], list[Order]] = {}
+    for order in orders:
+        by_machine.setdefault((order.offer.account_id, order.offer.zone), []).append(order)
+    return {
+        key: measured
+        for key, group in by_machine.items()
+        if (measured := orders_availability(group, now=now, window=window)).measured_seconds > 0
+    }
+
+
 def open_outages_by_cause() -> dict[str, int]:
     """For the metrics: open outages per cause."""
     rows = Outage.objects.filter(ended_at__isnull=True).values("cause").annotate(n=Count("pk"))

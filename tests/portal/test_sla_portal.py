@@ -12,10 +12,21 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import LedgerEntry
-from marketplace.catalog.selectors import account_reliability
-from marketplace.models import Instance, Order, OutageCause, Role
+from marketplace.catalog.selectors import account_reliability, machine_reliability
+from marketplace.models import (
+    Attempt,
+    GpuModel,
+    Instance,
+    Membership,
+    Offer,
+    Order,
+    OrderState,
+    OutageCause,
+    Role,
+)
 from marketplace.orders.outages import outage_close, outage_open
-from providers.models import ProviderAccount
+from providers.community.services import machine_heartbeat, machine_register
+from providers.models import Machine, ProviderAccount
 from tests.factories import ProviderAccountFactory
 from tests.leases import boot_if_launched
 from tests.portal.conftest import _member, client_for
@@ -112,3 +123,56 @@ def test_a_sellers_measured_availability_lowers_its_ranking_reliability(
 
     # Half of the last ten hours down: the launch share is multiplied by 0.5.
     assert account_reliability(now=now)[aws_account.pk] == pytest.approx(untouched * 0.5)
+
+
+def _order_on_machine(machine: Machine, buyer, *, ready_at: dt.datetime) -> Order:
+    """A running order on ``machine``: its offer (zone = the machine's name), an attempt and a ready instance."""
+    now = timezone.now()
+    offer = Offer.objects.create(
+        account_id=machine.account_id, region=machine.region, zone=machine.name, instance_type="1x",
+        pricing_model="on_demand", gpu_model=GpuModel.objects.get(key="H100-SXM5"), gpu_count=1, gpu_memory_gb=80,
+        vcpus=12, memory_gib=128, price=Decimal("1.95"), currency="USD", price_usd=Decimal("1.95"),
+        price_per_gpu_usd=1.95, usd_per_tflop_hour=0.002, first_seen_at=now, last_seen_at=now,
+        sla_availability=Decimal("95.000"),
+    )  # fmt: skip
+    organization = Membership.objects.get(user=buyer).organization
+    order = Order.objects.create(
+        organization=organization, created_by=buyer, offer=offer, gpu_model=offer.gpu_model, gpu_count=1,
+        pricing_model="on_demand", max_price_per_hour=Decimal(2), price_per_hour=Decimal("1.95"),
+        state=OrderState.RUNNING, state_changed_at=ready_at,
+    )  # fmt: skip
+    attempt = Attempt.objects.create(
+        order=order, number=1, offer=offer, client_token=f"t-{order.pk}", started_at=ready_at
+    )
+    Instance.objects.create(
+        order=order, attempt=attempt, account_id=machine.account_id, provider_instance_id=f"lease-{order.pk}",
+        region=machine.region, zone=machine.name, instance_type="1x", state="running", launched_at=ready_at,
+        ready_at=ready_at,
+    )  # fmt: skip
+    return order
+
+
+def test_a_host_machines_measured_availability_lowers_its_ranking_and_shows_on_the_dashboard(petra, olga, alice):
+    client_for(olga).post("/provider/machines/new", {"name": "fra-h100-1", "gpu_model": "H100-SXM5",
+                          "gpu_count": "1", "gpu_memory_gb": "80", "vcpus": "12", "memory_gib": "128",
+                          "disk_gb": "500", "network_gbps": "10", "country": "DE", "region": "eu-de",
+                          "price_per_gpu_hour": "1.95", "availability": ""})  # fmt: skip
+    machine = Machine.objects.get(name="fra-h100-1")
+    machine_register(machine=machine, agent_url="http://127.0.0.1:7070", hardware={},
+                     self_test={"ok": True, "gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_gb": 80}]})  # fmt: skip
+    idle = {"utilization_pct": 0, "temperature_c": 34, "power_w": 70, "memory_used_gb": 0.5}
+    machine_heartbeat(machine=machine, gpus=[{"index": 0, **idle}], instances=0)
+    now = timezone.now() + dt.timedelta(seconds=1)
+    key = (machine.account_id, machine.name)
+    order = _order_on_machine(machine, alice, ready_at=now - dt.timedelta(hours=8))
+    untouched = machine_reliability(now=now)[key]
+    assert untouched == pytest.approx(19 / 20)  # the prior, at full heartbeat uptime
+
+    outage_open(order_id=order.pk, cause=OutageCause.AGENT_SILENT, at=now - dt.timedelta(hours=2))
+    outage_close(order_id=order.pk, cause=OutageCause.AGENT_SILENT, at=now)
+
+    # Two of its eight hours down: three quarters of the score it had.
+    assert machine_reliability(now=now)[key] == pytest.approx(untouched * 0.75)
+    page = client_for(petra).get("/provider/dashboard").content.decode()
+    row = '<td><code>fra-h100-1</code></td><td class="num">95 %</td><td class="num">75'
+    assert row in page and "<strong>below</strong>" in page
