@@ -49,8 +49,9 @@ def order_sla(order: Order, *, now: dt.datetime) -> OrderSla:
         measured_pct=judged.measured.availability_pct if judged is not None else None,
         measured_seconds=judged.measured.measured_seconds if judged is not None else 0,
         down_seconds=judged.measured.down_seconds if judged is not None else 0,
-        outages=list(Outage.objects.filter(order=order).order_by("started_at", "pk")),
-        credits=list(SlaCredit.objects.filter(order=order).order_by("period_start")),
+        # Through the relations: a list of orders prefetches them (orders.selectors.order_list).
+        outages=sorted(order.outages.all(), key=lambda o: (o.started_at, o.pk)),
+        credits=sorted(order.sla_credits.all(), key=lambda c: c.period_start),
     )
 
 

@@ -183,3 +183,9 @@ def test_the_periodic_probe_covers_running_orders_only_and_an_ended_order_closes
     assert orders_to_probe() == []
     assert not Outage.objects.filter(ended_at__isnull=True).exists()
     assert order_ssh_probe(order_id=running.pk) is None
+
+
+def test_a_booted_sandbox_machine_answers_the_probe_as_a_real_one_would(running):
+    # The sandbox boots the lease agent with its simulated executor, whose SSH port sends an identification.
+    assert order_ssh_probe(order_id=running.pk, now=T1) is True
+    assert not Outage.objects.exists()
