@@ -334,6 +334,14 @@ UNVERIFIED_HEARTBEAT_RETENTION_S = env_float("BROKER_UNVERIFIED_HEARTBEAT_RETENT
 AGENT_HEARTBEATS_PER_MINUTE = env_int("BROKER_AGENT_HEARTBEATS_PER_MINUTE", 12, minimum=1)
 # How often the ledger is checkpointed (when it grew) and anchored.
 LEDGER_CHECKPOINT_INTERVAL_S = env_float("LEDGER_CHECKPOINT_INTERVAL_S", 60.0, minimum=5.0)
+# SLAs (issue 38, marketplace/sla/). An independent host's or a cluster's seller commits to at least this
+# availability in percent; clouds state their published figure.
+SLA_FLOOR_PCT = env_float("BROKER_SLA_FLOOR_PCT", 95.0, minimum=50.0, maximum=100.0)
+# The broker's own SSH check of each running order: how often, the total time one probe may take (connect
+# and banner), and how many failures in a row make an outage (it starts at the first of them).
+SLA_SSH_PROBE_INTERVAL_S = env_float("BROKER_SLA_SSH_PROBE_INTERVAL_S", 60.0, minimum=10.0)
+SLA_SSH_TIMEOUT_S = env_float("BROKER_SLA_SSH_TIMEOUT_S", 5.0, minimum=0.5, maximum=60.0)
+SLA_SSH_FAILURES = env_int("BROKER_SLA_SSH_FAILURES", 3, minimum=1)
 RECONCILE_INTERVAL_S = env_float("BROKER_RECONCILE_INTERVAL_S", 3600.0, minimum=60.0)
 _PERIODIC = {
     "offers-sync-all": {"task": "marketplace.offers_sync_all", "schedule": OFFER_SYNC_INTERVAL_S},
@@ -341,6 +349,12 @@ _PERIODIC = {
     "orders-reconcile": {"task": "marketplace.orders_reconcile", "schedule": 300.0},
     "clusters-gpus-read": {"task": "marketplace.clusters_gpus_read", "schedule": 60.0},
     "orders-silence": {"task": "marketplace.orders_silence_sweep", "schedule": 15.0},
+    "sla-ssh-probe": {"task": "marketplace.sla_ssh_probe_all", "schedule": SLA_SSH_PROBE_INTERVAL_S},
+    # Last month's SLAs judged and credited on the 1st at 01:00 UTC, after the month's last probes.
+    "sla-month-close": {
+        "task": "marketplace.sla_month_close",
+        "schedule": crontab(minute="0", hour="1", day_of_month="1"),
+    },
     "ledger-checkpoint": {"task": "ledger.checkpoint", "schedule": LEDGER_CHECKPOINT_INTERVAL_S},
     "ledger-sequence": {"task": "ledger.sequence", "schedule": 5.0},
     "machines-withdraw-silent": {"task": "marketplace.machines_withdraw_silent", "schedule": 30.0},

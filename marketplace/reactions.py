@@ -7,8 +7,11 @@ state machine and are never called back by it (docs/ARCHITECTURE.md, "The order'
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from django.db import transaction
 
 from marketplace.billing.credit import order_settle
 from marketplace.events import LeaseReady, OrderEnded, OrderLeaving, OrderMoved
@@ -16,14 +19,24 @@ from marketplace.models import OrderState
 from marketplace.orders.readiness import order_running_if_ready
 from marketplace.orders.reservations import reservations_release_for_order
 from marketplace.orders.silence import silence_close_on_leaving
+from marketplace.sla.credits import sla_credit_at_order_end
+from marketplace.sla.outages import outages_on_end, outages_on_leaving_running, outages_on_running
 from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import order_event_emit
+
+log = logging.getLogger(__name__)
 
 
 def silent_period_close(event: OrderLeaving) -> None:
     """Off its machine: a silence in progress ends here, and the next machine starts healthy."""
     if event.previous == OrderState.RUNNING:
         silence_close_on_leaving(order_id=event.order.pk, to=event.to, now=event.now)
+
+
+def outages_on_leaving(event: OrderLeaving) -> None:
+    """Off running: the SSH probe starts afresh on the next machine; a lost machine opens a provider outage."""
+    if event.previous == OrderState.RUNNING:
+        outages_on_leaving_running(order=event.order, to=event.to, now=event.now)
 
 
 def reservations_release(event: OrderEnded) -> None:
@@ -34,6 +47,23 @@ def reservations_release(event: OrderEnded) -> None:
 def money_settle(event: OrderEnded) -> None:
     """Its hold released, its cost charged (commission and tax), before the order's ledger entry is written."""
     order_settle(event.order, event.line, now=event.now)
+
+
+def sla_credit_at_end(event: OrderEnded) -> None:
+    """Its outages closed and its month so far judged against its SLA, the credit paid (after its charge).
+    In a savepoint: a surprise here is logged and left to the month's close, never a refused termination."""
+    try:
+        with transaction.atomic():
+            outages_on_end(order_id=event.order.pk, now=event.now)
+            sla_credit_at_order_end(order=event.order, now=event.now)
+    except Exception:
+        log.exception("SLA of order %s not judged at its end; the month's close judges it", event.order.pk)
+
+
+def outages_on_run(event: OrderMoved) -> None:
+    """Running (again): the provider's outage of a lost machine ends."""
+    if event.to == OrderState.RUNNING:
+        outages_on_running(order_id=event.order.pk, now=event.now)
 
 
 def webhook_queue(event: OrderMoved) -> None:
@@ -53,8 +83,8 @@ def order_running(event: LeaseReady) -> None:
 
 
 HANDLERS: dict[type, Sequence[Callable[[Any], None]]] = {
-    OrderLeaving: [silent_period_close],
-    OrderEnded: [reservations_release, money_settle],
-    OrderMoved: [webhook_queue, cluster_advance],
+    OrderLeaving: [silent_period_close, outages_on_leaving],
+    OrderEnded: [reservations_release, money_settle, sla_credit_at_end],
+    OrderMoved: [outages_on_run, webhook_queue, cluster_advance],
     LeaseReady: [order_running],
 }

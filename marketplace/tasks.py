@@ -26,6 +26,12 @@ from marketplace.orders.tasks import (
     orders_silence_sweep_task,
     orders_sweep_task,
 )
+from marketplace.sla.tasks import (
+    sla_credit_settle_task,
+    sla_month_close_task,
+    sla_ssh_probe_all_task,
+    sla_ssh_probe_task,
+)
 from marketplace.webhooks import tasks as webhook_tasks
 
 __all__ = [
@@ -49,5 +55,9 @@ __all__ = [
     "orders_sweep_task",
     "payouts_due_task",
     "reconcile_stripe_task",
+    "sla_credit_settle_task",
+    "sla_month_close_task",
+    "sla_ssh_probe_all_task",
+    "sla_ssh_probe_task",
     "webhook_tasks",
 ]

@@ -59,6 +59,9 @@ class ProviderAccount(models.Model):
     # Something it sells changed (a machine verified): its next claim comes first and does not wait for the
     # account to be due, and a sync already running when it changed is followed by another.
     sync_wanted_at = models.DateTimeField(null=True, blank=True)
+    # The availability an independent host's or a cluster's seller commits to in percent (issue 38); NULL: the
+    # market's floor. Clouds state their own published figure instead (marketplace/sla/published.py).
+    sla_commitment_pct = models.DecimalField(max_digits=6, decimal_places=3, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

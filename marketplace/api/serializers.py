@@ -31,13 +31,40 @@ from marketplace.numbers import (
 )
 from marketplace.orders.selectors import order_usage
 from marketplace.orders.silence import order_silence
+from marketplace.sla.selectors import order_sla
 from providers import gpu_names
+
+
+class OfferSlaOutput(serializers.Serializer):
+    """What an offer's seller commits to (issue 38): availability in percent, the credit tiers
+    ``[[below_pct, credit_pct], ...]`` (measured availability below the first figure earns the second percent of
+    the period's compute charge), and where the figure comes from."""
+
+    availability_pct = serializers.CharField()
+    credits = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    source = serializers.CharField()
+
+
+def offer_sla_output(offer: Offer) -> dict[str, Any] | None:
+    """The offer's SLA as the API writes it; None for an offer without one (every spot offer)."""
+    if offer.sla_availability is None:
+        return None
+    return {
+        "availability_pct": format(offer.sla_availability, "f"),
+        "credits": offer.sla_credits,
+        "source": offer.sla_source,
+    }
 
 
 class OfferOutput(serializers.ModelSerializer):
     gpu_model = serializers.CharField(source="gpu_model.key")
     provider = serializers.CharField(source="account.kind")
     price_per_gpu_hour_usd = serializers.DecimalField(max_digits=14, decimal_places=6)
+    sla = serializers.SerializerMethodField()
+
+    @extend_schema_field(OfferSlaOutput(allow_null=True))
+    def get_sla(self, offer: Offer) -> dict[str, Any] | None:
+        return offer_sla_output(offer)
 
     class Meta:
         model = Offer
@@ -61,6 +88,7 @@ class OfferOutput(serializers.ModelSerializer):
             "interconnect",
             "status",
             "last_seen_at",
+            "sla",
         ]
 
     def to_representation(self, offer: Offer) -> dict[str, Any]:
@@ -87,6 +115,7 @@ class OfferOutput(serializers.ModelSerializer):
             "interconnect": offer.interconnect,
             "status": offer.status,
             "last_seen_at": _iso(offer.last_seen_at),
+            "sla": offer_sla_output(offer),
         }
 
 
@@ -438,6 +467,58 @@ class UsageOutput(serializers.Serializer):
     amount_usd = serializers.CharField(help_text="the same figure as decimal text")
 
 
+class OutageOutput(serializers.Serializer):
+    cause = serializers.CharField(help_text="agent_silent, ssh_unreachable or provider_state")
+    started_at = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True, help_text="null while it lasts")
+    detail = serializers.CharField()
+
+
+class SlaCreditOutput(serializers.Serializer):
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    committed_pct = serializers.CharField()
+    measured_pct = serializers.CharField()
+    measured_seconds = serializers.IntegerField()
+    down_seconds = serializers.IntegerField()
+    tier_pct = serializers.CharField()
+    amount_minor = serializers.IntegerField(help_text="the credit paid to the buyer's credit, in cents; 0: none owed")
+
+
+class OrderSlaOutput(serializers.Serializer):
+    committed_pct = serializers.CharField(allow_null=True, help_text="null: the offer states no SLA (spot)")
+    source = serializers.CharField()
+    credits_schedule = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    measured_pct = serializers.CharField(allow_null=True, help_text="this month so far; null before it ran")
+    measured_seconds = serializers.IntegerField()
+    down_seconds = serializers.IntegerField()
+    outages = OutageOutput(many=True)
+    credits = SlaCreditOutput(many=True)
+
+
+def order_sla_output(order: Order, *, now: dt.datetime) -> dict[str, Any]:
+    """The order's SLA as the API writes it: committed and measured availability, outages and credits."""
+    sla = order_sla(order, now=now)
+    return {
+        "committed_pct": None if sla.committed_pct is None else format(sla.committed_pct, "f"),
+        "source": sla.source,
+        "credits_schedule": sla.tiers,
+        "measured_pct": None if sla.measured_pct is None else format(sla.measured_pct, "f"),
+        "measured_seconds": sla.measured_seconds,
+        "down_seconds": sla.down_seconds,
+        "outages": OutageOutput(sla.outages, many=True).data,
+        "credits": [
+            {
+                "period_start": c.period_start, "period_end": c.period_end,
+                "committed_pct": format(c.committed_pct, "f"), "measured_pct": format(c.measured_pct, "f"),
+                "measured_seconds": c.measured_seconds, "down_seconds": c.down_seconds,
+                "tier_pct": format(c.tier_pct, "f"), "amount_minor": c.amount_minor,
+            }
+            for c in sla.credits
+        ],
+    }  # fmt: skip
+
+
 class SilentPeriodOutput(serializers.Serializer):
     cause = serializers.CharField(help_text="what fell silent: lease_agent, the agent on the machine")
     instance = serializers.CharField(source="instance.provider_instance_id")
@@ -512,6 +593,7 @@ class OrderOutput(serializers.ModelSerializer):
     connection = serializers.SerializerMethodField()
     boot = serializers.SerializerMethodField()
     silence = serializers.SerializerMethodField()
+    sla = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -521,6 +603,7 @@ class OrderOutput(serializers.ModelSerializer):
             "state_reason",
             "health",
             "silence",
+            "sla",
             "offer",
             "quote",
             "cluster",
@@ -572,6 +655,10 @@ class OrderOutput(serializers.ModelSerializer):
         silence = order_silence(order, now=now)
         periods = SilentPeriodOutput(silence.periods, many=True, context={"now": now}).data
         return {"minutes": silence.minutes, "periods": periods}
+
+    @extend_schema_field(OrderSlaOutput)
+    def get_sla(self, order: Order) -> dict[str, Any]:
+        return order_sla_output(order, now=self.context.get("now") or timezone.now())
 
     @extend_schema_field(ConnectionOutput(allow_null=True, help_text="null until the machine is ready"))
     def get_connection(self, order: Order) -> dict[str, Any] | None:

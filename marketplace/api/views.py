@@ -208,8 +208,8 @@ class OfferPricesApi(APIView):
 
 # What OfferOutput writes, and no more: the account row carries credentials and the offer its raw extras.
 OFFER_COLUMNS = [
-    *(f for f in OfferOutput.Meta.fields if f not in ("provider", "gpu_model", "price_per_gpu_hour_usd")),
-    "price_per_gpu_usd", "usd_per_tflop_hour",
+    *(f for f in OfferOutput.Meta.fields if f not in ("provider", "gpu_model", "price_per_gpu_hour_usd", "sla")),
+    "price_per_gpu_usd", "usd_per_tflop_hour", "sla_availability", "sla_credits", "sla_source",
 ]  # fmt: skip
 
 

@@ -163,7 +163,7 @@ def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) ->
     commission = minor(from_minor(gross, CURRENCY) * share)
     rate = tax_rate_of(organization.pk, now.date())
     tax = tax_minor(gross, rate)
-    seller = _seller(order)
+    seller = order_seller(order)
     lines = [
         Line(book_account(kind=BookAccountKind.BUYER_CREDIT, currency=CURRENCY, organization=organization), gross + tax)
     ]
@@ -183,7 +183,7 @@ def order_settle(order: Order, line: InvoiceLine | None, *, now: dt.datetime) ->
     )
 
 
-def _seller(order: Order) -> Organization | None:
+def order_seller(order: Order) -> Organization | None:
     """The provider organisation that sold the capacity the order ended on; None: the house's own capacity."""
     if order.offer_id is None:
         return None

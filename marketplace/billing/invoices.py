@@ -2,7 +2,8 @@
 
 A month (UTC, by entry ``created_at``) of an organisation's buyer-credit account gives its lines:
 ``order.charge`` entries are charges (net C and tax T, the tax named by the entry's memo, see ``tax.tax_memo``),
-``order.refund`` entries are credit notes (negative, no tax change), ``topup`` entries are payments received.
+``order.refund`` entries are credit notes (negative, no tax change), ``sla.credit`` entries are SLA credits (credit
+notes too: an order below its SLA, marketplace/sla/credits.py), ``topup`` entries are payments received.
 
 Issuing is idempotent (one invoice per organisation, month and currency, a unique constraint) and numbers are
 sequential per year without gaps: a number is the year's highest committed one plus one, and two issuers that
@@ -46,7 +47,7 @@ from marketplace.orders.selectors import month_bounds
 
 log = logging.getLogger(__name__)
 
-CHARGE, REFUND, TOPUP = "order.charge", "order.refund", "topup"
+CHARGE, REFUND, TOPUP, SLA_CREDIT = "order.charge", "order.refund", "topup", "sla.credit"
 NUMBER_ATTEMPTS = 20
 CENT = Decimal("0.01")
 
@@ -134,7 +135,7 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
             account__currency=currency,
             entry__created_at__gte=start,
             entry__created_at__lt=end,
-            entry__kind__in=[CHARGE, REFUND, TOPUP],
+            entry__kind__in=[CHARGE, REFUND, TOPUP, SLA_CREDIT],
         )
         .select_related("entry", "entry__order")
         .order_by("entry__created_at", "entry__id")
@@ -171,6 +172,15 @@ def invoice_draft(organization: Organization, month: str, currency: str = "USD")
                     description=description, seconds=used.seconds if used else 0,
                     net_minor=line.amount_minor - tax, tax_country=named[0] if named else "",
                     tax_name=named[1] if named else "", tax_rate=named[2] if named else None, tax_minor=tax,
+                )
+            )  # fmt: skip
+        elif entry.kind == SLA_CREDIT:
+            # The seller's payable pays it, before tax: a credit note without tax, its memo saying how it was measured.
+            lines.append(
+                DraftLine(
+                    type="credit", at=entry.created_at, order=str(order.public_id) if order else "",
+                    description=f"{entry.memo} ({description})", seconds=0, net_minor=line.amount_minor,
+                    tax_country="", tax_name="", tax_rate=None, tax_minor=0,
                 )
             )  # fmt: skip
         else:

@@ -266,7 +266,7 @@ def reliability_expression(*, now: dt.datetime) -> Any:
     """An offer's reliability as an SQL expression: its machine's score for an independent machine, else its
     account's, else the ranking's prior for no history (19 launches in 20)."""
     whens = [When(account_id=a, zone=z, then=Value(s)) for (a, z), s in machine_reliability(now=now).items()]
-    whens += [When(account_id=a, then=Value(s)) for a, s in account_reliability().items()]
+    whens += [When(account_id=a, then=Value(s)) for a, s in account_reliability(now=now).items()]
     return Case(*whens, default=Value(0.95), output_field=FloatField())
 
 

@@ -32,6 +32,7 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least
+from django.utils import timezone
 
 from marketplace.catalog.regions import jurisdiction_of
 from marketplace.matching import GpuSpec, OfferBook, OfferView
@@ -45,6 +46,7 @@ from marketplace.models import (
     OfferStatus,
     OrderState,
 )
+from marketplace.sla.selectors import accounts_availability, machines_availability
 from providers.community.mig import MIG_PROFILE
 from providers.community.protocol import HEARTBEAT_S
 from providers.errors import CapacityUnavailable, QuotaExceeded
@@ -260,7 +262,7 @@ def offer_facts(offers: list[Offer], *, metric: str, now: dt.datetime) -> dict[i
 
     held_all = held(GpuHold.objects.all()) if ids else {}
     held_bids = held(outbiddable_holds()) if ids else {}
-    accounts = account_reliability()
+    accounts = account_reliability(now=now)
     machine_scores = machine_reliability_shown(now=now)
     facts = {}
     for offer in offers:
@@ -358,15 +360,22 @@ _NOT_RELIABILITY = (CapacityUnavailable.error_class, QuotaExceeded.error_class)
 _PRIOR_OK, _PRIOR_ALL = 19, 20
 
 
-def account_reliability() -> dict[int, float]:
-    """Per provider account, the share of launches that succeeded, smoothed by a prior."""
+def account_reliability(*, now: dt.datetime | None = None) -> dict[int, float]:
+    """Per provider account, the share of launches that succeeded, smoothed by a prior, times the availability
+    the broker measured over its orders in the last 30 days (issue 38; an account with nothing measured keeps
+    its launch share: no evidence is not bad evidence)."""
     rows = (
         Attempt.objects.exclude(outcome=AttemptOutcome.PENDING)
         .exclude(error_class__in=_NOT_RELIABILITY)
         .values("offer__account_id")
         .annotate(total=Count("id"), ok=Count("id", filter=Q(outcome=AttemptOutcome.LAUNCHED)))
     )
-    return {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
+    launches = {r["offer__account_id"]: (r["ok"] + _PRIOR_OK) / (r["total"] + _PRIOR_ALL) for r in rows}
+    measured = accounts_availability(now=now or timezone.now(), account_ids=launches)
+    return {
+        account: share * (float(measured[account].availability_pct) / 100 if account in measured else 1.0)
+        for account, share in launches.items()
+    }
 
 
 def machine_reliability(*, now: dt.datetime) -> dict[tuple[int, str], float]:
@@ -396,6 +405,7 @@ def _machine_records(*, now: dt.datetime) -> dict[tuple[int, str], tuple[float, 
         .values("offer__account_id", "offer__zone")
         .annotate(total=Count("id"), ok=Count("id", filter=Q(outcome=AttemptOutcome.LAUNCHED)))
     }
+    measured = machines_availability(now=now)
     scores = {}
     for machine in Machine.objects.exclude(registered_at=None).only("id", "account_id", "name", "registered_at"):
         assert machine.registered_at is not None
@@ -403,7 +413,11 @@ def _machine_records(*, now: dt.datetime) -> dict[tuple[int, str], tuple[float, 
         due = max(listened_s / HEARTBEAT_S, 1.0)
         uptime = min(beats.get(machine.pk, 0) / due, 1.0)
         ok, total = launches.get((machine.account_id, machine.name), (0, 0))
-        scores[(machine.account_id, machine.name)] = (uptime * (ok + _PRIOR_OK) / (total + _PRIOR_ALL), total)
+        # What its orders saw over 30 days (issue 38): outages the day's heartbeats alone would not show.
+        seen = measured.get((machine.account_id, machine.name))
+        available = float(seen.availability_pct) / 100 if seen is not None else 1.0
+        score = uptime * available * (ok + _PRIOR_OK) / (total + _PRIOR_ALL)
+        scores[(machine.account_id, machine.name)] = (score, total)
     return scores
 
 
@@ -486,7 +500,7 @@ def offer_views(*, now: dt.datetime) -> list[OfferView]:
     capacity pool, its free GPUs (``machine_free_gpus``), and so do a Kubernetes node's, so a batch never plans
     more GPUs on one than it has free."""
     since = now - dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
-    reliability = account_reliability()
+    reliability = account_reliability(now=now)
     machines = machine_reliability(now=now)
     spot_rate = settings.SPOT_INTERRUPTIONS_PER_HOUR
     learned = spot_interruption_rates(now=now)  # the prior where the broker has no record

@@ -10,12 +10,14 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 import psycopg
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.catalog import unit_prices
 from marketplace.orders.reservations import cluster_nodes_refresh, machine_offers_recount
+from marketplace.sla.published import OfferSla, offer_sla
 from providers.community.mig import MIG_PROFILE, mig_profile
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, ProviderKind, SyncStatus
@@ -156,6 +158,7 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
         (q.region, q.zone, q.instance_type): q.price for q in quotes if q.pricing_model == PricingModel.ON_DEMAND
     }
     report = IngestReport()
+    slas = {p.value: _offer_sla(account, p.value) for p in PricingModel}
     valid: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     refused: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for quote in quotes:
@@ -197,6 +200,7 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
             "capacity": quote.capacity,
             "interconnect": quote.interconnect,
             "extra": quote.extra,
+            **_sla_columns(slas[quote.pricing_model.value]),
         }
     for key in refused:
         valid.pop(key, None)
@@ -209,6 +213,22 @@ def offers_ingest(*, account: ProviderAccount, quotes: list[OfferQuote], now: dt
     report.upserted = len(valid)
     report.quarantined = len(refused)
     return report
+
+
+def _offer_sla(account: ProviderAccount, pricing_model: str) -> OfferSla | None:
+    """What the account's offers of ``pricing_model`` state as their SLA (``marketplace.sla.published``)."""
+    return offer_sla(
+        kind=account.kind,
+        pricing_model=pricing_model,
+        seller_pct=account.sla_commitment_pct,
+        floor_pct=Decimal(str(settings.SLA_FLOOR_PCT)),
+    )
+
+
+def _sla_columns(sla: OfferSla | None) -> dict[str, Any]:
+    if sla is None:
+        return {"sla_availability": None, "sla_credits": [], "sla_source": ""}
+    return {"sla_availability": sla.availability_pct, "sla_credits": sla.credits_json(), "sla_source": sla.source}
 
 
 NATURAL_KEY = ("account", "region", "zone", "instance_type", "pricing_model")
@@ -234,6 +254,9 @@ _ROW_COLUMNS = {
     "capacity": "integer",
     "interconnect": "text",
     "extra": "jsonb",
+    "sla_availability": "numeric",
+    "sla_credits": "jsonb",
+    "sla_source": "text",
 }
 # Refreshed on conflict: everything but the natural key and first_seen_at.
 _UPDATED = [c for c in _ROW_COLUMNS if c not in _KEY_COLUMNS] + ["status", "last_seen_at"]

@@ -63,6 +63,7 @@ from marketplace.models.organizations import (
     Role,
 )
 from marketplace.models.providers_portal import Invitation, InvitationStatus, ProviderProfile, ProviderState
+from marketplace.models.sla import Outage, OutageCause, SlaCredit, SshWatch
 from marketplace.models.tokens import ApiToken, TokenScope
 from marketplace.models.webhooks import (
     DeliveryState,
@@ -119,6 +120,8 @@ __all__ = [
     "OrderState",
     "Organization",
     "OrganizationKind",
+    "Outage",
+    "OutageCause",
     "PaymentTerms",
     "Payout",
     "PayoutState",
@@ -133,7 +136,9 @@ __all__ = [
     "Role",
     "SilenceEnd",
     "SilentPeriod",
+    "SlaCredit",
     "SshKey",
+    "SshWatch",
     "StoppedPeriod",
     "StripeEvent",
     "TokenScope",

@@ -99,6 +99,12 @@ class Offer(models.Model):
     interconnect = models.CharField(max_length=32, blank=True, default="")
     status = models.CharField(max_length=16, choices=OfferStatus.choices, default=OfferStatus.AVAILABLE)
     extra = models.JSONField(default=dict, blank=True)
+    # What the seller commits to (issue 38): availability in percent, NULL for no SLA (every spot offer); the
+    # credit tiers as [[below_pct, credit_pct], ...]; where the figure comes from (marketplace/sla/published.py).
+    # Database defaults too: the raw-SQL sync writes them, other inserts may leave them out.
+    sla_availability = models.DecimalField(max_digits=6, decimal_places=3, null=True, blank=True)
+    sla_credits = models.JSONField(default=list, blank=True, db_default=[])
+    sla_source = models.CharField(max_length=255, blank=True, default="", db_default="")
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
 
@@ -106,6 +112,11 @@ class Offer(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["account", "region", "zone", "instance_type", "pricing_model"], name="offer_natural_key"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(sla_availability__isnull=True)
+                | models.Q(sla_availability__gt=0, sla_availability__lte=100),
+                name="offer_sla_availability_percent",
             ),
             models.CheckConstraint(condition=models.Q(price__gt=0), name="offer_price_positive"),
             models.CheckConstraint(condition=models.Q(gpu_count__gte=1), name="offer_gpu_count_positive"),

@@ -95,7 +95,15 @@ def order_list(*, organization: Organization) -> QuerySet[Order]:
     return (
         Order.objects.filter(organization=organization)
         .select_related("gpu_model", "offer", "launch_config", "cluster")
-        .prefetch_related("attempts__offer", "instances", "leases", "silent_periods__instance", "stopped_periods")
+        .prefetch_related(
+            "attempts__offer",
+            "instances",
+            "leases",
+            "silent_periods__instance",
+            "stopped_periods",
+            "outages",
+            "sla_credits",
+        )
     )
 
 

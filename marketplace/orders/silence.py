@@ -41,10 +41,12 @@ from marketplace.models import (
     Order,
     OrderHealth,
     OrderState,
+    OutageCause,
     SilenceEnd,
     SilentPeriod,
     WebhookEventType,
 )
+from marketplace.orders.outages import outage_close, outage_open
 from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import instance_event_emit
 
@@ -91,11 +93,14 @@ def order_health_transition(
                 f"the agent on instance {instance.provider_instance_id} has not reported since "
                 f"{at.isoformat(timespec='seconds')} (more than {settings.LEASE_SILENCE_S:g} s)"
             )
+            # The SLA's outage is the silent period itself: opened and closed with it, in this transaction.
+            outage_open(order_id=order.pk, cause=OutageCause.AGENT_SILENT, at=at, instance=instance, detail=reason)
             event = WebhookEventType.INSTANCE_UNHEALTHY
         else:
             period = SilentPeriod.objects.select_for_update().get(order=order, ended_at__isnull=True)
             period.ended_at, period.ended_by = max(at, period.started_at), SilenceEnd.RECOVERED
             period.save(update_fields=["ended_at", "ended_by"])
+            outage_close(order_id=order.pk, cause=OutageCause.AGENT_SILENT, at=period.ended_at)
             instance = period.instance
             reason = f"the agent on instance {instance.provider_instance_id} reports again"
             event = WebhookEventType.INSTANCE_RECOVERED
@@ -130,6 +135,7 @@ def silence_close_on_leaving(*, order_id: int, to: str, now: dt.datetime) -> Non
     closed = SilentPeriod.objects.filter(order_id=order_id, ended_at__isnull=True).update(
         ended_at=now, ended_by=ended_by
     )
+    outage_close(order_id=order_id, cause=OutageCause.AGENT_SILENT, at=now)
     if closed:
         Order.objects.filter(pk=order_id, health=OrderHealth.DEGRADED).update(health=OrderHealth.HEALTHY)
 

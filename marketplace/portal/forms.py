@@ -521,3 +521,16 @@ class MachineForm(forms.Form):
                                         "network_gbps", "country", "region", "price_per_gpu_hour",
                                         "min_bid_per_gpu_hour", "availability", "min_gpus_per_lease",
                                         "mig_profiles")}  # fmt: skip
+
+
+class SlaCommitmentForm(forms.Form):
+    """A host's or cluster's committed availability, in percent (issue 38); the service checks the floor."""
+
+    sla_commitment_pct = forms.DecimalField(
+        label="Committed availability (%)",
+        max_digits=6,
+        decimal_places=3,
+        min_value=0,
+        max_value=100,
+        help_text="what your offers promise buyers; measured by the marketplace, credited to them below it",
+    )

@@ -17,6 +17,7 @@ urlpatterns = [
     path("accounts/connect/<str:kind>", views.account_connect, name="account-connect"),
     path("accounts/<int:account_id>/edit", views.account_edit, name="account-edit"),
     path("accounts/<int:account_id>/sync", views.account_sync, name="account-sync"),
+    path("accounts/<int:account_id>/sla", views.account_sla, name="account-sla"),
     path("machines", views.machines, name="machines"),
     path("machines/new", views.machine_new, name="machine-new"),
     path("dashboard", views.dashboard, name="dashboard"),

@@ -36,6 +36,7 @@ from marketplace.portal.forms import (
     MachineForm,
     RoleForm,
     SignupForm,
+    SlaCommitmentForm,
     TermsForm,
     rate_limit_text,
 )
@@ -54,6 +55,9 @@ from marketplace.portal.services import (
     provider_terms_accept,
 )
 from marketplace.portal.team_actions import form_error, invitation_revoke_action, invite_action, member_update_action
+from marketplace.sla.published import SELLER_CHOSEN
+from marketplace.sla.selectors import provider_sla_rows
+from marketplace.sla.services import CommitmentRefused, account_sla_commit, floor_pct
 from marketplace.web.charts import gpu_hours_chart, telemetry_chart
 from providers.community.selectors import machines_latest_unverified, machines_utilization, provider_machines
 from providers.errors import ProviderError, TransientProviderError
@@ -266,6 +270,8 @@ def accounts(request: HttpRequest) -> HttpResponse:
         clouds=CLOUDS.values(),
         editable_kinds=list(CLOUDS),
         nodes=selectors.cluster_nodes(organization=membership.organization),
+        sla_kinds=SELLER_CHOSEN,
+        sla_floor=floor_pct(),
     )
 
 
@@ -361,6 +367,30 @@ def account_sync(request: HttpRequest, account_id: int) -> HttpResponse:
     return redirect("portal:accounts")
 
 
+@login_required
+@require_POST
+def account_sla(request: HttpRequest, account_id: int) -> HttpResponse:
+    """Set a host or cluster account's committed availability (``sla.services.account_sla_commit``)."""
+    membership = _membership(request, Permission.ACCOUNTS)
+    account = selectors.account_get(organization=membership.organization, account_id=account_id)
+    if account is None:
+        raise Http404("no such account")
+    form = SlaCommitmentForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"SLA of {account.name}: " + "; ".join(form.errors.get("sla_commitment_pct", [])))
+        return redirect("portal:accounts")
+    try:
+        account_sla_commit(account=account, pct=form.cleaned_data["sla_commitment_pct"])
+    except CommitmentRefused as refused:
+        messages.error(request, f"SLA of {account.name}: {refused}")
+    else:
+        messages.success(
+            request,
+            f"{account.name} commits to {account.sla_commitment_pct} %; its offers say so after the sync queued now.",
+        )
+    return redirect("portal:accounts")
+
+
 # --- Independent machines and earnings ----------------------------------------------------------------------
 
 
@@ -446,6 +476,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         week_chart=_gpu_chart(week, "last 7 days"),
         revenue=board.provider_revenue_by_day(provider=provider, today=now.date(), days=14), leases=leases,
         bids=board.provider_machine_bids(provider=provider, leases=leases), statement=statement,
+        slas=provider_sla_rows(provider=provider, now=now, floor=floor_pct()),
     )  # fmt: skip
 
 

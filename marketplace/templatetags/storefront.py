@@ -54,3 +54,16 @@ def cents_usd(value: Any) -> str:
     except (TypeError, ValueError):
         return str(value)
     return money_text(cents, CURRENCY)
+
+
+@register.filter
+def pct(value: Any) -> str:
+    """A percentage without trailing zeros: 99.500 -> "99.5", 100.000 -> "100" ("" for None)."""
+    if value is None or value == "":
+        return ""
+    try:
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return str(value)
+    text = format(amount, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -79,7 +79,7 @@ def comparison(ids: list[int], *, now: dt.datetime) -> tuple[list[Column], list[
     on_sale = set(offer_list(now=now).filter(pk__in=ids).values_list("pk", flat=True))
     columns = [Column(offer=found[i], on_sale=i in on_sale) for i in ids]
     offers = [c.offer for c in columns]
-    accounts = account_reliability()
+    accounts = account_reliability(now=now)
     machines = machine_reliability_shown(now=now)
     savings = spot_savings(offers)
 

@@ -55,6 +55,7 @@ from marketplace.orders.selectors import (
 )
 from marketplace.orders.services import order_terminate
 from marketplace.orders.silence import order_silence
+from marketplace.sla.selectors import order_sla
 from marketplace.web.charts import price_chart, telemetry_chart
 from marketplace.web.compare import CompareError, compare_ids, comparison
 from marketplace.web.forms import ApiTokenForm, BudgetForm, WorkloadForm
@@ -496,6 +497,7 @@ def order_detail(request: HttpRequest, order_id: str) -> HttpResponse:
             "order": order,
             "usage": order_usage(order, now=now),
             "silence": order_silence(order, now=now),
+            "sla": order_sla(order, now=now),
             "on_silence": on_silence_of(order.launch_config.spec if order.launch_config_id else None),
             "history": order_history(order),
             "instances": sorted(order.instances.all(), key=lambda i: i.pk, reverse=True),

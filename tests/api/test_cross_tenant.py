@@ -96,6 +96,7 @@ ROUTES = {
     "provider/accounts/connect/<str:kind>": "tests/portal/test_accounts.py::test_buyers_get_404_on_account_pages",
     "provider/accounts/<int:account_id>/edit": "tests/portal/test_accounts.py (another provider's account: 404)",
     "provider/accounts/<int:account_id>/sync": "tests/portal/test_accounts.py (another provider's account: 404)",
+    "provider/accounts/<int:account_id>/sla": "tests/portal/test_sla_portal.py (another provider's account: 404)",
     "provider/machines": "tests/portal/test_machines.py::test_a_viewer_cannot_list_and_a_stranger_sees_nothing",
     "provider/machines/new": "tests/portal/test_machines.py",
     "provider/earnings": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
