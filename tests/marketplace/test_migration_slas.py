@@ -1,4 +1,4 @@
-"""Migration 0039 gives offers listed before SLAs theirs at once, not only at their account's next sync."""
+"""Migration 0040 gives offers listed before SLAs theirs at once, not only at their account's next sync."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-BEFORE = [("marketplace", "0038_lease_heartbeat_source"), ("providers", "0010_sla_commitment")]
-AFTER = [("marketplace", "0039_slas")]
+BEFORE = [("marketplace", "0039_fleets"), ("providers", "0010_sla_commitment")]
+AFTER = [("marketplace", "0040_slas")]
 
 
 def test_existing_offers_state_their_sla_and_spot_ones_none(migrate_to):
