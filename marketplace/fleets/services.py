@@ -169,6 +169,8 @@ def fleet_create(
             raise
         existing = Fleet.objects.get(organization=organization, idempotency_key=idempotency_key)
         return _replay(existing, fingerprint)
+    # Read back: the columns as stored (a price given as "2.5" is 2.5000), with the configuration.
+    fleet = Fleet.objects.select_related("launch_config").get(pk=fleet.pk)
     return FleetCreated(fleet=fleet, created=True, metrics_token=token)
 
 
