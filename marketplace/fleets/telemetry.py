@@ -140,6 +140,8 @@ def http_text(host: str, port: int, path: str, *, deadline_s: float, max_bytes: 
                 data += chunk
                 if len(data) > max_bytes + 16384:
                     raise ScrapeFailed(f"the answer is over {max_bytes} bytes")
+    except TimeoutError:
+        raise ScrapeFailed(f"no whole answer within {deadline_s:g} s") from None
     except OSError as exc:
         raise ScrapeFailed(f"{type(exc).__name__}: {exc}") from None
     head, sep, body = bytes(data).partition(b"\r\n\r\n")
