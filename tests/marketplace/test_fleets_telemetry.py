@@ -170,7 +170,7 @@ def stalling_server():
 def test_an_endpoint_that_holds_the_connection_open_is_given_up_at_the_deadline(stalling_server):
     started = time.monotonic()
 
-    with pytest.raises(ScrapeFailed, match="no whole answer within 0.5 s"):
+    with pytest.raises(ScrapeFailed, match=r"no whole answer within 0\.5 s"):
         http_text("127.0.0.1", stalling_server, "/metrics", deadline_s=0.5)
 
     assert time.monotonic() - started < 2.0
