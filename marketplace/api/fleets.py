@@ -41,10 +41,13 @@ from marketplace.fleets.selectors import (
 from marketplace.fleets.services import FleetEnded, fleet_create, fleet_end, fleet_rule_json, fleet_update
 from marketplace.fleets.specs import FleetInvalid
 from marketplace.fleets.telemetry import metric_record
+from marketplace.matching.types import Profile, Tolerance
 from marketplace.models import Fleet, FleetDecision, FleetState, Order, Organization
 from marketplace.models.fleets import METRIC_VALUE_BOUND
 from marketplace.numbers import DecimalSerializerField, FloatSerializerField, IntegerSerializerField
 from marketplace.orders.selectors import BuyerPermission
+from providers import gpu_names
+from providers.types import PricingModel
 from untrusted.jsonbody import bounded_json
 
 # --- Inputs (for the schema; marketplace.fleets.specs checks them) ------------------------------------------------
@@ -52,26 +55,34 @@ from untrusted.jsonbody import bounded_json
 
 class FleetDemandInput(serializers.Serializer):
     gpu_count = IntegerSerializerField(required=False, default=1, min_value=1, max_value=specs.MAX_GPUS_PER_REPLICA)
-    gpu_models = serializers.ListField(child=serializers.CharField(), required=False, max_length=specs.MAX_GPU_MODELS)
-    regions = serializers.ListField(child=serializers.CharField(), required=False, max_length=specs.MAX_REGIONS)
-    pricing_models = serializers.ListField(child=serializers.CharField(), required=False, max_length=3)
-    interruption_tolerance = serializers.CharField(required=False, default="stateless")
-    profile = serializers.CharField(required=False, default="inference")
+    gpu_models = serializers.ListField(
+        child=serializers.ChoiceField(choices=gpu_names.SORTED), required=False, max_length=specs.MAX_GPU_MODELS
+    )
+    regions = serializers.ListField(
+        child=serializers.RegexField(specs.REGION_PATTERN, max_length=64), required=False, max_length=specs.MAX_REGIONS
+    )
+    pricing_models = serializers.ListField(
+        child=serializers.ChoiceField(choices=[p.value for p in PricingModel]), required=False, max_length=3
+    )
+    interruption_tolerance = serializers.ChoiceField(
+        choices=[t.value for t in Tolerance], required=False, default=Tolerance.STATELESS.value
+    )
+    profile = serializers.ChoiceField(choices=[p.value for p in Profile], required=False, default="inference")
     min_gpu_memory_gb = IntegerSerializerField(required=False, default=0, min_value=0, max_value=1024)
 
 
 class FleetScheduleWindowInput(serializers.Serializer):
     days = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=6), required=False)
-    start = serializers.CharField(help_text="HH:MM, UTC")
-    end = serializers.CharField(help_text="HH:MM, UTC; not after start runs past midnight")
+    start = serializers.RegexField(specs.HHMM_PATTERN, help_text="HH:MM, UTC")
+    end = serializers.RegexField(specs.HHMM_PATTERN, help_text="HH:MM, UTC; not after start runs past midnight")
     replicas = IntegerSerializerField(min_value=0, max_value=MAX_REPLICAS)
 
 
 class FleetMetricInput(serializers.Serializer):
-    name = serializers.CharField(max_length=128, help_text="a Prometheus metric name")
+    name = serializers.RegexField(specs.METRIC_NAME_PATTERN, help_text="a Prometheus metric name")
     source = serializers.ChoiceField(choices=list(specs.METRIC_SOURCES), default="post")
     port = IntegerSerializerField(required=False, min_value=1, max_value=65535, help_text="prometheus: the port")
-    path = serializers.CharField(required=False, max_length=200, default=specs.DEFAULT_METRIC_PATH)
+    path = serializers.RegexField(specs.PATH_PATTERN, required=False, default=specs.DEFAULT_METRIC_PATH)
 
 
 class FleetRuleInput(serializers.Serializer):

@@ -31,10 +31,14 @@ MAX_STEP = MAX_REPLICAS
 METRIC_SOURCES = ("post", "prometheus")
 DEFAULT_METRIC_PATH = "/metrics"
 # Prometheus' own rule for metric names (https://prometheus.io/docs/concepts/data_model/, "Metric names and labels").
-METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,127}$")
-_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,199}$")
-_HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
-_REGION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,127}$"
+PATH_PATTERN = r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,199}$"
+HHMM_PATTERN = r"^([01][0-9]|2[0-3]):([0-5][0-9])$"
+REGION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+METRIC_NAME = re.compile(METRIC_NAME_PATTERN)
+_PATH = re.compile(PATH_PATTERN)
+_HHMM = re.compile(HHMM_PATTERN)
+_REGION = re.compile(REGION_PATTERN)
 
 
 class FleetInvalid(Exception):
