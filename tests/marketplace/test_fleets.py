@@ -12,6 +12,7 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import LedgerEntry
+from ledger.services import ledger_verify
 from marketplace.fleets.selectors import fleet_cost, fleet_replica_series
 from marketplace.fleets.services import (
     TOKEN_ENV,
@@ -282,6 +283,7 @@ def test_each_decision_is_ledgered_with_its_reason_and_its_webhook_queued(
         1,
     )
     assert len(queued) >= 2  # the replica's provisioning and the webhook's send, after the commit
+    assert ledger_verify().ok
 
 
 def test_a_hold_is_recorded_only_when_its_reason_changes(acme, alice, aws_account, django_capture_on_commit_callbacks):
@@ -347,3 +349,37 @@ def test_the_replicas_over_time_follow_the_placements_and_ends(
 
     assert max(p.replicas for p in series) == 2
     assert series[-1].replicas == 0 and series[-1].desired == 0
+
+
+def test_replicas_failing_as_fast_as_they_are_placed_are_not_placed_again_within_the_window(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    fleet = _create(acme, alice, min_replicas=2)
+    _evaluate(fleet, T0, capture)
+    for order in _live(fleet):
+        order_transition(order=order, to=OrderState.FAILED, reason="the image would not start")
+
+    again = _evaluate(fleet, T0 + dt.timedelta(seconds=30), capture)
+
+    assert (again.decision.action, again.placed) == ("replace", ())
+    assert "2 replicas failed in the last 300 s: none placed" in again.record.reason
+    assert Order.objects.filter(fleet=fleet).count() == 2
+
+
+def test_a_schedule_rule_holds_what_the_open_window_asks_for(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    now = T0.replace(hour=10, minute=0)
+    window = {"days": [now.weekday()], "start": "09:00", "end": "17:00", "replicas": 3}
+    fleet = _create(acme, alice, min_replicas=0, rule={"kind": "schedule", "schedule": [window]})
+
+    open_window = _evaluate(fleet, now, capture)
+    fleet.refresh_from_db()
+    closed = fleet_evaluate(fleet_id=fleet.pk, now=now.replace(hour=18) + dt.timedelta(minutes=15))
+
+    assert (open_window.decision.action, open_window.decision.desired, len(open_window.placed)) == ("scale_out", 3, 3)
+    assert open_window.record.reason == "the schedule asks for 3 now"
+    assert (closed.decision.action, closed.decision.desired, len(closed.ended)) == ("scale_in", 1, 2)
+    assert closed.decision.reason.startswith("no schedule window is open: the minimum, 0")
