@@ -399,6 +399,9 @@ LEASE_SILENCE_S = env_float("BROKER_LEASE_SILENCE_S", max(10.0, 3 * LEASE_HEARTB
 FLEET_SILENT_GRACE_S = env_float("BROKER_FLEET_SILENT_GRACE_S", 300.0, minimum=10.0)
 FLEET_SCRAPE_DEADLINE_S = env_float("BROKER_FLEET_SCRAPE_DEADLINE_S", 3.0, minimum=0.1)
 FLEET_QUOTES_TRIED = env_int("BROKER_FLEET_QUOTES_TRIED", 5, minimum=1)
+# A replica's Prometheus endpoint is read only at a public address (its agent reports it, and the renter controls
+# the agent): on by default when deployed; a development machine's sandboxes sit on loopback and private nets.
+FLEET_SCRAPE_PUBLIC_ONLY = env_bool("BROKER_FLEET_SCRAPE_PUBLIC_ONLY", not DEBUG)
 # A fleet places no replica while this many of its replicas (at least 2, or its desired count) failed within
 # this window: replicas failing as fast as they are placed must not churn orders in a loop.
 FLEET_FAILURE_WINDOW_S = env_float("BROKER_FLEET_FAILURE_WINDOW_S", 300.0, minimum=10.0)

@@ -273,7 +273,7 @@ def fleet_update(*, fleet: Fleet, data: Mapping[str, Any], now: dt.datetime | No
         locked.save()
         _ledger(locked, "fleet.updated", changed=sorted(data), **_ledgered(locked))
         enqueue_on_commit("marketplace.fleet_evaluate", locked.pk)
-    return locked
+    return Fleet.objects.select_related("launch_config").get(pk=fleet.pk)  # as stored: "2.5" reads 2.5000
 
 
 def fleet_end(*, fleet: Fleet, reason: str = "ended by the buyer", now: dt.datetime | None = None) -> Fleet:

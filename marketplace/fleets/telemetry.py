@@ -28,6 +28,7 @@ from marketplace.fleets.specs import FleetInvalid
 from marketplace.launch.leases import connection_host
 from marketplace.models import Fleet, FleetMetricSample, LeaseHeartbeat, Order, OrderState
 from marketplace.models.fleets import METRIC_VALUE_BOUND, MetricSource
+from providers.addresses import is_public
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,16 @@ def scrape_target(order: Order, port: int) -> tuple[str, int] | None:
     mapped = (lease.ports or {}).get(str(port), port)
     if isinstance(mapped, bool) or not isinstance(mapped, int) or not 1 <= mapped <= 65535:
         return None
-    return host, mapped
+    # The address is what the machine's agent reported, and whoever rents the machine controls it: a deployed
+    # broker reads only public addresses, so a replica cannot point the worker at the broker's own network.
+    try:
+        address = socket.getaddrinfo(host, mapped, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError, UnicodeError):
+        return None
+    if settings.FLEET_SCRAPE_PUBLIC_ONLY and not is_public(str(address)):
+        log.warning("fleet replica %s reports a non-public address %s: not read", order.public_id, address)
+        return None
+    return str(address), mapped
 
 
 def http_text(host: str, port: int, path: str, *, deadline_s: float, max_bytes: int = SCRAPE_MAX_BYTES) -> str:

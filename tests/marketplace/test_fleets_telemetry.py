@@ -300,3 +300,17 @@ def test_the_sweep_evaluates_every_active_fleet_even_when_one_fails(
     assert swept == {"queued": 1, "pruned": 1}
     assert Order.objects.filter(fleet=good).count() == 1
     assert Order.objects.filter(fleet=bad).count() == 0
+
+
+def test_a_deployed_broker_reads_no_replica_that_reports_a_non_public_address(
+    acme, alice, aws_account, aws_sandbox, exporter, django_capture_on_commit_callbacks, settings
+):
+    rule = {"kind": "metric", "target": 25, "metric": {"name": "queue_depth", "source": "prometheus", "port": 9400}}
+    fleet = _fleet(acme, alice, rule)
+    (replica,) = _running(fleet, timezone.now(), django_capture_on_commit_callbacks, aws_sandbox)
+    # The renter controls the machine's agent, and so the address it reports: here the broker's own loopback.
+    Lease.objects.filter(order=replica).update(ssh_host="127.0.0.1", ports={"9400": exporter.port})
+    settings.FLEET_SCRAPE_PUBLIC_ONLY = True
+
+    assert telemetry.prometheus_scrape(fleet=fleet, now=timezone.now()) == {"read": 0, "failed": 0}
+    assert FleetMetricSample.objects.count() == 0
