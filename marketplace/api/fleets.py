@@ -12,7 +12,6 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers, status
@@ -38,7 +37,14 @@ from marketplace.fleets.selectors import (
     fleet_list,
     fleet_replicas,
 )
-from marketplace.fleets.services import FleetEnded, fleet_create, fleet_end, fleet_rule_json, fleet_update
+from marketplace.fleets.services import (
+    FleetEnded,
+    fleet_create,
+    fleet_end,
+    fleet_rule_json,
+    fleet_update,
+    metrics_url,
+)
 from marketplace.fleets.specs import FleetInvalid
 from marketplace.fleets.telemetry import metric_record
 from marketplace.matching.types import Profile, Tolerance
@@ -250,7 +256,7 @@ def fleet_output(fleet: Fleet, heads: dict[str, str] | None = None) -> dict[str,
         if cost.budget_left is None
         else format(cost.budget_left.quantize(Decimal("0.01")), "f"),
         "launch_sha256": fleet.launch_config.sha256,
-        "metrics_url": f"{settings.PUBLIC_URL}/api/v1/fleets/{fleet.public_id}/metrics",
+        "metrics_url": metrics_url(fleet.public_id),
         "ledger_head": heads.get(subject, ""),
         "evaluated_at": None if fleet.evaluated_at is None else fleet.evaluated_at.isoformat(),
         "created_at": fleet.created_at.isoformat(),

@@ -636,8 +636,3 @@ def _record(
 def fleets_to_evaluate() -> list[int]:
     """Every active fleet's id, for the periodic sweep."""
     return list(Fleet.objects.filter(state=FleetState.ACTIVE).order_by("pk").values_list("pk", flat=True))
-
-
-def fleet_of_order(order_id: int) -> int | None:
-    """The fleet an order is a replica of (None: a plain order), for the reaction to its end."""
-    return Order.objects.filter(pk=order_id).values_list("fleet_id", flat=True).first()
