@@ -43,6 +43,7 @@ from marketplace.models import (
     Offer,
     OfferStatus,
     Order,
+    OrderHealth,
     OrderState,
     Payout,
     PayoutState,
@@ -126,10 +127,21 @@ class BrokerCollector:
 
     def _orders(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("broker_orders", "Orders by state.", labels=["state"])
-        counts = dict(Order.objects.order_by().values_list("state").annotate(n=Count("pk")))
+        rows = (
+            Order.objects.order_by()
+            .values_list("state")
+            .annotate(n=Count("pk"), degraded=Count("pk", filter=Q(health=OrderHealth.DEGRADED)))
+        )
+        counts = {state: (n, degraded) for state, n, degraded in rows}
         for state in OrderState.values:
-            family.add_metric([state], counts.get(state, 0))
+            family.add_metric([state], counts.get(state, (0, 0))[0])
         yield family
+        # Only running orders: leaving running makes an order healthy again, so any other state is noise.
+        yield GaugeMetricFamily(
+            "broker_orders_degraded",
+            "Running orders whose lease agent fell silent (degraded): alert when above 0 for minutes.",
+            value=counts.get(OrderState.RUNNING, (0, 0))[1],
+        )
 
     def _provisioning(self) -> Iterator[Metric]:
         attempts = CounterMetricFamily(

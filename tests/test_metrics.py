@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.checkpoints import ledger_checkpoint_and_anchor
 from ledger.models import Checkpoint, LedgerHead
-from marketplace.models import Offer, OrderState
-from marketplace.orders.services import PlaceRequest, order_place
+from marketplace.models import Lease, Offer, OrderState
+from marketplace.orders.services import PlaceRequest, order_place, order_terminate
+from marketplace.orders.silence import orders_silence_sweep
 from providers.community.services import machine_heartbeat, machine_list
 from providers.models import Machine, MachineHeartbeat, ProviderAccount
 from providers.services import provider_account_connect
@@ -119,6 +120,7 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
 def test_an_empty_broker_reports_zeros_and_omits_what_never_happened(client):
     samples = _scrape(client)
     assert samples["broker_orders"] == {(("state", s),): 0 for s in OrderState.values}
+    assert _one(samples, "broker_orders_degraded") == 0
     assert _one(samples, "broker_failovers_total") == 0
     assert _one(samples, "broker_provisioning_seconds_count") == 0
     assert _one(samples, "broker_ledger_entries") == 0
@@ -220,3 +222,29 @@ def test_entries_waiting_for_the_sequencer_are_counted_with_the_oldest_ones_wait
     samples = _scrape(client)
     assert (_one(samples, "broker_ledger_queued_entries"), _one(samples, "broker_ledger_queued_age_seconds")) == (0, 0)
     assert _one(samples, "broker_ledger_entries") == 2
+
+
+def test_a_running_order_whose_agent_fell_silent_counts_as_degraded_until_it_reports(
+    client, acme, alice, aws_account, aws_sandbox, t4_offer, django_capture_on_commit_callbacks
+):
+    # Given a running order whose agent last reported an hour ago
+    with django_capture_on_commit_callbacks(execute=True):
+        order = order_place(
+            organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=t4_offer.pk)
+        ).order
+    boot_if_launched(order, aws_sandbox)
+    assert _one(_scrape(client), "broker_orders_degraded") == 0
+    heard = timezone.now() - dt.timedelta(hours=1)
+    Lease.objects.filter(order=order).update(last_heartbeat_at=heard)
+
+    # When the silence sweep runs, then the order counts as degraded
+    with django_capture_on_commit_callbacks(execute=True):
+        assert orders_silence_sweep(now=timezone.now()).degraded == [order.pk]
+    assert _one(_scrape(client), "broker_orders_degraded") == 1
+
+    # When its machine is ended, it is running no more and no longer counts
+    with django_capture_on_commit_callbacks(execute=True):
+        order_terminate(order=order)
+    order.refresh_from_db()
+    assert order.state != OrderState.RUNNING
+    assert _one(_scrape(client), "broker_orders_degraded") == 0
