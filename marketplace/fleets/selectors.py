@@ -7,13 +7,14 @@ import datetime as dt
 import hashlib
 import hmac
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db.models import QuerySet
 
 from marketplace.models import Fleet, FleetDecision, Order, OrderState, Organization
-from marketplace.orders.selectors import order_spent_usd
+from marketplace.orders.selectors import order_usage
 
 # Replicas that are there but not (yet) serving: ordered and not running yet.
 STARTING_STATES = (OrderState.PLACED, OrderState.PROVISIONING)
@@ -78,9 +79,22 @@ class FleetCost:
     budget_left: Decimal | None
 
 
+def fleets_spent_usd(*, fleet_ids: Iterable[int], now: dt.datetime) -> dict[int, Decimal]:
+    """What every replica each fleet ever had has cost so far (USD, at their locked prices), in three queries
+    whatever the number of fleets and replicas; a fleet without replicas is absent."""
+    ids = list(fleet_ids)
+    spent: dict[int, Decimal] = {}
+    if not ids:
+        return spent
+    for order in Order.objects.filter(fleet_id__in=ids).prefetch_related("instances", "stopped_periods"):
+        assert order.fleet_id is not None
+        spent[order.fleet_id] = spent.get(order.fleet_id, Decimal(0)) + order_usage(order, now=now).amount_usd
+    return spent
+
+
 def fleet_spent_usd(*, fleet: Fleet, now: dt.datetime) -> Decimal:
     """What every replica the fleet ever had has cost so far (USD, at their locked prices)."""
-    return sum((order_spent_usd(o, now=now) for o in Order.objects.filter(fleet=fleet)), Decimal(0))
+    return fleets_spent_usd(fleet_ids=[fleet.pk], now=now).get(fleet.pk, Decimal(0))
 
 
 def fleet_cost(*, fleet: Fleet, now: dt.datetime) -> FleetCost:
