@@ -14,6 +14,7 @@ import datetime as dt
 import hmac
 import ipaddress
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -32,10 +33,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ledger.models import Anchor, Checkpoint, LedgerHead
 from ledger.services import ledger_queued
+from marketplace.fleets.selectors import LIVE_STATES as FLEET_LIVE_STATES
+from marketplace.fleets.selectors import fleets_spent_usd
 from marketplace.models import (
     Attempt,
     AttemptOutcome,
     BookLine,
+    Fleet,
+    FleetDecision,
+    FleetState,
     Instance,
     LeaseHeartbeat,
     LeaseState,
@@ -80,6 +86,7 @@ class BrokerCollector:
         yield from self._leases()
         yield from self._jobs(now)
         yield from self._money(now)
+        yield from self._fleets(now)
 
     # --- Catalogue and accounts ------------------------------------------------------------------------------
 
@@ -142,6 +149,50 @@ class BrokerCollector:
             "Running orders whose lease agent fell silent (degraded): alert when above 0 for minutes.",
             value=counts.get(OrderState.RUNNING, (0, 0))[1],
         )
+
+    # --- Fleets ---------------------------------------------------------------------------------------------------
+
+    def _fleets(self, now: dt.datetime) -> Iterator[Metric]:
+        """Each active fleet by its public id (its name is the buyer's text): its live replicas by state, what it
+        wants and its bounds, and what its budget has left; and every kept decision by action."""
+        replicas = GaugeMetricFamily(
+            "broker_fleet_replicas", "Active fleets' live replicas by order state.", labels=["fleet", "state"]
+        )
+        desired = GaugeMetricFamily("broker_fleet_replicas_desired", "What the fleet's last decision asked for.",
+                                    labels=["fleet"])  # fmt: skip
+        most = GaugeMetricFamily("broker_fleet_replicas_max", "The fleet's maximum replicas.", labels=["fleet"])
+        least = GaugeMetricFamily("broker_fleet_replicas_min", "The fleet's minimum replicas.", labels=["fleet"])
+        budget = GaugeMetricFamily(
+            "broker_fleet_budget_remaining_usd",
+            "What the fleet's budget has left (USD), fleets with a budget only.",
+            labels=["fleet"],
+        )
+        fleets = list(Fleet.objects.filter(state=FleetState.ACTIVE).order_by("pk"))
+        live = (
+            Order.objects.filter(fleet__in=fleets, state__in=FLEET_LIVE_STATES)
+            .order_by()
+            .values_list("fleet_id", "state")
+            .annotate(n=Count("pk"))
+        )
+        counts = {(fleet_id, state): n for fleet_id, state, n in live}
+        budgeted = [f.pk for f in fleets if f.budget_usd is not None]
+        spent = fleets_spent_usd(fleet_ids=budgeted, now=now)
+        for fleet in fleets:
+            label = str(fleet.public_id)
+            for state in FLEET_LIVE_STATES:
+                replicas.add_metric([label, state], counts.get((fleet.pk, state), 0))
+            desired.add_metric([label], fleet.desired)
+            most.add_metric([label], fleet.max_replicas)
+            least.add_metric([label], fleet.min_replicas)
+            if fleet.budget_usd is not None:
+                budget.add_metric([label], float(fleet.budget_usd - spent.get(fleet.pk, Decimal(0))))
+        yield from (replicas, desired, most, least, budget)
+        decisions = CounterMetricFamily(
+            "broker_fleet_decisions", "Fleet scaling decisions kept, by action.", labels=["action"]
+        )
+        for action, n in FleetDecision.objects.order_by().values_list("action").annotate(n=Count("pk")):
+            decisions.add_metric([action], n)
+        yield decisions
 
     def _provisioning(self) -> Iterator[Metric]:
         attempts = CounterMetricFamily(

@@ -360,6 +360,7 @@ _PERIODIC = {
     "machines-withdraw-silent": {"task": "marketplace.machines_withdraw_silent", "schedule": 30.0},
     "idempotency-expire": {"task": "marketplace.idempotency_expire", "schedule": 3600.0},
     "webhooks-sweep": {"task": "marketplace.webhooks_sweep", "schedule": 15.0},
+    "fleets-evaluate": {"task": "marketplace.fleets_evaluate", "schedule": 30.0},
     # Last month's invoices, on the 1st at 02:00 UTC (entries of orders that ended just before midnight are in).
     "invoices-issue-due": {
         "task": "marketplace.invoices_issue_due",
@@ -406,6 +407,18 @@ LEASE_HEARTBEAT_S = env_float("BROKER_LEASE_HEARTBEAT_S", 15.0, minimum=1.0)
 # instance.unhealthy webhook, a line on its page, its silent minutes recorded; its launch configuration's
 # on_silence keeps it or replaces the machine (marketplace/orders/silence.py).
 LEASE_SILENCE_S = env_float("BROKER_LEASE_SILENCE_S", max(10.0, 3 * LEASE_HEARTBEAT_S), minimum=10.0)
+# Fleets (marketplace/fleets/): a replica whose agent has been silent this long is ended and replaced; a
+# Prometheus endpoint on a replica is read within this total deadline; this many ranked offers are tried for
+# each new replica (a provider may refuse the launch configuration) before the placement is given up.
+FLEET_SILENT_GRACE_S = env_float("BROKER_FLEET_SILENT_GRACE_S", 300.0, minimum=10.0)
+FLEET_SCRAPE_DEADLINE_S = env_float("BROKER_FLEET_SCRAPE_DEADLINE_S", 3.0, minimum=0.1)
+FLEET_QUOTES_TRIED = env_int("BROKER_FLEET_QUOTES_TRIED", 5, minimum=1)
+# A replica's Prometheus endpoint is read only at a public address (its agent reports it, and the renter controls
+# the agent): on by default when deployed; a development machine's sandboxes sit on loopback and private nets.
+FLEET_SCRAPE_PUBLIC_ONLY = env_bool("BROKER_FLEET_SCRAPE_PUBLIC_ONLY", not DEBUG)
+# A fleet places no replica while this many of its replicas (at least 2, or its desired count) failed within
+# this window: replicas failing as fast as they are placed must not churn orders in a loop.
+FLEET_FAILURE_WINDOW_S = env_float("BROKER_FLEET_FAILURE_WINDOW_S", 300.0, minimum=10.0)
 # How long a quote's price stays locked, and the time budget of a procurement batch's joint assignment.
 # Requests per API token (or signed-in user, or anonymous address), reads and writes counted apart; quotes and
 # procurements (seconds of ranking and solving each) also against the tighter "expensive" rate.

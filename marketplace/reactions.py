@@ -15,7 +15,7 @@ from django.db import transaction
 
 from marketplace.billing.credit import order_settle
 from marketplace.events import LeaseReady, OrderEnded, OrderLeaving, OrderMoved
-from marketplace.models import OrderState
+from marketplace.models import Order, OrderState
 from marketplace.orders.readiness import order_running_if_ready
 from marketplace.orders.reservations import reservations_release_for_order
 from marketplace.orders.silence import silence_close_on_leaving
@@ -77,6 +77,12 @@ def cluster_advance(event: OrderMoved) -> None:
         enqueue_on_commit("marketplace.cluster_advance", event.order.cluster_id)
 
 
+def fleet_evaluate(event: OrderMoved) -> None:
+    """A replica of a fleet that ended or failed: its fleet evaluates at once (and replaces it if it should)."""
+    if event.order.fleet_id is not None and event.to in Order.FINAL_STATES:
+        enqueue_on_commit("marketplace.fleet_evaluate", event.order.fleet_id)
+
+
 def order_running(event: LeaseReady) -> None:
     """Every machine of the order is usable: the order runs (and its meter starts)."""
     order_running_if_ready(order_id=event.order_id)
@@ -85,6 +91,6 @@ def order_running(event: LeaseReady) -> None:
 HANDLERS: dict[type, Sequence[Callable[[Any], None]]] = {
     OrderLeaving: [silent_period_close, outages_on_leaving],
     OrderEnded: [reservations_release, money_settle, sla_credit_at_end],
-    OrderMoved: [outages_on_run, webhook_queue, cluster_advance],
+    OrderMoved: [outages_on_run, webhook_queue, cluster_advance, fleet_evaluate],
     LeaseReady: [order_running],
 }

@@ -12,6 +12,7 @@ from marketplace.billing.tasks import (
     reconcile_stripe_task,
 )
 from marketplace.catalog.tasks import machines_withdraw_silent_task, offers_sync_account_task, offers_sync_all_task
+from marketplace.fleets.tasks import fleet_evaluate_task, fleets_evaluate_task
 from marketplace.orders.tasks import (
     cluster_advance_task,
     clusters_gpus_read_task,
@@ -38,6 +39,8 @@ __all__ = [
     "billing_sweep_task",
     "cluster_advance_task",
     "clusters_gpus_read_task",
+    "fleet_evaluate_task",
+    "fleets_evaluate_task",
     "idempotency_expire_task",
     "invoices_issue_due_task",
     "machines_withdraw_silent_task",

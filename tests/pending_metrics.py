@@ -5,12 +5,6 @@ maps to the labels its series carry. Delete an entry when its collector lands (t
 from __future__ import annotations
 
 PENDING_METRICS: dict[str, frozenset[str]] = {
-    "broker_fleet_replicas": frozenset({"fleet", "state"}),
-    "broker_fleet_replicas_desired": frozenset({"fleet"}),
-    "broker_fleet_replicas_max": frozenset({"fleet"}),
-    "broker_fleet_replicas_min": frozenset({"fleet"}),
-    "broker_fleet_decisions_total": frozenset({"action"}),
-    "broker_fleet_budget_remaining_usd": frozenset({"fleet"}),
     "broker_sla_outages_open": frozenset({"cause"}),
     "broker_sla_orders_below": frozenset({"provider"}),
     "broker_sla_credits_total": frozenset(),

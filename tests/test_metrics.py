@@ -79,8 +79,9 @@ def test_the_scrape_counts_offers_orders_failovers_and_the_ledger(
     ]
     ledger_checkpoint_and_anchor()
 
-    # A fixed number of aggregate queries, however many offers, orders, attempts and leases there are.
-    with django_assert_max_num_queries(20):
+    # A fixed number of aggregate queries, however many offers, orders, attempts and leases there are (two of
+    # them the fleets': the active ones and the decisions by action; test_fleets_are_scraped_... counts the rest).
+    with django_assert_max_num_queries(22):
         samples = _scrape(client)
 
     expected = Offer.objects.values("account__kind", "status").annotate(n=Count("pk"))
@@ -248,3 +249,36 @@ def test_a_running_order_whose_agent_fell_silent_counts_as_degraded_until_it_rep
     order.refresh_from_db()
     assert order.state != OrderState.RUNNING
     assert _one(_scrape(client), "broker_orders_degraded") == 0
+
+
+def test_fleets_are_scraped_by_public_id_with_their_bounds_budget_and_decisions(
+    client, acme, alice, django_assert_max_num_queries
+):
+    from marketplace.fleets.services import fleet_create, fleet_evaluate
+
+    data = {
+        "name": "inference",
+        "demand": {"gpu_count": 1},
+        "max_price_per_gpu_hour": "2",
+        "budget_usd": "300",
+        "min_replicas": 1,
+        "max_replicas": 5,
+        "rule": {"kind": "utilization", "target": 60},
+        "launch": {"allowed_cidrs": ["127.0.0.1/32"]},
+    }
+    fleet = fleet_create(organization=acme, user=alice, data=data).fleet
+    fleet_evaluate(fleet_id=fleet.pk)  # nothing is on sale here: a scale-out to 1 that places nothing
+
+    # Six more queries with fleets (their live replicas, their orders' usage in three), however many there are.
+    with django_assert_max_num_queries(26):
+        samples = _scrape(client)
+
+    label = str(fleet.public_id)
+    assert _one(samples, "broker_fleet_replicas_desired", fleet=label) == 1
+    assert (
+        _one(samples, "broker_fleet_replicas_min", fleet=label),
+        _one(samples, "broker_fleet_replicas_max", fleet=label),
+    ) == (1, 5)
+    assert _one(samples, "broker_fleet_replicas", fleet=label, state="running") == 0
+    assert _one(samples, "broker_fleet_budget_remaining_usd", fleet=label) == 300
+    assert _one(samples, "broker_fleet_decisions_total", action="scale_out") == 1

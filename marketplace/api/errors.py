@@ -13,6 +13,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from ledger.checkpoints import ProofUnavailable
 from marketplace.api.tokens import MADE_WHERE, PREFIX
 from marketplace.billing.credit import PaymentRequired
+from marketplace.fleets.services import FleetEnded
+from marketplace.fleets.specs import FleetInvalid
+from marketplace.fleets.telemetry import MetricRefused
 from marketplace.launch.config import LaunchConfigInvalid
 from marketplace.orders.budgets import BudgetExceeded
 from marketplace.orders.errors import (
@@ -37,6 +40,7 @@ _STATUS = {
     QuoteExpired: status.HTTP_410_GONE,
     QuoteUsed: status.HTTP_409_CONFLICT,
     BudgetExceeded: status.HTTP_402_PAYMENT_REQUIRED,
+    FleetEnded: status.HTTP_409_CONFLICT,
 }
 
 
@@ -54,6 +58,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, LaunchConfigInvalid):
         fields = {k: [v] for k, v in exc.fields.items()}
         return error_response(exc.code, "the launch configuration has invalid fields", 400, fields)
+    if isinstance(exc, FleetInvalid):
+        fields = {k: [v] for k, v in exc.fields.items()}
+        return error_response(exc.code, "the fleet has invalid fields", 400, fields)
+    if isinstance(exc, MetricRefused):
+        return error_response(exc.code, str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
     if isinstance(exc, ProofUnavailable):
         return error_response("proof_unavailable", str(exc), status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, PaymentRequired):

@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from marketplace.api import billing, clusters, gallery, invoices, launch, order_actions, views, webhooks
+from marketplace.api import billing, clusters, fleets, gallery, invoices, launch, order_actions, views, webhooks
 
 app_name = "api"
 
@@ -17,6 +17,11 @@ urlpatterns = [
     path("clusters", clusters.ClusterListCreateApi.as_view(), name="clusters"),
     path("clusters/<str:cluster_id>", clusters.ClusterDetailApi.as_view(), name="cluster"),
     path("clusters/<str:cluster_id>/terminate", clusters.ClusterTerminateApi.as_view(), name="cluster-terminate"),
+    path("fleets", fleets.FleetListCreateApi.as_view(), name="fleets"),
+    path("fleets/<str:fleet_id>", fleets.FleetDetailApi.as_view(), name="fleet"),
+    path("fleets/<str:fleet_id>/end", fleets.FleetEndApi.as_view(), name="fleet-end"),
+    path("fleets/<str:fleet_id>/decisions", fleets.FleetDecisionListApi.as_view(), name="fleet-decisions"),
+    path("fleets/<str:fleet_id>/metrics", fleets.FleetMetricsApi.as_view(), name="fleet-metrics"),
     path("budget", views.BudgetApi.as_view(), name="budget"),
     path("billing", billing.BillingApi.as_view(), name="billing"),
     path("billing/topups", billing.TopUpListCreateApi.as_view(), name="topups"),

@@ -150,6 +150,8 @@ def decide(rule: ScalingRule, view: FleetView) -> Decision:
     current = view.running + view.starting
     held = min(max(view.desired_before, view.minimum), view.maximum)
     wanted, reason = _rule_wants(rule, view, held)
+    if held > view.desired_before and wanted == held:
+        reason = f"{reason}; the minimum is {view.minimum}"
 
     if wanted > held:
         until = _cooling(view.last_scale_out, rule.scale_out_cooldown_s, view.now)
@@ -175,8 +177,10 @@ def decide(rule: ScalingRule, view: FleetView) -> Decision:
         reason = f"{reason}; the budget allows {desired}"
 
     if desired > current:
-        lost = min(held, desired) - current
-        action = Action.REPLACE if lost > 0 and desired <= held else Action.SCALE_OUT
+        # Lost: replicas the previous decision asked for and that are gone. Replicas the fleet never had (its
+        # first minimum, a minimum raised since) are a scale-out, not a replacement.
+        lost = min(view.desired_before, desired) - current
+        action = Action.REPLACE if lost > 0 and desired <= view.desired_before else Action.SCALE_OUT
         if lost > 0:
             reason = f"{reason}; {lost} replica{'s' if lost != 1 else ''} to replace"
     elif desired < current:

@@ -392,10 +392,18 @@ def commitment(spec: Mapping[str, Any], secrets: Mapping[str, Any], salt: str) -
 
 
 def launch_configuration_create(
-    *, organization: Organization, user: AbstractBaseUser, choice: LaunchChoice
+    *,
+    organization: Organization,
+    user: AbstractBaseUser,
+    choice: LaunchChoice,
+    broker_env: Sequence[tuple[str, str, bool]] = (),
 ) -> LaunchConfiguration:
     """Validate ``choice`` and store it, or return the named template's configuration (immutable, so an order
-    keeps what it was placed with whatever happens to the template later). Raises ``LaunchConfigInvalid``."""
+    keeps what it was placed with whatever happens to the template later). Raises ``LaunchConfigInvalid``.
+
+    ``broker_env`` is the broker's own (name, value, secret) variables for a workload that runs something (a
+    fleet's metrics token and URL): added after the buyer's env is checked, since a buyer may not set a
+    ``BROKER_`` name; ignored for a template (its configuration is stored already) and a workload of kind none."""
     if choice.data is not None and not isinstance(choice.data, Mapping):
         raise LaunchConfigInvalid({"launch": "a launch configuration is a JSON object"})
     if choice.template is not None:
@@ -407,6 +415,16 @@ def launch_configuration_create(
         return template.configuration
     keys = list(ssh_key_list(organization=organization))
     spec, secrets = launch_parse(choice.data, keys=keys, caller_address=choice.caller_address)
+    if broker_env and spec["workload"]["kind"] != WorkloadKind.NONE.value:
+        workload = dict(spec["workload"])
+        secret_env = dict(secrets.get("env") or {})
+        env = list(workload.get("env") or [])
+        for name, value, secret in broker_env:
+            env.append({"name": name, "secret": True} if secret else {"name": name, "value": value})
+            if secret:
+                secret_env[name] = value
+        spec = {**spec, "workload": {**workload, "env": env}}
+        secrets = {**secrets, "env": secret_env} if secret_env else secrets
     salt = random_secrets.token_hex(16)
     return LaunchConfiguration.objects.create(
         organization=organization,

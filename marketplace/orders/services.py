@@ -78,6 +78,8 @@ class PlaceRequest:
     caller_address: str | None = None  # where the request came from: who may reach the machine by default
     # An independent machine's interruptible offer: the bid per GPU-hour (None: the machine's minimum).
     bid_per_gpu_hour: Decimal | None = None
+    # Runs until terminated whatever the quote's duration (a fleet's replica, which its fleet ends).
+    open_ended: bool = False
 
     def fingerprint(self) -> str:
         body = {
@@ -91,6 +93,8 @@ class PlaceRequest:
         }
         if self.bid_per_gpu_hour is not None:  # only then: fingerprints stored before bids existed still match
             body["bid_per_gpu_hour"] = format(self.bid_per_gpu_hour, "f")
+        if self.open_ended:
+            body["open_ended"] = True
         # Keyed: the body may hold the buyer's secret values, and a plain hash of a short secret can be guessed.
         message = json.dumps(body, sort_keys=True, default=str).encode()
         return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()
@@ -149,7 +153,12 @@ def order_place(
             f"quote {quote.public_id} is for {quote.demand['nodes']} nodes: "
             "order it as a cluster (POST /api/v1/clusters)"
         )
-    if duration is None and quote is not None and (quote.demand or {}).get("amount") != Amount.WORK:
+    if (
+        duration is None
+        and not request.open_ended
+        and quote is not None
+        and (quote.demand or {}).get("amount") != Amount.WORK
+    ):
         duration = quote.duration_hours
     if price > cap:
         raise OfferNotOrderable(f"offer {offer.pk} costs {price} USD/h, above your cap of {cap}")

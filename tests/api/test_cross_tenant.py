@@ -49,6 +49,12 @@ ROUTES = {
     "api/v1/clusters": "list (tests/marketplace/test_clusters_api.py: a stranger lists none of them)",
     "api/v1/clusters/<str:cluster_id>": "tests/marketplace/test_clusters_api.py (another organisation's: 404)",
     "api/v1/clusters/<str:cluster_id>/terminate": "tests/marketplace/test_clusters_api.py (another's: 404)",
+    "api/v1/fleets": "list (tests/api/test_fleets_api.py: a stranger lists none of them)",
+    "api/v1/fleets/<str:fleet_id>": "tests/api/test_fleets_api.py (another organisation's: 404, read or patch)",
+    "api/v1/fleets/<str:fleet_id>/end": "tests/api/test_fleets_api.py (another organisation's: 404)",
+    "api/v1/fleets/<str:fleet_id>/decisions": "tests/api/test_fleets_api.py (another organisation's: 404)",
+    "api/v1/fleets/<str:fleet_id>/metrics": "the fleet's own metrics token only; any other token or another "
+    "fleet's: 404 (tests/api/test_fleets_api.py)",
     "api/v1/budget": "own",
     "api/v1/invoice": "list",
     "api/v1/billing": "own (the caller's organisation: tests/marketplace/test_prepaid.py)",

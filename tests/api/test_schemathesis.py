@@ -47,6 +47,10 @@ STATEFUL_ACCEPTANCE = {
     "PATCH /api/v1/webhooks/{webhook_id}": "the URL must name a host that resolves to a public address",
     "POST /api/v1/billing/topups": "the organisation's email must be verified before its first top-up",
     "GET /api/v1/ledger/consistency": "old may not exceed new",
+    "POST /api/v1/fleets": "a rule's fields depend on its kind (a metric rule names its metric, a schedule rule "
+    "its windows); min_replicas at most max_replicas; a launch configuration names the organisation's own keys",
+    "PATCH /api/v1/fleets/{fleet_id}": "the fields change a fleet that must exist and be active; min_replicas at "
+    "most max_replicas, with the stored bounds",
 }
 
 

@@ -75,3 +75,15 @@ def test_a_schedule_window_past_midnight_belongs_to_the_day_it_began():
     assert decide(rule, view(now=NOON)).desired == 1
     wednesday_3am = dt.datetime(2026, 12, 9, 3, 0, tzinfo=dt.UTC)
     assert decide(rule, view(now=wednesday_3am)).desired == 1
+
+
+def test_a_new_fleet_bringing_up_its_minimum_scales_out_rather_than_replacing():
+    decision = decide(UTIL, view(running=0, desired_before=0, minimum=2))
+    assert (decision.action, decision.desired, decision.current) == (Action.SCALE_OUT, 2, 0)
+    assert decision.reason == "no telemetry from a running replica yet; the minimum is 2"
+
+
+def test_a_raised_minimum_is_a_scale_out_that_also_names_the_replicas_lost():
+    decision = decide(UTIL, view(running=1, desired_before=2, minimum=4))
+    assert (decision.action, decision.desired, decision.current) == (Action.SCALE_OUT, 4, 1)
+    assert decision.reason.endswith("; the minimum is 4; 1 replica to replace")
