@@ -51,6 +51,7 @@ from marketplace.models import (
     Order,
     OrderHealth,
     OrderState,
+    OutageCause,
     Payout,
     PayoutState,
     PeriodicRun,
@@ -59,7 +60,9 @@ from marketplace.models import (
     TopUp,
     TopUpState,
 )
-from providers.models import Machine, MachineHeartbeat, ProviderAccount, SyncStatus
+from marketplace.money import from_minor
+from marketplace.sla.selectors import credits_posted, open_outages_by_cause, orders_below_sla
+from providers.models import Machine, MachineHeartbeat, ProviderAccount, ProviderKind, SyncStatus
 
 # Seconds from placement until an order's machine was first ready.
 PROVISIONING_BUCKETS: tuple[int, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200)
@@ -87,6 +90,7 @@ class BrokerCollector:
         yield from self._jobs(now)
         yield from self._money(now)
         yield from self._fleets(now)
+        yield from self._slas(now)
 
     # --- Catalogue and accounts ------------------------------------------------------------------------------
 
@@ -193,6 +197,33 @@ class BrokerCollector:
         for action, n in FleetDecision.objects.order_by().values_list("action").annotate(n=Count("pk")):
             decisions.add_metric([action], n)
         yield decisions
+
+    # --- SLAs ----------------------------------------------------------------------------------------------------
+
+    def _slas(self, now: dt.datetime) -> Iterator[Metric]:
+        """What the broker measures of its sellers' promises: outages still open by cause (every cause shown,
+        zeros too, so an alert sees one end), running orders below their SLA this month by provider kind, and
+        the credits paid so far."""
+        outages = GaugeMetricFamily(
+            "broker_sla_outages_open", "Outages of running orders still open, by cause.", labels=["cause"]
+        )
+        open_now = open_outages_by_cause()
+        for cause in OutageCause.values:
+            outages.add_metric([cause], open_now.get(cause, 0))
+        below = GaugeMetricFamily(
+            "broker_sla_orders_below",
+            "Running orders whose measured availability this month is below their SLA, by provider kind.",
+            labels=["provider"],
+        )
+        counts = orders_below_sla(now=now)
+        for kind in ProviderKind.values:
+            below.add_metric([kind], counts.get(kind, 0))
+        count, total_minor = credits_posted()
+        yield from (outages, below)
+        yield CounterMetricFamily("broker_sla_credits", "SLA credits paid to buyers.", value=count)
+        yield CounterMetricFamily(
+            "broker_sla_credits_usd", "USD paid to buyers as SLA credits.", value=float(from_minor(total_minor, "USD"))
+        )
 
     def _provisioning(self) -> Iterator[Metric]:
         attempts = CounterMetricFamily(

@@ -126,22 +126,23 @@ def open_outages_by_cause() -> dict[str, int]:
     return {row["cause"]: row["n"] for row in rows}
 
 
-def orders_below_sla(*, now: dt.datetime) -> int:
-    """For the metrics: running orders whose availability this month so far is below their SLA. Reads only
-    orders with an open outage or one this month (the others are at 100 %)."""
+def orders_below_sla(*, now: dt.datetime) -> dict[str, int]:
+    """For the metrics: running orders whose availability this month so far is below their SLA, per provider
+    kind. Reads only orders with an open outage or one this month (the others are at 100 %)."""
     start = month_start(now)
     candidates = (
         Order.objects.filter(state=OrderState.RUNNING, offer__sla_availability__isnull=False)
-        .filter(Q(outages__ended_at__isnull=True) | Q(outages__ended_at__gt=start))
-        .select_related("offer")
+        # Through the outages themselves: a join would match an order with none (its outage columns NULL).
+        .filter(pk__in=Outage.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start)).values("order_id"))
+        .select_related("offer__account")
         .prefetch_related("instances", "stopped_periods", "outages")
-        .distinct()
     )
-    below = 0
+    below: dict[str, int] = {}
     for order in candidates:
         judged = sla_judge(order, period_start=start, period_end=now)
         if judged is not None and judged.measured.availability_pct < judged.committed_pct:
-            below += 1
+            kind = order.offer.account.kind
+            below[kind] = below.get(kind, 0) + 1
     return below
 
 
