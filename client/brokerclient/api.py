@@ -434,6 +434,49 @@ class BrokerClient:
         body: dict[str, Any] = self.post(f"clusters/{quote_path(cluster_id, safe='')}/terminate").body
         return body
 
+    # --- Fleets --------------------------------------------------------------------------------------------
+
+    def fleets(self, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The organisation's fleets, newest first."""
+        return self._pages("fleets", {}, limit, 100)
+
+    def fleet(self, fleet_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.get(f"fleets/{quote_path(fleet_id, safe='')}")
+        return body
+
+    def fleet_create(self, fleet: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Define a fleet; the answer carries its metrics token, once."""
+        body: dict[str, Any] = self.post("fleets", dict(fleet), idempotency_key=idempotency_key).body
+        return body
+
+    def fleet_update(self, fleet_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Change a fleet's limits, rule, price cap or budget; the next evaluation follows them."""
+        body: dict[str, Any] = self.request(
+            "PATCH", f"fleets/{quote_path(fleet_id, safe='')}", json_body=dict(changes)
+        ).body
+        return body
+
+    def fleet_end(self, fleet_id: str) -> dict[str, Any]:
+        """End the fleet: every replica terminated, none placed again (idempotent)."""
+        body: dict[str, Any] = self.post(f"fleets/{quote_path(fleet_id, safe='')}/end").body
+        return body
+
+    def fleet_decisions(self, fleet_id: str, *, limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """The fleet's scaling decisions, newest first."""
+        return self._pages(f"fleets/{quote_path(fleet_id, safe='')}/decisions", {}, limit, 100)
+
+    def fleet_metric(self, fleet_id: str, name: str, value: float, *, metrics_token: str) -> dict[str, Any]:
+        """Post one value of the fleet's metric with the fleet's own metrics token (``fmt_…``), as its workload
+        does; the client's API token is not sent."""
+        response = self._session.post(
+            f"{self.api_url}/fleets/{quote_path(fleet_id, safe='')}/metrics",
+            json={"name": name, "value": value},
+            headers={"Authorization": f"Bearer {metrics_token}", "Idempotency-Key": str(uuid.uuid4())},
+            timeout=self.timeout,
+        )
+        body: dict[str, Any] = self._answer(response, 1, None).body
+        return body
+
     def billing(self) -> dict[str, Any]:
         """Credit available, what running orders hold, and the billing details (needs billing:manage)."""
         body: dict[str, Any] = self.get("billing")

@@ -24,6 +24,7 @@ from brokerclient import bounds
 from brokerclient.api import ORDER_STATES, BrokerClient
 from brokerclient.commands_more import CommandUsageError, register, template_launch
 from brokerclient.errors import BrokerError
+from brokerclient.fleets import register_fleets
 from brokerclient.verify import Check, RememberedCheckpoint, VerificationResult, remembered_check, verify_receipt
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_UNVERIFIED, EXIT_PENDING = 0, 1, 2, 3, 4
@@ -744,19 +745,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("launch", parents=[common], help="quote, order, wait until ready, print how to connect")
     p.add_argument("--gpu", required=True, help="MODEL[:COUNT], e.g. H100:8 or T4 (a family means any variant)")
     p.add_argument("--template", help="start from a saved template (NAME or id) or the gallery's (gallery:SLUG)")
-    p.add_argument("--image", help="a container image to run on the GPUs")
-    p.add_argument(
-        "--run", dest="run_command", help="the command: in the container with --image, else a script on the machine"
-    )
-    p.add_argument("--script", help="a script file to run on the machine (instead of --run)")
-    p.add_argument("--env", action="append", help="NAME=VALUE for the workload; repeatable")
-    p.add_argument("--secret-env", action="append", help="NAME=VALUE kept secret (never shown again); repeatable")
-    p.add_argument("--port", action="append", help="ports to open (and expose from the container); repeatable")
-    p.add_argument("--allow", action="append", help="address ranges that may connect (default: this machine's)")
-    p.add_argument("--key", action="append", help="SSH key ids to install (default: all of the organisation's)")
-    p.add_argument("--shm", type=bounds.number(1, 1024, whole=True), help="shared memory for the container, GB")
-    p.add_argument("--disk", type=bounds.number(10, 16384, whole=True), help="disk size, GB")
-    p.add_argument("--vm-image", help="the machine image id (default: the cloud's GPU-ready image)")
+    launch_arguments(p)
     p.add_argument("--hours", help="stop after this many hours")
     p.add_argument("--spend-cap", help="stop once the order has cost this many USD")
     p.add_argument("--max-price", help="USD per hour at most")
@@ -772,7 +761,25 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_launch)
 
     register(sub, common)  # templates, clusters, billing
+    register_fleets(sub, common, launch_arguments=launch_arguments, launch_from=launch_config_from, table=table)
     return main
+
+
+def launch_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that describe a launch configuration (``launch_config_from`` reads them)."""
+    p.add_argument("--image", help="a container image to run on the GPUs")
+    p.add_argument(
+        "--run", dest="run_command", help="the command: in the container with --image, else a script on the machine"
+    )
+    p.add_argument("--script", help="a script file to run on the machine (instead of --run)")
+    p.add_argument("--env", action="append", help="NAME=VALUE for the workload; repeatable")
+    p.add_argument("--secret-env", action="append", help="NAME=VALUE kept secret (never shown again); repeatable")
+    p.add_argument("--port", action="append", help="ports to open (and expose from the container); repeatable")
+    p.add_argument("--allow", action="append", help="address ranges that may connect (default: this machine's)")
+    p.add_argument("--key", action="append", help="SSH key ids to install (default: all of the organisation's)")
+    p.add_argument("--shm", type=bounds.number(1, 1024, whole=True), help="shared memory for the container, GB")
+    p.add_argument("--disk", type=bounds.number(10, 16384, whole=True), help="disk size, GB")
+    p.add_argument("--vm-image", help="the machine image id (default: the cloud's GPU-ready image)")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

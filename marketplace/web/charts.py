@@ -325,3 +325,48 @@ def gpu_hours_chart(hours: Sequence[tuple[dt.datetime, Decimal, Decimal]], *, pe
         f"at most {top:g} in one line; in the latest hour {float(last[1]):g} rented and {float(last[2]):g} idle."
     )
     return _both(draw, wide=(1000, 240), narrow=(320, 220), title=f"GPUs rented and idle, {period}", desc=desc)
+
+
+def replicas_chart(
+    points: Sequence[tuple[dt.datetime, int, int]], *, until: dt.datetime, maximum: int, minimum: int
+) -> SafeString:
+    """A fleet's replicas over time, ``points`` being (moment, running, desired) at each change, oldest first:
+    running as a solid step line, desired as a dashed one, the fleet's maximum and minimum as thin bands, and a
+    tooltip on each stretch ("2026-12-07 14:05 UTC: 3 running, 4 wanted"). "" without points."""
+    if not points:
+        return mark_safe("")
+    since = points[0][0]
+    until = max(until, since + dt.timedelta(minutes=1))
+    top = max(maximum, *(max(r, d) for _, r, d in points))
+
+    def draw(fig: Figure, narrow: bool) -> tuple[Axes, list[Hover]]:
+        ax = fig.add_subplot()
+        moments = [m for m, _, _ in points] + [until]
+        running = [float(r) for _, r, _ in points]
+        desired = [float(d) for _, _, d in points]
+        at = mdates.date2num(moments)
+        ax.step(at, running + running[-1:], where="post", color=ACCENT, linewidth=2, label="live")
+        ax.step(at, desired + desired[-1:], where="post", color=PALETTE[1], linewidth=1.5, linestyle=(0, (4, 3)),
+                label="wanted")  # fmt: skip
+        ax.axhline(maximum, color=IDLE, linewidth=1, linestyle=(0, (1, 2)), label=f"maximum {maximum}")
+        if minimum:
+            ax.axhline(minimum, color=IDLE, linewidth=1, linestyle=(0, (1, 4)), label=f"minimum {minimum}")
+        _time_axis(ax, narrow=narrow, since=since, until=until)
+        ax.set_ylim(0, max(top * 1.15, 1))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+        ax.set_ylabel("Replicas")
+        fig.legend(loc="outside upper right", ncols=4 if not narrow else 2)
+        ends = moments[1:]
+        hovers = [
+            Hover(start=m, end=e, value=float(max(r, d)), text=f"{_stamp(m)}: {r} live, {d} wanted")
+            for (m, r, d), e in zip(points, ends, strict=True)
+        ]
+        return ax, hovers
+
+    last = points[-1]
+    desc = (
+        f"Step chart of the fleet's replicas from {_stamp(since)} to {_stamp(until)}: {len(points)} change"
+        f"{'s' if len(points) != 1 else ''}, at most {max(r for _, r, _ in points)} live; now {last[1]} live "
+        f"and {last[2]} wanted, between a minimum of {minimum} and a maximum of {maximum}."
+    )
+    return _both(draw, wide=(1000, 260), narrow=(320, 240), title="Replicas over time", desc=desc)

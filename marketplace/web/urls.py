@@ -3,6 +3,7 @@ from django.urls import path
 from marketplace.web import (
     billing,
     clusters,
+    fleets,
     gallery,
     invoices,
     keys_templates,
@@ -68,5 +69,8 @@ urlpatterns = [
     path("orders/<str:order_id>/restart", order_actions.order_action_view, {"action": "restart"}, name="order-restart"),
     path("orders/<str:order_id>/receipt", views.order_receipt, name="order-receipt"),
     path("clusters/<str:cluster_id>/", clusters.cluster_detail, name="cluster-detail"),
+    path("fleets/", fleets.fleet_list, name="fleets"),
+    path("fleets/<str:fleet_id>/", fleets.fleet_detail, name="fleet-detail"),
+    path("fleets/<str:fleet_id>/end", fleets.fleet_end_view, name="fleet-end"),
     path("clusters/<str:cluster_id>/terminate", clusters.cluster_terminate_view, name="cluster-terminate"),
 ]

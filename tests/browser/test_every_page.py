@@ -27,9 +27,11 @@ from marketplace.billing.book import Line, book_account, book_post
 from marketplace.billing.invoices import invoice_issue
 from marketplace.billing.verification import email_verification_token
 from marketplace.catalog.services import offers_ingest
+from marketplace.fleets.services import fleet_evaluate
 from marketplace.models import (
     BookAccountKind,
     Cluster,
+    Fleet,
     Offer,
     Order,
     OrderState,
@@ -84,6 +86,8 @@ NOT_PAGES = {
             "/stop",
             "/start",
             "/restart",
+            "/end",
+            "/sla",
         )
     )
     or route.startswith("templates/gallery/")  # Use and Copy: POSTs from the Templates page
@@ -125,6 +129,8 @@ PAGES = [
     Page("order-ended", "orders/<str:order_id>/", "buyer", "/orders/{ended}/"),
     Page("receipt", "orders/<str:order_id>/receipt", "buyer", "/orders/{ended}/receipt"),
     Page("cluster", "clusters/<str:cluster_id>/", "buyer", "/clusters/{cluster}/"),
+    Page("fleets", "fleets/", "buyer", "/fleets/"),
+    Page("fleet", "fleets/<str:fleet_id>/", "buyer", "/fleets/{fleet}/"),
     Page("order-configure", "orders/new", "buyer", "/orders/new?offer={offer}"),
     Page("order-configure-quote", "orders/new", "buyer", "/orders/new?quote={quote}"),
     # Reached by sending the configure form: first without a run time, then with one.
@@ -205,6 +211,13 @@ def world(aws_sandbox, _aws_quotes, gpu_models, acme, alice, django_capture_on_c
     with django_capture_on_commit_callbacks(execute=True):
         cluster = api.post("/api/v1/clusters", {"offer": pair.pk, "nodes": 2}, format="json")
     assert cluster.status_code == 201, cluster.json()
+    fleet_body = {"name": "web", "demand": {"gpu_models": ["T4"]}, "max_price_per_gpu_hour": "5", "min_replicas": 1,
+                  "max_replicas": 3, "rule": {"kind": "utilization", "target": 60},
+                  "launch": {"allowed_cidrs": ["127.0.0.1/32"]}}  # fmt: skip
+    fleet = api.post("/api/v1/fleets", fleet_body, format="json")
+    assert fleet.status_code == 201, fleet.json()
+    with django_capture_on_commit_callbacks(execute=True):
+        fleet_evaluate(fleet_id=Fleet.objects.get().pk)
     api.post("/api/v1/launch-templates", {"name": "alice-dev", "launch": {"allowed_cidrs": ["198.51.100.0/24"]}},
              format="json")  # fmt: skip
     quote = api.post("/api/v1/quotes", {"profile": "inference"}, format="json").json()["quotes"][0]
@@ -234,6 +247,7 @@ def world(aws_sandbox, _aws_quotes, gpu_models, acme, alice, django_capture_on_c
             "running": running.public_id,
             "ended": ended.public_id,
             "cluster": Cluster.objects.get().public_id,
+            "fleet": Fleet.objects.get().public_id,
             "quote": quote["id"],
             "webhook": hook["id"],
             "account": account.pk,
