@@ -136,9 +136,13 @@ def _rule_wants(rule: ScalingRule, view: FleetView, held: int) -> tuple[int, str
     per_replica = view.load / view.running
     needed = max(1, math.ceil(view.load / rule.target - 1e-9))
     said = f"{per_replica:.1f}{unit} per replica against a target of {rule.target:g}"
-    if per_replica > rule.target * (1 + rule.tolerance) and needed > held:
-        return needed, f"{said}: {needed} needed"
-    if per_replica < rule.target * (1 - rule.tolerance) and needed < held:
+    if per_replica > rule.target * (1 + rule.tolerance):
+        if needed > held:
+            return needed, f"{said}: {needed} needed"
+        return held, f"{said}: the {held} ordered carry it once {view.starting} starting run"
+    if per_replica < rule.target * (1 - rule.tolerance):
+        if needed >= held:
+            return held, f"{said}: {held} is the fewest that carry it"
         if view.starting:
             return held, f"{said}, but {view.starting} still starting"
         return needed, f"{said}: {needed} enough"

@@ -87,3 +87,15 @@ def test_a_raised_minimum_is_a_scale_out_that_also_names_the_replicas_lost():
     decision = decide(UTIL, view(running=1, desired_before=2, minimum=4))
     assert (decision.action, decision.desired, decision.current) == (Action.SCALE_OUT, 4, 1)
     assert decision.reason.endswith("; the minimum is 4; 1 replica to replace")
+
+
+def test_a_light_load_on_the_fewest_replicas_says_so_rather_than_within_the_band():
+    decision = decide(UTIL, view(running=1, desired_before=1, load=7.0))
+    assert (decision.action, decision.desired) == (Action.HOLD, 1)
+    assert decision.reason == "7.0% GPU utilization per replica against a target of 60: 1 is the fewest that carry it"
+
+
+def test_a_heavy_load_already_answered_by_starting_replicas_holds_saying_why():
+    decision = decide(UTIL, view(running=1, starting=2, desired_before=3, load=150.0))
+    assert (decision.action, decision.desired) == (Action.HOLD, 3)
+    assert decision.reason.endswith("the 3 ordered carry it once 2 starting run")
