@@ -39,6 +39,7 @@ def test_the_fleet_page_shows_replicas_over_time_cost_replicas_and_each_decision
     assert '<svg xmlns="http://www.w3.org/2000/svg"' in html and "Replicas over time" in html
     assert "Step chart of the fleet&#x27;s replicas" in html or "Step chart of the fleet's replicas" in html
     assert f"/orders/{replica.public_id}/" in html and replica.offer.instance_type in html
+    assert f'<span class="tag {replica.pricing_model}">' in html
     assert "no telemetry from a running replica yet; the minimum is 1" in html
     assert '<span class="tag scale_out">scale out</span>' in html and "0 → 1" in html
     assert '<div class="figure">10<span class="of"> queue_depth per replica</span></div>' in html
