@@ -174,6 +174,9 @@ ROUTES = {
     "orders/<str:order_id>/receipt": "object",
     "clusters/<str:cluster_id>/": "tests/marketplace/test_storefront_clusters.py (another organisation's: 404)",
     "clusters/<str:cluster_id>/terminate": "tests/marketplace/test_storefront_clusters.py (another's: 404)",
+    "fleets/": "list (tests/marketplace/test_storefront_fleets.py: a stranger's list shows none of them)",
+    "fleets/<str:fleet_id>/": "tests/marketplace/test_storefront_fleets.py (another organisation's: 404)",
+    "fleets/<str:fleet_id>/end": "tests/marketplace/test_storefront_fleets.py (another's: 404, the fleet unended)",
 }
 
 
