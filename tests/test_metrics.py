@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger.checkpoints import ledger_checkpoint_and_anchor
 from ledger.models import Checkpoint, LedgerHead
+from marketplace.fleets.services import fleet_create, fleet_evaluate
 from marketplace.models import Lease, Offer, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.orders.silence import orders_silence_sweep
@@ -255,7 +256,6 @@ def test_a_running_order_whose_agent_fell_silent_counts_as_degraded_until_it_rep
 def test_fleets_are_scraped_by_public_id_with_their_bounds_budget_and_decisions(
     client, acme, alice, django_assert_max_num_queries
 ):
-    from marketplace.fleets.services import fleet_create, fleet_evaluate
 
     data = {
         "name": "inference",

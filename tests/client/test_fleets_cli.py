@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from brokerclient.fleets import schedule_window
 
 from marketplace.api.tokens import api_token_create
 from marketplace.fleets.services import fleet_evaluate
@@ -103,8 +104,6 @@ def test_wrong_fleet_command_lines_are_refused_naming_what_is_wrong(cli_env):
 
 
 def test_a_schedule_is_read_in_utc_days_and_ranges(cli_env):
-    from brokerclient.fleets import schedule_window
-
     assert schedule_window("mon-fri 09:00-18:00=4") == {"days": [0, 1, 2, 3, 4], "start": "09:00", "end": "18:00",
                                                         "replicas": 4}  # fmt: skip
     assert schedule_window("sat,sun 00:00-24:00=1")["days"] == [5, 6]

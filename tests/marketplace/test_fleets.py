@@ -36,6 +36,7 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from marketplace.orders.errors import IdempotencyConflict
 from marketplace.orders.services import order_terminate
 from marketplace.orders.transitions import order_transition
 from tests.leases import boot_if_launched
@@ -138,7 +139,6 @@ def test_the_same_idempotency_key_returns_the_first_fleet_and_another_body_confl
     again = fleet_create(organization=acme, user=alice, data=_data(), idempotency_key="k1", now=T0)
 
     assert (again.fleet.pk, again.created, again.metrics_token) == (first.fleet.pk, False, None)
-    from marketplace.orders.errors import IdempotencyConflict
 
     with pytest.raises(IdempotencyConflict):
         fleet_create(organization=acme, user=alice, data=_data(name="other"), idempotency_key="k1", now=T0)
