@@ -131,6 +131,8 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
             )
         )
         self._images: dict[str, str] = {}
+        self._image_facts: dict[tuple[str, str], launching.ImageFacts] = {}
+        self._made: dict[tuple[str, str, str, str], tuple[str, frozenset[launching.Permission]]] = {}
         self.price_refusals: list[catalog.PriceRefusal] = []
 
     def _now(self) -> datetime:

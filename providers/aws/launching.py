@@ -58,6 +58,8 @@ RESOURCE_PREFIX = "broker-"
 IN_USE = "DependencyViolation"
 GROUP_GONE = frozenset({"InvalidGroup.NotFound", "InvalidGroupId.NotFound"})
 ALREADY_THERE = frozenset({"InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate", "InvalidPermission.Duplicate"})
+# EC2's answer to a group created without a VpcId in a region that has no default VPC.
+NO_DEFAULT_VPC = "VPCIdNotSpecified"
 # Placement groups ("Error codes for the Amazon EC2 API", same page): a name taken in the Region, a name the
 # Region does not know, and a group that still holds instances (DeletePlacementGroup) or holds them in another
 # Availability Zone (RunInstances into a cluster group).

@@ -29,10 +29,20 @@ class AwsOrderResources(ProviderAdapter):
     """The order-resource half of ``AwsAdapter`` (see its docstring for the options it reads). Every resource is
     named ``broker-<order>`` and tagged ``broker:order``, so a repeat finds it instead of making another, and
     ``release_order_resources`` finds what an order left.
+
+    Each resource is created first and looked up only when EC2 answers that it exists already (a repeated or
+    racing launch), so a first launch makes no reads for it. What one adapter made or read it remembers
+    (``_made``, ``_image_facts``): the next attempt of the same order in the same region, from the same task,
+    asks EC2 nothing again. Adapters are built per task, so nothing remembered outlives one.
     """
 
     _client: AwsClient
     _images: dict[str, str]
+    # (region, image id or "" for the region's current DLAMI) -> what EC2 said of that image
+    _image_facts: dict[tuple[str, str], launching.ImageFacts]
+    # ("key_pair" | "security_group", region, VPC id or "" for the default VPC, name) -> the resource's id and, for
+    # a group, the (protocol, port, range) permissions it holds
+    _made: dict[tuple[str, str, str, str], tuple[str, frozenset[launching.Permission]]]
 
     def _placement_group(self, region: str, name: str) -> None:
         """The cluster placement group ``name`` in ``region``, created unless it exists: a repeated or racing
@@ -132,7 +142,7 @@ class AwsOrderResources(ProviderAdapter):
                 provider=errors.PROVIDER,
             )
         subnet = self._subnet(spec.region, spec.zone)
-        vpc_id = subnet[1] if subnet else self._default_vpc(spec.region)
+        vpc_id = subnet[1] if subnet else None  # None: the region's default VPC, which EC2 picks itself
         params: dict[str, Any] = {
             "ImageId": facts.image_id,
             "SecurityGroupIds": [self._security_group(spec, vpc_id, boot.ingress)],
@@ -149,7 +159,15 @@ class AwsOrderResources(ProviderAdapter):
 
     def _image(self, region: str, image_id: str | None) -> launching.ImageFacts:
         """The image to boot (the buyer's, the account's ``image_id`` or the region's current DLAMI) as EC2
-        describes it; ``ImageUnavailable`` naming the region when it does not exist there."""
+        describes it; ``ImageUnavailable`` naming the region when it does not exist there. Read once per adapter
+        and region: a failover within the region boots the image the first attempt checked."""
+        key = (region, image_id or "")
+        known = self._image_facts.get(key)
+        if known is None:
+            known = self._image_facts[key] = self._image_read(region, image_id)
+        return known
+
+    def _image_read(self, region: str, image_id: str | None) -> launching.ImageFacts:
         if image_id is None:
             try:
                 image_id = self._client.parameter(region, launching.DLAMI_PARAMETER)
@@ -208,11 +226,11 @@ class AwsOrderResources(ProviderAdapter):
         return str(vpcs[0]["VpcId"])
 
     def _key_pair(self, region: str, order_ref: str, key: SshPublicKey) -> str:
-        """The order's key pair in ``region``, imported unless it exists: found by name, so a repeated launch
-        (or a racing one, answered ``InvalidKeyPair.Duplicate``) imports nothing twice."""
+        """The order's key pair in ``region``, imported unless it exists: a repeated or racing launch is answered
+        ``InvalidKeyPair.Duplicate``, which means the order's pair is there, so nothing is imported twice."""
         name = launching.resource_name(order_ref)
-        found = self._client.call(region, "describe_key_pairs", Filters=[{"Name": "key-name", "Values": [name]}])
-        if found.get("KeyPairs"):
+        made = ("key_pair", region, "", name)
+        if made in self._made:
             return name
         try:
             self._client.call(
@@ -225,31 +243,22 @@ class AwsOrderResources(ProviderAdapter):
         except ProviderRequestRejected as exc:
             if exc.code not in launching.ALREADY_THERE:
                 raise
+        self._made[made] = (name, frozenset())
         return name
 
-    def _security_group(self, spec: LaunchSpec, vpc_id: str, ingress: Sequence[IngressRule]) -> str:
-        """The order's security group in the launch's VPC, with every (port, CIDR) of the boot let in: created
-        unless it exists, and only the missing rules added, so repeating the launch changes nothing."""
+    def _security_group(self, spec: LaunchSpec, vpc_id: str | None, ingress: Sequence[IngressRule]) -> str:
+        """The order's security group in the launch's VPC (None: the region's default VPC), with every (port,
+        CIDR) of the boot let in: created unless it exists, and only the missing rules added, so repeating the
+        launch changes nothing. A group just created has no inbound rule yet (a new group starts with the
+        outbound allow-all rule only: Amazon VPC user guide, security groups), so only a group that was there
+        already is read."""
         region, name = spec.region, launching.resource_name(spec.order_ref)
-        group = self._find_group(region, vpc_id, name)
-        if group is None:
-            try:
-                self._client.call(
-                    region,
-                    "create_security_group",
-                    GroupName=name,
-                    Description=f"gpu-broker order {spec.order_ref}",
-                    VpcId=vpc_id,
-                    TagSpecifications=launching.order_tags("security-group", spec.order_ref),
-                )
-            except ProviderRequestRejected as exc:
-                if exc.code not in launching.ALREADY_THERE:
-                    raise
-            group = self._find_group(region, vpc_id, name)
-            if group is None:
-                raise errors.malformed(f"security group {name} was created but is not found in {vpc_id}")
-        group_id = str(group["GroupId"])
-        present = launching.existing_permissions(group.get("IpPermissions") or [])
+        made = ("security_group", region, vpc_id or "", name)
+        known = self._made.get(made)
+        if known is not None:
+            group_id, present = known
+        else:
+            group_id, present = self._group_create(spec, vpc_id, name)
         missing = [p for p in launching.wanted_permissions(ingress) if p not in present]
         if missing:
             try:
@@ -263,7 +272,40 @@ class AwsOrderResources(ProviderAdapter):
             except ProviderRequestRejected as exc:
                 if exc.code not in launching.ALREADY_THERE:  # a racing launch added them first
                     raise
+        self._made[made] = (group_id, present | frozenset(missing))
         return group_id
+
+    def _group_create(
+        self, spec: LaunchSpec, vpc_id: str | None, name: str
+    ) -> tuple[str, frozenset[launching.Permission]]:
+        """Create the order's group: its id and the permissions it holds (none). When it exists already, the
+        existing one's id and permissions."""
+        region = spec.region
+        try:
+            created = self._client.call(
+                region,
+                "create_security_group",
+                GroupName=name,
+                Description=f"gpu-broker order {spec.order_ref}",
+                TagSpecifications=launching.order_tags("security-group", spec.order_ref),
+                **({"VpcId": vpc_id} if vpc_id else {}),
+            )
+        except ProviderRequestRejected as exc:
+            if exc.code == launching.NO_DEFAULT_VPC:
+                raise ProviderRequestRejected(
+                    f"{region} has no default VPC; set options.subnet_id", code=exc.code, provider=errors.PROVIDER
+                ) from exc
+            if exc.code not in launching.ALREADY_THERE:
+                raise
+        else:
+            group_id = created.get("GroupId")
+            if not group_id:
+                raise errors.malformed(f"create_security_group answered without GroupId for {name}")
+            return str(group_id), frozenset()
+        group = self._find_group(region, vpc_id or self._default_vpc(region), name)
+        if group is None:
+            raise errors.malformed(f"security group {name} exists in {region} but is not found")
+        return str(group["GroupId"]), frozenset(launching.existing_permissions(group.get("IpPermissions") or []))
 
     def _find_group(self, region: str, vpc_id: str, name: str) -> dict[str, Any] | None:
         groups = self._client.pages(
@@ -278,6 +320,8 @@ class AwsOrderResources(ProviderAdapter):
         """Delete the order's security groups and key pairs in every region. A group an instance still uses
         (``DependencyViolation``, e.g. while it shuts down) is returned for a later sweep; what is gone is
         skipped, so a repeat is harmless."""
+        name = launching.resource_name(order_ref)
+        self._made = {made: known for made, known in self._made.items() if made[3] != name}
         remaining: list[OrderResource] = []
         for region in self.regions:
             groups = self._client.pages(

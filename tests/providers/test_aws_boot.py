@@ -333,6 +333,40 @@ def test_a_repeated_launch_creates_no_second_key_pair_group_or_rule(
     assert (len(_key_pairs(held)), len(_groups(held)), len(held.instances())) == (1, 1, 1)
 
 
+def test_a_first_launch_makes_its_key_pair_and_group_without_looking_for_them_first(
+    held: AwsSandbox, aws_adapter: AdapterFactory
+) -> None:
+    aws_adapter().launch(_spec())
+
+    # Created first, looked up only when EC2 answers that they exist: a first launch reads none of them, and
+    # the group goes into the default VPC without asking which it is (CreateSecurityGroup without VpcId).
+    ec2 = [c.action for c in held.calls() if c.service == "ec2"]
+    assert ec2 == [
+        "DescribeImages",
+        "CreateSecurityGroup",
+        "AuthorizeSecurityGroupIngress",
+        "ImportKeyPair",
+        "RunInstances",
+    ]
+
+
+def test_a_launch_repeated_by_another_adapter_finds_the_orders_resources_and_adds_nothing(
+    held: AwsSandbox, aws_adapter: AdapterFactory
+) -> None:
+    first = aws_adapter().launch(_spec())
+
+    # A redelivered task builds a new adapter: EC2 answers its ImportKeyPair and CreateSecurityGroup with
+    # InvalidKeyPair.Duplicate and InvalidGroup.Duplicate, the group is read back once with its rules, and no
+    # rule is missing, so none is added.
+    again = aws_adapter().launch(_spec())
+    actions = ("ImportKeyPair", "CreateSecurityGroup", "DescribeSecurityGroups", "AuthorizeSecurityGroupIngress")
+    counts = [len(held.calls(a)) for a in actions]
+
+    assert again.instance_id == first.instance_id
+    assert counts == [2, 2, 1, 1]
+    assert (len(_key_pairs(held)), len(_groups(held)), len(held.instances())) == (1, 1, 1)
+
+
 def test_a_second_attempt_in_the_region_reuses_the_orders_resources(
     held: AwsSandbox, aws_adapter: AdapterFactory
 ) -> None:
