@@ -318,7 +318,13 @@ def offer_view(offer: Offer, **engine_fields: Any) -> OfferView:
 
 def offer_views_for(*, gpu_model: str, min_gpu_count: int) -> list[OfferView]:
     """Candidate offers for matching: available, enabled accounts, the right GPU model and count."""
-    qs = (
+    return [offer_view(o) for o in offers_for_matching(gpu_model=gpu_model, min_gpu_count=min_gpu_count)]
+
+
+def offers_for_matching(*, gpu_model: str, min_gpu_count: int) -> list[Offer]:
+    """The offers behind ``offer_views_for``, with their GPU model and account: a caller that ranks their views
+    has the winner's row at hand without reading it again."""
+    return list(
         Offer.objects.filter(
             status=OfferStatus.AVAILABLE,
             account__enabled=True,
@@ -328,7 +334,6 @@ def offer_views_for(*, gpu_model: str, min_gpu_count: int) -> list[OfferView]:
         .select_related("gpu_model", "account")
         .order_by("id")
     )
-    return [offer_view(o) for o in qs]
 
 
 def gpu_spec(model: GpuModel) -> GpuSpec:

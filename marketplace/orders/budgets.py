@@ -52,8 +52,21 @@ def _month_start(now: dt.datetime) -> dt.datetime:
 
 
 def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStatus:
+    """Both figures beside both budgets, whether set or not (what the spending page shows)."""
+    return BudgetStatus(
+        live_per_hour=_live_per_hour(organization),
+        month_to_date=_month_to_date(organization, now=now),
+        budget_per_hour=organization.budget_per_hour,
+        budget_monthly=organization.budget_monthly,
+    )
+
+
+def _live_per_hour(organization: Organization) -> Decimal:
     live = Order.objects.filter(organization=organization, state__in=LIVE_STATES)
-    live_per_hour = live.aggregate(total=Sum("price_per_hour"))["total"] or Decimal(0)
+    return live.aggregate(total=Sum("price_per_hour"))["total"] or Decimal(0)
+
+
+def _month_to_date(organization: Organization, *, now: dt.datetime) -> Decimal:
     start = _month_start(now)
     by_order: dict[int, Decimal] = defaultdict(Decimal)
     instances = Instance.objects.filter(order__organization=organization, ready_at__isnull=False).exclude(
@@ -65,38 +78,36 @@ def budget_status(organization: Organization, *, now: dt.datetime) -> BudgetStat
         seconds = max(0.0, (end - begin).total_seconds())
         by_order[instance.order_id] += instance.order.price_per_hour * Decimal(int(seconds)) / 3600
     # Each order's usage rounded once, then summed (marketplace.money), as its invoice line will be charged.
-    month = lines_total(minor_units(amount, _USD) for amount in by_order.values())
-    return BudgetStatus(
-        live_per_hour=live_per_hour,
-        month_to_date=from_minor(month, _USD),
-        budget_per_hour=organization.budget_per_hour,
-        budget_monthly=organization.budget_monthly,
-    )
+    return from_minor(lines_total(minor_units(amount, _USD) for amount in by_order.values()), _USD)
 
 
 def budget_check(organization: Organization, *, adding_per_hour: Decimal, now: dt.datetime) -> list[str]:
     """Refuse (``BudgetExceeded``) an order of ``adding_per_hour`` that the budgets do not allow; return
     the warnings for one they allow. The caller holds a lock on the organisation's row."""
-    status = budget_status(organization, now=now)
+    # Only the figures a budget is set for are read: an organisation without budgets places without reading
+    # its orders (the month's usage walks every instance it ran this month).
     warn_share = Decimal(str(settings.BUDGET_WARN_SHARE))
     warnings: list[str] = []
-    if status.budget_per_hour is not None:
-        after = status.live_per_hour + adding_per_hour
-        if after > status.budget_per_hour:
+    per_hour, monthly = organization.budget_per_hour, organization.budget_monthly
+    if per_hour is not None:
+        live_per_hour = _live_per_hour(organization)
+        after = live_per_hour + adding_per_hour
+        if after > per_hour:
             raise BudgetExceeded(
                 f"this order would take your live orders to ${after:.2f}/h, above the hourly budget of "
-                f"${status.budget_per_hour}/h (now ${status.live_per_hour:.2f}/h)"
+                f"${per_hour}/h (now ${live_per_hour:.2f}/h)"
             )
-        if after >= status.budget_per_hour * warn_share:
-            warnings.append(f"live orders at ${after:.2f}/h of the ${status.budget_per_hour}/h hourly budget")
-    if status.budget_monthly is not None:
-        if status.month_to_date >= status.budget_monthly:
+        if after >= per_hour * warn_share:
+            warnings.append(f"live orders at ${after:.2f}/h of the ${per_hour}/h hourly budget")
+    if monthly is not None:
+        month_to_date = _month_to_date(organization, now=now)
+        if month_to_date >= monthly:
             raise BudgetExceeded(
-                f"this month's usage ${status.month_to_date} has reached the monthly budget of "
-                f"${status.budget_monthly}; no new orders until it is raised or the month ends"
+                f"this month's usage ${month_to_date} has reached the monthly budget of "
+                f"${monthly}; no new orders until it is raised or the month ends"
             )
-        if status.month_to_date >= status.budget_monthly * warn_share:
-            warnings.append(f"this month's usage is ${status.month_to_date} of the ${status.budget_monthly} budget")
+        if month_to_date >= monthly * warn_share:
+            warnings.append(f"this month's usage is ${month_to_date} of the ${monthly} budget")
     return warnings
 
 
@@ -129,7 +140,7 @@ def budget_room_per_hour(order: Order, *, now: dt.datetime) -> Decimal | None:
     organization = Organization.objects.get(pk=order.organization_id)
     if organization.budget_per_hour is None:
         return None
-    others = budget_status(organization, now=now).live_per_hour
+    others = _live_per_hour(organization)
     if order.state in LIVE_STATES:
         others -= order.price_per_hour
     return max(Decimal(0), organization.budget_per_hour - others)

@@ -16,10 +16,11 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Case, When
 from django.utils import timezone
 
 from ledger.services import ledger_append
-from marketplace.catalog.selectors import offer_view, offer_views_for
+from marketplace.catalog.selectors import offer_view, offers_for_matching
 from marketplace.launch.leases import boot_spec, lease_end, lease_open
 from marketplace.matching import Demand, rank_offers
 from marketplace.models import (
@@ -34,7 +35,7 @@ from marketplace.models import (
     WebhookEventType,
 )
 from marketplace.orders.bids import machine_of, outbid_possible, preemption_pending
-from marketplace.orders.blocks import order_exclusion
+from marketplace.orders.blocks import order_exclusion, provider_blocks
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.clusters import placement_group_name
 from marketplace.orders.errors import TransitionRefused
@@ -79,8 +80,9 @@ def attempt_ledger(attempt: Attempt, kind: str, **fields: object) -> None:
     )
 
 
-def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
-    """The buyer's chosen offer first; after a failure, the best remaining offer for the same demand."""
+def _next_offer(order: Order, now: dt.datetime, *, tried: bool) -> Offer | None:
+    """The buyer's chosen offer first (``tried``: the order has had an attempt already); after a failure, the
+    best remaining offer for the same demand."""
     share = float((order.offer.extra or {}).get(GPU_FRACTION, 1.0))
     demand = Demand(
         gpu_count=order.gpu_count,
@@ -90,10 +92,11 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
         max_price_per_hour=order.max_price_per_hour,
         fractions=share < 1,  # the buyer picked a slice: slices of that share serve it (filtered below)
     )
-    exclusion = order_exclusion(order, now=now)
+    # An order that has tried nothing has no failures of its own to avoid: only the blocks shared by all.
+    exclusion = order_exclusion(order, now=now) if tried else provider_blocks(now=now)
     max_age = dt.timedelta(seconds=settings.OFFER_MAX_AGE_S)
-    if not order.attempts.exists():
-        first = Offer.objects.select_related("gpu_model", "account").get(pk=order.offer_id)
+    if not tried:
+        first = order.offer  # read with its GPU model and account, with the order, by order_provision
         # A quote locked its price: its offer is launched at that price even if the listing has risen since.
         first_demand = dataclasses.replace(demand, max_price_per_hour=None) if order.quote_id else demand
         # The buyer's pick is skipped while another order's failure blocks its zone, region or account.
@@ -107,19 +110,21 @@ def _next_offer(order: Order, now: dt.datetime) -> Offer | None:
             return first
     if not order.allow_failover:
         return None
-    candidates = offer_views_for(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)
+    listed = {o.pk: o for o in offers_for_matching(gpu_model=order.gpu_model.key, min_gpu_count=order.gpu_count)}
     # Same GPU count only: a bigger machine would bill the buyer for GPUs the order did not ask for. And the
     # same share of a card: a whole GPU never fails over to a slice of one (AWS g6f, a MIG profile), nor a
     # slice to another size.
     candidates = [
-        c for c in candidates if c.gpu_count == order.gpu_count and math.isclose(c.gpu_fraction, share, rel_tol=1e-6)
+        c
+        for c in map(offer_view, listed.values())
+        if c.gpu_count == order.gpu_count and math.isclose(c.gpu_fraction, share, rel_tol=1e-6)
     ]
     # A dearer offer must also fit the organisation's hourly budget, this order's own rate set aside.
     room = budget_room_per_hour(order, now=now)
     if room is not None and room < (demand.max_price_per_hour or room):
         demand = dataclasses.replace(demand, max_price_per_hour=room)
     best = rank_offers(demand, candidates, now=now, max_age=max_age, exclusion=exclusion).best
-    return None if best is None else Offer.objects.select_related("account").get(pk=best.offer.offer_id)
+    return None if best is None else listed[best.offer.offer_id]
 
 
 def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt | None:
@@ -167,7 +172,8 @@ def attempt_fail(*, attempt: Attempt, error: ProviderError) -> None:
         )
         if updated:
             attempt_ledger(attempt, "attempt.failed", error_class=error.error_class, provider_code=error.code)
-        reservation_release(attempt_id=attempt.pk)
+        if attempt.reserved:  # set with its units in the transaction that took them (reservation_take)
+            reservation_release(attempt_id=attempt.pk)
         lease_end(attempt_id=attempt.pk)
 
 
@@ -226,22 +232,36 @@ def order_provision(*, order_id: int) -> Step:
     the order is still provisioning: each new attempt first claims the order's row, so an order ended while
     a launch was in flight gets no further attempt and no second machine.
     """
-    order = Order.objects.select_related("gpu_model", "offer", "launch_config").get(pk=order_id)
+    order = Order.objects.select_related("gpu_model", "offer__gpu_model", "offer__account", "launch_config").get(
+        pk=order_id
+    )
+    started_here = False
     if order.state == OrderState.PLACED:
         try:
             order = order_transition(order=order, to=OrderState.PROVISIONING)
+            started_here = True
         except TransitionRefused:
             order.refresh_from_db()
     if order.state != OrderState.PROVISIONING:
         return Step.DONE
-    if Instance.objects.filter(order=order, active=True).exists():
+    # An order this task just moved out of placed has had no attempt, so no instance: nothing to look for.
+    if not started_here and Instance.objects.filter(order=order, active=True).exists():
         return Step.POLL
+    # One adapter per account for the whole task: a failover within the account reuses its SDK clients and what
+    # it already read or made for this order (the image, the security group), instead of asking again.
+    adapters: dict[int, ProviderAdapter] = {}
     while True:
         now = timezone.now()
-        attempt = order.attempts.select_related("offer__account").filter(outcome=AttemptOutcome.PENDING).first()
+        # One read answers both questions: the pending attempt sorts first; any other means one was made before.
+        head = (
+            order.attempts.select_related("offer__account")
+            .order_by(Case(When(outcome=AttemptOutcome.PENDING, then=0), default=1), "pk")
+            .first()
+        )
+        attempt = head if head is not None and head.outcome == AttemptOutcome.PENDING else None
         fresh = attempt is None
         if attempt is None:
-            offer = _next_offer(order, now)
+            offer = _next_offer(order, now, tried=head is not None)
             if offer is None:
                 try:
                     order_transition(order=order, to=OrderState.FAILED, reason=_failure_summary(order))
@@ -257,13 +277,16 @@ def order_provision(*, order_id: int) -> Step:
                 continue
         offer = attempt.offer
         spec = _launch_spec(order, attempt)
-        adapter = adapter_for_account(offer.account)
+        adapter = adapters.get(offer.account_id)
+        if adapter is None:
+            adapter = adapters[offer.account_id] = adapter_for_account(offer.account)
         if fresh and not _launch_acceptable(adapter, attempt, spec):
             continue
         # Only a fresh attempt: a resumed one may already have launched, and its machine counts in the usage.
         if fresh and not _quota_allows(adapter, attempt, spec):
             continue
-        if preemption_pending(attempt_id=attempt.pk):
+        # Only an attempt holding units outbids anyone (reservations.py gives notice as it takes them).
+        if attempt.reserved and preemption_pending(attempt_id=attempt.pk):
             # Its GPUs still run an order it outbid, under notice: the sweep that ends that order wakes this one.
             log.info("order %s attempt %s waits for an outbid order to leave", order.public_id, attempt.number)
             return Step.WAIT
@@ -275,9 +298,8 @@ def order_provision(*, order_id: int) -> Step:
             log.info("order %s attempt %s failed: %s", order.public_id, attempt.number, exc)
             attempt_fail(attempt=attempt, error=exc)
             continue
-        record_launch(order, attempt, handle)
-        order.refresh_from_db(fields=["state"])
-        if order.state != OrderState.PROVISIONING:
+        if not record_launch(order, attempt, handle):
+            order.refresh_from_db(fields=["state"])
             # Terminated while the launch was in flight: stop the machine now rather than leave it billing.
             stopped = adapter.terminate(handle.region, handle.instance_id)
             # An order already ended had its terminate task before this machine was recorded: nothing else
@@ -312,7 +334,8 @@ def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
         offer_extra=dict(offer.extra or {}),
         image=(order.launch_config.spec.get("image") if order.launch_config is not None else None),
         boot=boot_spec(order=order, attempt=attempt),
-        gpu_indexes=gpu_indexes_held(attempt_id=attempt.pk),
+        # GPU holds exist only for an attempt holding units (reservation_take records how many).
+        gpu_indexes=gpu_indexes_held(attempt_id=attempt.pk) if attempt.reserved else (),
         placement_group=_placement_group(order),
     )
 
@@ -353,9 +376,13 @@ def _quota_allows(adapter: ProviderAdapter, attempt: Attempt, spec: LaunchSpec) 
     return True
 
 
-def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, adopted: bool = False) -> None:
+def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, adopted: bool = False) -> bool:
     """The provider launched ``handle`` for ``attempt``: settle the attempt, record the instance, ledger it.
-    ``adopted``: found by the reconciler rather than answered to the launch call."""
+    ``adopted``: found by the reconciler rather than answered to the launch call.
+
+    True when the order was still provisioning as the instance was recorded: the order's row is then locked
+    by this transaction, so a terminate that comes later waits for it and finds the instance. False when the
+    order had already left provisioning (its caller must see to the machine)."""
     now = timezone.now()
     with transaction.atomic():
         Attempt.objects.filter(pk=attempt.pk).update(outcome=AttemptOutcome.LAUNCHED, finished_at=now)
@@ -371,7 +398,12 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
             public_ip=handle.public_ip or "",
             launched_at=now,
         )
-        Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=_launch_price(order, attempt))
+        price = _launch_price(order, attempt)
+        provisioning = Order.objects.filter(pk=order.pk, state=OrderState.PROVISIONING).update(
+            offer=attempt.offer, price_per_hour=price
+        )
+        if not provisioning:
+            Order.objects.filter(pk=order.pk).update(offer=attempt.offer, price_per_hour=price)
         booked = Lease.objects.filter(attempt=attempt, boot_deadline__isnull=True).update(
             boot_deadline=now + dt.timedelta(seconds=settings.BOOT_TIMEOUT_S)
         )
@@ -381,6 +413,7 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
         extra = {"adopted": True} if adopted else {}
         attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
         instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)
+    return bool(provisioning)
 
 
 def _launch_price(order: Order, attempt: Attempt) -> Decimal:

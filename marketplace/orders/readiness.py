@@ -49,22 +49,25 @@ def order_poll(*, order_id: int) -> Step:
     GCP, Azure and Tencent), or a machine silent past its boot deadline, fails its attempt and answers
     ``Step.PROVISION``, so the order fails over to the next offer.
     """
-    order = Order.objects.get(pk=order_id)
-    if order.state != OrderState.PROVISIONING:
+    # The order, its active instance and that instance's lease in one read; no instance: nothing to poll.
+    instance = (
+        Instance.objects.select_related("order", "account", "attempt__lease")
+        .filter(order_id=order_id, active=True)
+        .first()
+    )
+    if instance is None or instance.order.state != OrderState.PROVISIONING:
         return Step.DONE
-    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
-    if instance is None:
-        return Step.DONE
+    order = instance.order
     handle = adapter_for_account(instance.account).describe(instance.region, instance.provider_instance_id)
     if handle.state == InstanceState.RUNNING:
-        with transaction.atomic():
-            Instance.objects.filter(pk=instance.pk).update(state=handle.state.value, public_ip=handle.public_ip or "")
-            # Once: a poll that sees it running again must not announce it twice.
-            if Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(running_at=timezone.now()):
-                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
-        if order_running_if_ready(order_id=order.pk):
-            return Step.DONE
-        return order_boot_check(order_id=order.pk)
+        _instance_running(instance, handle.public_ip or "")
+        lease = getattr(instance.attempt, "lease", None)
+        if order.launch_config_id is None or (lease is not None and lease.state == LeaseState.READY):
+            if order_running_if_ready(order_id=order.pk):
+                return Step.DONE
+            return order_boot_check(order_id=order.pk)
+        # Not ready yet (the common poll): the rows just read answer the boot check without reading them again.
+        return _boot_step(order, instance, lease, timezone.now())
     if handle.state in (InstanceState.TERMINATED, InstanceState.FAILED):
         if handle.state == InstanceState.FAILED:
             # Some clouds (Azure) keep a VM whose allocation failed, with its disk and NIC: remove it.
@@ -78,6 +81,24 @@ def order_poll(*, order_id: int) -> Step:
         _instance_failed(order, instance, handle.state.value, error_class, code, message)
         return Step.PROVISION
     return Step.POLL
+
+
+def _instance_running(instance: Instance, public_ip: str) -> None:
+    """Record that the provider runs ``instance`` at ``public_ip``: announced once (a poll that sees it running
+    again must not announce it twice); a poll that finds nothing changed writes nothing."""
+    running = InstanceState.RUNNING.value
+    if instance.running_at is None:
+        with transaction.atomic():
+            if Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(
+                running_at=timezone.now(), state=running, public_ip=public_ip
+            ):
+                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
+                return
+    elif (instance.state, instance.public_ip) == (running, public_ip):
+        return
+    # Its running was recorded already (by an earlier poll, or the agent's ready report), perhaps without the
+    # address: bring state and address up to date.
+    Instance.objects.filter(pk=instance.pk).update(state=running, public_ip=public_ip)
 
 
 def _instance_failed(order: Order, instance: Instance, state: str, error_class: str, code: str, message: str) -> None:
@@ -183,9 +204,15 @@ def order_boot_check(*, order_id: int, now: dt.datetime | None = None) -> Step:
     """The provider runs the order's machine: is its agent late? Past the lease's boot deadline with no ready
     report, the machine is terminated and its attempt failed (``boot_timeout``), and the order fails over
     (``Step.PROVISION``). ``Step.WAIT`` while there is time; ``Step.DONE`` when there is nothing to wait for."""
-    now = now or timezone.now()
     order, instance, lease = _booting(order_id)
-    if order is None or instance is None or lease is None or lease.state == LeaseState.READY:
+    if order is None or instance is None:
+        return Step.DONE
+    return _boot_step(order, instance, lease, now or timezone.now())
+
+
+def _boot_step(order: Order, instance: Instance, lease: Lease | None, now: dt.datetime) -> Step:
+    """``order_boot_check`` on rows already read: the provisioning order, its active instance and its lease."""
+    if lease is None or lease.state == LeaseState.READY:
         return Step.DONE
     if lease.state in (LeaseState.FAILED, LeaseState.REFUSED):
         return order_boot_settle(order_id=order.pk)

@@ -22,7 +22,7 @@ from marketplace.models import (
     OrderState,
 )
 from marketplace.orders.launching import Step
-from marketplace.orders.readiness import order_boot_check
+from marketplace.orders.readiness import order_boot_check, order_poll
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from providers.community.lease import BrokerRefused
 from tests.leases import LAUNCH, ClientTransport, boot, held_agent
@@ -84,6 +84,18 @@ def test_an_order_runs_only_once_its_machine_reports_ready(
     instance = order.instances.get()
     assert instance.ready_at is not None
     assert ledger_verify().ok
+
+
+def test_a_poll_while_the_agent_boots_reads_order_instance_and_lease_at_once(
+    acme, alice, hosts, django_capture_on_commit_callbacks, django_assert_num_queries
+):
+    order = _place(acme, alice, django_capture_on_commit_callbacks, launch=CONTAINER)
+
+    # The machine runs and its running is recorded; its agent has not reported: the poll writes nothing and
+    # reads the order, its instance and lease in one query (the other is the host adapter's machine lookup).
+    with django_assert_num_queries(2):
+        assert order_poll(order_id=order.pk) == Step.WAIT
+    assert Lease.objects.get(order=order).state == LeaseState.WAITING
 
 
 def test_the_agent_gets_the_secrets_over_the_signed_channel_and_the_user_data_has_none(
