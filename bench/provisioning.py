@@ -244,14 +244,14 @@ def main() -> int:
 def _failover_cost(clean: Any, failing: Any, failures: int) -> str:
     """What each failed attempt adds to the broker's order, from the breakdowns without and with failures."""
     extra_ms = (failing.total_s - clean.total_s) * 1000 / failures
-    queries = (failing.db_queries - clean.db_queries) / failures
+    calls = (failing.sdk_calls - clean.sdk_calls) / failures
+    trips = (failing.db_queries + failing.db_tx_commands - clean.db_queries - clean.db_tx_commands) / failures
     db_ms = (failing.db_s - clean.db_s) * 1000 / failures
-    sdk_ms = (failing.sdk_s - clean.sdk_s) * 1000 / failures
     return (
-        f"each sold-out zone adds {extra_ms:.0f} ms to the broker's order: the refused RunInstances "
-        f"({sdk_ms:.0f} ms, all the SDK alone spends on it) and {queries:.0f} database round trips "
-        f"({db_ms:.0f} ms) to record and ledger the attempt and its failure, release its lease and read the "
-        "blocks and the book again to rank the next offer; a script replaying known zones does none of that"
+        f"each sold-out zone adds {extra_ms:.0f} ms to the broker's order: {calls:.0f} refused RunInstances, as "
+        f"for the SDK alone, and {trips:.0f} database round trips ({db_ms:.0f} ms) to record and ledger the "
+        "attempt and its failure, end its lease and read the blocks and the book again to rank the next offer, "
+        "which a script replaying known zones does not do"
     )
 
 
