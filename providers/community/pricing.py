@@ -54,11 +54,11 @@ class PriceFallRule:
         for name in ("fragment_discount_pct", "idle_step_pct", "floor_pct"):
             value = getattr(self, name)
             if not isinstance(value, Decimal) or not value.is_finite() or not 0 <= value <= _HUNDRED:
-                raise PriceRuleError(f"{name} must be a percentage from 0 to 100, not {value!r}", field=name)
+                raise PriceRuleError(f"{name} must be a percentage from 0 to 100, not {value}", field=name)
         hours = self.idle_after_hours
         if isinstance(hours, bool) or not isinstance(hours, int) or not 0 <= hours <= MAX_IDLE_AFTER_HOURS:
             raise PriceRuleError(
-                f"idle_after_hours must be 0 to {MAX_IDLE_AFTER_HOURS}, not {hours!r}", field="idle_after_hours"
+                f"idle_after_hours must be 0 to {MAX_IDLE_AFTER_HOURS}, not {hours}", field="idle_after_hours"
             )
 
     @property
