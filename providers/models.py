@@ -174,10 +174,13 @@ class Machine(models.Model):
     mig_profiles = models.JSONField(default=list, blank=True)  # e.g. ["1g.10gb"]; providers/community/mig.py
     # The price falls the seller accepts (providers/community/pricing.py); the defaults fall nothing. Set only
     # through ``machine_price_fall_set``, which checks them as ``PriceFallRule`` does.
-    fragment_discount_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0))
-    idle_after_hours = models.PositiveIntegerField(default=0)
-    idle_step_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0))
-    floor_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(100))
+    # Defaults in the database too, so rows written by older code (a data migration's model) fall nothing.
+    fragment_discount_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal(0), db_default=Decimal(0)
+    )
+    idle_after_hours = models.PositiveIntegerField(default=0, db_default=0)
+    idle_step_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0), db_default=Decimal(0))
+    floor_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(100), db_default=Decimal(100))
     # [{"weekdays": [0..6], "start": "HH:MM", "end": "HH:MM"}] in UTC; empty: always available.
     availability = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.PENDING)

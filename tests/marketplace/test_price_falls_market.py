@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from ledger.services import ledger_verify
 from marketplace.catalog.gpu_specs import gpu_models_upsert
@@ -187,3 +188,27 @@ def test_the_service_refuses_what_the_columns_cannot_hold_and_stores_nothing(fle
             machine_price_fall_set(machine=machine, rule=rule)
     stored = Machine.objects.get(pk=machine.pk)
     assert stored.price_fall == PriceFallRule()
+
+
+def test_a_quote_at_the_fallen_price_is_ordered_at_it_after_the_price_moved(
+    fleet, host, acme, alice, django_capture_on_commit_callbacks
+):
+    machine = machine_price_fall_set(machine=_machine(), rule=IDLE)
+    Machine.objects.filter(pk=machine.pk).update(created_at=timezone.now() - dt.timedelta(hours=3, minutes=30))
+    assert offers_sync(account_id=fleet.pk).ok
+    api = APIClient()
+    api.force_authenticate(alice)
+    demand = {"profile": "training", "gpu_count": 8, "gpu_models": ["H100-SXM5"], "pricing_models": ["on_demand"]}
+    quotes = api.post("/api/v1/quotes", demand, format="json").json()["quotes"]
+    assert [(q["offer"]["instance_type"], q["price_per_hour"]) for q in quotes] == [
+        ("community-8xH100-SXM5", "13.680000")
+    ]
+    assert offers_sync(account_id=fleet.pk, now=timezone.now() + dt.timedelta(hours=30)).ok
+    assert _prices(fleet)[8] == D("7.6000")  # the machine fell further after the quote
+
+    with django_capture_on_commit_callbacks(execute=True):
+        placed = api.post("/api/v1/orders", {"quote": quotes[0]["id"]}, format="json")
+
+    assert placed.status_code == 201, placed.json()
+    assert placed.json()["price_per_hour"] == "13.680000"
+    assert Order.objects.get(public_id=placed.json()["id"]).price_per_hour == D("13.68")
