@@ -92,8 +92,8 @@ def machine_price_fall_set(*, machine: Machine, rule: PriceFallRule) -> Machine:
     """Store the price falls the seller accepts for ``machine``. ``rule`` was checked when it was made
     (``PriceFallRule`` raises ``PriceRuleError`` naming the field); here its percentages must also fit the
     columns' two decimals, and a discount needs a floor below 100 %, else ``MachineInvalid`` names the field
-    and nothing is stored. The offers follow at
-    the account's next sync (the caller asks for one); setting the same rule again writes nothing."""
+    and nothing is stored. The offers follow at the account's next sync (the caller asks for one); setting the
+    same rule again writes nothing."""
     for name in ("fragment_discount_pct", "idle_step_pct", "floor_pct"):
         value = getattr(rule, name)
         if value != value.quantize(_PCT_PLACES):
