@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 
+from marketplace.portal.price_falls import idle_steps, rule_example
 from providers.community.pricing import PriceFallRule
 from providers.models import Machine, ProviderAccount
 from tests.portal.conftest import client_for
@@ -79,3 +80,18 @@ def test_a_viewer_sees_the_rule_and_nobody_else_reaches_it(machine, victor, quen
         assert client_for(stranger).get(_url(machine)).status_code == 404
         assert client_for(stranger).post(_url(machine), RULE).status_code == 404
     assert Machine.objects.get(pk=machine.pk).price_fall == PriceFallRule()
+
+
+def test_a_slow_fall_is_shown_in_a_few_rows_ending_at_the_floor_and_a_lone_gpu_has_no_fragment():
+    slow = PriceFallRule(fragment_discount_pct=D(20), idle_step_pct=D("0.5"), floor_pct=D(80))
+    steps = idle_steps(rule=slow, price=D("1.00"), gpus=1, limit=4)
+    assert [(s.hours, s.price) for s in steps] == [
+        ("under 1 h", D("1.00")),
+        ("1\u20132 h", D("0.9950")),
+        ("2\u20133 h", D("0.9900")),
+        ("3\u20134 h", D("0.9850")),
+        ("then down to", D("0.8000")),
+    ]
+    assert rule_example(rule=slow, price=D("1.00"), gpus=1, divisible=True) == (
+        "1 \u00d7 $1.00: after 0 h idle, \u22120.5 %/h to $0.80"
+    )
