@@ -24,6 +24,8 @@ from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.catalog.query import offers_search
 from marketplace.catalog.services import offers_sync
 from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
     GpuHold,
     GpuModel,
     Offer,
@@ -33,12 +35,15 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
+from marketplace.orders.blocks import SOLD_OUT, provider_blocks
 from marketplace.orders.errors import BidRefused
 from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import orders_sweep_task
 from marketplace.webhooks.services import webhook_endpoint_create
+from providers.models import Machine
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race_behind_row_lock, require_postgresql
 
 pytestmark = pytest.mark.django_db
 
@@ -354,3 +359,104 @@ def test_a_machine_held_only_by_bids_stays_in_search_with_its_bid_held_gpus_show
         assert client.get("/orders/new", {"offer": listed.pk}).status_code == 200
     finally:
         stop_hosts(agents)
+
+
+# --- No clock block on an exact count (issue 39) -------------------------------------------------------------------
+
+
+def _placed(acme, alice, *, gpus: int, pricing: str, bid: str | None = None, zone: str = "fra-h100-1",
+            allow_failover: bool = False) -> int:  # fmt: skip
+    """Place an order (its provisioning runs as it commits, in this thread); its id."""
+    return order_place(
+        organization=acme,
+        user=alice,
+        request=PlaceRequest(
+            launch=LAUNCH,
+            offer_id=_offer(zone, gpus, pricing).pk,
+            bid_per_gpu_hour=None if bid is None else Decimal(bid),
+            allow_failover=allow_failover,
+        ),
+    ).order.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_on_demand_order_outbids_lower_bids_after_their_own_sold_out_refusals(acme, alice, hosts):
+    """Issue 39: bids racing for a machine's last GPUs were refused sold out, and those refusals blocked the
+    lease size shared with the on-demand offer for 10 minutes: the on-demand order was refused while lower
+    bids kept their GPUs."""
+    require_postgresql()
+    first = Order.objects.get(pk=_placed(acme, alice, gpus=4, pricing="spot", bid="1.00"))
+    first = boot_if_launched(first, hosts)
+    assert first.state == OrderState.RUNNING and _held(first) == [("fra-h100-1", i) for i in range(4)]
+    machine = Machine.objects.get(name="fra-h100-1")
+
+    # Given two equal bids racing for the last four GPUs, both past the ranking before either reserves
+    placed, errors = race_behind_row_lock(
+        machine, [lambda: _placed(acme, alice, gpus=4, pricing="spot", bid="1.00")] * 2
+    )
+
+    assert errors == []
+    racers = [boot_if_launched(o, hosts) for o in Order.objects.filter(pk__in=placed).order_by("pk")]
+    assert sorted(o.state for o in racers) == [OrderState.FAILED, OrderState.RUNNING]
+    (second,) = (o for o in racers if o.state == OrderState.RUNNING)
+    refused = Attempt.objects.get(order__in=placed, outcome=AttemptOutcome.FAILED)
+    assert (refused.error_class, refused.provider_code, refused.offer.instance_type) == (
+        "capacity", SOLD_OUT, _offer("fra-h100-1", 4, "on_demand").instance_type,
+    )  # fmt: skip
+    assert provider_blocks(now=timezone.now()).zone_types == frozenset()
+
+    # When an on-demand order asks for four GPUs of the full machine
+    on_demand = Order.objects.get(pk=_placed(acme, alice, gpus=4, pricing="on_demand"))
+
+    # Then it outbids the lowest, oldest bid, which gets its notice; the other bid keeps its GPUs
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert on_demand.state == OrderState.PROVISIONING, on_demand.state_reason
+    assert first.preempt_at is not None and first.preempted_for.order_id == on_demand.pk
+    assert second.preempt_at is None and _held(second) == [("fra-h100-1", i) for i in range(4, 8)]
+    assert _held(on_demand) == [("fra-h100-1", i) for i in range(4)]
+    assert [e["outbid_by"] for e in _entries(first, "order.preemption_notice")] == ["an on-demand order"]
+
+    # And at the notice's end it runs there
+    _notice_over(first)
+    assert orders_sweep_task.apply().result >= 1
+    on_demand, first = boot_if_launched(on_demand, hosts), boot_if_launched(first, hosts)
+    assert on_demand.state == OrderState.RUNNING and on_demand.instance.zone == "fra-h100-1"
+    assert first.state == OrderState.FAILED
+    # No GPU was ever held twice, and the machine runs one lease per four GPUs
+    assert sorted(_held(on_demand) + _held(second)) == [("fra-h100-1", i) for i in range(8)]
+    live = [instance for instance in hosts[0].instances.values() if instance.holds_gpus()]
+    assert sorted(i for instance in live for i in instance.gpu_indexes) == list(range(8))
+    assert ledger_verify().ok
+
+
+def test_failover_outbids_lower_bids_when_no_free_gpus_fit(acme, alice, hosts, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    # Given one machine leased whole on demand and the other held whole by a bid
+    taken = _place(acme, alice, hosts, capture, pricing="on_demand", zone="fra-h100-2")
+    bidder = _place(acme, alice, hosts, capture, bid="1.00", zone="fra-h100-1")
+    assert (taken.state, bidder.state) == (OrderState.RUNNING, OrderState.RUNNING)
+
+    # When an on-demand order with failover picks the machine leased on demand, which it cannot outbid
+    on_demand = _place(acme, alice, hosts, capture, pricing="on_demand", zone="fra-h100-2", allow_failover=True)
+
+    # Then it fails over to the machine held by the bid, which gets its notice
+    bidder.refresh_from_db()
+    assert on_demand.state == OrderState.PROVISIONING, on_demand.state_reason
+    assert [a.offer.zone for a in on_demand.attempts.all()] == ["fra-h100-1"]
+    assert bidder.preempt_at is not None and _held(on_demand) == [("fra-h100-1", i) for i in range(8)]
+    assert _held(taken) == [("fra-h100-2", i) for i in range(8)]
+
+
+def test_failover_takes_free_gpus_before_outbidding_anyone(acme, alice, hosts, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    taken = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2")
+    taken_too = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2")
+    bidder = _place(acme, alice, hosts, capture, gpus=4, bid="1.00", zone="fra-h100-1")
+    assert {taken.state, taken_too.state, bidder.state} == {OrderState.RUNNING}
+
+    on_demand = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2", allow_failover=True)
+
+    bidder.refresh_from_db()
+    assert on_demand.state == OrderState.RUNNING, on_demand.state_reason
+    assert _held(on_demand) == [("fra-h100-1", i) for i in range(4, 8)] and bidder.preempt_at is None
