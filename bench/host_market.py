@@ -853,7 +853,12 @@ def main() -> int:
         help="budget: k x cap per hour on what is rented; per-gpu: cap on the host's price per GPU only "
         "(the online policies; the scheduled one always applies the budget)",
     )
-    parser.add_argument("--pack-tolerance", type=float, default=0.05, help="best fit among quotes this close")
+    parser.add_argument(
+        "--pack-tolerance",
+        type=float,
+        default=0.05,
+        help="best fit among quotes this close (the online policies; the scheduled one uses SETTINGS' 0.10)",
+    )
     parser.add_argument(
         "--sweep", default="0.5,2,4", help="also these multiples of the rate (ratios only); '' for none"
     )
