@@ -494,9 +494,16 @@ def schedule(
             preemptions.append(Preemption(lease=lease, host_id=host_id, resumed=resumed))
             bids.append(resumed)  # tried again below, behind the bids already waiting
 
-    # Within one call the free GPUs only shrink (until a preemption or move frees some): a job failed to
-    # place rules out every later one of the same shape with no larger budget and no shorter run.
+    # Within one call the free GPUs only shrink, so a job failed to place rules out every later one of the
+    # same shape with no larger budget and no shorter run; until GPUs are freed (a preemption, a move) or a
+    # whole machine is split, which may make its rest a cheaper fragment.
     failed: dict[tuple[object, ...], list[tuple[Decimal, int]]] = {}
+
+    def start(host_id: int, job: Job, price: Decimal) -> None:
+        host = market.hosts[host_id]
+        if len(host.free) == host.view.gpus:
+            failed.clear()
+        placements.append(market.take(host_id, job, price, now))
 
     def shape(job: Job) -> tuple[object, ...]:
         return (job.kind, job.gpus, job.models, job.min_memory_gb, job.bid_per_gpu_hour)
@@ -517,7 +524,7 @@ def schedule(
             continue
         free = None if hopeless(job) else _place_free(job, market, now, reservation, settings)
         if free is not None:
-            placements.append(market.take(free[0], job, free[1], now))
+            start(free[0], job, free[1])
             continue
         taken = (
             None
@@ -528,7 +535,7 @@ def schedule(
         )
         if taken is not None:
             preempted(taken[0], taken[1])
-            placements.append(market.take(taken[0], job, taken[2], now))
+            start(taken[0], job, taken[2])
             continue
         moved = _place_moving(job, market, now, reservation, settings) if settings.move and not hopeless(job) else None
         if moved is not None:
@@ -536,7 +543,7 @@ def schedule(
             moves.extend(made)
             failed.clear()
             preempted(host_id, stopped)
-            placements.append(market.take(host_id, job, price, now))
+            start(host_id, job, price)
             continue
         failed.setdefault(shape(job), []).append((job.cap_per_gpu_hour, job.run_minutes))
         wait_or_refuse(job)
@@ -554,7 +561,7 @@ def schedule(
             continue
         free = None if hopeless(job) else _place_free(job, market, now, reservation, settings)
         if free is not None:
-            placements.append(market.take(free[0], job, free[1], now))
+            start(free[0], job, free[1])
         else:
             failed.setdefault(shape(job), []).append((job.cap_per_gpu_hour, job.run_minutes))
             wait_or_refuse(job)
