@@ -12,8 +12,8 @@ own (the caller applies the decision and calls again at the next event):
 - **Prices fall as the seller accepts.** An on-demand job pays the host's list price lowered by the seller's
   ``PriceFallRule`` (``providers.community.pricing.fallen_price``: a fragment of a split machine, a machine
   idle for hours), locked at placement. An interruptible job pays its bid, which must reach the host's
-  minimum bid (with no bid, it pays that minimum). Either way the lease's price times its GPUs stays within
-  the job's budget (``cap`` x GPUs asked).
+  minimum bid (with no bid, it pays that minimum) and stay below the host's fallen on-demand price. Either
+  way the lease's price times its GPUs stays within the job's budget (``cap`` x GPUs asked).
 - **Preemption.** An on-demand job that finds no free GPUs may take those of interruptible leases, the lowest
   bids first, on the host where that stops the fewest GPUs. The preempted job comes back in the same call as a
   job submitted now, with the work it has left (all of it unless it checkpoints: then the work up to its
@@ -236,13 +236,15 @@ def _price(job: Job, host: _Host, *, free: int, now: int) -> Decimal | None:
     """What ``job`` pays per GPU-hour on ``host`` with ``free`` GPUs free before it, or None if refused there."""
     view = host.view
     size = lease_size(job, view)
+    idle = (now - view.idle_since) / 60 if view.idle_since is not None and free == view.gpus else 0.0
+    price = fallen_price(view.list_price, view.price_rule, free_gpus=free, total_gpus=view.gpus, idle_hours=idle)
     if job.kind is LeaseKind.INTERRUPTIBLE:
-        price = view.min_bid if job.bid_per_gpu_hour is None else job.bid_per_gpu_hour
-        if price < view.min_bid:
+        bid = view.min_bid if job.bid_per_gpu_hour is None else job.bid_per_gpu_hour
+        # Nobody bids for a lease that can be taken from them at what a firm one costs: once the fallen
+        # on-demand price reaches the bid, the machine sells no interruptible lease (as the catalogue does).
+        if bid < view.min_bid or price <= bid:
             return None
-    else:
-        idle = (now - view.idle_since) / 60 if view.idle_since is not None and free == view.gpus else 0.0
-        price = fallen_price(view.list_price, view.price_rule, free_gpus=free, total_gpus=view.gpus, idle_hours=idle)
+        price = bid
     return price if price * size <= job.cap_per_gpu_hour * job.gpus else None
 
 

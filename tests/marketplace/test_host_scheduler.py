@@ -236,6 +236,16 @@ def test_a_budget_or_a_bid_below_the_minimum_finds_no_host() -> None:
     assert [(p.job.job_id, p.price_per_gpu_hour) for p in decision.placements] == [("nobid", Decimal("1.00"))]
 
 
+def test_no_interruptible_lease_where_the_fallen_on_demand_price_reaches_the_bid() -> None:
+    rule = PriceFallRule(idle_after_hours=0, idle_step_pct=Decimal(10), floor_pct=Decimal(50))
+    long_idle = host(1, price_rule=rule, idle_since=0)  # 5 hours idle: 2.00 falls to its floor, 1.00
+
+    decision = hs.schedule(now=300, hosts=[long_idle], arrivals=[job("nobid", 2, kind=INTERRUPTIBLE, submitted=300)])
+
+    assert decision.placements == ()
+    assert [r.job.job_id for r in decision.refused] == ["nobid"]
+
+
 def test_a_host_sold_whole_only_rents_all_its_gpus() -> None:
     decision = hs.schedule(now=0, hosts=[host(1, 4, min_gpus_per_lease=4)], arrivals=[job("one", 1)])
 
