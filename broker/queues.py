@@ -24,6 +24,7 @@ PROVISIONING_TASKS = (
     "marketplace.order_terminate",
     "marketplace.cluster_advance",
     "marketplace.order_silence_replace",
+    "marketplace.order_preempt",
 )
 SYNC_TASKS = ("marketplace.offers_sync_account",)
 LEDGER_TASKS = ("ledger.checkpoint", "ledger.checkpoint_sign", "ledger.sequence")

@@ -29,7 +29,7 @@ from marketplace.models import (
     TopUp,
 )
 from marketplace.portal.services import PortalError, provider_state_change
-from providers.community.services import MachineInvalid
+from providers.community.services import PRICE_FALL_FIELDS, MachineInvalid
 from providers.models import Machine, MachineState
 
 
@@ -260,8 +260,9 @@ class MachineAdmin(admin.ModelAdmin):
                     "last_heartbeat_at"]  # fmt: skip
     list_filter = ["state", "online", "self_test_ok"]
     exclude = ["secret_encrypted"]
+    # The price falls are the seller's to set, through the portal's checks (providers.community.services).
     readonly_fields = ["key_id", "agent_url", "hardware", "self_test", "self_test_ok", "registered_at",
-                       "last_heartbeat_at", "online"]  # fmt: skip
+                       "last_heartbeat_at", "online", *PRICE_FALL_FIELDS]  # fmt: skip
     actions = ["verify", "suspend"]
 
     @admin.action(description="Verify the selected machines (their self-test passed)")

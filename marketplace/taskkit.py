@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
 from celery import current_app, current_task
@@ -63,17 +64,18 @@ def backoff(retries: int) -> float:
     return float(min(60, 2 ** (retries + 1)))
 
 
-def enqueue(name: str, *args: Any, countdown: float | None = None) -> None:
+def enqueue(name: str, *args: Any, countdown: float | None = None, eta: datetime | None = None) -> None:
     """Queue the task called ``name`` (``marketplace.order_provision``...) with ``args``, as its ``delay`` would
-    (run in process where tasks run eagerly, as in tests)."""
+    (run in process where tasks run eagerly, as in tests), to run ``countdown`` seconds from now or at ``eta``
+    when given (on the queue its route names either way)."""
     task = current_app.tasks[name]
-    if countdown is None:
+    if countdown is None and eta is None:
         task.delay(*args)
     else:
-        task.apply_async(args, countdown=countdown)
+        task.apply_async(args, countdown=countdown, eta=eta)
 
 
-def enqueue_on_commit(name: str, *args: Any, countdown: float | None = None) -> None:
+def enqueue_on_commit(name: str, *args: Any, countdown: float | None = None, eta: datetime | None = None) -> None:
     """``enqueue`` once the current transaction commits (at once outside one): the task then reads what the
     transaction wrote, and a rolled-back change queues nothing."""
-    transaction.on_commit(lambda: enqueue(name, *args, countdown=countdown))
+    transaction.on_commit(lambda: enqueue(name, *args, countdown=countdown, eta=eta))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 
 from django.db import models
 
+from providers.community.pricing import MAX_IDLE_AFTER_HOURS, PriceFallRule
 from providers.registry import ADAPTERS
 from providers.secrets import decrypt_secret, encrypt_secret
 from providers.types import Credentials
@@ -170,6 +172,15 @@ class Machine(models.Model):
     # The fewest GPUs one lease takes: ``gpu_count`` sells the machine whole, fewer makes it divisible.
     min_gpus_per_lease = models.PositiveSmallIntegerField()
     mig_profiles = models.JSONField(default=list, blank=True)  # e.g. ["1g.10gb"]; providers/community/mig.py
+    # The price falls the seller accepts (providers/community/pricing.py); the defaults fall nothing. Set only
+    # through ``machine_price_fall_set``, which checks them as ``PriceFallRule`` does.
+    # Defaults in the database too, so rows written by older code (a data migration's model) fall nothing.
+    fragment_discount_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal(0), db_default=Decimal(0)
+    )
+    idle_after_hours = models.PositiveIntegerField(default=0, db_default=0)
+    idle_step_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(0), db_default=Decimal(0))
+    floor_pct = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal(100), db_default=Decimal(100))
     # [{"weekdays": [0..6], "start": "HH:MM", "end": "HH:MM"}] in UTC; empty: always available.
     availability = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.PENDING)
@@ -193,6 +204,18 @@ class Machine(models.Model):
                 condition=models.Q(min_gpus_per_lease__gte=1, min_gpus_per_lease__lte=models.F("gpu_count")),
                 name="machine_min_gpus_per_lease_within_count",
             ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    fragment_discount_pct__gte=0,
+                    fragment_discount_pct__lte=100,
+                    idle_step_pct__gte=0,
+                    idle_step_pct__lte=100,
+                    floor_pct__gte=0,
+                    floor_pct__lte=100,
+                    idle_after_hours__lte=MAX_IDLE_AFTER_HOURS,
+                ),
+                name="machine_price_fall_in_range",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -201,6 +224,16 @@ class Machine(models.Model):
     @property
     def divisible(self) -> bool:
         return self.min_gpus_per_lease < self.gpu_count
+
+    @property
+    def price_fall(self) -> PriceFallRule:
+        """The seller's price falls for this machine, as the pure rule reads them."""
+        return PriceFallRule(
+            fragment_discount_pct=self.fragment_discount_pct,
+            idle_after_hours=self.idle_after_hours,
+            idle_step_pct=self.idle_step_pct,
+            floor_pct=self.floor_pct,
+        )
 
     def secret(self) -> str:
         return decrypt_secret(self.secret_encrypted)["secret"]

@@ -14,11 +14,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from marketplace.catalog.price_falls import account_falling_moments
 from marketplace.models import FxRate, GpuModel, Offer, OfferStatus, PricePoint, QuarantinedOffer
 from marketplace.models.catalog import unit_prices
 from marketplace.orders.reservations import cluster_nodes_refresh, machine_offers_recount
 from marketplace.sla.published import OfferSla, offer_sla
 from providers.community.mig import MIG_PROFILE, mig_profile
+from providers.community.pricing import quotes_fallen
 from providers.errors import ProviderError
 from providers.models import ProviderAccount, ProviderKind, SyncStatus
 from providers.services import adapter_for_account
@@ -447,6 +449,9 @@ def offers_sync(*, account_id: int, now: dt.datetime | None = None) -> SyncOutco
             )
             Offer.objects.filter(account=account, status=OfferStatus.AVAILABLE).update(status=OfferStatus.STALE)
         return SyncOutcome(account_id=account.pk, ok=False, error=str(exc))
+    if account.kind == ProviderKind.COMMUNITY:
+        # Leftover fragments and idle machines sell at the fallen price their sellers accepted, as of now.
+        quotes = quotes_fallen(quotes, account_falling_moments(account_id=account.pk, now=started))
     report = offers_ingest(account=account, quotes=quotes, now=started)
     if account.kind == ProviderKind.COMMUNITY:
         machine_offers_recount(account_id=account.pk)

@@ -23,7 +23,9 @@ Public functions (stable):
     (``marketplace.matching.optimize`` explains the method).
 
 ``rank_offers(demand, offers, *, now, max_age, exclusion=None) -> MatchResult``
-    The price-per-requested-GPU ranking the failover loop uses to pick its next candidate.
+    The price-per-requested-GPU ranking the failover loop uses to pick its next candidate. Each offer
+    costs what ``rank`` quotes for it (``RankedOffer.price_per_hour``): a whole instance, or only the GPUs
+    asked for of a divisible listing; the price cap applies to that.
 """
 
 from marketplace.matching.assignment import assign

@@ -242,8 +242,12 @@ class Exclusion:
 
 @dataclass(frozen=True, slots=True)
 class RankedOffer:
+    """One feasible offer of ``rank_offers``: ``price_per_hour`` is what the demand pays for what it occupies
+    (as ``ScoreBreakdown.price_per_hour``), ``price_per_gpu_hour`` that over the GPUs asked for."""
+
     offer: OfferView
     price_per_gpu_hour: Decimal
+    price_per_hour: Decimal
     reason: str
 
 

@@ -7,9 +7,11 @@ under the machine's row lock).
 An outbid order is not stopped at once: it gets a notice (``preempt_at``, ``BROKER_PREEMPTION_NOTICE_S`` from
 now), ledgered as ``order.preemption_notice`` and announced by the webhook of the same name. The GPUs it gives
 up pass to the outbidding attempt at once, so nobody else can take them meanwhile, but that attempt launches
-only once every order it outbid has left the machine (``Step.WAIT`` in provisioning): at ``preempt_at`` the
-sweep stops the outbid order's instance on its host and settles it as lost (``order_preempt``), which
-provisions it elsewhere when the buyer allowed failover and fails it otherwise, then wakes the waiting order.
+only once every order it outbid has left the machine (``Step.WAIT`` in provisioning): at ``preempt_at`` a
+task booked with the notice (``marketplace.order_preempt``, its ETA the notice's end) stops the outbid order's
+instance on its host and settles it as lost (``order_preempt``), which provisions it elsewhere when the buyer
+allowed failover and fails it otherwise, then wakes the waiting order. The minute sweep does the same for any
+notice whose task was lost, so a notice is late by at most a minute, never forgotten.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from django.db.models import Max
 
 from ledger.services import ledger_append
 from marketplace.models import Attempt, GpuHold, Instance, Offer, Order, OrderState, WebhookEventType
+from marketplace.taskkit import enqueue_on_commit
 from marketplace.webhooks.services import instance_event_emit
 from providers.community.mig import MIG_PROFILE
 from providers.models import Machine
 from providers.types import PricingModel
+
+# The task that ends an outbid order's lease at its notice's end (marketplace/orders/tasks.py).
+PREEMPT_TASK = "marketplace.order_preempt"
 
 
 class BidBelowMinimum(Exception):
@@ -118,10 +124,12 @@ def outbid_possible(*, offer: Offer, order: Order) -> bool:
 
 
 def preemption_notice(*, outbid: Order, attempt: Attempt, now: dt.datetime) -> dt.datetime:
-    """Give ``outbid`` its notice: ``preempt_at`` is ``BROKER_PREEMPTION_NOTICE_S`` from ``now``, when the sweep
-    takes its machine for ``attempt``; ledgered and announced. Call inside the reservation's transaction."""
+    """Give ``outbid`` its notice: ``preempt_at`` is ``BROKER_PREEMPTION_NOTICE_S`` from ``now``, when its machine
+    is taken for ``attempt``; ledgered, announced, and the preemption booked for that moment once the
+    reservation commits. Call inside the reservation's transaction."""
     preempt_at = now + dt.timedelta(seconds=settings.PREEMPTION_NOTICE_S)
     Order.objects.filter(pk=outbid.pk).update(preempt_at=preempt_at, preempted_for=attempt)
+    enqueue_on_commit(PREEMPT_TASK, outbid.pk, eta=preempt_at)
     by = "an on-demand order" if attempt.order.pricing_model != PricingModel.SPOT else "a higher bid"
     fields = {"preempt_at": preempt_at.isoformat(), "outbid_by": by, "bid_per_gpu_hour": order_bid(outbid)}
     ledger_append(

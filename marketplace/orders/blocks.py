@@ -4,6 +4,13 @@ A capacity error blocks the (account, zone, instance type) it came from, a quota
 region, refused credentials the whole account, each for its window (``BROKER_BLOCK_*_S``). The record is
 the attempts table itself: a block is a failed attempt younger than its window, so there is nothing to
 expire or clean up, and a block is visible to every worker the moment the failed attempt commits.
+
+A clock block stands in for what the broker cannot see: a cloud's stock. A finite listing's free units (an
+independent host's GPUs, a Kubernetes node's, held in ``reservations.py``) the broker counts itself, exactly,
+so its own refusal of one (``SOLD_OUT``: the reservation found too few units) blocks nothing: the next order
+is ranked on the units free at that moment, and gets them the moment they are released. A capacity error the
+host or cluster itself answers (an agent that does not reply, a pod nobody can schedule) is news the count
+does not hold, and blocks on the clock like a cloud's.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from django.db.models import Q
 from marketplace.matching import Exclusion
 from marketplace.models import Attempt, AttemptOutcome, Order
 from providers.errors import CapacityUnavailable, CredentialsRejected, QuotaExceeded
+
+# The provider code of an attempt refused by the broker's own count of a finite listing's free units.
+SOLD_OUT = "listing.sold_out"
 
 
 def _windows() -> dict[str, int]:
@@ -32,6 +42,8 @@ def _scopes(attempts: list[Attempt]) -> Exclusion:
     accounts: set[int] = set()
     for attempt in attempts:
         offer = attempt.offer
+        if attempt.provider_code == SOLD_OUT:
+            continue  # the exact count of free units decides the next try, not a window
         if attempt.error_class == CapacityUnavailable.error_class:
             zone_types.add((offer.account_id, offer.zone, offer.instance_type))
         elif attempt.error_class == QuotaExceeded.error_class:
@@ -51,15 +63,30 @@ def provider_blocks(*, now: dt.datetime) -> Exclusion:
             recent |= Q(error_class=error_class, finished_at__gte=now - dt.timedelta(seconds=seconds))
     if not recent:
         return Exclusion()
-    failed = Attempt.objects.filter(recent, outcome=AttemptOutcome.FAILED).select_related("offer")
+    failed = (
+        Attempt.objects.filter(recent, outcome=AttemptOutcome.FAILED)
+        .exclude(provider_code=SOLD_OUT)
+        .select_related("offer")
+    )
     return _scopes(
-        list(failed.only("error_class", "offer__account_id", "offer__zone", "offer__instance_type", "offer__region"))
+        list(
+            failed.only(
+                "error_class",
+                "provider_code",
+                "offer__account_id",
+                "offer__zone",
+                "offer__instance_type",
+                "offer__region",
+            )
+        )
     )
 
 
 def order_exclusion(order: Order, *, now: dt.datetime) -> Exclusion:
     """What ``order`` must not try next: every offer it already tried, the scopes its own failures imply
-    (for the order's whole life), and the scopes other orders' recent failures block."""
+    (for the order's whole life), and the scopes other orders' recent failures block. A finite listing the
+    broker found sold out keeps only its offer out of this order's failover (so the loop ends), never its
+    instance type, for this order or any other."""
     own = list(order.attempts.select_related("offer").filter(outcome=AttemptOutcome.FAILED))
     mine, shared = _scopes(own), provider_blocks(now=now)
     return Exclusion(

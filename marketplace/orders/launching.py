@@ -22,7 +22,7 @@ from django.utils import timezone
 from ledger.services import ledger_append
 from marketplace.catalog.selectors import offer_view, offers_for_matching
 from marketplace.launch.leases import boot_spec, lease_end, lease_open
-from marketplace.matching import Demand, rank_offers
+from marketplace.matching import Demand, OfferView, rank_offers
 from marketplace.models import (
     Attempt,
     AttemptOutcome,
@@ -35,7 +35,7 @@ from marketplace.models import (
     WebhookEventType,
 )
 from marketplace.orders.bids import machine_of, outbid_possible, preemption_pending
-from marketplace.orders.blocks import order_exclusion, provider_blocks
+from marketplace.orders.blocks import SOLD_OUT, order_exclusion, provider_blocks
 from marketplace.orders.budgets import budget_room_per_hour
 from marketplace.orders.clusters import placement_group_name
 from marketplace.orders.errors import TransitionRefused
@@ -124,13 +124,27 @@ def _next_offer(order: Order, now: dt.datetime, *, tried: bool) -> Offer | None:
     if room is not None and room < (demand.max_price_per_hour or room):
         demand = dataclasses.replace(demand, max_price_per_hour=room)
     best = rank_offers(demand, candidates, now=now, max_age=max_age, exclusion=exclusion).best
+    if best is None:
+        # Nothing free fits: a machine whose interruptible leases this order outranks is sold to it next, their
+        # GPUs taken after the notice. Free GPUs come first, so nobody is outbid while they would do.
+        best = rank_offers(demand, _outbid_views(order, candidates), now=now, max_age=max_age, exclusion=exclusion).best
     return None if best is None else listed[best.offer.offer_id]
+
+
+def _outbid_views(order: Order, views: list[OfferView]) -> list[OfferView]:
+    """The full ones among ``views`` whose machine ``order`` can outbid enough of (``outbid_possible``), shown
+    without their limit; the reservation settles it under the machine's lock, outbidding or refusing."""
+    full = {
+        v.offer_id: v for v in views if v.capacity is not None and v.capacity < (order.gpu_count if v.divisible else 1)
+    }
+    offers = Offer.objects.filter(pk__in=full).order_by("pk")
+    return [dataclasses.replace(full[o.pk], capacity=None) for o in offers if outbid_possible(offer=o, order=order)]
 
 
 def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt | None:
     """Record the attempt before the provider hears of it and, on a finite listing, hold its units in the same
-    transaction. A listing with too few units left fails the attempt at once (a capacity error, so the
-    failover and the shared blocks treat it like a cloud's sold-out zone) and nobody is called.
+    transaction. A listing with too few units left fails the attempt at once (a capacity error coded
+    ``SOLD_OUT``: the failover moves on, but no clock block follows, see ``blocks.py``) and nobody is called.
 
     None, with nothing written, when the order is no longer provisioning (the buyer ended it while an earlier
     attempt was in flight): an ended order never gets another machine."""
@@ -152,7 +166,7 @@ def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt | Non
         lease_open(attempt=attempt, now=now)
         if not reservation_take(attempt=attempt):
             sold_out = CapacityUnavailable(
-                f"listing {offer.instance_type} in {offer.zone} has no units left", code="listing.sold_out"
+                f"listing {offer.instance_type} in {offer.zone} has no units left", code=SOLD_OUT
             )
             attempt_fail(attempt=attempt, error=sold_out)
             attempt.outcome = AttemptOutcome.FAILED

@@ -40,24 +40,36 @@ def order_preempt(*, order_id: int, now: dt.datetime | None = None) -> tuple[Ste
     """End an outbid order whose notice is over (``preempt_at`` at or before ``now``): stop its instance on its
     host, then settle it as lost (ledgered, announced, released), provisioning it again when the buyer allowed
     failover and failing it otherwise. Returns the order's next step and the order that outbid it, now free to
-    launch (None when it is gone or nothing changed).
+    launch (None when nothing was done).
 
-    Idempotent: an order no longer running, or whose instance was already settled, is left alone. Raises the
-    adapter's ``TransientProviderError`` when the host cannot be asked; the next sweep tries again."""
+    Idempotent and safe to run early: it works under the order's row lock, so of the task booked for the
+    notice's end and the minute sweep, whichever comes second waits, then finds the order no longer running
+    and does nothing; before ``preempt_at`` nothing happens either. Raises the adapter's
+    ``TransientProviderError`` when the host cannot be asked (nothing written; the task retries, the sweep
+    tries again)."""
     now = now or timezone.now()
-    order = Order.objects.select_related("preempted_for__order").get(pk=order_id)
-    if order.state != OrderState.RUNNING or order.preempt_at is None or order.preempt_at > now:
-        return Step.DONE, None
-    instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
-    if instance is None:
-        return Step.DONE, None
-    handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
-    winner = order.preempted_for.order if order.preempted_for is not None else None
-    by = "an on-demand order" if winner is not None and winner.pricing_model != PricingModel.SPOT else "a higher bid"
-    reason = f"outbid by {by} for its GPUs on {instance.zone}; instance {instance.provider_instance_id} stopped"
-    step = instance_lost(
-        order, instance, state=handle.state.value, ended_at=now, reason=reason, code=OUTBID, outbid_by=by
-    )
+    with transaction.atomic():
+        # FOR NO KEY UPDATE: a second preemption waits here; rows that merely point at the order do not.
+        order = (
+            Order.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("preempted_for__order")
+            .get(pk=order_id)
+        )
+        if order.state != OrderState.RUNNING or order.preempt_at is None or order.preempt_at > now:
+            return Step.DONE, None
+        instance = Instance.objects.select_related("account", "attempt").filter(order=order, active=True).first()
+        if instance is None:
+            return Step.DONE, None
+        # The host's call has its own deadline; the lock is held across it so the lease is stopped once.
+        handle = adapter_for_account(instance.account).terminate(instance.region, instance.provider_instance_id)
+        winner = order.preempted_for.order if order.preempted_for is not None else None
+        by = (
+            "an on-demand order" if winner is not None and winner.pricing_model != PricingModel.SPOT else "a higher bid"
+        )
+        reason = f"outbid by {by} for its GPUs on {instance.zone}; instance {instance.provider_instance_id} stopped"
+        step = instance_lost(
+            order, instance, state=handle.state.value, ended_at=now, reason=reason, code=OUTBID, outbid_by=by
+        )
     return step, None if winner is None else winner.pk
 
 

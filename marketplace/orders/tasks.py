@@ -22,7 +22,7 @@ from marketplace.orders.actions import (
     order_stop_instance,
     orders_starting_overdue,
 )
-from marketplace.orders.bids import orders_preemption_due
+from marketplace.orders.bids import PREEMPT_TASK, orders_preemption_due
 from marketplace.orders.cluster_telemetry import clusters_gpus_read
 from marketplace.orders.clusters import cluster_advance, clusters_to_advance
 from marketplace.orders.ending import instance_end_settle, instances_to_settle, order_terminate_instance
@@ -157,6 +157,28 @@ def cluster_advance_task(self, cluster_id: int) -> str:  # type: ignore[no-untyp
     return cluster_advance(cluster_id=cluster_id)
 
 
+def _preempt_and_move_on(order_id: int) -> Step:
+    """Preempt the order if its notice is over, then queue what follows: its own provisioning when it fails
+    over, and the order that outbid it."""
+    step, winner_id = order_preempt(order_id=order_id)
+    if step == Step.PROVISION:
+        order_provision_task.delay(order_id)
+    if winner_id is not None:
+        order_provision_task.delay(winner_id)
+    return step
+
+
+@shared_task(name=PREEMPT_TASK, bind=True, max_retries=None, **TASK_OPTIONS)
+def order_preempt_task(self, order_id: int) -> str:  # type: ignore[no-untyped-def]
+    """Booked by the notice for its end (``eta``): take the outbid order's machine then, not at the next sweep.
+    Run early, twice, or after the sweep did it, it does nothing."""
+    try:
+        return _preempt_and_move_on(order_id).value
+    except TransientProviderError as exc:
+        # The host did not answer: retry with backoff; the sweep also keeps trying while the order is due.
+        raise self.retry(exc=exc, countdown=backoff(min(self.request.retries, 5))) from None
+
+
 @shared_task(name="marketplace.orders_sweep", **TASK_OPTIONS)
 @stops_at_soft_limit
 @one_at_a_time("orders-sweep")
@@ -168,17 +190,14 @@ def orders_sweep_task() -> int:
 
     count += credit_sweep()["stopped"]
     # Outbid interruptible orders whose notice is over leave their machine; the order that outbid them launches.
+    # Each notice booked its own task for its end (order_preempt_task): this is the backstop for a lost one.
     for order_id in orders_preemption_due(now=timezone.now()):
         sweep_time_check()
         try:
-            step, winner_id = order_preempt(order_id=order_id)
+            _preempt_and_move_on(order_id)
         except ProviderError as exc:
             log.warning("could not preempt order %s: %s", order_id, exc)
             continue
-        if step == Step.PROVISION:
-            order_provision_task.delay(order_id)
-        if winner_id is not None:
-            order_provision_task.delay(winner_id)
         count += 1
     # Machines the provider took away (spot preemptions): noticed within a minute, re-provisioned if allowed. One
     # batched read per account and region, not one call per order; the time is checked between those reads.

@@ -14,9 +14,11 @@ from marketplace.models import PROVIDER_ROLES, ProviderProfile
 from marketplace.numbers import DecimalFormField, IntegerFormField, number_problem
 from marketplace.portal.clouds import Cloud, CloudField
 from marketplace.portal.countries import COUNTRIES
+from marketplace.portal.price_falls import pct
 from marketplace.portal.services import TERMS_VERSION, AccountInput, BusinessDetails
 from providers import ratelimit
 from providers.community.mig import mig_profiles_problem
+from providers.community.pricing import PriceFallRule, PriceRuleError, price_fall_rule_read
 from providers.text import name_problem
 
 
@@ -521,6 +523,55 @@ class MachineForm(forms.Form):
                                         "network_gbps", "country", "region", "price_per_gpu_hour",
                                         "min_bid_per_gpu_hour", "availability", "min_gpus_per_lease",
                                         "mig_profiles")}  # fmt: skip
+
+
+class MachinePriceFallForm(forms.Form):
+    """The price falls a seller accepts for one machine. The fields are read as text and checked by the
+    market's own rule (``price_fall_rule_read``), so the portal and every other surface refuse the same values
+    with the same words; an empty field keeps its default, no fall."""
+
+    fragment_discount_pct = forms.CharField(
+        label="Fragment discount (%)", required=False, max_length=16,
+        help_text="off the list price for GPUs left free while others are leased; 0: none",
+    )  # fmt: skip
+    idle_after_hours = forms.CharField(
+        label="Idle after (hours)", required=False, max_length=16,
+        help_text="whole hours with no GPU leased before the idle price starts to fall",
+    )  # fmt: skip
+    idle_step_pct = forms.CharField(
+        label="Idle step (% per hour)", required=False, max_length=16,
+        help_text="of the list price, for each further hour idle; 0: none",
+    )  # fmt: skip
+    floor_pct = forms.CharField(
+        label="Floor (% of the list price)", required=False, max_length=16,
+        help_text="the lowest share of the list price you accept; 100: no fall",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            field.widget.attrs["inputmode"] = "decimal"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            data["rule"] = price_fall_rule_read(data)
+        except PriceRuleError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
+        return data
+
+    def rule(self) -> PriceFallRule:
+        rule: PriceFallRule = self.cleaned_data["rule"]
+        return rule
+
+    @staticmethod
+    def initial_for(rule: PriceFallRule) -> dict[str, str]:
+        return {
+            "fragment_discount_pct": pct(rule.fragment_discount_pct),
+            "idle_after_hours": str(rule.idle_after_hours),
+            "idle_step_pct": pct(rule.idle_step_pct),
+            "floor_pct": pct(rule.floor_pct),
+        }
 
 
 class SlaCommitmentForm(forms.Form):

@@ -35,10 +35,11 @@ from marketplace.models import (
 )
 from marketplace.models.organizations import BUYER_ROLES, PROVIDER_ROLES
 from marketplace.portal.selectors import token_hash
-from providers.community.services import ListedMachine, MachineInvalid, machine_list
+from providers.community.pricing import PriceFallRule
+from providers.community.services import ListedMachine, MachineInvalid, machine_list, machine_price_fall_set
 from providers.endpoints import EndpointRefused, account_endpoints_check
 from providers.errors import ProviderError
-from providers.models import Provider, ProviderAccount, ProviderKind
+from providers.models import Machine, Provider, ProviderAccount, ProviderKind
 from providers.registry import build_adapter
 from providers.secrets import SecretUnreadable
 from providers.services import AccountInvalid, account_credentials_normalise, provider_account_connect
@@ -549,3 +550,17 @@ def machine_listing_create(*, organization: Organization, name: str, listing: di
         except MachineInvalid as exc:
             field, _, message = str(exc).partition(": ")
             raise PortalError(message or str(exc), field=field) from None
+
+
+def machine_price_fall_update(*, machine: Machine, rule: PriceFallRule) -> Machine:
+    """Store the price falls the seller accepts for its ``machine`` (the caller checked it is theirs) and ask
+    for its account's offers to be built again, so they carry the new prices within moments rather than at the
+    next round. Raises ``PortalError`` naming the field; nothing is stored then."""
+    with transaction.atomic():
+        try:
+            machine = machine_price_fall_set(machine=machine, rule=rule)
+        except MachineInvalid as exc:
+            field, _, message = str(exc).partition(": ")
+            raise PortalError(message or str(exc), field=field) from None
+        offers_sync_soon(account_ids=[machine.account_id])
+    return machine

@@ -20,6 +20,7 @@ urlpatterns = [
     path("accounts/<int:account_id>/sla", views.account_sla, name="account-sla"),
     path("machines", views.machines, name="machines"),
     path("machines/new", views.machine_new, name="machine-new"),
+    path("machines/<int:machine_id>/prices", views.machine_prices, name="machine-prices"),
     path("dashboard", views.dashboard, name="dashboard"),
     path("earnings", views.earnings, name="earnings"),
     path("orders/<uuid:order_id>/receipt", views.order_receipt, name="order-receipt"),

@@ -22,6 +22,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from ledger.receipts import receipt_for_buyer
+from marketplace.catalog.price_falls import machine_moments
 from marketplace.catalog.selectors import machine_reliability_shown
 from marketplace.models import GpuModel, InvitationStatus, Membership, Order, OrganizationKind, ProviderState
 from marketplace.orders.payouts import payout_statement, provider_earnings_to_date, provider_running_orders
@@ -34,12 +35,14 @@ from marketplace.portal.forms import (
     InvitationSignupForm,
     InviteForm,
     MachineForm,
+    MachinePriceFallForm,
     RoleForm,
     SignupForm,
     SlaCommitmentForm,
     TermsForm,
     rate_limit_text,
 )
+from marketplace.portal.price_falls import price_fall_view, rule_summary
 from marketplace.portal.selectors import Permission, role_allows
 from marketplace.portal.services import (
     TERMS_VERSION,
@@ -47,6 +50,7 @@ from marketplace.portal.services import (
     invitation_accept,
     invitation_signup,
     machine_listing_create,
+    machine_price_fall_update,
     provider_account_save,
     provider_account_sync,
     provider_details_update,
@@ -59,7 +63,12 @@ from marketplace.sla.published import SELLER_CHOSEN
 from marketplace.sla.selectors import provider_sla_rows
 from marketplace.sla.services import CommitmentRefused, account_sla_commit, floor_pct
 from marketplace.web.charts import gpu_hours_chart, telemetry_chart
-from providers.community.selectors import machines_latest_unverified, machines_utilization, provider_machines
+from providers.community.selectors import (
+    machines_latest_unverified,
+    machines_utilization,
+    provider_machine_get,
+    provider_machines,
+)
 from providers.errors import ProviderError, TransientProviderError
 from providers.models import ProviderAccount
 
@@ -412,8 +421,9 @@ def machines(request: HttpRequest) -> HttpResponse:
         latest = series[-1][1] if series else None
         flagged = unverified.get(machine.pk)
         chart = _utilization_chart(machine.name, series, since=since, until=now)
-        rows.append((machine, chart, flagged[1] if flagged else latest, score, flagged[0] if flagged else ""))
-    known = [score for _, _, _, score, _ in rows if score is not None]
+        latest_shown, why = (flagged[1], flagged[0]) if flagged else (latest, "")
+        rows.append((machine, chart, latest_shown, score, why, rule_summary(machine.price_fall)))
+    known = [score for _, _, _, score, _, _ in rows if score is not None]
     overall = sum(known) / len(known) if known else None
     return _page(request, "portal/machines.html", membership, "machines", machines=rows, reliability=overall)
 
@@ -441,6 +451,33 @@ def machine_new(request: HttpRequest) -> HttpResponse:
             patch_cache_control(response, no_store=True)  # the secret must not linger in a cache
             return response
     return _page(request, "portal/machine_form.html", membership, "machines", form=form)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def machine_prices(request: HttpRequest, machine_id: int) -> HttpResponse:
+    """A machine's price falls: what they are, what they do to its prices, and (for those who may change
+    accounts) the form to change them."""
+    membership = _membership(request, Permission.ACCOUNTS if request.method == "POST" else Permission.READ)
+    machine = provider_machine_get(provider=membership.organization.provider, machine_id=machine_id)
+    if machine is None:
+        raise Http404("no such machine")
+    form = MachinePriceFallForm(
+        request.POST if request.method == "POST" else None, initial=MachinePriceFallForm.initial_for(machine.price_fall)
+    )
+    if form.is_bound and form.is_valid():
+        try:
+            machine_price_fall_update(machine=machine, rule=form.rule())
+        except PortalError as exc:
+            form_error(form, exc)
+        else:
+            messages.success(request, f"{machine.name}: {rule_summary(machine.price_fall)}; its offers follow shortly.")
+            return redirect("portal:machine-prices", machine_id=machine.pk)
+    moment = machine_moments(machines=[machine], now=timezone.now())[machine.pk]
+    return _page(
+        request, "portal/machine_prices.html", membership, "machines", machine=machine, form=form,
+        falls=price_fall_view(machine, moment),
+    )  # fmt: skip
 
 
 @login_required

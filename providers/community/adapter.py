@@ -33,7 +33,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
@@ -48,6 +48,7 @@ from providers.community.client import (
     OutboundAgentClient,
 )
 from providers.community.mig import MIG_PROFILE, mig_profile
+from providers.community.pricing import slice_price
 from providers.errors import (
     CapacityUnavailable,
     CredentialsRejected,
@@ -86,7 +87,6 @@ MAX_TOKEN = 64  # ``Attempt.client_token``
 MAX_INSTANCES = 256
 MAX_GPUS = 64
 MAX_DEADLINE_S = 60.0  # whatever the account says: a provisioning worker is never held longer by one call
-_PRICE_PLACES = Decimal("0.0001")
 _PROFILE_NAME = re.compile(r"[1-7]g\.[0-9]{1,3}gb")
 # How an agent that does not know the bare ``GET /v1/instances`` answers it: no such route (404), not that method
 # there (405, RFC 9110), or a request it refuses for lacking ``order_ref`` (400).
@@ -321,9 +321,7 @@ class CommunityAdapter(ProviderAdapter):
                     gpu_memory_gb=profile.memory_gb,
                     vcpus=max(1, int(machine.vcpus * host_share)),
                     memory_gib=Decimal(int(machine.memory_gib * host_share)),
-                    price=(machine.price_per_gpu_hour * share.numerator / share.denominator).quantize(
-                        _PRICE_PLACES, ROUND_HALF_UP
-                    ),
+                    price=slice_price(machine.price_per_gpu_hour, share),
                     currency="USD",
                     capacity=machine.gpu_count * profile.per_gpu,
                     extra={**extra, GPU_FRACTION: float(share), MIG_PROFILE: name},

@@ -16,6 +16,11 @@ def provider_machines(*, provider: Provider) -> QuerySet[Machine]:
     return Machine.objects.filter(account__provider=provider).select_related("account").order_by("name")
 
 
+def provider_machine_get(*, provider: Provider, machine_id: int) -> Machine | None:
+    """The provider's own machine, or None (another seller's machine is as unknown as a missing one)."""
+    return provider_machines(provider=provider).filter(pk=machine_id).first()
+
+
 def machine_utilization(
     *, machine: Machine, since: dt.datetime, hourly: bool = False, plausible_only: bool = False
 ) -> list[tuple[dt.datetime, Decimal]]:

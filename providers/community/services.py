@@ -17,6 +17,7 @@ from django.utils import timezone
 from providers.community import protocol
 from providers.community.mig import mig_profiles_problem
 from providers.community.plausibility import CardLimits, reason_text, telemetry_problems
+from providers.community.pricing import PriceFallRule
 from providers.community.signals import machine_state_changed
 from providers.endpoints import EndpointRefused, endpoint_check
 from providers.gpu_names import reported_model_matches
@@ -80,6 +81,33 @@ def machine_list(*, account: ProviderAccount, name: str, listing: dict[str, Any]
     except IntegrityError:
         raise MachineInvalid(f"name: this account already has a machine called {name!r}") from None
     return ListedMachine(machine, secret)
+
+
+# The rule's percentages are stored with two decimals (``Machine.fragment_discount_pct`` and its siblings).
+_PCT_PLACES = Decimal("0.01")
+PRICE_FALL_FIELDS = ("fragment_discount_pct", "idle_after_hours", "idle_step_pct", "floor_pct")
+
+
+def machine_price_fall_set(*, machine: Machine, rule: PriceFallRule) -> Machine:
+    """Store the price falls the seller accepts for ``machine``. ``rule`` was checked when it was made
+    (``PriceFallRule`` raises ``PriceRuleError`` naming the field); here its percentages must also fit the
+    columns' two decimals, and a discount needs a floor below 100 %, else ``MachineInvalid`` names the field
+    and nothing is stored. The offers follow at the account's next sync (the caller asks for one); setting the
+    same rule again writes nothing."""
+    for name in ("fragment_discount_pct", "idle_step_pct", "floor_pct"):
+        value = getattr(rule, name)
+        if value != value.quantize(_PCT_PLACES):
+            raise MachineInvalid(f"{name}: at most two decimals, not {value}")
+    if rule.floor_pct == 100 and (rule.fragment_discount_pct > 0 or rule.idle_step_pct > 0):
+        # The rule would be stored and silently do nothing: the seller meant a fall, so ask for its floor.
+        raise MachineInvalid("floor_pct: a floor of 100 % keeps the list price; set the lowest share you accept")
+    values = {name: getattr(rule, name) for name in PRICE_FALL_FIELDS}
+    if all(getattr(machine, name) == value for name, value in values.items()):
+        return machine
+    Machine.objects.filter(pk=machine.pk).update(**values)
+    for name, value in values.items():
+        setattr(machine, name, value)
+    return machine
 
 
 def authenticate(headers: Any, method: str, target: str, body: bytes, *, now: dt.datetime | None = None) -> Machine:

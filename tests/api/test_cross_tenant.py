@@ -105,6 +105,7 @@ ROUTES = {
     "provider/accounts/<int:account_id>/sla": "tests/portal/test_sla_portal.py (another provider's account: 404)",
     "provider/machines": "tests/portal/test_machines.py::test_a_viewer_cannot_list_and_a_stranger_sees_nothing",
     "provider/machines/new": "tests/portal/test_machines.py",
+    "provider/machines/<int:machine_id>/prices": "tests/portal/test_machine_prices.py (another provider, a buyer: 404)",
     "provider/earnings": "tests/portal/test_onboarding.py::test_buyers_and_strangers_get_404_on_provider_pages",
     "provider/payouts": "tests/portal/test_connect_payouts.py (a buyer or a stranger: 404; a viewer: 403)",
     "provider/payouts/onboard": "tests/portal/test_connect_payouts.py (owners of their own organisation only)",

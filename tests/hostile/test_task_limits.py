@@ -45,6 +45,7 @@ OUR_TASKS = {
     "marketplace.order_boot_deadline",
     "marketplace.order_boot_settle",
     "marketplace.order_poll",
+    "marketplace.order_preempt",
     "marketplace.order_provision",
     "marketplace.order_terminate",
     "marketplace.orders_reconcile",

@@ -16,14 +16,19 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from kombu import Exchange, Queue
 from rest_framework.test import APIClient
 
+from broker.celery import app as celery_app
+from broker.queues import PROVISIONING_QUEUE
 from ledger.models import LedgerEntry
 from ledger.services import ledger_verify
 from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.catalog.query import offers_search
 from marketplace.catalog.services import offers_sync
 from marketplace.models import (
+    Attempt,
+    AttemptOutcome,
     GpuHold,
     GpuModel,
     Offer,
@@ -33,12 +38,18 @@ from marketplace.models import (
     WebhookDelivery,
     WebhookEventType,
 )
+from marketplace.orders.blocks import SOLD_OUT, provider_blocks
 from marketplace.orders.errors import BidRefused
+from marketplace.orders.launching import Step, order_provision
+from marketplace.orders.losses import order_preempt
 from marketplace.orders.services import PlaceRequest, order_place
-from marketplace.tasks import orders_sweep_task
+from marketplace.tasks import order_preempt_task, orders_sweep_task
 from marketplace.webhooks.services import webhook_endpoint_create
+from providers.models import Machine
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
+from tests.races import race_behind_row_lock, require_postgresql
+from tests.test_worker import queues_purge
 
 pytestmark = pytest.mark.django_db
 
@@ -354,3 +365,214 @@ def test_a_machine_held_only_by_bids_stays_in_search_with_its_bid_held_gpus_show
         assert client.get("/orders/new", {"offer": listed.pk}).status_code == 200
     finally:
         stop_hosts(agents)
+
+
+# --- No clock block on an exact count (issue 39) -------------------------------------------------------------------
+
+
+def _placed(acme, alice, *, gpus: int, pricing: str, bid: str | None = None, zone: str = "fra-h100-1",
+            allow_failover: bool = False) -> int:  # fmt: skip
+    """Place an order (its provisioning runs as it commits, in this thread); its id."""
+    return order_place(
+        organization=acme,
+        user=alice,
+        request=PlaceRequest(
+            launch=LAUNCH,
+            offer_id=_offer(zone, gpus, pricing).pk,
+            bid_per_gpu_hour=None if bid is None else Decimal(bid),
+            allow_failover=allow_failover,
+        ),
+    ).order.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_on_demand_order_outbids_lower_bids_after_their_own_sold_out_refusals(acme, alice, hosts):
+    """Issue 39: bids racing for a machine's last GPUs were refused sold out, and those refusals blocked the
+    lease size shared with the on-demand offer for 10 minutes: the on-demand order was refused while lower
+    bids kept their GPUs."""
+    require_postgresql()
+    first = Order.objects.get(pk=_placed(acme, alice, gpus=4, pricing="spot", bid="1.00"))
+    first = boot_if_launched(first, hosts)
+    assert first.state == OrderState.RUNNING and _held(first) == [("fra-h100-1", i) for i in range(4)]
+    machine = Machine.objects.get(name="fra-h100-1")
+
+    # Given two equal bids racing for the last four GPUs, both past the ranking before either reserves
+    placed, errors = race_behind_row_lock(
+        machine, [lambda: _placed(acme, alice, gpus=4, pricing="spot", bid="1.00")] * 2
+    )
+
+    assert errors == []
+    racers = [boot_if_launched(o, hosts) for o in Order.objects.filter(pk__in=placed).order_by("pk")]
+    assert sorted(o.state for o in racers) == [OrderState.FAILED, OrderState.RUNNING]
+    (second,) = (o for o in racers if o.state == OrderState.RUNNING)
+    refused = Attempt.objects.get(order__in=placed, outcome=AttemptOutcome.FAILED)
+    assert (refused.error_class, refused.provider_code, refused.offer.instance_type) == (
+        "capacity", SOLD_OUT, _offer("fra-h100-1", 4, "on_demand").instance_type,
+    )  # fmt: skip
+    assert provider_blocks(now=timezone.now()).zone_types == frozenset()
+
+    # When an on-demand order asks for four GPUs of the full machine
+    on_demand = Order.objects.get(pk=_placed(acme, alice, gpus=4, pricing="on_demand"))
+
+    # Then it outbids the lowest, oldest bid, which gets its notice; the other bid keeps its GPUs
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert on_demand.state == OrderState.PROVISIONING, on_demand.state_reason
+    assert first.preempt_at is not None and first.preempted_for.order_id == on_demand.pk
+    assert second.preempt_at is None and _held(second) == [("fra-h100-1", i) for i in range(4, 8)]
+    assert _held(on_demand) == [("fra-h100-1", i) for i in range(4)]
+    assert [e["outbid_by"] for e in _entries(first, "order.preemption_notice")] == ["an on-demand order"]
+
+    # And at the notice's end it runs there
+    _notice_over(first)
+    assert orders_sweep_task.apply().result >= 1
+    on_demand, first = boot_if_launched(on_demand, hosts), boot_if_launched(first, hosts)
+    assert on_demand.state == OrderState.RUNNING and on_demand.instance.zone == "fra-h100-1"
+    assert first.state == OrderState.FAILED
+    # No GPU was ever held twice, and the machine runs one lease per four GPUs
+    assert sorted(_held(on_demand) + _held(second)) == [("fra-h100-1", i) for i in range(8)]
+    live = [instance for instance in hosts[0].instances.values() if instance.holds_gpus()]
+    assert sorted(i for instance in live for i in instance.gpu_indexes) == list(range(8))
+    assert ledger_verify().ok
+
+
+def test_failover_outbids_lower_bids_when_no_free_gpus_fit(acme, alice, hosts, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    # Given one machine leased whole on demand and the other held whole by a bid
+    taken = _place(acme, alice, hosts, capture, pricing="on_demand", zone="fra-h100-2")
+    bidder = _place(acme, alice, hosts, capture, bid="1.00", zone="fra-h100-1")
+    assert (taken.state, bidder.state) == (OrderState.RUNNING, OrderState.RUNNING)
+
+    # When an on-demand order with failover picks the machine leased on demand, which it cannot outbid
+    on_demand = _place(acme, alice, hosts, capture, pricing="on_demand", zone="fra-h100-2", allow_failover=True)
+
+    # Then it fails over to the machine held by the bid, which gets its notice
+    bidder.refresh_from_db()
+    assert on_demand.state == OrderState.PROVISIONING, on_demand.state_reason
+    assert [a.offer.zone for a in on_demand.attempts.all()] == ["fra-h100-1"]
+    assert bidder.preempt_at is not None and _held(on_demand) == [("fra-h100-1", i) for i in range(8)]
+    assert _held(taken) == [("fra-h100-2", i) for i in range(8)]
+
+
+def test_failover_takes_free_gpus_before_outbidding_anyone(acme, alice, hosts, django_capture_on_commit_callbacks):
+    capture = django_capture_on_commit_callbacks
+    taken = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2")
+    taken_too = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2")
+    bidder = _place(acme, alice, hosts, capture, gpus=4, bid="1.00", zone="fra-h100-1")
+    assert {taken.state, taken_too.state, bidder.state} == {OrderState.RUNNING}
+
+    on_demand = _place(acme, alice, hosts, capture, gpus=4, pricing="on_demand", zone="fra-h100-2", allow_failover=True)
+
+    bidder.refresh_from_db()
+    assert on_demand.state == OrderState.RUNNING, on_demand.state_reason
+    assert _held(on_demand) == [("fra-h100-1", i) for i in range(4, 8)] and bidder.preempt_at is None
+
+
+# --- Preemption at the notice's end (issue 39) ---------------------------------------------------------------------
+
+
+def _outbid(acme, alice, hosts, capture) -> tuple[Order, Order]:
+    """A bid of 1.00 running on all of fra-h100-1, and a bid of 1.20 placed for it (not provisioned yet)."""
+    low = _place(acme, alice, hosts, capture, bid="1.00")
+    assert low.state == OrderState.RUNNING
+    with capture(execute=False):
+        high = order_place(
+            organization=acme,
+            user=alice,
+            request=PlaceRequest(
+                launch=LAUNCH, offer_id=_offer("fra-h100-1", 8, "spot").pk, bid_per_gpu_hour=Decimal("1.20")
+            ),
+        ).order
+    return low, high
+
+
+def test_the_notice_books_the_preemption_for_its_end_on_the_provisioning_queue(
+    acme, alice, hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    low, high = _outbid(acme, alice, hosts, capture)
+    # What a worker would receive: the message itself, off the broker
+    celery_app.conf.task_always_eager = False
+    queues_purge()
+    try:
+        with capture(execute=True):
+            assert order_provision(order_id=high.pk) == Step.WAIT
+        with celery_app.connection_for_read() as conn:
+            queue = Queue(
+                PROVISIONING_QUEUE, Exchange(PROVISIONING_QUEUE, type="direct"), routing_key=PROVISIONING_QUEUE
+            )
+            messages = []
+            while (message := queue(conn.default_channel).get(no_ack=True)) is not None:
+                messages.append(message)
+    finally:
+        queues_purge()
+
+    low.refresh_from_db()
+    assert low.preempt_at is not None and low.preempted_for.order_id == high.pk
+    booked = [(m.headers["task"], json.loads(m.body)[0], m.headers["eta"]) for m in messages]
+    assert [(task, args) for task, args, _ in booked] == [("marketplace.order_preempt", [low.pk])]
+    assert dt.datetime.fromisoformat(booked[0][2]) == low.preempt_at
+
+
+def test_the_preemption_runs_at_the_notices_end_not_before_and_once(
+    acme, alice, hosts, hook, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    low, high = _outbid(acme, alice, hosts, capture)
+    with capture(execute=True):  # the booked task runs at once here (eager): early, it does nothing
+        assert order_provision(order_id=high.pk) == Step.WAIT
+    low.refresh_from_db()
+    first = low.instances.get()
+    end = low.preempt_at
+
+    # Before the end: nothing, by the service or the task
+    assert order_preempt(order_id=low.pk, now=end - dt.timedelta(microseconds=1)) == (Step.DONE, None)
+    with capture(execute=True):
+        assert order_preempt_task.apply((low.pk,)).result == Step.DONE.value
+    low.refresh_from_db()
+    first.refresh_from_db()
+    high.refresh_from_db()
+    assert low.state == OrderState.RUNNING and first.active and low.preempt_at == end
+    assert not LedgerEntry.objects.filter(kind="order.instance_lost").exists()
+    assert high.state == OrderState.PROVISIONING and not high.instances.exists()
+
+    # At the end (brought forward to now, rather than waiting for it): the task takes the lease, and the order
+    # that outbid it launches
+    Order.objects.filter(pk=low.pk).update(preempt_at=timezone.now())
+    low.refresh_from_db()
+    with capture(execute=True):
+        assert order_preempt_task.apply((low.pk,)).result == Step.DONE.value
+    # A second run (the booked task delivered twice, or the sweep) does nothing
+    with capture(execute=True):
+        assert order_preempt_task.apply((low.pk,)).result == Step.DONE.value
+        assert orders_sweep_task.apply().get() == 0
+    ended_at = low.preempt_at
+    low, high = boot_if_launched(low, hosts), boot_if_launched(high, hosts)
+
+    first.refresh_from_db()
+    assert (first.active, first.state) == (False, "terminated") and first.terminated_at >= ended_at
+    assert low.state == OrderState.FAILED and low.state_reason.startswith("outbid by a higher bid")
+    assert LedgerEntry.objects.filter(kind="order.instance_lost", subject=f"order:{low.public_id}").count() == 1
+    assert WebhookDelivery.objects.filter(event_type=WebhookEventType.INSTANCE_LOST).count() == 1
+    assert high.state == OrderState.RUNNING, high.state_reason
+    assert _held(high) == [("fra-h100-1", i) for i in range(8)]
+    assert ledger_verify().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_booked_task_and_the_sweep_at_once_preempt_the_order_once(acme, alice, hosts):
+    require_postgresql()
+    low = boot_if_launched(Order.objects.get(pk=_placed(acme, alice, gpus=8, pricing="spot", bid="1.00")), hosts)
+    high = Order.objects.get(pk=_placed(acme, alice, gpus=8, pricing="spot", bid="1.20"))
+    low.refresh_from_db()
+    assert low.preempt_at is not None and high.state == OrderState.PROVISIONING
+    end = low.preempt_at
+
+    # Both runs, exactly at the notice's end, reach the order's row lock before either goes on
+    results, errors = race_behind_row_lock(low, [lambda: order_preempt(order_id=low.pk, now=end)] * 2)
+
+    assert errors == []
+    assert sorted(results, key=str) == sorted([(Step.DONE, None), (Step.DONE, high.pk)], key=str)
+    assert LedgerEntry.objects.filter(kind="order.instance_lost", subject=f"order:{low.public_id}").count() == 1
+    low.refresh_from_db()
+    assert low.state == OrderState.FAILED

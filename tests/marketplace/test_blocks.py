@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from decimal import Decimal
 
 import pytest
@@ -11,9 +12,10 @@ from django.utils import timezone
 from ledger.services import ledger_verify
 from marketplace.catalog.selectors import offer_book
 from marketplace.matching import Demand, rank
-from marketplace.models import Attempt, Offer, OrderState
-from marketplace.orders.blocks import provider_blocks
+from marketplace.models import Attempt, AttemptOutcome, Offer, OrderState
+from marketplace.orders.blocks import SOLD_OUT, provider_blocks
 from marketplace.orders.services import PlaceRequest, order_place
+from providers.models import Machine
 from tests.leases import LAUNCH, boot_if_launched
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +99,47 @@ def test_a_zero_window_turns_sharing_off(
     _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     second = _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
     assert next((a.offer.zone, a.error_class) for a in second.attempts.all()) == (t4_offer.zone, "capacity")
+
+
+# --- Independent hosts: the count of free GPUs is exact (issue 39) -------------------------------------------------
+
+
+def _whole(fleet, machine: str) -> Offer:
+    return Offer.objects.get(account=fleet, zone=machine, gpu_count=8, pricing_model="on_demand")
+
+
+def _host_order(acme, alice, offer, capture, hosts):
+    with capture(execute=True):
+        order = order_place(
+            organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk, allow_failover=False)
+        ).order
+    return boot_if_launched(order, hosts)
+
+
+def test_a_host_sold_out_by_the_count_blocks_nothing_but_one_that_does_not_answer_blocks_its_lease_size(
+    acme, alice, fleet, held_hosts, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    # Given fra-h100-1 sold whole, and a second order for it let through by a count gone stale: the holds refuse it
+    first = _host_order(acme, alice, _whole(fleet, "fra-h100-1"), capture, held_hosts)
+    assert first.state == OrderState.RUNNING, first.state_reason
+    Offer.objects.filter(pk=_whole(fleet, "fra-h100-1").pk).update(reserved=0)
+    sold_out = _host_order(acme, alice, _whole(fleet, "fra-h100-1"), capture, held_hosts)
+    # And fra-h100-2's agent no longer answering (its address now a closed port)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    Machine.objects.filter(account=fleet, name="fra-h100-2").update(agent_url=f"http://127.0.0.1:{closed}")
+    silent = _host_order(acme, alice, _whole(fleet, "fra-h100-2"), capture, held_hosts)
+
+    failed = {
+        o.attempts.get().offer.zone: (o.state, o.attempts.get().outcome, o.attempts.get().provider_code)
+        for o in (sold_out, silent)
+    }
+    assert failed["fra-h100-1"] == (OrderState.FAILED, AttemptOutcome.FAILED, SOLD_OUT)
+    assert failed["fra-h100-2"][:2] == (OrderState.FAILED, AttemptOutcome.FAILED)
+    assert failed["fra-h100-2"][2] != SOLD_OUT
+
+    # Then only the host that did not answer blocks its lease size, on the clock as a cloud's zone would
+    whole = _whole(fleet, "fra-h100-2")
+    assert provider_blocks(now=timezone.now()).zone_types == {(fleet.pk, "fra-h100-2", whole.instance_type)}

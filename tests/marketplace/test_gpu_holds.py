@@ -8,12 +8,15 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from ledger.services import ledger_verify
 from marketplace.catalog.gpu_specs import gpu_models_upsert
 from marketplace.catalog.selectors import offer_view
 from marketplace.catalog.services import offers_sync
-from marketplace.models import Attempt, GpuHold, GpuModel, Offer, Order, OrderState
+from marketplace.matching import Exclusion
+from marketplace.models import Attempt, AttemptOutcome, GpuHold, GpuModel, Offer, Order, OrderState
+from marketplace.orders.blocks import SOLD_OUT, provider_blocks
 from marketplace.orders.reservations import reservation_release, reservation_take
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from marketplace.portal.forms import MachineForm
@@ -22,7 +25,7 @@ from providers.models import Machine
 from providers.services import adapter_for_account
 from tests.hosts import LISTING, start_hosts, stop_hosts
 from tests.leases import LAUNCH, boot_if_launched
-from tests.races import race_same
+from tests.races import race_behind_row_lock, race_same
 
 # Eight H100s rented two at a time or more, at 1.90 a GPU-hour.
 DIVISIBLE = {**LISTING, "min_gpus_per_lease": 2}
@@ -214,6 +217,46 @@ def test_eight_gpus_sold_in_pairs_take_exactly_four_concurrent_orders(fleet, div
         range(8)
     )
     assert _reserved(fleet) == {2: (4, 4), 4: (2, 2), 8: (1, 1)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_that_sells_out_a_machine_blocks_nothing_once_its_gpus_are_free(fleet, divisible_host, acme, alice):
+    """Issue 39: the broker's own sold-out refusals used to block the lease size for BROKER_BLOCK_CAPACITY_S, so
+    the orders after the burst failed with GPUs idle. The count of free GPUs is exact: it alone decides."""
+    _require_postgresql()
+    assert offers_sync(account_id=fleet.pk).ok
+    pair = _offer(fleet, 2)
+    machine = Machine.objects.get(account=fleet, name="fra-h100-1")
+
+    # Given six orders for pairs of eight GPUs, each past the ranking (four pairs free) before any reserves
+    placed, errors = race_behind_row_lock(machine, [lambda: _place(acme, alice, pair).pk] * 6)
+
+    assert errors == []
+    orders = [boot_if_launched(o, divisible_host) for o in Order.objects.filter(pk__in=placed).order_by("pk")]
+    running = [o for o in orders if o.state == OrderState.RUNNING]
+    assert sorted(o.state for o in orders) == [OrderState.FAILED] * 2 + [OrderState.RUNNING] * 4
+    refused = Attempt.objects.filter(order__in=placed, outcome=AttemptOutcome.FAILED)
+    assert sorted(refused.values_list("error_class", "provider_code")) == [("capacity", SOLD_OUT)] * 2
+    # No GPU sold twice, in the broker's holds or on the machine
+    assert sorted(index for o in running for index in _held(o)) == list(range(8))
+    assert sorted(i for instance in divisible_host[0].instances.values() for i in instance.gpu_indexes) == list(
+        range(8)
+    )
+    # Then the refusals block nothing, for any order
+    assert provider_blocks(now=timezone.now()) == Exclusion()
+
+    # When two of the pairs are given back
+    for order in running[:2]:
+        order_terminate(order=order)
+    assert _reserved(fleet)[2] == (4, 2)  # two pairs free (which quads that frees depends on who won which GPUs)
+
+    # Then the next two orders run at once, each on its first try, on the GPUs freed
+    after = [boot_if_launched(_place(acme, alice, pair), divisible_host) for _ in range(2)]
+    assert [(o.state, list(o.attempts.values_list("outcome", flat=True))) for o in after] == [
+        (OrderState.RUNNING, [AttemptOutcome.LAUNCHED])
+    ] * 2, [o.state_reason for o in after]
+    assert sorted(index for o in after + running[2:] for index in _held(o)) == list(range(8))
+    assert ledger_verify().ok
 
 
 def _waiting_on_a_lock() -> bool:

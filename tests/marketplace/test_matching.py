@@ -3,7 +3,11 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from marketplace.matching import Demand, Exclusion, OfferView, rank_offers
+import pytest
+
+from bench.market import specs
+from marketplace.matching import Demand, Exclusion, OfferView, rank, rank_offers
+from providers import gpu_names as g
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -122,3 +126,69 @@ def test_capacity_counts_instances_unless_the_listing_is_divisible():
 
     assert [r.offer.offer_id for r in result.ranked] == [1]
     assert result.rejected == {"capacity": 2}
+
+
+# --- Per-GPU listings: priced by the GPUs asked for, as ``rank`` prices them (issue 39) ---------------------------
+
+SPECS = specs()
+
+
+def listing(offer_id: int, *, gpus: int, price: str, divisible: bool = False) -> OfferView:
+    """An H100 listing with its datasheet, so ``rank`` can score it too."""
+    return offer(
+        offer_id, price=price, gpus=gpus, model=g.H100_SXM, spec=SPECS[g.H100_SXM], divisible=divisible,
+        gpu_memory_gb=SPECS[g.H100_SXM].memory_gb,
+    )  # fmt: skip
+
+
+def test_a_one_gpu_demand_capped_below_the_machine_gets_one_gpu_of_a_per_gpu_listing_at_its_price():
+    # Given an 8-GPU machine sold per GPU at $8.00/h for the whole machine: $1.00 a GPU
+    per_gpu = listing(1, gpus=8, price="8.00", divisible=True)
+    capped = Demand(gpu_count=1, max_price_per_hour=Decimal("1.50"))
+
+    result = rank_offers(capped, [per_gpu], now=NOW, max_age=HOUR)
+    uncapped = rank_offers(Demand(gpu_count=1), [per_gpu], now=NOW, max_age=HOUR)
+
+    # Then the cap admits its one GPU, quoted at $1.00/h, capped or not
+    assert result.rejected == {}
+    assert [(r.offer.offer_id, r.price_per_hour, r.price_per_gpu_hour) for r in result.ranked] == [
+        (1, Decimal("1.000000"), Decimal("1.0000"))
+    ]
+    assert result.ranked[0].reason == (
+        f"cheapest feasible: 1x {g.H100_SXM} on-demand in us-east-1a at $1.0000 per GPU-hour ($1.0000/h) for 1 GPU(s)"
+    )
+    assert [r.price_per_hour for r in uncapped.ranked] == [Decimal("1.000000")]
+
+
+def test_a_machine_sold_whole_still_costs_the_whole_machine_to_a_one_gpu_demand():
+    whole = listing(1, gpus=8, price="8.00")
+
+    capped = rank_offers(Demand(gpu_count=1, max_price_per_hour=Decimal("1.50")), [whole], now=NOW, max_age=HOUR)
+    uncapped = rank_offers(Demand(gpu_count=1), [whole], now=NOW, max_age=HOUR)
+
+    assert capped.ranked == () and capped.rejected == {"price cap": 1}
+    assert [(r.price_per_hour, r.price_per_gpu_hour) for r in uncapped.ranked] == [
+        (Decimal("8.000000"), Decimal("8.0000"))
+    ]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 8])
+@pytest.mark.parametrize("cap_per_gpu", [None, "1.00", "1.30", "3.40"])
+def test_rank_offers_and_rank_agree_on_what_each_listing_costs(gpus: int, cap_per_gpu: str | None):
+    offers = [
+        listing(1, gpus=8, price="8.00", divisible=True),  # $1.00 a GPU
+        listing(2, gpus=8, price="10.00", divisible=True),  # $1.25 a GPU
+        listing(3, gpus=8, price="7.00"),  # sold whole
+        listing(4, gpus=2, price="3.00"),
+        listing(5, gpus=1, price="1.40"),
+        listing(6, gpus=3, price="10.00", divisible=True),  # $3.33... a GPU: rounding
+    ]
+    cap = None if cap_per_gpu is None else Decimal(cap_per_gpu) * gpus
+    demand = Demand(gpu_count=gpus, max_price_per_hour=cap)
+
+    first_cut = rank_offers(demand, offers, now=NOW, max_age=HOUR)
+    scored = rank(demand, offers, now=NOW, max_age=HOUR)
+
+    quoted = {q.offer.offer_id: q.breakdown.price_per_hour for q in scored.quotes}
+    assert {r.offer.offer_id: r.price_per_hour for r in first_cut.ranked} == quoted
+    assert 1 in quoted  # the $1.00 GPUs fit every cap: each case compares something
