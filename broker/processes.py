@@ -6,7 +6,9 @@ naming what was wrong and what exists, so a misspelt service fails at once with 
 something else. ``main`` replaces itself with that program (``exec``), so the process receives the container's
 signals itself: gunicorn and Celery finish their requests and tasks on SIGTERM.
 
-Nothing here sets Django up: the healthcheck runs every few seconds and should cost little.
+The standard library only, not even the ``broker`` package (which loads Celery): the image's HEALTHCHECK runs
+this file as a script every few seconds, and it should cost little. The queue names are those of
+``broker.queues``; tests/deploy/test_compose.py holds the two lists equal.
 """
 
 from __future__ import annotations
@@ -18,18 +20,16 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, QUEUES, SYNC_QUEUE, WEBHOOK_QUEUE
-
 # Each queue's worker: the name its hostname starts with and its pool size, as docs/DEPLOY.md lists them. The
 # ledger's pool is 1: checkpoints and anchors are made one at a time.
 WORKER_POOLS: dict[str, tuple[str, int]] = {
-    DEFAULT_QUEUE: ("default", 2),
-    PROVISIONING_QUEUE: ("provisioning", 8),
-    SYNC_QUEUE: ("sync", 4),
-    LEDGER_QUEUE: ("ledger", 1),
-    WEBHOOK_QUEUE: ("webhooks", 16),
+    "celery": ("default", 2),
+    "provisioning": ("provisioning", 8),
+    "sync": ("sync", 4),
+    "ledger": ("ledger", 1),
+    "webhooks": ("webhooks", 16),
 }
-assert set(WORKER_POOLS) == set(QUEUES), "every queue needs a worker pool here"
+QUEUES = tuple(WORKER_POOLS)
 
 PROCESSES = {
     "web": "gunicorn on $BROKER_WEB_PORT (8000), $BROKER_WEB_WORKERS (4) processes",

@@ -44,6 +44,7 @@ def test_every_broker_service_runs_a_process_the_image_knows():
 
 
 def test_each_queue_has_a_worker_service_consuming_it_alone():
+    assert set(WORKER_POOLS) == set(QUEUES), "broker/processes.py must size a pool for every queue of broker/queues.py"
     consumed = sorted(spec["command"][1] for spec in _broker_services().values() if spec["command"][0] == "worker")
     assert consumed == sorted(QUEUES)
     for queue in QUEUES:

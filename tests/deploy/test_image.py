@@ -58,7 +58,8 @@ def _docker_answers() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(_docker_answers()), reason=_docker_answers() or "runs")
+WHY_NOT = _docker_answers()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "runs")
 
 
 def _free_ports(count: int) -> int:
@@ -246,7 +247,7 @@ def test_the_images_processes_provision_an_order_placed_through_its_web_containe
         # process for the three commands: each start of Django costs seconds on a busy CI machine)
         out = containers.once("manage", "shell", "--command", SEED, env=seeded, volumes=[f"{shared}:/shared:ro"])
         token = out.strip().splitlines()[-1]
-        healthy = ["docker", "exec", running[1], "python3", "-m", "broker.processes", "healthcheck"]
+        healthy = ["docker", "exec", running[1], "python3", "/app/broker/processes.py", "healthcheck"]
         _until("healthy web container", lambda: subprocess.run(healthy, capture_output=True).returncode == 0,
                containers, running)  # fmt: skip
 
