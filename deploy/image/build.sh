@@ -45,6 +45,8 @@ wheelhouse=deploy/image/wheelhouse
 find "$wheelhouse" -name '*.whl' -delete
 cp --link "$cache"/*.whl "$wheelhouse"/ 2>/dev/null || cp "$cache"/*.whl "$wheelhouse"/
 
-DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$base" -f deploy/image/Dockerfile -t "$image" . \
-  >/dev/null 2>"$log" || { cat "$log" >&2; exit 1; }
+DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$base" --label gpu-broker.built-by=deploy/image/build.sh \
+  -f deploy/image/Dockerfile -t "$image" . >/dev/null 2>"$log" || { cat "$log" >&2; exit 1; }
+# The images this script built before, now untagged, go; so do the layers only they used.
+docker image prune --force --filter label=gpu-broker.built-by=deploy/image/build.sh >/dev/null
 echo "built $image"
