@@ -45,8 +45,12 @@ wheelhouse=deploy/image/wheelhouse
 find "$wheelhouse" -name '*.whl' -delete
 cp --link "$cache"/*.whl "$wheelhouse"/ 2>/dev/null || cp "$cache"/*.whl "$wheelhouse"/
 
-DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$base" --label gpu-broker.built-by=deploy/image/build.sh \
-  -f deploy/image/Dockerfile -t "$image" . >/dev/null 2>"$log" || { cat "$log" >&2; exit 1; }
-# The images this script built before, now untagged, go; so do the layers only they used.
-docker image prune --force --filter label=gpu-broker.built-by=deploy/image/build.sh >/dev/null
+previous=$(docker image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
+DOCKER_BUILDKIT=0 docker build --quiet --build-arg "BASE=$base" -f deploy/image/Dockerfile -t "$image" . \
+  >/dev/null 2>"$log" || { cat "$log" >&2; exit 1; }
+# The image this name had before goes (unless a container still uses it), so CI's rebuild after every change
+# does not fill the disk; the stages' images stay, being the cache of the next build.
+if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect -f '{{.Id}}' "$image")" ]; then
+  docker rmi "$previous" >/dev/null 2>&1 || true
+fi
 echo "built $image"
