@@ -14,13 +14,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 image=${1:-gpu-broker:local}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+log="$work/build.log"
 
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
 packages=python3,python3-venv,ca-certificates
 base="gpu-broker-python-base:$(printf '%s %s\n' "$suite" "$packages" | sha256sum | cut -c1-16)"
 if ! docker image inspect "$base" >/dev/null 2>&1; then
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
   mmdebstrap --quiet --variant=minbase --include="$packages" "$suite" "$work/rootfs.tar"
   docker import "$work/rootfs.tar" "$base" >/dev/null
 fi
@@ -31,12 +32,11 @@ fi
 requirements=$(docker run --rm --network none -v "$root/pyproject.toml:/pyproject.toml:ro" "$base" python3 -c \
   "import platform, tomllib; print(platform.python_version()); print('\n'.join(tomllib.load(open('/pyproject.toml', 'rb'))['project']['dependencies']))")
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-broker/wheelhouse/$(printf '%s\n' "$requirements" | sha256sum | cut -c1-16)"
-log="${TMPDIR:-/tmp}/gpu-broker-image-build.log"
 if [ ! -f "$cache/complete" ]; then
   rm -rf "$cache.partial" && mkdir -p "$cache.partial"
   printf '%s\n' "$requirements" | tail -n +2 >"$cache.partial/requirements.txt"
   docker run --rm --network host -v /etc/ssl/certs:/etc/ssl/certs:ro -v "$cache.partial:/wheels" "$base" sh -c \
-    'python3 -m venv /tmp/pip && /tmp/pip/bin/pip download --quiet --disable-pip-version-check --only-binary=:all: --dest /wheels -r /wheels/requirements.txt' \
+    'python3 -m venv /opt/download && /opt/download/bin/pip download --quiet --disable-pip-version-check --only-binary=:all: --dest /wheels -r /wheels/requirements.txt' \
     >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
   touch "$cache.partial/complete"
   rm -rf "$cache" && mv "$cache.partial" "$cache"
