@@ -36,12 +36,19 @@ def _normalise(value: Any) -> Any:
     raise TypeError(f"cannot put {type(value).__name__} in a ledger payload")
 
 
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
 def canonical_bytes(value: Any) -> bytes:
-    return json.dumps(_normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _dumps(_normalise(value))
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_ENVELOPE_TEXT = ("kind", "subject", "created_at", "payload_sha256", "prev")
 
 
 def entry_envelope(
@@ -49,13 +56,16 @@ def entry_envelope(
 ) -> bytes:
     """The bytes ``entry_hash`` is computed over; also the entry's Merkle leaf. ``created_at`` may be the
     datetime or its canonical text (``2026-12-03T11:49:00Z``, as published): both give the same bytes."""
-    return canonical_bytes(
-        {
-            "sequence": sequence,
-            "kind": kind,
-            "subject": subject,
-            "created_at": created_at,
-            "payload_sha256": payload_hash,
-            "prev": prev_hash,
-        }
-    )
+    fields = {
+        "sequence": sequence,
+        "kind": kind,
+        "subject": subject,
+        "created_at": _normalise(created_at),
+        "payload_sha256": payload_hash,
+        "prev": prev_hash,
+    }
+    # The sequencer builds one envelope per entry it chains: when every field is already plain text and an
+    # int, ``_normalise`` would hand them back unchanged, so the walk through it is skipped (same bytes).
+    if type(sequence) is int and all(type(fields[name]) is str for name in _ENVELOPE_TEXT):
+        return _dumps(fields)
+    return canonical_bytes(fields)
