@@ -2,7 +2,7 @@
 against the locked append the broker used before, measured in the same run.
 
     .venv/bin/python bench/ledger_writers.py [--writers 1 8] [--entries 16000] [--locked-entries 2000]
-        [--database postgres://postgres@127.0.0.1:5432/broker_bench_ledger]
+        [--rounds 3] [--database postgres://postgres@127.0.0.1:5432/broker_bench_ledger]
 
 Each writer is a process of its own with its own database connection; each change is one transaction holding
 one ledger entry, as in the issue's measurement. ``queued``: ``ledger_append`` as the broker runs it, the entry
@@ -14,6 +14,11 @@ at all (a primary key and a subject index, as the queued row has): the most this
 Django, whatever a ledger does. The clock stops when every entry is written *and* chained; then the ledger is
 checked whole (``ledger_verify``: gapless, links, hashes) and must hold exactly the entries written. Last, the
 sequencer alone: how many queued entries per second one sequencer chains, the ledger's own ceiling.
+
+Goal (issue 39): with 8 writers, ledgered (``queued``) changes at 90 % or more of ``bare``. Bare and queued
+run in turns, ``--rounds`` times for each writer count, and each queued run is divided by the bare run just
+before it; the goal is judged on the median of those ratios, and every one is printed, because on a machine
+others share the load moves from one run to the next.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import secrets
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from sync import django_on  # noqa: E402
 
-GOAL_PER_S = 5000  # the issue's goal with 8 writers
+GOAL_SHARE = 0.90  # issue 39: ledgered changes at this share of no ledger, or more, with 8 writers
 
 
 def _locked_append(*, kind: str, subject: str, payload: dict[str, Any]) -> None:
@@ -202,10 +208,13 @@ def _sequencer_alone(entries: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--entries", type=int, default=16_000, help="changes per queued run")
+    parser.add_argument("--entries", type=int, default=16_000, help="changes per queued or bare run")
     parser.add_argument("--locked-entries", type=int, default=2_000, help="changes per locked (baseline) run")
+    parser.add_argument("--rounds", type=int, default=3, help="bare and queued runs, taken in turns, per writer count")
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench_ledger")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
     # Production settings: DEBUG off (Django's debug cursor would time and keep every query).
     django_on(
         args.database,
@@ -214,21 +223,34 @@ def main() -> None:
         BROKER_PUBLIC_URL="https://broker.example",
     )
 
-    rates: dict[tuple[str, int], float] = {}
+    shares: dict[int, list[float]] = {}
     for writers in args.writers:
-        rates["bare", writers] = _run("bare", writers, args.entries)
-        rates["locked", writers] = _run("locked", writers, args.locked_entries)
-        rates["queued", writers] = _run("queued", writers, args.entries)
-    for writers in args.writers:
-        ratio = rates["queued", writers] / rates["locked", writers]
-        share = rates["queued", writers] / rates["bare", writers]
-        print(f"{writers} writer(s): queued/locked = {ratio:.1f}x; queued/bare = {share:.0%} of what this machine "
-              "commits with no ledger")  # fmt: skip
+        locked = _run("locked", writers, args.locked_entries)
+        queued: list[float] = []
+        # Bare and queued in turns, each queued run against the bare run just before it: on a shared machine
+        # the load moves between runs, and a pair measured back to back sees the same machine.
+        for _ in range(args.rounds):
+            bare = _run("bare", writers, args.entries)
+            queued.append(_run("queued", writers, args.entries))
+            shares.setdefault(writers, []).append(queued[-1] / bare)
+        print(f"{writers} writer(s): queued/locked = {statistics.median(queued) / locked:.1f}x; queued/bare = "
+              f"{_spread(shares[writers])} of what this machine commits with no ledger")  # fmt: skip
     print(f"sequencer alone: {_sequencer_alone(args.entries):,.0f} entries/s chained by one sequencer")
-    most = max(args.writers)
-    best = rates["queued", most]
-    verdict = "met" if most >= 8 and best >= GOAL_PER_S else "NOT met"
-    print(f"goal {GOAL_PER_S:,}/s with 8 writers: {verdict} ({best:,.0f}/s with {most})")
+    if 8 not in shares:
+        print(f"goal: ledgered changes at >= {GOAL_SHARE:.0%} of no ledger with 8 writers: not measured (no 8)")
+        return
+    share = statistics.median(shares[8])
+    verdict = "met" if share >= GOAL_SHARE else "NOT met"
+    print(f"goal: ledgered changes at >= {GOAL_SHARE:.0%} of no ledger with 8 writers: {verdict} "
+          f"(median {share:.0%} over {len(shares[8])} rounds)")  # fmt: skip
+
+
+def _spread(shares: list[float]) -> str:
+    """The median share, and the lowest and highest when there are several rounds."""
+    median = f"{statistics.median(shares):.0%}"
+    if len(shares) == 1:
+        return median
+    return f"{median} (median of {', '.join(f'{s:.0%}' for s in shares)})"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ import datetime as dt
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any
 
 
@@ -36,8 +38,16 @@ def _normalise(value: Any) -> Any:
     raise TypeError(f"cannot put {type(value).__name__} in a ledger payload")
 
 
+# A string as json.dumps(..., ensure_ascii=False) writes it, quotes included.
+_json_text: Callable[[str], str] = encode_basestring
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
 def canonical_bytes(value: Any) -> bytes:
-    return json.dumps(_normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _dumps(_normalise(value))
 
 
 def sha256_hex(data: bytes) -> str:
@@ -49,12 +59,23 @@ def entry_envelope(
 ) -> bytes:
     """The bytes ``entry_hash`` is computed over; also the entry's Merkle leaf. ``created_at`` may be the
     datetime or its canonical text (``2026-12-03T11:49:00Z``, as published): both give the same bytes."""
+    created = _normalise(created_at)
+    texts = (kind, subject, created, payload_hash, prev_hash)
+    # The sequencer builds one envelope per entry it chains, beside the writers: with plain text fields and an
+    # int, the canonical JSON is written directly, keys in their sorted order, each text escaped as json.dumps
+    # escapes it (the same bytes; tests/ledger/test_chain.py compares them).
+    if type(sequence) is int and all(type(text) is str for text in texts):
+        escaped = [_json_text(text) for text in texts]
+        return (
+            f'{{"created_at":{escaped[2]},"kind":{escaped[0]},"payload_sha256":{escaped[3]},'
+            f'"prev":{escaped[4]},"sequence":{sequence},"subject":{escaped[1]}}}'
+        ).encode()
     return canonical_bytes(
         {
             "sequence": sequence,
             "kind": kind,
             "subject": subject,
-            "created_at": created_at,
+            "created_at": created,
             "payload_sha256": payload_hash,
             "prev": prev_hash,
         }

@@ -80,15 +80,13 @@ class LedgerEntry(AppendOnlyModel):
     class Meta:
         # Queued entries (no sequence yet) after the sequenced ones, in the order they were written.
         ordering = [models.F("sequence").asc(nulls_last=True), "id"]
-        # Every change in the marketplace inserts a row here, so it carries only the indexes that are read: the
-        # uniques cover chained rows only (a queued row is in neither), and no pattern-matching twins.
+        # Every change in the marketplace inserts a row here and the sequencer updates it once, so it carries
+        # only the indexes that are read: the unique sequence covers chained rows only, and no pattern-matching
+        # twins. No unique entry_hash: each hash covers its unique sequence (migration 0006 says why).
         constraints = [
             models.CheckConstraint(condition=models.Q(sequence__gte=1), name="ledger_sequence_positive"),
             models.UniqueConstraint(
                 fields=["sequence"], condition=models.Q(sequence__isnull=False), name="ledger_entry_sequence_unique"
-            ),
-            models.UniqueConstraint(
-                fields=["entry_hash"], condition=models.Q(entry_hash__isnull=False), name="ledger_entry_hash_unique"
             ),
         ]
         indexes = [

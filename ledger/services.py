@@ -103,9 +103,9 @@ def ledger_sequence(*, max_batches: int | None = None) -> int:
 
 def ledger_sequence_follow(*, stop: threading.Event, idle_s: float = 0.02) -> int:
     """The sequencer process's loop: chain queued entries as they commit, until ``stop`` is set; the number
-    chained. Between empty looks it waits ``idle_s``, so an entry waits about that long at most; a look is one
-    query on the index of queued entries. A database error (a restart, a failover) is logged and retried after a
-    pause rather than ending the process."""
+    chained. Unless its last pass found a full batch waiting, it waits ``idle_s`` before looking again, so an
+    entry waits about that long at most; a look is one query on the index of queued entries. A database error
+    (a restart, a failover) is logged and retried after a pause rather than ending the process."""
     total = 0
     while not stop.is_set():
         try:
@@ -119,7 +119,9 @@ def ledger_sequence_follow(*, stop: threading.Event, idle_s: float = 0.02) -> in
             stop.wait(5.0)
             continue
         total += count
-        if count == 0:
+        # Looking again at once after a short pass would chain a handful of entries per transaction, paying a
+        # commit and the lock queries for each handful on the cores the writers need: let the queue fill.
+        if count < SEQUENCE_BATCH:
             stop.wait(idle_s)
     return total
 
@@ -134,11 +136,7 @@ def _sequencer_lock() -> bool:
 
 def _sequence_batch() -> int:
     head, _ = LedgerHead.objects.select_for_update().get_or_create(id=1)
-    queued = list(
-        LedgerEntry.objects.filter(sequence__isnull=True)
-        .order_by("id")
-        .values_list("id", "kind", "subject", "created_at", "payload_hash")[:SEQUENCE_BATCH]
-    )
+    queued = _queued_batch()
     if not queued:
         return 0
     size, prev_hash = head.size, head.head_hash
@@ -164,17 +162,49 @@ def _sequence_batch() -> int:
     return len(rows)
 
 
+# created_at as the envelope writes it (``2026-12-03T11:49:00Z``, microseconds only when there are some), made
+# by the database: turning each timestamp into a datetime and back into text cost the sequencer more than
+# hashing the entry. ``ledger verify`` recomputes every envelope from the datetime, so a slip would show.
+PG_CANONICAL_CREATED_AT = (
+    "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN date_trunc('second', "
+    "created_at) = created_at THEN '' ELSE to_char(created_at AT TIME ZONE 'UTC', '.US') END || 'Z'"
+)
+
+
+def _queued_batch() -> list[tuple[int, str, str, Any, str]]:
+    """The oldest queued entries, up to a batch: id, kind, subject, created_at (a datetime, or its canonical
+    text on PostgreSQL) and payload hash."""
+    if connection.vendor != "postgresql":
+        return list(
+            LedgerEntry.objects.filter(sequence__isnull=True)
+            .order_by("id")
+            .values_list("id", "kind", "subject", "created_at", "payload_hash")[:SEQUENCE_BATCH]
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, kind, subject, {PG_CANONICAL_CREATED_AT}, payload_hash FROM {LedgerEntry._meta.db_table} "  # noqa: S608 - our table and expression
+            "WHERE sequence IS NULL ORDER BY id LIMIT %s",
+            [SEQUENCE_BATCH],
+        )
+        return list(cursor.fetchall())
+
+
 def _chain_rows(rows: list[tuple[int, int, str, str, str]]) -> int:
-    """Fill each queued row's chain fields (id, sequence, prev_hash, entry_hash, leaf_hash); rows changed."""
+    """Fill each queued row's chain fields (id, sequence, prev_hash, entry_hash, leaf_hash); rows changed.
+    The rows' sequences are consecutive, in the order given, as ``_sequence_batch`` numbers them."""
     table = LedgerEntry._meta.db_table
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+            # Four strings, not five placeholders a row: the driver binds on the client, parsing the statement
+            # for placeholders and quoting every value, which for a batch of thousands cost more than the
+            # UPDATE itself. Ids and hex hashes hold no comma; sequences are consecutive from the first.
+            ids, _, prevs, hashes, leaves = zip(*rows, strict=True)
             cursor.execute(
-                f"UPDATE {table} AS e SET sequence = v.seq, prev_hash = v.prev, entry_hash = v.hash, "  # noqa: S608 - our table, values are parameters
-                f"leaf_hash = v.leaf FROM (VALUES {values}) AS v(id, seq, prev, hash, leaf) "
+                f"UPDATE {table} AS e SET sequence = %s + v.n - 1, prev_hash = v.prev, entry_hash = v.hash, "  # noqa: S608 - our table, values are parameters
+                "leaf_hash = v.leaf FROM unnest(string_to_array(%s, ',')::bigint[], string_to_array(%s, ','), "
+                "string_to_array(%s, ','), string_to_array(%s, ',')) WITH ORDINALITY AS v(id, prev, hash, leaf, n) "
                 "WHERE e.id = v.id AND e.sequence IS NULL",
-                [value for row in rows for value in row],
+                [rows[0][1], ",".join(map(str, ids)), ",".join(prevs), ",".join(hashes), ",".join(leaves)],
             )
             return int(cursor.rowcount)
         changed = 0

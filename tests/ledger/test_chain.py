@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import IntegrityError, connection, transaction
 
-from ledger.canonical import canonical_bytes
+from ledger.canonical import canonical_bytes, entry_envelope
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
 from ledger.services import LedgerError, ledger_append, ledger_queued, ledger_sequence, ledger_verify
 from tests.ledger.tamper import triggers_bypassed
@@ -80,6 +82,10 @@ def test_a_sequenced_entry_cannot_be_sequenced_again_even_by_raw_sql():
     # Only the sequencer's one change is allowed on a queued row: never its content.
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE ledger_ledgerentry SET payload = '{}', sequence = 2 WHERE id = %s", [queued.pk])
+    # Nor half of it: a sequence without its hashes leaves the row in no state the chain knows.
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_ledgerentry SET sequence = 2 WHERE id = %s", [queued.pk])
+    assert LedgerEntry.objects.get(pk=queued.pk).queued and ledger_sequence() == 1 and ledger_verify().ok
 
 
 @pytest.mark.django_db
@@ -90,6 +96,23 @@ def test_an_entry_rolls_back_with_its_change():
 
     assert LedgerEntry.objects.count() == 0
     assert not LedgerHead.objects.filter(size__gt=0).exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "subject", "created_at"),
+    [
+        ("order.placed", "order:1", dt.datetime(2026, 12, 3, 11, 49, tzinfo=dt.UTC)),
+        ("note", 'quote "é" \\ \u2028 line', "2026-12-03T11:49:00Z"),
+        ("odd", "order:2", dt.datetime(2026, 12, 3, 12, 49, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))),
+    ],
+)
+def test_an_envelope_is_the_canonical_json_of_its_fields_whichever_way_it_is_built(kind, subject, created_at):
+    fields = {"sequence": 12, "kind": kind, "subject": subject, "created_at": created_at}
+    fields |= {"payload_sha256": "ab" * 32, "prev": GENESIS_HASH}
+    envelope = entry_envelope(
+        sequence=12, kind=kind, subject=subject, created_at=created_at, payload_hash="ab" * 32, prev_hash=GENESIS_HASH
+    )
+    assert envelope == canonical_bytes(fields)
 
 
 def test_canonical_json_refuses_floats_and_sorts_keys():
