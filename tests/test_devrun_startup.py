@@ -1,0 +1,81 @@
+"""The run command's start-up (issue 39): one worker for every queue, steps sharing one Django process, migrate
+only when a migration changed, and the start time bin/run hands over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.devrun import demo_worker_command, migrations_fingerprint, run_started, worker_commands
+from broker.devsteps import steps_parse
+from broker.queues import QUEUES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_demo_worker_consumes_every_queue_with_beat_in_a_prefork_pool():
+    command = demo_worker_command()
+
+    assert sorted(command[command.index("--queues") + 1].split(",")) == sorted(QUEUES)
+    assert "--beat" in command
+    assert "--pool" not in command  # prefork, Celery's default: the one that enforces the tasks' time limits
+    assert command[command.index("--concurrency") + 1] == "1"
+    # Production's pools are untouched: one per queue.
+    assert sorted(c[c.index("--queues") + 1] for c in worker_commands().values()) == sorted(QUEUES)
+
+
+def test_steps_parse_splits_commands_and_reads_the_hold():
+    assert steps_parse(["migrate", "--verbosity", "0"]) == (None, [["migrate", "--verbosity", "0"]])
+    assert steps_parse(["--not-before", "12.5", "offers", "sync", "--then", "reconcile"]) == (
+        12.5,
+        [["offers", "sync"], ["reconcile"]],
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "a command is missing"),
+        (["offers", "sync", "--then"], "a command is missing"),
+        (["--then", "reconcile"], "a command is missing"),
+        (["--not-before"], "--not-before needs a time"),
+        (["--not-before", "soon", "reconcile"], "not 'soon'"),
+    ],
+)
+def test_steps_parse_names_what_is_wrong(argv, says):
+    with pytest.raises(ValueError, match=says):
+        steps_parse(argv)
+
+
+def test_devsteps_refuses_bad_arguments_before_touching_django():
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.devsteps", "--not-before", "soon", "migrate"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--not-before needs a time in seconds since the epoch, not 'soon'" in done.stderr
+
+
+def test_the_migrations_fingerprint_changes_with_a_migration_or_the_database(tmp_path):
+    migrations = tmp_path / "ledger" / "migrations"
+    migrations.mkdir(parents=True)
+    (migrations / "0001_initial.py").write_text("operations = []\n")
+    before = migrations_fingerprint(tmp_path, "sqlite:///a")
+
+    assert migrations_fingerprint(tmp_path, "sqlite:///a") == before
+    assert migrations_fingerprint(tmp_path, "sqlite:///b") != before
+    (migrations / "0002_more.py").write_text("operations = []\n")
+    added = migrations_fingerprint(tmp_path, "sqlite:///a")
+    assert added != before
+    (migrations / "0002_more.py").write_text("operations = ['changed']\n")
+    assert migrations_fingerprint(tmp_path, "sqlite:///a") not in (before, added)
+
+
+def test_the_start_time_is_bin_runs_when_it_is_a_time_in_the_past():
+    assert run_started({"BROKER_RUN_STARTED": "990.5"}, now=1000.0) == 990.5
+    assert run_started({}, now=1000.0) == 1000.0
+    assert run_started({"BROKER_RUN_STARTED": "yesterday"}, now=1000.0) == 1000.0
+    assert run_started({"BROKER_RUN_STARTED": "2000"}, now=1000.0) == 1000.0  # in the future: not a start
