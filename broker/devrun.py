@@ -91,6 +91,24 @@ def chain_key(path: Path) -> tuple[str, str]:
     return key, str(Web3().eth.account.from_key(key).address)
 
 
+def chain_address(key_file: Path) -> str:
+    """The address of the anchor key in ``key_file`` (made on first use), derived in a child process and kept
+    beside the key (``.address``, with a digest of the key it belongs to): web3 takes seconds and 40 MB to
+    import, and the run command would hold those for as long as it runs."""
+    cache = key_file.with_suffix(".address")
+    if key_file.exists():
+        digest = hashlib.sha256(key_file.read_bytes()).hexdigest()[:16]
+        if cache.exists():
+            kept_digest, _, address = cache.read_text().strip().partition(" ")
+            if kept_digest == digest and address:
+                return address
+    script = "import sys, pathlib, broker.devrun as d; print(d.chain_key(pathlib.Path(sys.argv[1]))[1])"
+    derive = [PY, "-c", script, str(key_file)]
+    address = subprocess.run(derive, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()  # noqa: S603
+    cache.write_text(f"{hashlib.sha256(key_file.read_bytes()).hexdigest()[:16]} {address}\n")
+    return address
+
+
 def chain_node_command(*, data: Path, port: int, fund: str, ready_file: Path) -> list[str]:
     """The anchor chain's node: its blocks in ``data``, ``fund`` (the broker's anchor address) funded in its
     genesis, ``ready_file`` written once it serves."""
@@ -301,7 +319,7 @@ def main() -> int:
             return {}, f"  Anchors go to {os.environ['LEDGER_CHAIN_RPC_URL']} (LEDGER_CHAIN_RPC_URL).\n"
         since = time.monotonic()
         key_file = ROOT / "var" / "chain-anchor.key"
-        _key, address = chain_key(key_file)
+        address = chain_address(key_file)
         ready = ROOT / "var" / "chain-node.json"
         ready.unlink(missing_ok=True)
         node = start(

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.devrun import demo_worker_command, migrations_fingerprint, run_started, worker_commands
+from broker.devrun import (
+    chain_address,
+    chain_key,
+    demo_worker_command,
+    migrations_fingerprint,
+    run_started,
+    worker_commands,
+)
 from broker.devsteps import steps_parse
 from broker.queues import QUEUES
 
@@ -79,3 +86,14 @@ def test_the_start_time_is_bin_runs_when_it_is_a_time_in_the_past():
     assert run_started({}, now=1000.0) == 1000.0
     assert run_started({"BROKER_RUN_STARTED": "yesterday"}, now=1000.0) == 1000.0
     assert run_started({"BROKER_RUN_STARTED": "2000"}, now=1000.0) == 1000.0  # in the future: not a start
+
+
+def test_the_anchor_address_is_derived_once_and_follows_a_new_key(tmp_path):
+    key_file = tmp_path / "chain-anchor.key"
+
+    address = chain_address(key_file)  # makes the key, derives in a child process, keeps the address
+
+    assert address == chain_key(key_file)[1]
+    assert (tmp_path / "chain-anchor.address").read_text().split()[1] == address
+    key_file.write_text("0x" + "11" * 32 + "\n")
+    assert chain_address(key_file) == chain_key(key_file)[1] != address
