@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shutil
 import signal
@@ -53,12 +54,25 @@ class RunResult:
     rss_bytes: list[int] = field(default_factory=list)
     pss_bytes: list[int] = field(default_factory=list)
     processes: int = 0
+    steps: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports on 127.0.0.1: the sandbox serves each cloud on the port after
+    the one before."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        probes = [socket.socket() for _ in range(count)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise SystemExit(f"no {count} consecutive free ports found on 127.0.0.1")
 
 
 def descendants(root: int) -> list[int]:
@@ -98,9 +112,13 @@ def tree_memory(root: int) -> tuple[int, int, int]:
     return rss, pss, len(pids)
 
 
-def run_to_banner(clone: Path, env: dict[str, str], log: Path, *, settle: float, timeout: float) -> RunResult:
+def run_to_banner(
+    clone: Path, env: dict[str, str], log: Path, *, settle: float, timeout: float, extra: list[str]
+) -> RunResult:
     """Start ``bin/run`` in ``clone``, wait for its banner, sample its memory for ``settle`` s, stop it."""
-    ports = ["--port", str(free_port()), "--sandbox-port", str(free_port()), "--chain-port", str(free_port())]
+    base = free_ports(12)  # the web app, the chain node, then the sandbox's clouds and services
+    ports = ["--port", str(base), "--chain-port", str(base + 1), "--sandbox-port", str(base + 2), *extra]
+    log_from = log.stat().st_size if log.exists() else 0
     started = time.monotonic()
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -122,6 +140,9 @@ def run_to_banner(clone: Path, env: dict[str, str], log: Path, *, settle: float,
             raise SystemExit(f"bin/run exited with code {proc.wait()} before its banner: see {log}")
         found = STARTED_IN.search(text)
         result = RunResult(time.monotonic() - started, float(found.group(1)) if found else None)
+        with log.open(errors="replace") as written:
+            written.seek(log_from)
+            result.steps = [line.strip() for line in written if line.startswith("[start-up]")]
         until = time.monotonic() + settle
         while True:
             rss, pss, count = tree_memory(proc.pid)
@@ -213,10 +234,12 @@ def main() -> int:
             checkout = clone(ref, work / f"run-{name}")
             run_env = {**env, "UV_CACHE_DIR": str(work / f"cache-{name}-uv"), "PIP_NO_CACHE_DIR": "1"}
             log = work / f"run-{name}.log"
-            first = run_to_banner(checkout, run_env, log, settle=args.settle, timeout=args.timeout)
-            print(f"{name}: first run {first.seconds:.1f} s to the banner", flush=True)
-            second = run_to_banner(checkout, run_env, log, settle=args.settle, timeout=args.timeout)
-            print(f"{name}: second run {second.seconds:.1f} s to the banner", flush=True)
+            # Only the new devrun knows --timings (each step's seconds, on stderr).
+            extra = ["--timings"] if name == "new" else []
+            first = run_to_banner(checkout, run_env, log, settle=args.settle, timeout=args.timeout, extra=extra)
+            print(f"{name}: first run {first.seconds:.1f} s to the banner; {'; '.join(first.steps)}", flush=True)
+            second = run_to_banner(checkout, run_env, log, settle=args.settle, timeout=args.timeout, extra=extra)
+            print(f"{name}: second run {second.seconds:.1f} s to the banner; {'; '.join(second.steps)}", flush=True)
             runs[name] = (first, second)
     finally:
         if args.keep:

@@ -341,6 +341,8 @@ def main() -> int:
         ran = migrate_if_changed(ROOT)
         step_done("migrate" if ran else "migrate (nothing changed: skipped)", since)
 
+    if args.timings:
+        print(f"[start-up] bin/bootstrap and Python: {time.time() - started:.1f} s", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     # Three independent steps at once: the sandbox and the chain node mostly wait for their own processes, and
