@@ -144,14 +144,32 @@ def demo_worker_command(*options: str, concurrency: int = 1) -> list[str]:
             "--queues", ",".join(QUEUES), "--hostname", "demo@%h", "--beat", *options]  # fmt: skip
 
 
-def _manage(*commands: tuple[str, ...], not_before: float | None = None) -> None:
-    """Runs management ``commands`` in order in one process (broker.devsteps): one Django start-up for all."""
+def _manage(*commands: tuple[str, ...], not_before: float | None = None) -> str:
+    """Runs management ``commands`` in order in one process (broker.devsteps): one Django start-up for all.
+    Their output is printed as it would have been, and returned."""
     argv = [PY, "-m", "broker.devsteps"]
     if not_before is not None:
         argv += ["--not-before", f"{not_before:.3f}"]
     for index, command in enumerate(commands):
         argv += [THEN, *command] if index else list(command)
-    subprocess.run(argv, cwd=ROOT, check=True)  # noqa: S603
+    done = subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    print(done.stdout, end="", flush=True)
+    return done.stdout
+
+
+def community_sync(seed_output: str) -> tuple[str, ...]:
+    """The offer sync of the independent hosts' account alone, its id read from the seed's JSON line: the clouds'
+    accounts were synced with the seed, and only the hosts' machines appear after it. Every account when the
+    seed did not name one."""
+    for line in seed_output.splitlines():
+        if line.startswith("{"):
+            try:
+                account = json.loads(line).get("accounts", {}).get("community")
+            except ValueError:
+                continue
+            if isinstance(account, int):
+                return (*OFFERS_SYNC, "--account", str(account))
+    return OFFERS_SYNC
 
 
 def migrations_fingerprint(root: Path, database_url: str) -> str:
@@ -371,7 +389,9 @@ def main() -> int:
         hosts = ROOT / "var" / "community-hosts.json"
         # The sandbox is new each run (new credentials, new hosts' secrets): the seed updates the demo accounts
         # to match and adds only what is missing; the database itself is the last run's.
-        _manage(("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts)), OFFERS_SYNC)
+        seeded = _manage(
+            ("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts)), OFFERS_SYNC
+        )
         step_done("demo seed and offer sync", since)
         # As before, the worker (and beat in it) starts once the demo's accounts match the new sandbox.
         start("worker", demo_worker_command())
@@ -395,7 +415,7 @@ def main() -> int:
         paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
         # The agents get 3 s to register before their machines' offers are synced; the step imports Django
         # meanwhile. The demo's payments are reconciled against the book once now; beat repeats it hourly.
-        _manage(OFFERS_SYNC, *([("reconcile",)] if paying else []), not_before=time.time() + 3)
+        _manage(community_sync(seeded), *([("reconcile",)] if paying else []), not_before=time.time() + 3)
         step_done("hosts' offers synced" + (", payments reconciled" if paying else ""), since)
         print(
             banner(args.port, sandbox_url, chain_line, paying, machines_line(no_containers), time.time() - started),

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from broker.devrun import (
+    OFFERS_SYNC,
     chain_address,
     chain_key,
+    community_sync,
     demo_worker_command,
     migrations_fingerprint,
     run_started,
@@ -97,3 +99,14 @@ def test_the_anchor_address_is_derived_once_and_follows_a_new_key(tmp_path):
     assert (tmp_path / "chain-anchor.address").read_text().split()[1] == address
     key_file.write_text("0x" + "11" * 32 + "\n")
     assert chain_address(key_file) == chain_key(key_file)[1] != address
+
+
+def test_the_last_sync_is_the_hosts_account_alone_when_the_seed_named_it():
+    seeded = (
+        '{"buyer": "alice", "accounts": {"aws": 1, "community": 6, "kubernetes": 7}}\n'
+        "account 1 (Petra Cloud Resale/aws-sandbox (aws)): 230 offers, 0 quarantined, 0 no longer listed\n"
+    )
+
+    assert community_sync(seeded) == (*OFFERS_SYNC, "--account", "6")
+    assert community_sync('{"accounts": {"aws": 1}}\n') == OFFERS_SYNC  # no hosts' account: every account
+    assert community_sync("{not json\n") == OFFERS_SYNC
