@@ -1,6 +1,6 @@
 """Benchmark: a fresh clone's ``bin/run``, from nothing to its banner, twice, and the memory it holds once up.
 
-    python3 bench/first_run.py [--ref HEAD] [--baseline-ref main] [--no-old-run] [--settle 20] [--containers]
+    python3 bench/first_run.py [--ref HEAD] [--baseline-ref main] [--no-old-run | --no-baseline] [--settle 20]
 
 Clones ``--ref`` of this repository into a temporary directory and, with an empty package cache (uv's and pip's
 pointed at empty directories), times ``bin/run`` from its start to its banner; samples the resident memory of
@@ -206,6 +206,7 @@ def main() -> int:
     parser.add_argument("--ref", default="HEAD", help="what to clone and run (committed work only)")
     parser.add_argument("--baseline-ref", default="main", help="the old way, for the baseline run")
     parser.add_argument("--no-old-run", action="store_true", help="measure the old install only, not its bin/run")
+    parser.add_argument("--no-baseline", action="store_true", help="measure the new way only (no ratios)")
     parser.add_argument("--settle", type=float, default=20.0, help="seconds of memory samples after the banner")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on a banner after this long")
     parser.add_argument("--containers", action="store_true", help="let bin/run start Docker lease containers")
@@ -225,11 +226,13 @@ def main() -> int:
         install_env = {**env, "UV_CACHE_DIR": str(work / "cache-install-uv"), "PIP_NO_CACHE_DIR": "1"}
         new_install_s = timed(["bin/bootstrap", "run"], clone(args.ref, work / "install-new"), install_env)
         print(f"install, new (uv, runtime only, empty cache): {new_install_s:.1f} s", flush=True)
-        old_install_s = old_install(clone(args.baseline_ref, work / "install-old"), install_env)
-        print(f"install, old (pip, runtime + dev, no cache): {old_install_s:.1f} s", flush=True)
+        old_install_s = None
+        if not args.no_baseline:
+            old_install_s = old_install(clone(args.baseline_ref, work / "install-old"), install_env)
+            print(f"install, old (pip, runtime + dev, no cache): {old_install_s:.1f} s", flush=True)
 
         runs: dict[str, tuple[RunResult, RunResult]] = {}
-        plans = [("new", args.ref)] + ([] if args.no_old_run else [("old", args.baseline_ref)])
+        plans = [("new", args.ref)] + ([] if args.no_old_run or args.no_baseline else [("old", args.baseline_ref)])
         for name, ref in plans:
             checkout = clone(ref, work / f"run-{name}")
             run_env = {**env, "UV_CACHE_DIR": str(work / f"cache-{name}-uv"), "PIP_NO_CACHE_DIR": "1"}
@@ -248,7 +251,10 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
-    print(f"install: new {new_install_s:.1f} s, old {old_install_s:.1f} s, ratio {old_install_s / new_install_s:.1f}x")
+    if old_install_s is not None:
+        print(
+            f"install: new {new_install_s:.1f} s, old {old_install_s:.1f} s, ratio {old_install_s / new_install_s:.1f}x"
+        )
     first, second = runs["new"]
     peak_rss, peak_pss = max(first.rss_bytes + second.rss_bytes), max(first.pss_bytes + second.pss_bytes)
     if "old" in runs:
