@@ -183,15 +183,15 @@ def migrations_fingerprint(root: Path, database_url: str) -> str:
 
 
 def migrate_if_changed(root: Path) -> bool:
-    """Migrates unless the migrations and the database are those of the last successful migrate (recorded in
-    ``var/migrated``); the SQLite file must still be there. True when it ran ``migrate``."""
+    """Migrates the embedded SQLite database unless its file is there and the migrations are those of the last
+    successful migrate (recorded in ``var/migrated``). A database named by ``DATABASE_URL`` may have been
+    dropped and made again behind the stamp's back: it is always migrated. True when it ran ``migrate``."""
     var = Path(os.environ.get("BROKER_VAR_DIR") or root / "var").resolve()
     sqlite = var / "broker.sqlite3"  # where settings put the database without DATABASE_URL
-    database_url = os.environ.get("DATABASE_URL", "")
     stamp = var / "migrated"
-    fingerprint = migrations_fingerprint(root, database_url or str(sqlite))
-    database_there = bool(database_url) or sqlite.exists()
-    if database_there and stamp.exists() and stamp.read_text().strip() == fingerprint:
+    fingerprint = migrations_fingerprint(root, str(sqlite))
+    embedded = not os.environ.get("DATABASE_URL")
+    if embedded and sqlite.exists() and stamp.exists() and stamp.read_text().strip() == fingerprint:
         return False
     _manage(("migrate", "--verbosity", "0"))
     stamp.parent.mkdir(parents=True, exist_ok=True)
@@ -431,6 +431,8 @@ def main() -> int:
         print("\nstopping...", file=sys.stderr)
         return 0
     except subprocess.CalledProcessError as exc:
+        if exc.stdout:
+            print(exc.stdout, end="", flush=True)  # what the failed step said before it failed
         print(f"start-up step failed: {' '.join(map(str, exc.cmd))} exited {exc.returncode}", file=sys.stderr)
         return 1
     finally:

@@ -15,6 +15,7 @@ from broker.devrun import (
     chain_key,
     community_sync,
     demo_worker_command,
+    migrate_if_changed,
     migrations_fingerprint,
     run_started,
     worker_commands,
@@ -110,3 +111,19 @@ def test_the_last_sync_is_the_hosts_account_alone_when_the_seed_named_it():
     assert community_sync(seeded) == (*OFFERS_SYNC, "--account", "6")
     assert community_sync('{"accounts": {"aws": 1}}\n') == OFFERS_SYNC  # no hosts' account: every account
     assert community_sync("{not json\n") == OFFERS_SYNC
+
+
+def test_a_second_start_skips_migrate_until_a_migration_changes(tmp_path, monkeypatch):
+    # Given an embedded database of its own (settings put it in BROKER_VAR_DIR) migrated by the run command
+    monkeypatch.setenv("BROKER_VAR_DIR", str(tmp_path))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert migrate_if_changed(ROOT) is True
+    assert (tmp_path / "broker.sqlite3").exists()
+
+    # When nothing changed, then the next start does not migrate
+    assert migrate_if_changed(ROOT) is False
+
+    # When the stamp names other migrations, then it migrates again
+    (tmp_path / "migrated").write_text("another set of migrations\n")
+    assert migrate_if_changed(ROOT) is True
+    assert migrate_if_changed(ROOT) is False
