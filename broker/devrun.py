@@ -1,8 +1,11 @@
 """The run command: the whole broker on embedded defaults, in the foreground, until Ctrl-C.
 
-Starts the sandbox clouds and the anchor chain's node, migrates, seeds the demo accounts, syncs offers, then runs
-real Celery workers (one per queue: ``worker_commands``) and beat on the filesystem broker beside the web app. If
-any part dies, everything stops.
+Starts the sandbox clouds and the anchor chain's node while it migrates (three independent steps, in parallel;
+migrating is skipped when no migration changed since the last run against the same database), then seeds the
+demo accounts and syncs offers while the web app and the ledger sequencer import, and runs one real Celery worker
+that consumes every queue, with beat inside it (``demo_worker_command``), on the filesystem broker. Production
+keeps a pool per queue (``worker_commands``, docs/DEPLOY.md). If any part dies, everything stops. The banner says
+how long start-up took, from ``bin/run``'s start (``BROKER_RUN_STARTED``) when it set one, install included.
 
 The ledger's anchors go through JSON-RPC to ``ledger.chainnode``, a local chain in its own process that keeps its
 blocks in ``var/chain`` across restarts (``chain_node_command``), so an auditor checks them from outside exactly
@@ -13,6 +16,7 @@ as against a public chain. The broker signs them with a dev key made once in ``v
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import secrets
@@ -22,9 +26,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, SYNC_QUEUE, WEBHOOK_QUEUE
+from broker.devsteps import THEN
+from broker.queues import DEFAULT_QUEUE, LEDGER_QUEUE, PROVISIONING_QUEUE, QUEUES, SYNC_QUEUE, WEBHOOK_QUEUE
 from marketplace.demo import DEMO_BUYER, DEMO_CLUSTER_ADMIN, DEMO_PASSWORD, DEMO_PROVIDER_ADMIN, DEMO_STAFF
 from providers.manifest import manifest_service_url
 
@@ -84,6 +91,24 @@ def chain_key(path: Path) -> tuple[str, str]:
     return key, str(Web3().eth.account.from_key(key).address)
 
 
+def chain_address(key_file: Path) -> str:
+    """The address of the anchor key in ``key_file`` (made on first use), derived in a child process and kept
+    beside the key (``.address``, with a digest of the key it belongs to): web3 takes seconds and 40 MB to
+    import, and the run command would hold those for as long as it runs."""
+    cache = key_file.with_suffix(".address")
+    if key_file.exists():
+        digest = hashlib.sha256(key_file.read_bytes()).hexdigest()[:16]
+        if cache.exists():
+            kept_digest, _, address = cache.read_text().strip().partition(" ")
+            if kept_digest == digest and address:
+                return address
+    script = "import sys, pathlib, broker.devrun as d; print(d.chain_key(pathlib.Path(sys.argv[1]))[1])"
+    derive = [PY, "-c", script, str(key_file)]
+    address = subprocess.run(derive, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()  # noqa: S603
+    cache.write_text(f"{hashlib.sha256(key_file.read_bytes()).hexdigest()[:16]} {address}\n")
+    return address
+
+
 def chain_node_command(*, data: Path, port: int, fund: str, ready_file: Path) -> list[str]:
     """The anchor chain's node: its blocks in ``data``, ``fund`` (the broker's anchor address) funded in its
     genesis, ``ready_file`` written once it serves."""
@@ -110,8 +135,68 @@ def worker_commands(*options: str, concurrency: int = 2) -> dict[str, list[str]]
     }
 
 
-def _manage(*args: str) -> None:
-    subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)  # noqa: S603
+def demo_worker_command(*options: str, concurrency: int = 1) -> list[str]:
+    """The run command's one Celery worker: every queue (broker/queues.py) in one prefork pool, which still
+    enforces the tasks' time limits, and beat embedded (``--beat``). A demo needs no isolation between queues;
+    five pools with a parent each held over 2 GB, and a pool process grows to about 500 MB once it has used every
+    cloud's SDK, so the demo keeps one. Production runs ``worker_commands`` instead."""
+    return [PY, "-m", "celery", "-A", "broker", "worker", "--loglevel", "WARNING", "--concurrency", str(concurrency),
+            "--queues", ",".join(QUEUES), "--hostname", "demo@%h", "--beat", *options]  # fmt: skip
+
+
+def _manage(*commands: tuple[str, ...], not_before: float | None = None) -> str:
+    """Runs management ``commands`` in order in one process (broker.devsteps): one Django start-up for all.
+    Their output is printed as it would have been, and returned."""
+    argv = [PY, "-m", "broker.devsteps"]
+    if not_before is not None:
+        argv += ["--not-before", f"{not_before:.3f}"]
+    for index, command in enumerate(commands):
+        argv += [THEN, *command] if index else list(command)
+    done = subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    print(done.stdout, end="", flush=True)
+    return done.stdout
+
+
+def community_sync(seed_output: str) -> tuple[str, ...]:
+    """The offer sync of the independent hosts' account alone, its id read from the seed's JSON line: the clouds'
+    accounts were synced with the seed, and only the hosts' machines appear after it. Every account when the
+    seed did not name one."""
+    for line in seed_output.splitlines():
+        if line.startswith("{"):
+            try:
+                account = json.loads(line).get("accounts", {}).get("community")
+            except ValueError:
+                continue
+            if isinstance(account, int):
+                return (*OFFERS_SYNC, "--account", str(account))
+    return OFFERS_SYNC
+
+
+def migrations_fingerprint(root: Path, database_url: str) -> str:
+    """What decides whether ``migrate`` has anything to do: every migration file's name and content, and the
+    database they were applied to."""
+    digest = hashlib.sha256(database_url.encode())
+    for package in ("broker", "marketplace", "providers", "ledger", "untrusted", "sandboxes"):
+        for path in sorted((root / package).rglob("migrations/*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def migrate_if_changed(root: Path) -> bool:
+    """Migrates the embedded SQLite database unless its file is there and the migrations are those of the last
+    successful migrate (recorded in ``var/migrated``). A database named by ``DATABASE_URL`` may have been
+    dropped and made again behind the stamp's back: it is always migrated. True when it ran ``migrate``."""
+    var = Path(os.environ.get("BROKER_VAR_DIR") or root / "var").resolve()
+    sqlite = var / "broker.sqlite3"  # where settings put the database without DATABASE_URL
+    stamp = var / "migrated"
+    fingerprint = migrations_fingerprint(root, str(sqlite))
+    embedded = not os.environ.get("DATABASE_URL")
+    if embedded and sqlite.exists() and stamp.exists() and stamp.read_text().strip() == fingerprint:
+        return False
+    _manage(("migrate", "--verbosity", "0"))
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(fingerprint + "\n")
+    return True
 
 
 def containers_ready() -> str:
@@ -136,8 +221,16 @@ def machines_line(why_not: str) -> str:
     return f"  Machines are simulated (SSH answers only its greeting): no lease containers, {why_not}.\n"
 
 
-def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None = None, machines: str = "") -> str:
-    """What the run command prints last, once everything is up: where the broker is and who to sign in as."""
+def banner(
+    port: int,
+    sandbox_url: str,
+    chain_line: str,
+    stripe_url: str | None = None,
+    machines: str = "",
+    started_in: float | None = None,
+) -> str:
+    """What the run command prints last, once everything is up: where the broker is, who to sign in as and, given
+    ``started_in`` (seconds), how long start-up took."""
     url = f"http://127.0.0.1:{port}/"
     rule = "=" * 78
     logins = [
@@ -150,7 +243,9 @@ def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None 
     people = "".join(f"    {name:<6} {what:<48} {where}\n" for name, what, where in logins)
     return (
         f"\n{rule}\n"
-        f"  The broker is running at {url}\n\n"
+        f"  The broker is running at {url}"
+        + (f" (started in {started_in:.1f} s)" if started_in is not None else "")
+        + "\n\n"
         f"  Sign in with password {DEMO_PASSWORD} as:\n{people}\n"
         f"  API: {url}api/v1/offers (docs {url}api/v1/docs)\n"
         f"  Sandbox clouds from {sandbox_url} (see var/sandbox.json).\n"
@@ -166,11 +261,23 @@ def banner(port: int, sandbox_url: str, chain_line: str, stripe_url: str | None 
     )
 
 
+def run_started(environ: Mapping[str, str], now: float) -> float:
+    """When the run began: ``BROKER_RUN_STARTED`` (epoch seconds, set by ``bin/run`` before it installs), else
+    ``now``. A value that is not a time in the past is ignored."""
+    try:
+        started = float(environ.get("BROKER_RUN_STARTED", ""))
+    except ValueError:
+        return now
+    return started if 0 < started <= now else now
+
+
 def main() -> int:
+    started = run_started(os.environ, time.time())
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("BROKER_PORT", "8000")))
     parser.add_argument("--sandbox-port", type=int, default=int(os.environ.get("BROKER_SANDBOX_PORT", "8701")))
     parser.add_argument("--chain-port", type=int, default=int(os.environ.get("BROKER_CHAIN_PORT", "8545")))
+    parser.add_argument("--timings", action="store_true", help="print how long each start-up step took")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
@@ -180,6 +287,10 @@ def main() -> int:
     # The web app's public URL (what a rented machine's lease agent phones home to) follows --port.
     os.environ["BROKER_PORT"] = str(args.port)
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def step_done(name: str, since: float) -> None:
+        if args.timings:
+            print(f"[start-up] {name}: {time.monotonic() - since:.1f} s", file=sys.stderr, flush=True)
 
     def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         # Own process group, so Ctrl-C reaches us once and we stop each part in order.
@@ -201,11 +312,12 @@ def main() -> int:
     def on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
-        manifest = ROOT / "var" / "sandbox.json"
+    sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
+    manifest = ROOT / "var" / "sandbox.json"
+
+    def sandbox_up() -> str:
+        """The sandbox clouds, serving (their manifest written); why lease containers are off, or ""."""
+        since = time.monotonic()
         manifest.unlink(missing_ok=True)
         no_containers = containers_ready()
         walls = [] if no_containers else ["--containers"]
@@ -214,44 +326,78 @@ def main() -> int:
             [PY, "-m", "sandboxes", "serve", "--host", "127.0.0.1", "--port", str(args.sandbox_port),
              "--manifest", str(manifest), *walls],
         )  # fmt: skip
-        chain_line = f"  Anchors go to {os.environ.get('LEDGER_CHAIN_RPC_URL')} (LEDGER_CHAIN_RPC_URL).\n"
-        if not os.environ.get("LEDGER_CHAIN_RPC_URL"):
-            key_file = ROOT / "var" / "chain-anchor.key"
-            _key, address = chain_key(key_file)
-            ready = ROOT / "var" / "chain-node.json"
-            ready.unlink(missing_ok=True)
-            node = start(
-                "chain",
-                chain_node_command(data=ROOT / "var" / "chain", port=args.chain_port, fund=address, ready_file=ready),
-            )
-            _wait_file(ready, "the chain node", node, timeout=600)  # it replays its blocks first, ~10 ms each
-            rpc_url = json.loads(ready.read_text())["url"]
-            # Every process started from here on (migrate, seed, workers, web) anchors through the node.
-            os.environ["LEDGER_CHAIN_RPC_URL"] = rpc_url
-            os.environ["LEDGER_CHAIN_PRIVATE_KEY_FILE"] = str(key_file)
-            chain_line = (
-                f"  Ledger anchors go to the local chain at {rpc_url} (blocks in var/chain, sender {address}).\n"
-                f"  Audit from outside: python -m ledger.audit --url http://127.0.0.1:{args.port} --rpc-url {rpc_url}"
-                " --state var/audit-state.json\n"
-            )
-        _manage("migrate", "--verbosity", "0")
-        # Chains ledger entries as their changes commit (ledger.services.ledger_sequence_follow).
-        start("sequencer", [PY, "manage.py", "ledger", "sequence", "--follow"])
         _wait_file(manifest, "the sandbox", sandbox)
+        step_done("sandbox clouds", since)
+        return no_containers
+
+    def chain_up() -> tuple[dict[str, str], str]:
+        """The anchor chain's node, serving: the settings that point every later process at it, and the banner's
+        line about it."""
+        if os.environ.get("LEDGER_CHAIN_RPC_URL"):
+            return {}, f"  Anchors go to {os.environ['LEDGER_CHAIN_RPC_URL']} (LEDGER_CHAIN_RPC_URL).\n"
+        since = time.monotonic()
+        key_file = ROOT / "var" / "chain-anchor.key"
+        address = chain_address(key_file)
+        ready = ROOT / "var" / "chain-node.json"
+        ready.unlink(missing_ok=True)
+        node = start(
+            "chain",
+            chain_node_command(data=ROOT / "var" / "chain", port=args.chain_port, fund=address, ready_file=ready),
+        )
+        _wait_file(ready, "the chain node", node, timeout=600)  # it replays its blocks first, ~10 ms each
+        rpc_url = json.loads(ready.read_text())["url"]
+        step_done("chain node", since)
+        line = (
+            f"  Ledger anchors go to the local chain at {rpc_url} (blocks in var/chain, sender {address}).\n"
+            f"  Audit from outside: python -m ledger.audit --url http://127.0.0.1:{args.port} --rpc-url {rpc_url}"
+            " --state var/audit-state.json\n"
+        )
+        return {"LEDGER_CHAIN_RPC_URL": rpc_url, "LEDGER_CHAIN_PRIVATE_KEY_FILE": str(key_file)}, line
+
+    def migrated() -> None:
+        since = time.monotonic()
+        ran = migrate_if_changed(ROOT)
+        step_done("migrate" if ran else "migrate (nothing changed: skipped)", since)
+
+    if args.timings:
+        print(f"[start-up] bin/bootstrap and Python: {time.time() - started:.1f} s", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # Three independent steps at once: the sandbox and the chain node mostly wait for their own processes, and
+    # migrate touches only the database. Nothing else reads os.environ's changes before all three are done.
+    parallel = ThreadPoolExecutor(max_workers=3, thread_name_prefix="start-up")
+    try:
+        sandbox_step = parallel.submit(sandbox_up)
+        chain_step = parallel.submit(chain_up)
+        migrate_step = parallel.submit(migrated)
+        migrate_step.result()
+        no_containers = sandbox_step.result()
+        chain_env, chain_line = chain_step.result()
+        # Every process started from here on (seed, sequencer, worker, web) anchors through the node.
+        os.environ.update(chain_env)
+        walls = [] if no_containers else ["--containers"]
         # Payments go to the Stripe sandbox served with the clouds, unless pointed elsewhere (real keys).
         stripe_url = manifest_service_url(manifest, "stripe")
         if stripe_url and "STRIPE_API_BASE" not in os.environ:
             os.environ["STRIPE_API_BASE"] = stripe_url
             os.environ.setdefault("STRIPE_API_KEY", "sk_test_sandbox")
             os.environ.setdefault("STRIPE_WEBHOOK_SECRET", "whsec_sandbox")
-        hosts = ROOT / "var" / "community-hosts.json"
-        _manage("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts))
-        _manage(*OFFERS_SYNC)
-        for name, command in worker_commands().items():
-            start(name, command)
-        start("beat", [PY, "-m", "celery", "-A", "broker", "beat", "--loglevel", "WARNING"])
+        # Chains ledger entries as their changes commit (ledger.services.ledger_sequence_follow).
+        start("sequencer", [PY, "manage.py", "ledger", "sequence", "--follow"])
         web = start("web", [PY, "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload"])
+        since = time.monotonic()
+        hosts = ROOT / "var" / "community-hosts.json"
+        # The sandbox is new each run (new credentials, new hosts' secrets): the seed updates the demo accounts
+        # to match and adds only what is missing; the database itself is the last run's.
+        seeded = _manage(
+            ("demo", "seed", "--sandbox-manifest", str(manifest), "--community-hosts", str(hosts)), OFFERS_SYNC
+        )
+        step_done("demo seed and offer sync", since)
+        # As before, the worker (and beat in it) starts once the demo's accounts match the new sandbox.
+        start("worker", demo_worker_command())
+        since = time.monotonic()
         _wait_http(f"http://127.0.0.1:{args.port}/login/", "the web app", web)
+        step_done("web app answering", since)
         if stripe_url and os.environ.get("STRIPE_API_BASE") == stripe_url:
             # The sandbox POSTs its signed events to the broker's webhook as they happen, as Stripe does.
             _post_json(
@@ -265,13 +411,16 @@ def main() -> int:
         # Independent providers' machines: simulated hosts whose agents register with the broker just started.
         start("hosts", [PY, "-m", "sandboxes.community.hosts", "--broker", f"http://127.0.0.1:{args.port}",
                         "--hosts", str(hosts), *walls])  # fmt: skip
-        time.sleep(3)
-        _manage(*OFFERS_SYNC)
+        since = time.monotonic()
         paying = stripe_url if os.environ.get("STRIPE_API_BASE") == stripe_url else None
-        if paying:
-            # The demo's payments against the book once now; beat repeats it hourly (reconcile-stripe).
-            _manage("reconcile")
-        print(banner(args.port, sandbox_url, chain_line, paying, machines_line(no_containers)), flush=True)
+        # The agents get 3 s to register before their machines' offers are synced; the step imports Django
+        # meanwhile. The demo's payments are reconciled against the book once now; beat repeats it hourly.
+        _manage(community_sync(seeded), *([("reconcile",)] if paying else []), not_before=time.time() + 3)
+        step_done("hosts' offers synced" + (", payments reconciled" if paying else ""), since)
+        print(
+            banner(args.port, sandbox_url, chain_line, paying, machines_line(no_containers), time.time() - started),
+            flush=True,
+        )
         while True:
             for name, proc in children:
                 if proc.poll() is not None:
@@ -282,9 +431,13 @@ def main() -> int:
         print("\nstopping...", file=sys.stderr)
         return 0
     except subprocess.CalledProcessError as exc:
+        if exc.stdout:
+            print(exc.stdout, end="", flush=True)  # what the failed step said before it failed
         print(f"start-up step failed: {' '.join(map(str, exc.cmd))} exited {exc.returncode}", file=sys.stderr)
         return 1
     finally:
+        # A start-up step still waiting sees its process stopped below and ends; none is started after this.
+        parallel.shutdown(wait=False, cancel_futures=True)
         stop_all()
 
 

@@ -86,6 +86,7 @@ LOCAL_IMPORTS_ALLOWED = {
     "web3": "web3 and the Ethereum stack take seconds to import; only anchoring and the audit need them",
     "ledger.chain": "imports web3 (above) at its top",
     "fpdf": "the PDF library, loaded only when someone downloads an invoice as a PDF",
+    "matplotlib": "charts only: every process that loads the URLs (workers, beat, the sequencer) would carry 45 MB",
 }
 
 

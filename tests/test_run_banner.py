@@ -31,3 +31,10 @@ def test_the_banner_says_whether_machines_are_real_containers_or_simulated():
     simulated = banner(8123, "http://127.0.0.1:8701", "", None, machines_line("no Docker daemon answers"))
     assert "Machines are real containers (Docker): broker ssh ORDER gives a real shell" in real
     assert "Machines are simulated (SSH answers only its greeting): no lease containers, no Docker" in simulated
+
+
+def test_the_banner_says_how_long_start_up_took_when_given():
+    assert "running at http://127.0.0.1:8123/ (started in 41.3 s)" in banner(
+        8123, "http://127.0.0.1:8701", "", started_in=41.26
+    )
+    assert "started in" not in banner(8123, "http://127.0.0.1:8701", "")

@@ -8,6 +8,9 @@ page). Wide charts come twice, a wide and a narrow drawing; the stylesheet shows
 
 Strings from outside (zone names come from providers) are only ever drawn as text: mathtext is off, and the SVG
 is serialized by ElementTree, which escapes them.
+
+matplotlib is imported when the first chart is drawn, not with this module: every process that loads the URLs
+(workers, beat, the ledger sequencer) would otherwise carry it, about 45 MB each and a second of start-up.
 """
 
 from __future__ import annotations
@@ -21,16 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import count
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-import matplotlib.dates as mdates
 from django.utils.safestring import SafeString, mark_safe
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from marketplace.catalog.history import Series
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 SVG_NS = "http://www.w3.org/2000/svg"
 XLINK_NS = "http://www.w3.org/1999/xlink"
@@ -90,6 +92,10 @@ def _render(
     variant: str = "",
 ) -> str:
     """Draw a figure of ``size`` (points) with ``draw`` and return it as an inline ``<svg>`` string."""
+    import matplotlib
+    import matplotlib.dates as mdates
+    from matplotlib.figure import Figure
+
     chart_id = f"chart-{next(_serial)}"
     # The salt makes matplotlib's clip-path and marker ids differ from chart to chart on one page.
     rc: Any = {**RC, "svg.hashsalt": chart_id}
@@ -159,6 +165,8 @@ def _both(draw: Callable[[Figure, bool], tuple[Axes, list[Hover]]], *, wide: tup
 
 def _time_axis(ax: Axes, *, narrow: bool, since: dt.datetime, until: dt.datetime) -> None:
     """UTC time ticks with as much date as the span needs, and the axis labelled as such."""
+    import matplotlib.dates as mdates
+
     locator = mdates.AutoDateLocator(tz=dt.UTC, minticks=2, maxticks=4 if narrow else 8)
     ax.xaxis.set_major_locator(locator)
     # Ticks name the month with the day ("Dec 02", not a bare "02"); midnight among hour ticks shows the date.
@@ -193,6 +201,9 @@ def price_chart(series: list[Series], *, instance_type: str, since: dt.datetime,
     top = max(price for s in drawn for _, price in s.points)
 
     def draw(fig: Figure, narrow: bool) -> tuple[Axes, list[Hover]]:
+        import matplotlib.dates as mdates
+        from matplotlib.ticker import MaxNLocator
+
         ax = fig.add_subplot()
         hovers = []
         for s in drawn:
@@ -235,6 +246,8 @@ def price_chart(series: list[Series], *, instance_type: str, since: dt.datetime,
 
 
 def _unit_axis(ax: Axes, label: str, top: float, fmt: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_ylim(0, top)
     ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
     ax.yaxis.set_major_formatter(lambda value, _: fmt.format(value))
@@ -256,6 +269,9 @@ def telemetry_chart(
     ceiling = max([top, *values, reference[0] if reference else 0]) * headroom
 
     def draw(fig: Figure) -> tuple[Axes, list[Hover]]:
+        import matplotlib.dates as mdates
+        from matplotlib.ticker import MaxNLocator
+
         ax = fig.add_subplot()
         moments = [m for m, _ in points]
         ax.plot(mdates.date2num(moments), values, color=ACCENT, linewidth=2, marker="o" if len(points) == 1 else None,
@@ -300,6 +316,9 @@ def gpu_hours_chart(hours: Sequence[tuple[dt.datetime, Decimal, Decimal]], *, pe
     top = max(float(max(r, i)) for _, r, i in hours)
 
     def draw(fig: Figure, narrow: bool) -> tuple[Axes, list[Hover]]:
+        import matplotlib.dates as mdates
+        from matplotlib.ticker import MaxNLocator
+
         ax = fig.add_subplot()
         moments = [h for h, _, _ in hours] + [until]
         rented = [float(r) for _, r, _ in hours]
@@ -340,6 +359,9 @@ def replicas_chart(
     top = max(maximum, *(max(r, d) for _, r, d in points))
 
     def draw(fig: Figure, narrow: bool) -> tuple[Axes, list[Hover]]:
+        import matplotlib.dates as mdates
+        from matplotlib.ticker import MaxNLocator
+
         ax = fig.add_subplot()
         moments = [m for m, _, _ in points] + [until]
         running = [float(r) for _, r, _ in points]
