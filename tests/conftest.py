@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from celery._state import _set_task_join_will_block
 
 from broker.celery import app as celery_app
 from marketplace.models import Organization, OrganizationKind, Role
@@ -25,6 +26,10 @@ def _eager_celery():
     celery_app.conf.task_eager_propagates = True
     yield
     celery_app.conf.task_always_eager = False
+    # An eager task sets Celery's process-wide "a join would block" flag for its run and restores what it found;
+    # eager tasks racing in threads (tests/races.py) can restore each other's True and leave it set, so a later
+    # test's result.get() would be refused as if called inside a task.
+    _set_task_join_will_block(False)
 
 
 @pytest.fixture
