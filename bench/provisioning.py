@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +156,25 @@ def main() -> int:
             GroupName=ref, Description="bench", TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}]
         )["GroupId"]
         ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=rules)
+        launch_in_first_zone_with_capacity(zones, "the SDK baseline", ImageId=image, SecurityGroupIds=[group],
+                                           UserData=user_data, token=lambda n: f"{ref}-a{n}",
+                                           TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])  # fmt: skip
+
+    def bare_run(zones: list[str]) -> float:
+        started = time.perf_counter()
+        launch_in_first_zone_with_capacity(zones, "the bare SDK baseline", ImageId=ubuntu,
+                                           token=lambda n: uuid.uuid4().hex)  # fmt: skip
+        return time.perf_counter() - started
+
+    def launch_in_first_zone_with_capacity(
+        zones: list[str], who: str, token: Callable[[int], str], **params: Any
+    ) -> None:
+        """``RunInstances`` zone after zone, past sold-out ones, then wait until the instance runs."""
         for number, zone in enumerate(zones, start=1):
             try:
                 reservation = ec2.run_instances(
-                    ImageId=image, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1, SecurityGroupIds=[group],
-                    UserData=user_data, ClientToken=f"{ref}-a{number}", Placement={"AvailabilityZone": zone},
-                    TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+                    InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1, Placement={"AvailabilityZone": zone},
+                    ClientToken=token(number), **params,
                 )  # fmt: skip
             except ClientError as exc:
                 if exc.response["Error"]["Code"] == "InsufficientInstanceCapacity":
@@ -168,23 +182,7 @@ def main() -> int:
                 raise
             until_running(reservation["Instances"][0]["InstanceId"])
             return
-        raise AssertionError("the SDK baseline found no capacity")
-
-    def bare_run(zones: list[str]) -> float:
-        started = time.perf_counter()
-        for zone in zones:
-            try:
-                reservation = ec2.run_instances(
-                    ImageId=ubuntu, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1,
-                    Placement={"AvailabilityZone": zone}, ClientToken=uuid.uuid4().hex,
-                )  # fmt: skip
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] == "InsufficientInstanceCapacity":
-                    continue
-                raise
-            until_running(reservation["Instances"][0]["InstanceId"])
-            return time.perf_counter() - started
-        raise AssertionError("the bare SDK baseline found no capacity")
+        raise AssertionError(f"{who} found no capacity")
 
     print(
         f"{args.runs} runs per scenario; g4dn.xlarge in {region}, {len(offers)} zones; {timezone.now():%Y-%m-%d}; "

@@ -84,16 +84,9 @@ def _place(acme, alice, hosts, capture, *, gpus: int = 8, pricing: str = "spot",
            allow_failover: bool = False, zone: str = "fra-h100-1") -> Order:  # fmt: skip
     """Place and provision an order on ``zone``, booting its machine if it launched; the order, refreshed."""
     with capture(execute=True):
-        order = order_place(
-            organization=acme,
-            user=alice,
-            request=PlaceRequest(
-                launch=LAUNCH,
-                offer_id=_offer(zone, gpus, pricing).pk,
-                bid_per_gpu_hour=None if bid is None else Decimal(bid),
-                allow_failover=allow_failover,
-            ),
-        ).order
+        order = Order.objects.get(
+            pk=_placed(acme, alice, gpus=gpus, pricing=pricing, bid=bid, zone=zone, allow_failover=allow_failover)
+        )
     with capture(execute=True):
         return boot_if_launched(order, hosts)
 
