@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from kombu.exceptions import ChannelError
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
@@ -81,3 +81,10 @@ def _table(raw: bytes) -> list[Any]:
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        # kombu's filesystem transport shares one record of declared bindings across the process, so a
+        # connection to another folder skipped writing its exchange table and its messages went nowhere.
+        # Each connection keeps its own; a binding already in the table file is kept once.
+        self.state = virtual.BrokerState()

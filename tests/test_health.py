@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker import health
+from broker.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db
 
@@ -25,8 +26,10 @@ def test_readiness_checks_the_database_the_task_broker_and_the_cache(client):
     assert all(check["ok"] for check in body["checks"].values())
 
 
-def test_a_broker_that_cannot_be_reached_makes_the_node_not_ready_without_saying_where(client, settings):
+def test_a_broker_that_cannot_be_reached_makes_the_node_not_ready_without_saying_where(client, settings, monkeypatch):
     settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:9/"  # the discard port: nothing listens
+    # On the embedded defaults the app is bound to the filesystem transport, which would ignore the URL's scheme.
+    monkeypatch.setitem(celery_app.conf, "broker_transport", None)
     answer = client.get("/readyz")
     assert answer.status_code == 503
     body = answer.json()
