@@ -141,20 +141,24 @@ def _outbid_views(order: Order, views: list[OfferView]) -> list[OfferView]:
     return [dataclasses.replace(full[o.pk], capacity=None) for o in offers if outbid_possible(offer=o, order=order)]
 
 
-def _open_attempt(order: Order, offer: Offer, now: dt.datetime) -> Attempt | None:
+def _open_attempt(order: Order, offer: Offer, now: dt.datetime, *, first: bool = False) -> Attempt | None:
     """Record the attempt before the provider hears of it and, on a finite listing, hold its units in the same
     transaction. A listing with too few units left fails the attempt at once (a capacity error coded
     ``SOLD_OUT``: the failover moves on, but no clock block follows, see ``blocks.py``) and nobody is called.
 
     None, with nothing written, when the order is no longer provisioning (the buyer ended it while an earlier
-    attempt was in flight): an ended order never gets another machine."""
-    with transaction.atomic():
+    attempt was in flight): an ended order never gets another machine. ``first``: the caller's transaction has
+    just moved the order out of placed, which claimed its row and means it has no attempt yet; a failure here
+    rolls that transaction back whole."""
+    with transaction.atomic(savepoint=not first):
         # The claim: a write on the order's row, held until the attempt commits (PostgreSQL's row lock,
         # SQLite's write lock). A terminate that committed first is seen here; one that comes later waits,
         # and its task then finds this attempt pending and looks for its machine at the provider.
-        if not Order.objects.filter(pk=order.pk, state=OrderState.PROVISIONING).update(state=OrderState.PROVISIONING):
+        if not first and not Order.objects.filter(pk=order.pk, state=OrderState.PROVISIONING).update(
+            state=OrderState.PROVISIONING
+        ):
             return None
-        number = order.attempts.count() + 1
+        number = 1 if first else order.attempts.count() + 1
         attempt = Attempt.objects.create(
             order=order,
             number=number,
@@ -249,46 +253,53 @@ def order_provision(*, order_id: int) -> Step:
     order = Order.objects.select_related("gpu_model", "offer__gpu_model", "offer__account", "launch_config").get(
         pk=order_id
     )
-    started_here = False
-    if order.state == OrderState.PLACED:
-        try:
-            order = order_transition(order=order, to=OrderState.PROVISIONING)
-            started_here = True
-        except TransitionRefused:
-            order.refresh_from_db()
-    if order.state != OrderState.PROVISIONING:
-        return Step.DONE
-    # An order this task just moved out of placed has had no attempt, so no instance: nothing to look for.
-    if not started_here and Instance.objects.filter(order=order, active=True).exists():
-        return Step.POLL
     # One adapter per account for the whole task: a failover within the account reuses its SDK clients and what
     # it already read or made for this order (the image, the security group), instead of asking again.
     adapters: dict[int, ProviderAdapter] = {}
+    first: Attempt | None = None
+    if order.state == OrderState.PLACED:
+        try:
+            first = _start(order)
+        except TransitionRefused:
+            order.refresh_from_db()
+        else:
+            if first is None:
+                return Step.DONE  # failed: nothing could serve it
+    if order.state != OrderState.PROVISIONING:
+        return Step.DONE
+    # An order this task just moved out of placed has had no attempt before its first, so no instance.
+    if first is None and Instance.objects.filter(order=order, active=True).exists():
+        return Step.POLL
     while True:
         now = timezone.now()
-        # One read answers both questions: the pending attempt sorts first; any other means one was made before.
-        head = (
-            order.attempts.select_related("offer__account")
-            .order_by(Case(When(outcome=AttemptOutcome.PENDING, then=0), default=1), "pk")
-            .first()
-        )
-        attempt = head if head is not None and head.outcome == AttemptOutcome.PENDING else None
-        fresh = attempt is None
-        if attempt is None:
-            offer = _next_offer(order, now, tried=head is not None)
-            if offer is None:
-                try:
-                    order_transition(order=order, to=OrderState.FAILED, reason=_failure_summary(order))
-                except TransitionRefused:
-                    pass
-                return Step.DONE
-            opened = _open_attempt(order, offer, now)
-            if opened is None:
-                log.info("order %s ended while provisioning: no further attempt", order.public_id)
-                return Step.DONE
-            attempt = opened
+        if first is not None:
+            attempt, fresh, first = first, True, None
             if attempt.outcome == AttemptOutcome.FAILED:
                 continue
+        else:
+            # One read answers both questions: the pending attempt sorts first; any other means one was made before.
+            head = (
+                order.attempts.select_related("offer__account")
+                .order_by(Case(When(outcome=AttemptOutcome.PENDING, then=0), default=1), "pk")
+                .first()
+            )
+            pending = head if head is not None and head.outcome == AttemptOutcome.PENDING else None
+            fresh = pending is None
+            if pending is None:
+                offer = _next_offer(order, now, tried=head is not None)
+                if offer is None:
+                    try:
+                        order_transition(order=order, to=OrderState.FAILED, reason=_failure_summary(order))
+                    except TransitionRefused:
+                        pass
+                    return Step.DONE
+                pending = _open_attempt(order, offer, now)
+                if pending is None:
+                    log.info("order %s ended while provisioning: no further attempt", order.public_id)
+                    return Step.DONE
+                if pending.outcome == AttemptOutcome.FAILED:
+                    continue
+            attempt = pending
         offer = attempt.offer
         spec = _launch_spec(order, attempt)
         adapter = adapters.get(offer.account_id)
@@ -330,6 +341,21 @@ def order_provision(*, order_id: int) -> Step:
                     instance_event_emit(instance_id=stopped_id, event_type=WebhookEventType.INSTANCE_TERMINATED)
             return Step.DONE
         return Step.POLL
+
+
+def _start(order: Order) -> Attempt | None:
+    """Move the placed ``order`` to provisioning and open its first attempt on the buyer's pick (or, when another
+    order's failure blocks it, the best other offer), in one transaction: the transition's claim on the order's
+    row is the attempt's claim too. None when nothing can serve the order, which then fails in that transaction.
+    ``TransitionRefused``, with nothing written, when someone else moved the order first."""
+    now = timezone.now()
+    offer = _next_offer(order, now, tried=False)
+    with transaction.atomic():
+        order_transition(order=order, to=OrderState.PROVISIONING, savepoint=False)
+        if offer is None:
+            order_transition(order=order, to=OrderState.FAILED, reason=_failure_summary(order), savepoint=False)
+            return None
+        return _open_attempt(order, offer, now, first=True)
 
 
 def _launch_spec(order: Order, attempt: Attempt) -> LaunchSpec:
@@ -426,7 +452,12 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
             enqueue_on_commit("marketplace.order_boot_deadline", order.pk, countdown=settings.BOOT_TIMEOUT_S + 1)
         extra = {"adopted": True} if adopted else {}
         attempt_ledger(attempt, "attempt.launched", instance=handle.instance_id, zone=handle.zone, **extra)
-        instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_LAUNCHED, adopted=adopted)
+        instance_event_emit(
+            instance_id=instance.pk,
+            event_type=WebhookEventType.INSTANCE_LAUNCHED,
+            organization_id=order.organization_id,
+            adopted=adopted,
+        )
     return bool(provisioning)
 
 

@@ -92,7 +92,11 @@ def _instance_running(instance: Instance, public_ip: str) -> None:
             if Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(
                 running_at=timezone.now(), state=running, public_ip=public_ip
             ):
-                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_RUNNING)
+                instance_event_emit(
+                    instance_id=instance.pk,
+                    event_type=WebhookEventType.INSTANCE_RUNNING,
+                    organization_id=instance.order.organization_id,
+                )
                 return
     elif (instance.state, instance.public_ip) == (running, public_ip):
         return
@@ -167,8 +171,12 @@ def order_running_if_ready(*, order_id: int) -> bool:
                 fields.update(
                     host_keys=[k["fingerprint"] for k in lease.host_keys], launch_sha256=order.launch_config.sha256
                 )
-                instance_event_emit(instance_id=instance.pk, event_type=WebhookEventType.INSTANCE_READY)
-            order_transition(order=order, to=OrderState.RUNNING, **fields)
+                instance_event_emit(
+                    instance_id=instance.pk,
+                    event_type=WebhookEventType.INSTANCE_READY,
+                    organization_id=order.organization_id,
+                )
+            order_transition(order=order, to=OrderState.RUNNING, savepoint=False, **fields)
     except TransitionRefused:
         order.refresh_from_db(fields=["state"])
         return order.state == OrderState.RUNNING

@@ -22,17 +22,19 @@ from marketplace.orders.errors import TransitionRefused
 from marketplace.orders.selectors import order_usage
 
 
-def order_transition(*, order: Order, to: str, reason: str = "", **ledger_fields: Any) -> Order:
+def order_transition(*, order: Order, to: str, reason: str = "", savepoint: bool = True, **ledger_fields: Any) -> Order:
     """Move ``order`` to state ``to`` if the transitions table allows it from the state it is in now.
 
     Claims the row with ``UPDATE ... WHERE state = <current>``: when another worker moved it first, no row
     matches and ``TransitionRefused`` is raised with nothing written. The ledger entry commits with the change.
+    ``savepoint=False`` inside a caller's transaction that any failure here must roll back whole (the caller
+    does not catch it inside that transaction): two round trips fewer than the savepoint a nested block makes.
     """
     current = order.state
     if to not in Order.TRANSITIONS[current]:
         raise TransitionRefused(f"order {order.public_id} cannot go from {current} to {to}")
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         claimed = Order.objects.filter(pk=order.pk, state=current).update(
             state=to, state_reason=reason, state_changed_at=now
         )

@@ -326,9 +326,23 @@ def order_event_emit(*, order: Order, previous: str | None, now: dt.datetime | N
     webhook_event_emit(organization_id=order.organization_id, event_type=f"order.{order.state}", data=data, now=now)
 
 
-def instance_event_emit(*, instance_id: int, event_type: str, now: dt.datetime | None = None, **extra: Any) -> None:
-    """Queue an ``instance.*`` event for the instance as it now is (read inside the caller's transaction)."""
-    if not WebhookEndpoint.objects.filter(organization__orders__instances=instance_id, active=True).exists():
+def instance_event_emit(
+    *,
+    instance_id: int,
+    event_type: str,
+    now: dt.datetime | None = None,
+    organization_id: int | None = None,
+    **extra: Any,
+) -> None:
+    """Queue an ``instance.*`` event for the instance as it now is (read inside the caller's transaction).
+    ``organization_id``, the instance's order's organisation, when the caller has it: the check for endpoints
+    then reads their table alone."""
+    endpoints = WebhookEndpoint.objects.filter(active=True)
+    if organization_id is not None:
+        endpoints = endpoints.filter(organization_id=organization_id)
+    else:
+        endpoints = endpoints.filter(organization__orders__instances=instance_id)
+    if not endpoints.exists():
         return  # the common case costs one query
     instance = Instance.objects.select_related("order").get(pk=instance_id)
     now = now or timezone.now()
