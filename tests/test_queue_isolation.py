@@ -56,6 +56,5 @@ def test_a_flood_of_offer_syncs_does_not_delay_a_buyers_launch(
         assert waiting >= FLOOD - 1
     finally:
         aws_sandbox.faults.clear()
-        for proc in workers:
-            worker_stop(proc)
+        worker_stop(*workers)
         queues_purge()

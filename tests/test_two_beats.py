@@ -45,8 +45,7 @@ def test_two_beats_make_one_run_per_interval(tmp_path):
         _wait_for(enough)
         elapsed = time.monotonic() - started
     finally:
-        for proc in [*beats, worker]:
-            worker_stop(proc)
+        worker_stop(*beats, worker)
         queues_purge()
     row = job.get()
     # Each interval both beats sent the job: one message ran it, the other found it had just run.

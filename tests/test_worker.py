@@ -68,11 +68,16 @@ def worker_start(command: list[str], env: dict[str, str], **popen: object) -> su
     return subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **popen)  # type: ignore[call-overload]
 
 
-def worker_stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
+def worker_stop(*procs: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
+    """Ask every process to shut down at once and wait for them together (one grace period, not one each);
+    whatever is still running after it is killed."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -147,5 +152,4 @@ def test_a_stuck_webhook_delivery_does_not_delay_an_orders_provisioning(alice, a
         assert not (receiver.finished or receiver.hung_up.is_set()), "the delivery was not held"
     finally:
         receiver.stop()  # ends the held delivery, so the webhook worker can shut down
-        for proc in workers:
-            worker_stop(proc)
+        worker_stop(*workers)
