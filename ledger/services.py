@@ -98,7 +98,7 @@ def ledger_sequence(*, max_batches: int | None = None) -> int:
             if count < SEQUENCE_BATCH:
                 break
     if nested and connection.vendor == "postgresql":
-        # The caller's transaction goes on: its own queries get the planner as they had it.
+        # The caller's transaction goes on: its own queries get bitmap scans back (the setting's default).
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL enable_bitmapscan TO DEFAULT")
     return total
@@ -156,7 +156,7 @@ def _sequencer_lock() -> bool:
     # such entries dead as it passes them, so the next batch skips them; a bitmap scan, which the planner prefers
     # for a few queued rows, never does, and then every batch re-read every row chained since the last vacuum
     # (50,000 index entries and 3,114 heap pages to find 400 queued rows, measured). Off for this transaction
-    # only, set in the lock's round trip (a caller without the lock ends its transaction at once).
+    # only, in the lock's round trip; ``ledger_sequence`` puts it back for a caller whose transaction goes on.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_try_advisory_xact_lock(%s), set_config('enable_bitmapscan', 'off', true)", [SEQUENCER_LOCK_KEY]
