@@ -103,8 +103,11 @@ APPENDS = {"bare": _bare_append, "locked": _locked_append}
 
 
 def _cpu_seconds(pid: int) -> float | None:
-    """User and system CPU a process of this machine has used, or None when it cannot be read."""
+    """User and system CPU a PostgreSQL process of this machine has used, or None when there is none by that id
+    (a database elsewhere: a process here with the same id is someone else)."""
     try:
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres"):
+            return None
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
