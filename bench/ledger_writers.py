@@ -18,13 +18,17 @@ sequencer alone: how many queued entries per second one sequencer chains, the le
 Goal (issue 39): with 8 writers, ledgered (``queued``) changes at 90 % or more of ``bare``. Bare and queued
 run in turns, ``--rounds`` times for each writer count, and each queued run is divided by the bare run just
 before it; the goal is judged on the median of those ratios, and every one is printed, because on a machine
-others share the load moves from one run to the next.
+others share the load moves from one run to the next. Beside each rate, the CPU each change cost the run's own
+processes (writers, sequencer and their database backends, read from ``/proc`` when the database is local):
+unlike the rate, it hardly moves with what else the machine runs, so queued against bare says where the
+ledger's cost is even when the rates cannot.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import secrets
 import statistics
 import sys
@@ -98,28 +102,74 @@ def _bare_append(*, kind: str, subject: str, payload: dict[str, Any]) -> None:
 APPENDS = {"bare": _bare_append, "locked": _locked_append}
 
 
-def _writer(mode: str, number: int, count: int, start: Any) -> None:
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU a PostgreSQL process of this machine has used, or None when there is none by that id
+    (a database elsewhere: a process here with the same id is someone else)."""
+    try:
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres"):
+            return None
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuMeter:
+    """This process's CPU and its database backend's, from its creation until ``put``, which sends the sum to
+    ``used`` (None for the backend's share when the database is not on this machine)."""
+
+    def __init__(self, used: Any) -> None:
+        from django.db import connection
+
+        connection.ensure_connection()
+        self.used = used
+        self.backend = connection.connection.info.backend_pid
+        self.own, self.backend_at = time.process_time(), _cpu_seconds(self.backend)
+
+    def put(self) -> None:
+        backend_now = _cpu_seconds(self.backend)
+        backend = None if backend_now is None or self.backend_at is None else backend_now - self.backend_at
+        self.used.put((time.process_time() - self.own, backend))
+
+
+def _writer(mode: str, number: int, count: int, start: Any, used: Any) -> None:
     from django.db import connections, transaction
 
     from ledger.services import ledger_append
 
     connections.close_all()  # a connection of this process's own, not the parent's
     append = APPENDS.get(mode, ledger_append)
+    meter = _CpuMeter(used)
     start.wait()
     for i in range(count):
         with transaction.atomic():
             append(kind="bench.change", subject=f"order:w{number}-{i % 50}", payload={"writer": number, "i": i})
+    meter.put()
     connections.close_all()
 
 
-def _sequencer(stop: Any) -> None:
+def _sequencer(stop: Any, used: Any) -> None:
     from django.db import connections
 
     from ledger.services import ledger_sequence_follow
 
     connections.close_all()
+    meter = _CpuMeter(used)
     ledger_sequence_follow(stop=stop)
+    meter.put()
     connections.close_all()
+
+
+def _cpu_per_change(used: Any, processes: int, changes: int) -> str:
+    """The CPU the run's processes and their backends used per change, as printed beside its rate."""
+    own = backends = 0.0
+    for _ in range(processes):
+        process_cpu, backend_cpu = used.get(timeout=60)
+        own += process_cpu
+        if backend_cpu is None:
+            return f"{own / changes * 1e6:4.0f} us CPU/change (backends not local)"
+        backends += backend_cpu
+    return f"{(own + backends) / changes * 1e6:4.0f} us CPU/change"
 
 
 def _empty_ledger() -> None:
@@ -153,9 +203,10 @@ def _run(mode: str, writers: int, entries: int) -> float:
     connections.close_all()
     context = multiprocessing.get_context("fork")
     start = context.Barrier(writers + 1)
-    processes = [context.Process(target=_writer, args=(mode, n, per_writer, start)) for n in range(writers)]
+    used = context.Queue()
+    processes = [context.Process(target=_writer, args=(mode, n, per_writer, start, used)) for n in range(writers)]
     stop = context.Event()
-    sequencer = context.Process(target=_sequencer, args=(stop,)) if mode == "queued" else None
+    sequencer = context.Process(target=_sequencer, args=(stop, used)) if mode == "queued" else None
     for process in [*processes, *([sequencer] if sequencer else [])]:
         process.start()
     start.wait()
@@ -171,9 +222,10 @@ def _run(mode: str, writers: int, entries: int) -> float:
     if any(p.exitcode for p in processes) or (sequencer is not None and sequencer.exitcode):
         raise SystemExit(f"{mode}: a writer or the sequencer failed")
     written = per_writer * writers
+    cpu = _cpu_per_change(used, writers + (1 if sequencer is not None else 0), written)
     if mode == "bare":
         print(f"{mode:>6} {writers} writer{'s' if writers > 1 else ' '}: {written:6,} changes in {elapsed:6.2f} s = "
-              f"{written / elapsed:7,.0f}/s   (no ledger)")  # fmt: skip
+              f"{written / elapsed:7,.0f}/s, {cpu}   (no ledger)")  # fmt: skip
         return written / elapsed
     result = ledger_verify()
     stored = LedgerEntry.objects.count()
@@ -182,7 +234,7 @@ def _run(mode: str, writers: int, entries: int) -> float:
     rate = written / elapsed
     print(
         f"{mode:>6} {writers} writer{'s' if writers > 1 else ' '}: {written:6,} changes in {elapsed:6.2f} s = "
-        f"{rate:7,.0f}/s   gapless, verified"
+        f"{rate:7,.0f}/s, {cpu}   gapless, verified"
     )
     return rate
 

@@ -131,3 +131,15 @@ def test_the_command_and_the_periodic_task_chain_what_is_queued(capsys):
     _write("order:last", 1)
     assert ledger_sequence_task.delay().get() == 1
     assert ledger_queued() == (0, None) and ledger_verify().entries_checked == 4
+
+
+def test_a_sequencer_called_inside_a_transaction_leaves_its_planner_settings_as_they_were():
+    """The sequencer turns bitmap scans off for its own transaction (each batch would otherwise re-read every
+    row chained since the last vacuum); a caller's transaction that goes on afterwards keeps the planner it had."""
+    require_postgresql()
+    _write("order:inside", 2)
+    with transaction.atomic(), connection.cursor() as cursor:
+        assert ledger_sequence() == 2
+        cursor.execute("SHOW enable_bitmapscan")
+        assert cursor.fetchone()[0] == "on"
+    assert ledger_verify().ok
