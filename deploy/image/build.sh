@@ -14,6 +14,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 image=${1:-gpu-broker:local}
+# One build at a time on this machine (CI starts one beside the tests, and the image test asks again): the
+# second waits for the first and then finds every step already done.
+lock_dir="${XDG_CACHE_HOME:-$HOME/.cache}/gpu-broker"
+mkdir -p "$lock_dir"
+exec 9>"$lock_dir/image-build.lock"
+flock 9
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 log="$work/build.log"
