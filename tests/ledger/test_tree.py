@@ -28,24 +28,36 @@ def _leaf(i: int) -> bytes:
 @pytest.fixture
 def leaves() -> list[bytes]:
     """BIG entries written straight to the table: these tests need only their sequences and leaf hashes."""
-    now = timezone.now()
-    LedgerEntry.objects.bulk_create(
-        (
-            LedgerEntry(
-                sequence=i + 1,
-                kind="t",
-                subject="s",
-                payload="{}",
-                payload_hash="",
-                prev_hash="",
-                entry_hash=f"{i:064x}",
-                leaf_hash=_leaf(i).hex(),
-                created_at=now,
+    if connection.vendor == "postgresql":
+        # One statement, the hashes computed by the server (int8send is the big-endian 8 bytes of ``_leaf``):
+        # the ORM's bulk insert of these rows took about ten seconds per test on a busy CI machine.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {LedgerEntry._meta.db_table} "  # noqa: S608 - our table
+                "(sequence, kind, subject, payload, payload_hash, prev_hash, entry_hash, leaf_hash, created_at) "
+                "SELECT i + 1, 't', 's', '{}', '', '', lpad(to_hex(i), 64, '0'), encode(sha256(int8send(i)), 'hex'), "
+                "now() FROM generate_series(0::bigint, %s) AS i",
+                [BIG - 1],
             )
-            for i in range(BIG)
-        ),
-        batch_size=5_000,
-    )
+    else:
+        now = timezone.now()
+        LedgerEntry.objects.bulk_create(
+            (
+                LedgerEntry(
+                    sequence=i + 1,
+                    kind="t",
+                    subject="s",
+                    payload="{}",
+                    payload_hash="",
+                    prev_hash="",
+                    entry_hash=f"{i:064x}",
+                    leaf_hash=_leaf(i).hex(),
+                    created_at=now,
+                )
+                for i in range(BIG)
+            ),
+            batch_size=5_000,
+        )
     return [_leaf(i) for i in range(BIG)]
 
 
