@@ -3,8 +3,6 @@ here), a backlog of offer syncs held by a cloud that does not answer leaves a bu
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from broker.celery import app as celery_app
@@ -14,17 +12,9 @@ from marketplace.orders.services import PlaceRequest, order_place
 from marketplace.tasks import offers_sync_account_task
 from tests.leases import LAUNCH
 from tests.test_worker import _wait_for_state, queues_purge, worker_env, worker_start, worker_stop
+from tests.waiting import wait_for
 
 FLOOD = 200  # sync messages queued behind the one that hangs
-
-
-def _wait_until(condition, what: str, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"waited {timeout:.0f}s for {what}")
 
 
 @pytest.mark.worker
@@ -45,7 +35,7 @@ def test_a_flood_of_offer_syncs_does_not_delay_a_buyers_launch(
     workers = [worker_start(command, env) for command in worker_commands("--pool", "solo").values()]
     try:
         # The launch is placed only once the sync worker is held, so it cannot slip through before the flood.
-        _wait_until(lambda: held.fired == 1, "the sync worker to reach the hanging catalogue call")
+        wait_for(lambda: held.fired == 1, "the sync worker to reach the hanging catalogue call")
         offer = aws_account.offers.filter(instance_type="g5.xlarge", pricing_model="on_demand").order_by("zone")[0]
         placed = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk))
         running = _wait_for_state(placed.order, {OrderState.RUNNING, OrderState.FAILED})

@@ -11,17 +11,9 @@ import pytest
 from broker.celery import app as celery_app
 from marketplace.models import PeriodicRun
 from tests.test_worker import queues_purge, worker_env, worker_start, worker_stop
+from tests.waiting import wait_for
 
 INTERVAL_S = 10  # the shortest offer-sync interval the settings accept
-
-
-def _wait_for(condition, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.25)
-    raise AssertionError("the periodic runs did not come within the time allowed")
 
 
 @pytest.mark.worker
@@ -42,7 +34,7 @@ def test_two_beats_make_one_run_per_interval(tmp_path):
             row = job.first()
             return row is not None and row.runs >= 2 and row.skipped >= 2
 
-        _wait_for(enough)
+        wait_for(enough, "two runs and two skips of the offer sync", timeout=120)
         elapsed = time.monotonic() - started
     finally:
         worker_stop(*beats, worker)

@@ -10,7 +10,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
 import boto3
@@ -20,21 +19,13 @@ from marketplace.models import LeaseHeartbeat, Order, OrderState
 from marketplace.orders.services import PlaceRequest, order_place, order_terminate
 from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH
+from tests.waiting import wait_for
 
 
 def _ec2(sandbox, region: str):
     return boto3.client("ec2", region_name=region, endpoint_url=sandbox.url,
                         aws_access_key_id=aws_keys.PETRA.access_key_id,
                         aws_secret_access_key=aws_keys.PETRA.secret_access_key)  # fmt: skip
-
-
-def _wait(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -68,8 +59,8 @@ def test_the_fetched_agent_boots_the_machine_and_stops_when_the_order_ends(
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        _wait(lambda: Order.objects.get(pk=order.pk).state == OrderState.RUNNING, "the order to run")
-        _wait(lambda: LeaseHeartbeat.objects.filter(lease__order=order).exists(), "a heartbeat")
+        wait_for(lambda: Order.objects.get(pk=order.pk).state == OrderState.RUNNING, "the order to run", timeout=60)
+        wait_for(lambda: LeaseHeartbeat.objects.filter(lease__order=order).exists(), "a heartbeat", timeout=60)
         order_terminate(order=Order.objects.get(pk=order.pk))
         output, _ = agent.communicate(timeout=60)
     finally:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import stat
-import time
 
 import boto3
 import pytest
@@ -28,6 +27,7 @@ from providers.community.lease_executors import SimulatedExecutor, parse_simulat
 from sandboxes.aws import keys as aws_keys
 from tests.leases import LAUNCH, ClientTransport, held_agent
 from tests.machines import Machine
+from tests.waiting import wait_for
 
 SCRIPT_LAUNCH = LaunchChoice(
     data={
@@ -64,6 +64,10 @@ def _order(acme, alice, aws_account, capture, launch: LaunchChoice = LAUNCH) -> 
 
 
 @pytest.mark.django_db
+def _agent_log(machine: Machine) -> str:
+    return f"the agent's log:\n{machine.log()[-3000:]}"
+
+
 def test_the_claimed_key_is_kept_root_only_and_a_restarted_agent_reattaches_without_the_token(
     acme, alice, aws_account, aws_sandbox, tmp_path, django_capture_on_commit_callbacks
 ):
@@ -134,16 +138,6 @@ def _user_data(sandbox, order: Order) -> bytes:
     return base64.b64decode(answer["UserData"]["Value"])
 
 
-def _wait(predicate, what: str, machine: Machine, timeout: float = 90.0) -> None:
-    """Until ``predicate()`` holds (a state in the database), or fail with the machine's agent log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; the agent's log:\n{machine.log()[-3000:]}")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_rebooted_machine_heartbeats_again_with_no_buyer_action(
     live_server, settings, acme, alice, aws_account, aws_sandbox, tmp_path
@@ -160,8 +154,16 @@ def test_a_rebooted_machine_heartbeats_again_with_no_buyer_action(
         machine.power_on()
         booted = machine.boot(user_data)
         assert booted.returncode == 0, booted.stderr.decode(errors="replace")
-        _wait(lambda: Order.objects.get(pk=order.pk).state == OrderState.RUNNING, "the order to run", machine)
-        _wait(lambda: LeaseHeartbeat.objects.filter(lease__order=order).exists(), "a heartbeat", machine)
+        wait_for(
+            lambda: Order.objects.get(pk=order.pk).state == OrderState.RUNNING,
+            "the order to run",
+            detail=lambda: _agent_log(machine),
+        )
+        wait_for(
+            lambda: LeaseHeartbeat.objects.filter(lease__order=order).exists(),
+            "a heartbeat",
+            detail=lambda: _agent_log(machine),
+        )
         claimed = Lease.objects.get(order=order)
 
         # The script run again on the running machine (by hand, or a second startup-script pass).
@@ -175,7 +177,11 @@ def test_a_rebooted_machine_heartbeats_again_with_no_buyer_action(
         machine.power_on()
         rebooted = machine.boot(user_data)
         assert rebooted.returncode == 0, rebooted.stderr.decode(errors="replace")
-        _wait(lambda: Lease.objects.get(pk=claimed.pk).last_heartbeat_at > silent_since, "heartbeats again", machine)
+        wait_for(
+            lambda: Lease.objects.get(pk=claimed.pk).last_heartbeat_at > silent_since,
+            "heartbeats again",
+            detail=lambda: _agent_log(machine),
+        )
 
         agents = machine.agents()
         log = machine.log()
