@@ -49,10 +49,24 @@ def main() -> int:
     parser.add_argument("--database", default="postgres://postgres@127.0.0.1:5432/broker_bench_provisioning")
     args = parser.parse_args()
 
-    from bench.sync import RAISED_AWS_LIMITS, django_on
+    from bench.sync import django_on, sandboxes_serving
 
     # The steps are called directly; the tasks order_place enqueues go nowhere (not to the dev server's queue).
     django_on(args.database, BROKER_BLOCK_CAPACITY_S="0", CELERY_BROKER_URL="memory://")
+    # The sandbox in a process of its own, as the cloud is remote; its machines wait (no agent phones home).
+    with sandboxes_serving("bench-provisioning-sandbox.json", only="aws", boot="hold") as specs:
+        return _bench(args.runs, specs[0])
+
+
+def _faults(endpoint_url: str, method: str, body: object = None) -> None:
+    """Set the served sandbox's faults through its control route (``POST``/``DELETE /_sandbox/faults``)."""
+    import requests
+
+    answer = requests.request(method, f"{endpoint_url.rstrip('/')}/_sandbox/faults", json=body, timeout=10)
+    answer.raise_for_status()
+
+
+def _bench(runs: int, spec: Any) -> int:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
@@ -60,6 +74,7 @@ def main() -> int:
     from django.utils import timezone
 
     from bench.breakdown import Breakdown, Tally
+    from bench.sync import RAISED_AWS_LIMITS
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.models import Instance, Membership, Offer, OrderState, Organization, OrganizationKind, Role
@@ -68,13 +83,10 @@ def main() -> int:
     from marketplace.orders.services import PlaceRequest, order_place
     from providers.aws import launching
     from providers.models import Provider, ProviderAccount
-    from sandboxes.demo import SANDBOX_ACCOUNTS, start_all
 
     breakdown = Breakdown()
     # Its own database, and only this run's account on sale: failover must not wander to another seller.
     ProviderAccount.objects.update(enabled=False)
-    sandbox = start_all(["aws"])["aws"]
-    spec = SANDBOX_ACCOUNTS["aws"](sandbox)
     region = "us-east-1"
     provider = Provider.objects.create(name=f"bench provisioning {uuid.uuid4().hex[:6]}")
     account = ProviderAccount(
@@ -185,7 +197,7 @@ def main() -> int:
         raise AssertionError(f"{who} found no capacity")
 
     print(
-        f"{args.runs} runs per scenario; g4dn.xlarge in {region}, {len(offers)} zones; {timezone.now():%Y-%m-%d}; "
+        f"{runs} runs per scenario; g4dn.xlarge in {region}, {len(offers)} zones; {timezone.now():%Y-%m-%d}; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(
@@ -198,13 +210,16 @@ def main() -> int:
     verdict = "not measured"
     per_order: dict[int, Tally] = {}
     for failures in (0, 1, 3):
-        sandbox.faults.clear()
-        for offer in offers[:failures]:
-            sandbox.faults.inject("capacity", instance_type=offer.instance_type, zone=offer.zone)
+        _faults(spec.endpoint_url, "DELETE")
+        if failures:
+            sold_out = [
+                {"kind": "capacity", "instance_type": o.instance_type, "zone": o.zone} for o in offers[:failures]
+            ]
+            _faults(spec.endpoint_url, "POST", sold_out)
         broker, sdk, plain = [], [], []
         zones: list[str] = []
         summed, sdk_summed = Tally(), Tally()
-        for _ in range(args.runs):
+        for _ in range(runs):
             seconds, zones, tally, _ = broker_run(offers[0])
             broker.append(seconds)
             summed.add(tally)
@@ -214,7 +229,7 @@ def main() -> int:
             plain.append(bare_run(zones))
         b, s, p = statistics.median(broker), statistics.median(sdk), statistics.median(plain)
         ratio = b / s
-        per_order[failures] = summed.per(args.runs)
+        per_order[failures] = summed.per(runs)
         met = ratio <= GOAL_RATIO
         status = "met" if met else "not met"
         if failures == GOAL_FAILURES:
@@ -224,7 +239,7 @@ def main() -> int:
             f"(attempts: {len(zones)}); SDK alone, the same launch {s * 1000:.0f} ms; "
             f"broker/SDK = {ratio:.2f} (+{(b - s) * 1000:.0f} ms): <= {GOAL_RATIO}x {status}"
         )
-        alone = sdk_summed.per(args.runs)
+        alone = sdk_summed.per(runs)
         print(f"    the SDK alone per order (mean): {alone.sdk_calls:.1f} calls, {alone.sdk_s * 1000:.1f} ms")
         print(f"    for reference, a bare RunInstances alone (no image, group or boot script): {p * 1000:.0f} ms")
         print("    where the broker's time goes, per order (mean):")
@@ -234,8 +249,7 @@ def main() -> int:
             print(f"      why: {_failover_cost(per_order[0], per_order[failures], failures)}")
     print(f"goal ({GOAL_FAILURES} capacity failures, <= {GOAL_RATIO}x the SDK alone): {verdict}; "
           f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
-    sandbox.faults.clear()
-    sandbox.stop()
+    _faults(spec.endpoint_url, "DELETE")
     return 0
 
 

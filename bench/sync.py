@@ -59,17 +59,21 @@ def django_on(database_url: str, **env: str) -> None:
 
 
 @contextlib.contextmanager
-def sandboxes_serving(manifest_name: str) -> Iterator[list[Any]]:
-    """Every sandbox cloud in a process of its own, as real clouds are remote (in process they would compete
-    with the broker for the GIL, and a benchmark would measure that); yields their accounts' specs."""
+def sandboxes_serving(
+    manifest_name: str, *, only: str | None = None, boot: str | None = None, boot_delay_s: float = 0.0
+) -> Iterator[list[Any]]:
+    """Every sandbox cloud (or the comma-separated ``only``) in a process of its own, as real clouds are remote
+    (in process they would compete with the broker for the GIL, and a benchmark would measure that); yields
+    their accounts' specs. ``boot``, ``boot_delay_s``: ``sandboxes serve --boot``, ``--boot-delay``, what launched
+    machines do and when."""
     from providers.manifest import read_manifest
 
     manifest = ROOT / "var" / manifest_name
     manifest.unlink(missing_ok=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sandboxes", "serve", "--port", "0", "--manifest", str(manifest)],
-        cwd=ROOT, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "sandboxes", "serve", "--port", "0", "--manifest", str(manifest)]
+    command += (["--only", only] if only else []) + (["--boot", boot] if boot else [])
+    command += ["--boot-delay", str(boot_delay_s)] if boot_delay_s else []
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while not manifest.exists():

@@ -1,4 +1,4 @@
-"""``python -m sandboxes serve [--host H] [--port P] [--only aws,...]``
+"""``python -m sandboxes serve [--host H] [--port P] [--only aws,...] [--boot thread|hold|off] [--boot-delay S]``
 
 Starts every registered sandbox in one process: the first on ``--port``, the next ones on the following
 ports, and prints one ``<kind> sandbox listening on <url>`` line each. Ctrl-C (or SIGTERM) stops them.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from sandboxes.boot import sandbox_runtime
+from sandboxes.boot import BootMode, sandbox_runtime
 from sandboxes.demo import write_manifest
 from sandboxes.server import SandboxApp, serve_forever
 
@@ -53,7 +53,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--verbose", action="store_true", help="log every request")
     serve.add_argument("--manifest", help="write how to reach each sandbox (endpoint, credentials) to this JSON file")
     serve.add_argument("--containers", action="store_true", help="boot machines as real walled containers")
+    serve.add_argument(
+        "--boot",
+        choices=[m.value for m in BootMode],
+        default=BootMode.THREAD.value,
+        help="what a launched machine does: its agent phones home (thread), it waits to be told (hold), or nothing",
+    )
+    serve.add_argument(
+        "--boot-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a launched machine takes before its agent starts (default 0: at once)",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.boot_delay <= 3600:
+        parser.error("--boot-delay: from 0 to 3600 seconds")
 
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in SANDBOXES]
@@ -75,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index, app in enumerate(apps):
         app.booter.containers = runtime
         app.booter.uid_first += 10_000 * index  # each cloud's machines a range of lease uids of their own
-    serve_forever([(app, args.host, port) for app, port in zip(apps, ports, strict=True)], on_started)
+        app.booter.start_delay_s = args.boot_delay
+    served = [(app, args.host, port) for app, port in zip(apps, ports, strict=True)]
+    serve_forever(served, on_started, boot=BootMode(args.boot))
     return 0
 
 

@@ -180,6 +180,9 @@ class Booter:
         # OpenSSH server, so a buyer's first order gives a real shell; else a simulated executor.
         self.containers: ContainerRuntime | None = None
         self.uid_first = SANDBOX_UID_FIRST
+        # How long a machine takes from its launch to its agent's first step (0: at once). A real one boots for a
+        # minute or more, so its agent never phones home while the broker is still recording the launch.
+        self.start_delay_s = 0.0
         self._work_root: Path | None = None
         self._powered_off: dict[str, BootedMachine] = {}
 
@@ -233,9 +236,14 @@ class Booter:
     def _run(self, machine: BootedMachine) -> None:
         if self.mode is BootMode.THREAD:
             machine.thread = threading.Thread(
-                target=machine.agent.run, args=(machine.stop,), name=f"lease:{machine.instance_id}", daemon=True
+                target=self._agent_run, args=(machine,), name=f"lease:{machine.instance_id}", daemon=True
             )
             machine.thread.start()
+
+    def _agent_run(self, machine: BootedMachine) -> None:
+        if self.start_delay_s and machine.stop.wait(self.start_delay_s):
+            return  # powered off before it finished booting
+        machine.agent.run(machine.stop)
 
     def _work(self) -> Path:
         with self._lock:

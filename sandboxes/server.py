@@ -190,15 +190,18 @@ class SandboxApp(abc.ABC):
 
 
 def serve_forever(
-    apps: Sequence[tuple[SandboxApp, str, int]], on_started: Callable[[list[SandboxApp]], None] | None = None
+    apps: Sequence[tuple[SandboxApp, str, int]],
+    on_started: Callable[[list[SandboxApp]], None] | None = None,
+    boot: BootMode = BootMode.THREAD,
 ) -> None:
     """Start each (app, host, port), call ``on_started`` with them, and block until interrupted (Ctrl-C or
-    SIGTERM), then stop them all."""
+    SIGTERM), then stop them all. ``boot``: what the sandboxes' launched machines do (by default they phone
+    home like real ones)."""
     stop = threading.Event()
     started: list[SandboxApp] = []
     try:
         for app, host, port in apps:
-            app.booter.mode = BootMode.THREAD  # a served sandbox's machines phone home like real ones
+            app.booter.mode = boot
             url = app.start(host, port)
             started.append(app)
             print(f"{app.kind} sandbox listening on {url}", flush=True)
