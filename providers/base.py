@@ -35,6 +35,8 @@ class ProviderAdapter(abc.ABC):
     # The cloud can launch instances into a cluster placement group (``LaunchSpec.placement_group``): packed
     # close together in one zone's network. Where False, a launch never names a group.
     placement_groups: ClassVar[bool] = False
+    # ``launch_prepare`` makes something: a caller may run it beside its own work before the launch.
+    prepares_launch: ClassVar[bool] = False
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         self.credentials = credentials
@@ -66,6 +68,17 @@ class ProviderAdapter(abc.ABC):
         ``QuotaExceeded``, ``CredentialsRejected``, ``TransientProviderError`` or ``ProviderRequestRejected``.
         The SDK's own retries are off for this call: the broker decides whether to retry or fail over.
         """
+
+    def launch_prepare(self, spec: LaunchSpec) -> None:
+        """Make, ahead of ``launch(spec)`` on this adapter, what that launch needs beside its instance (the
+        image read, the key pair, the firewall), so that the launch then only starts the instance.
+
+        For a caller that has other work to do first (recording the attempt): it may run this on another
+        thread meanwhile, and must let it finish before calling ``launch``. Idempotent, as the launch is;
+        what it made is the order's, tagged and released as the launch's would be. Its errors are the
+        launch's to report: the launch makes again whatever this did not, and raises what stops it. The
+        default makes nothing (``prepares_launch`` False)."""
+        return None
 
     def quota_check(self, spec: LaunchSpec) -> None:
         """Refuse, before any launch call, a launch the account's published quotas cannot hold.

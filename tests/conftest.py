@@ -9,6 +9,7 @@ from celery._state import _set_task_join_will_block
 
 from broker.celery import app as celery_app
 from marketplace.models import Organization, OrganizationKind, Role
+from providers.aws.order_resources import default_images_forget
 from sandboxes.aws import keys as aws_keys
 from tests.factories import MembershipFactory, OrganizationFactory, SshKeyFactory
 
@@ -44,6 +45,13 @@ def throttle_mid_window(monkeypatch):
     shorter window) for the test's length."""
     pinned = 1_800_000_030.0  # 30 s into a minute
     monkeypatch.setattr("marketplace.api.throttling.time", SimpleNamespace(time=lambda: pinned))
+
+
+@pytest.fixture(autouse=True)
+def _aws_default_images_forgotten():
+    """The AWS adapter remembers a region's default image per process (providers/aws/order_resources.py); each
+    test's sandbox starts with its own images and faults, so each test starts with nothing remembered."""
+    default_images_forget()
 
 
 @pytest.fixture(autouse=True)

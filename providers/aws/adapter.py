@@ -19,7 +19,7 @@ from providers.aws.client import (
 )
 from providers.aws.order_resources import RULES_PER_GROUP_PER_FAMILY, AwsOrderResources
 from providers.base import ProviderAdapter
-from providers.errors import CredentialsRejected, ProviderRequestRejected
+from providers.errors import CredentialsRejected, ImageUnavailable, ProviderRequestRejected
 from providers.launch import LaunchLimits, UserDataMeasure
 from providers.options import option_number
 from providers.types import Credentials, InstanceHandle, InstanceState, LaunchSpec, OfferQuote, PricingModel
@@ -108,6 +108,7 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
     )
     login_user: ClassVar[str] = launching.DLAMI_LOGIN_USER
     placement_groups: ClassVar[bool] = True
+    prepares_launch: ClassVar[bool] = True
 
     def __init__(self, credentials: Credentials, regions: Sequence[str], options: dict[str, str] | None = None):
         super().__init__(credentials, regions, options)
@@ -283,7 +284,11 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
 
     def describe(self, region: str, instance_id: str) -> InstanceHandle:
         """The instance's current state. Raises ``ProviderRequestRejected`` (InvalidInstanceID.NotFound) if unknown."""
-        reservations = self._client.pages(region, "describe_instances", "Reservations", InstanceIds=[instance_id])
+        # One call, not the paginator: a request naming instance ids is answered whole ("You cannot specify this
+        # parameter [MaxResults] and the instance IDs parameter in the same request", DescribeInstances, EC2 API
+        # reference, https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html).
+        answer = self._client.call(region, "describe_instances", InstanceIds=[instance_id])
+        reservations = answer.get("Reservations") or []
         handles = [h for h in mapping.handles_from_reservations(reservations, region) if h.instance_id == instance_id]
         if not handles:
             raise ProviderRequestRejected(
@@ -332,6 +337,12 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
 
     # ------------------------------------------------------------------------------------------ writes
 
+    def launch_prepare(self, spec: LaunchSpec) -> None:
+        """The boot's image read, key pair and security group (``_boot_params``), for ``launch(spec)`` to find;
+        nothing for a launch whose boot this cloud would refuse (``launch_problems``)."""
+        if spec.boot is not None and not self.launch_problems(spec):
+            self._boot_params(spec)
+
     def launch(self, spec: LaunchSpec) -> InstanceHandle:
         """``run_instances`` for one instance, tagged ``broker:order`` (+ ``spec.tags``), idempotent on
         ``spec.client_token`` in ``spec.region``. Exactly one attempt: see ``ProviderAdapter.launch``.
@@ -373,7 +384,11 @@ class AwsAdapter(AwsOrderResources, ProviderAdapter):
             self._placement_group(spec.region, spec.placement_group)
             params["Placement"]["GroupName"] = spec.placement_group
         # The no-retry client: a retried 500 could hide a capacity error behind a second, different answer.
-        reservation = self._client.launch(spec.region, **params)
+        try:
+            reservation = self._client.launch(spec.region, **params)
+        except ImageUnavailable:
+            self._image_refused(spec.region, params["ImageId"])
+            raise
         handles = mapping.handles_from_reservations([reservation], spec.region)
         if len(handles) != 1:
             raise errors.malformed(f"run_instances returned {len(handles)} instances for MaxCount=1")

@@ -5,7 +5,10 @@ of a booted launch, and the cluster placement group. ``AwsAdapter`` inherits the
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from providers.aws import errors, launching
@@ -23,6 +26,27 @@ RULES_SOURCE = (
     "Amazon VPC quotas, inbound rules per security group, "
     "https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html"
 )
+
+
+# The region's current Deep Learning AMI, as one account resolved it (SSM GetParameter, then DescribeImages): AWS
+# publishes a new one every few weeks, so reading it for every order spends two calls on the same answer. One
+# process reads it at most every DEFAULT_IMAGE_TTL_S per account and region; a launch the image is refused to
+# (InvalidAMIID.*) forgets it at once, so the next attempt reads it again.
+DEFAULT_IMAGE_TTL_S = 300.0
+_DEFAULT_IMAGES_MAX = 256
+# (endpoint URL or "", access key id, region) -> (monotonic expiry, the image's facts)
+_default_images: dict[tuple[str, str, str], tuple[float, launching.ImageFacts]] = {}
+_default_images_lock = threading.Lock()
+
+
+# Runs an order's key-pair import beside its security group's calls (``_boot_params``).
+_beside = ThreadPoolExecutor(max_workers=4, thread_name_prefix="aws-order-resources")
+
+
+def default_images_forget() -> None:
+    """Forget every account's remembered default image (a test's fresh start)."""
+    with _default_images_lock:
+        _default_images.clear()
 
 
 class AwsOrderResources(ProviderAdapter):
@@ -141,16 +165,23 @@ class AwsOrderResources(ProviderAdapter):
                 code="InvalidBlockDeviceMapping",
                 provider=errors.PROVIDER,
             )
-        subnet = self._subnet(spec.region, spec.zone)
-        vpc_id = subnet[1] if subnet else None  # None: the region's default VPC, which EC2 picks itself
+        key = launching.native_key(boot.ssh_keys)
+        # The key pair and the security group do not depend on each other: the pair is imported on a thread
+        # beside the group's two calls (create, then its rules).
+        importing = _beside.submit(self._key_pair, spec.region, spec.order_ref, key) if key is not None else None
+        try:
+            subnet = self._subnet(spec.region, spec.zone)
+            vpc_id = subnet[1] if subnet else None  # None: the region's default VPC, which EC2 picks itself
+            group_id = self._security_group(spec, vpc_id, boot.ingress)
+        finally:
+            key_name = importing.result() if importing is not None else None
         params: dict[str, Any] = {
             "ImageId": facts.image_id,
-            "SecurityGroupIds": [self._security_group(spec, vpc_id, boot.ingress)],
+            "SecurityGroupIds": [group_id],
             "UserData": self.user_data(spec),  # botocore base64-encodes it for the wire
         }
-        key = launching.native_key(boot.ssh_keys)
-        if key is not None:
-            params["KeyName"] = self._key_pair(spec.region, spec.order_ref, key)
+        if key_name is not None:
+            params["KeyName"] = key_name
         if boot.disk_gb is not None:
             params["BlockDeviceMappings"] = launching.root_volume(facts, boot.disk_gb)
         if subnet is not None:
@@ -160,12 +191,40 @@ class AwsOrderResources(ProviderAdapter):
     def _image(self, region: str, image_id: str | None) -> launching.ImageFacts:
         """The image to boot (the buyer's, the account's ``image_id`` or the region's current DLAMI) as EC2
         describes it; ``ImageUnavailable`` naming the region when it does not exist there. Read once per adapter
-        and region: a failover within the region boots the image the first attempt checked."""
+        and region: a failover within the region boots the image the first attempt checked. The region's DLAMI
+        is shared by the process's adapters of the same account for ``DEFAULT_IMAGE_TTL_S``."""
         key = (region, image_id or "")
         known = self._image_facts.get(key)
         if known is None:
-            known = self._image_facts[key] = self._image_read(region, image_id)
+            known = self._default_image_facts(region) if image_id is None else self._image_read(region, image_id)
+            self._image_facts[key] = known
         return known
+
+    def _default_image_key(self, region: str) -> tuple[str, str, str]:
+        settings = self._client.settings
+        return (settings.endpoint_url or "", settings.access_key_id, region)
+
+    def _default_image_facts(self, region: str) -> launching.ImageFacts:
+        key = self._default_image_key(region)
+        with _default_images_lock:
+            remembered = _default_images.get(key)
+        if remembered is not None and remembered[0] > time.monotonic():
+            return remembered[1]
+        facts = self._image_read(region, None)
+        with _default_images_lock:
+            _default_images[key] = (time.monotonic() + DEFAULT_IMAGE_TTL_S, facts)
+            if len(_default_images) > _DEFAULT_IMAGES_MAX:
+                del _default_images[min(_default_images, key=lambda k: _default_images[k][0])]
+        return facts
+
+    def _image_refused(self, region: str, image_id: str) -> None:
+        """A launch was refused ``image_id``: whatever this process remembered of it is stale."""
+        self._image_facts = {k: v for k, v in self._image_facts.items() if v.image_id != image_id}
+        key = self._default_image_key(region)
+        with _default_images_lock:
+            remembered = _default_images.get(key)
+            if remembered is not None and remembered[1].image_id == image_id:
+                del _default_images[key]
 
     def _image_read(self, region: str, image_id: str | None) -> launching.ImageFacts:
         if image_id is None:

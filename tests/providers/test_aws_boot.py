@@ -25,9 +25,9 @@ import pytest
 from providers.aws.adapter import AwsAdapter
 from providers.errors import ImageUnavailable, ProviderRequestRejected
 from providers.launch import BootSpec, IngressRule
-from providers.types import InstanceState, LaunchSpec, PricingModel
+from providers.types import Credentials, InstanceState, LaunchSpec, PricingModel
 from sandboxes.aws.app import AwsSandbox
-from sandboxes.aws.keys import ALICE
+from sandboxes.aws.keys import ALICE, BOB
 from sandboxes.aws.launch import dlami_id
 from sandboxes.boot import BootMode
 from tests.sshkeys import ecdsa_public, ed25519_public, parsed, rsa_public
@@ -339,15 +339,13 @@ def test_a_first_launch_makes_its_key_pair_and_group_without_looking_for_them_fi
     aws_adapter().launch(_spec())
 
     # Created first, looked up only when EC2 answers that they exist: a first launch reads none of them, and
-    # the group goes into the default VPC without asking which it is (CreateSecurityGroup without VpcId).
+    # the group goes into the default VPC without asking which it is (CreateSecurityGroup without VpcId). The
+    # key pair is imported beside the group's two calls, so its place among them varies.
     ec2 = [c.action for c in held.calls() if c.service == "ec2"]
-    assert ec2 == [
-        "DescribeImages",
-        "CreateSecurityGroup",
-        "AuthorizeSecurityGroupIngress",
-        "ImportKeyPair",
-        "RunInstances",
-    ]
+    assert (ec2[0], ec2[-1]) == ("DescribeImages", "RunInstances")
+    assert sorted(ec2[1:-1]) == ["AuthorizeSecurityGroupIngress", "CreateSecurityGroup", "ImportKeyPair"]
+    group_calls = [a for a in ec2 if a != "ImportKeyPair"]
+    assert group_calls == ["DescribeImages", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress", "RunInstances"]
 
 
 def test_a_launch_repeated_by_another_adapter_finds_the_orders_resources_and_adds_nothing(
@@ -464,6 +462,75 @@ def test_a_buyers_image_the_region_lacks_fails_before_anything_is_created(
     assert caught.value.code == "InvalidAMIID.NotFound"
     assert "ami-0123456789abcdef0" in str(caught.value) and "us-east-1" in str(caught.value)
     assert [c.action for c in held.calls()] == ["DescribeImages"]
+
+
+def _image_reads(sandbox: AwsSandbox) -> list[str]:
+    return [c.action for c in sandbox.calls() if c.action in ("GetParameter", "DescribeImages")]
+
+
+def _bob(sandbox: AwsSandbox) -> AwsAdapter:
+    values = {"access_key_id": BOB.access_key_id, "secret_access_key": BOB.secret_access_key}
+    return AwsAdapter(Credentials(kind="aws", values=values, endpoint_url=sandbox.url), ["us-east-1"], {})
+
+
+def test_the_regions_default_image_is_read_once_per_account_and_region_for_every_adapter_of_the_process(
+    held: AwsSandbox, aws_adapter: AdapterFactory
+) -> None:
+    aws_adapter().launch(_spec())
+    # The next order's task builds another adapter of the same account: the DLAMI it resolved stands.
+    aws_adapter().launch(_spec(f"{ORDER}-a2", zone="us-east-1b"))
+    assert _image_reads(held) == ["GetParameter", "DescribeImages"]
+
+    # Another account asks for itself: what one account may launch says nothing of another's.
+    _bob(held).launch(_spec(f"{ORDER}-a3"))
+    assert _image_reads(held) == ["GetParameter", "DescribeImages"] * 2
+    assert len(held.calls("RunInstances")) == 3
+
+
+def test_a_launch_refused_its_remembered_image_forgets_it_and_the_next_one_reads_it_again(
+    held: AwsSandbox, aws_adapter: AdapterFactory
+) -> None:
+    aws_adapter().launch(_spec())
+    held.faults.inject("image_missing", region="us-east-1")  # withdrawn after the first launch read it
+
+    with pytest.raises(ImageUnavailable) as caught:
+        aws_adapter().launch(_spec(f"{ORDER}-a2"))
+
+    # RunInstances was refused the remembered image (InvalidAMIID.NotFound, EC2 error codes) ...
+    assert caught.value.code == "InvalidAMIID.NotFound"
+    assert _image_reads(held) == ["GetParameter", "DescribeImages"]
+    held.faults.clear()
+    aws_adapter().launch(_spec(f"{ORDER}-a3"))
+    # ... so the next launch asked again, rather than trusting it until it expired.
+    assert _image_reads(held) == ["GetParameter", "DescribeImages"] * 2
+
+
+def test_a_prepared_launch_then_only_starts_its_instance(held: AwsSandbox, aws_adapter: AdapterFactory) -> None:
+    adapter = aws_adapter()
+
+    adapter.launch_prepare(_spec())
+
+    prepared = [c.action for c in held.calls() if c.service == "ec2"]
+    assert sorted(prepared) == [
+        "AuthorizeSecurityGroupIngress",
+        "CreateSecurityGroup",
+        "DescribeImages",
+        "ImportKeyPair",
+    ]
+    assert held.instances() == []
+    handle = adapter.launch(_spec())
+    assert [c.action for c in held.calls() if c.service == "ec2"][len(prepared) :] == ["RunInstances"]
+    assert _instance(held, handle.instance_id)["KeyName"] == f"broker-{ORDER}"
+    assert (len(_key_pairs(held)), len(_groups(held))) == (1, 1)
+
+
+def test_a_launch_the_cloud_would_refuse_is_not_prepared(held: AwsSandbox, aws_adapter: AdapterFactory) -> None:
+    adapter = aws_adapter()
+    spec = _spec(disk_gb=20_000)  # over gp3's 16,384 GiB (EbsBlockDevice): launch_problems names it
+
+    adapter.launch_prepare(spec)
+
+    assert adapter.launch_problems(spec) and held.calls() == []
 
 
 # ------------------------------------------------------------------------------------------ bare launch
