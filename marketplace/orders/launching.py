@@ -12,6 +12,7 @@ import datetime as dt
 import enum
 import logging
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from decimal import Decimal
 
 from django.conf import settings
@@ -42,7 +43,7 @@ from marketplace.orders.errors import TransitionRefused
 from marketplace.orders.reservations import gpu_indexes_held, reservation_release, reservation_take
 from marketplace.orders.transitions import order_transition
 from marketplace.taskkit import enqueue_on_commit
-from marketplace.webhooks.services import instance_event_emit
+from marketplace.webhooks.services import endpoints_known, instance_event_emit, with_endpoints
 from providers.base import ProviderAdapter
 from providers.errors import (
     CapacityUnavailable,
@@ -163,7 +164,7 @@ def _open_attempt(order: Order, offer: Offer, now: dt.datetime, *, first: bool =
             order=order,
             number=number,
             offer=offer,
-            client_token=f"{order.ref}-a{number}",
+            client_token=_client_token(order, number),
             started_at=now,
         )
         attempt_ledger(attempt, "attempt.started", zone=offer.zone, instance_type=offer.instance_type)
@@ -250,14 +251,16 @@ def order_provision(*, order_id: int) -> Step:
     the order is still provisioning: each new attempt first claims the order's row, so an order ended while
     a launch was in flight gets no further attempt and no second machine.
     """
-    order = Order.objects.select_related("gpu_model", "offer__gpu_model", "offer__account", "launch_config").get(
-        pk=order_id
-    )
+    rows = Order.objects.select_related("gpu_model", "offer__gpu_model", "offer__account", "launch_config")
+    order = with_endpoints(rows.filter(pk=order_id))
+    if order is None:
+        raise Order.DoesNotExist(f"order {order_id} does not exist")
     # One adapter per account for the whole task: a failover within the account reuses its SDK clients and what
     # it already read or made for this order (the image, the security group), instead of asking again.
     adapters: dict[int, ProviderAdapter] = {}
     first: Attempt | None = None
     if order.state == OrderState.PLACED:
+        preparing = _first_launch_prepare(order, adapters)
         try:
             first = _start(order)
         except TransitionRefused:
@@ -265,6 +268,8 @@ def order_provision(*, order_id: int) -> Step:
         else:
             if first is None:
                 return Step.DONE  # failed: nothing could serve it
+        finally:
+            _prepared(preparing, order)
     if order.state != OrderState.PROVISIONING:
         return Step.DONE
     # An order this task just moved out of placed has had no attempt before its first, so no instance.
@@ -341,6 +346,48 @@ def order_provision(*, order_id: int) -> Step:
                     instance_event_emit(instance_id=stopped_id, event_type=WebhookEventType.INSTANCE_TERMINATED)
             return Step.DONE
         return Step.POLL
+
+
+# Threads that make a first launch's resources while its attempt is recorded (``_first_launch_prepare``); the
+# prefork worker's parent never submits, so a forked child starts with none running.
+_preparing = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch-prepare")
+# A preparation is SDK calls, each under its client's deadline; past this the launch makes what is missing itself.
+PREPARE_WAIT_S = 60.0
+
+
+def _first_launch_prepare(order: Order, adapters: dict[int, ProviderAdapter]) -> Future[None] | None:
+    """Start making, on a thread of its own, what the launch of the order's first attempt on the buyer's pick
+    needs besides the instance (``ProviderAdapter.launch_prepare``: on AWS the image read, the key pair and
+    the security group), while ``_start`` records the attempt: the provider's calls and the database's
+    then overlap. The thread touches no database. None when the pick's adapter makes nothing ahead."""
+    offer = order.offer
+    try:
+        adapter = adapters.get(offer.account_id) or adapter_for_account(offer.account)
+    except ProviderError:
+        return None  # the attempt's own launch meets the same error and records it
+    adapters[offer.account_id] = adapter
+    if not adapter.prepares_launch:
+        return None
+    # The spec the first attempt will launch with: its client token, and so its boot token, follow from its number.
+    spec = _launch_spec(order, Attempt(order=order, number=1, offer=offer, client_token=_client_token(order, 1)))
+    return _preparing.submit(adapter.launch_prepare, spec)
+
+
+def _prepared(preparing: Future[None] | None, order: Order) -> None:
+    """Let a preparation finish before anything launches. Its failure is only logged: the launch makes what is
+    missing again and reports what stops it."""
+    if preparing is None:
+        return
+    try:
+        preparing.result(timeout=PREPARE_WAIT_S)
+    except TimeoutError:
+        log.warning("order %s: preparing its launch took over %s s; it launches now", order.public_id, PREPARE_WAIT_S)
+    except Exception as exc:  # the launch itself raises it, in the failover's terms
+        log.info("order %s: preparing its launch failed, the launch will try again: %s", order.public_id, exc)
+
+
+def _client_token(order: Order, number: int) -> str:
+    return f"{order.ref}-a{number}"
 
 
 def _start(order: Order) -> Attempt | None:
@@ -456,6 +503,7 @@ def record_launch(order: Order, attempt: Attempt, handle: InstanceHandle, *, ado
             instance_id=instance.pk,
             event_type=WebhookEventType.INSTANCE_LAUNCHED,
             organization_id=order.organization_id,
+            endpoints=endpoints_known(order),
             adopted=adopted,
         )
     return bool(provisioning)

@@ -30,7 +30,7 @@ from marketplace.orders.reservations import reservation_release
 from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.transitions import order_transition
 from marketplace.taskkit import enqueue_on_commit
-from marketplace.webhooks.services import instance_event_emit
+from marketplace.webhooks.services import endpoints_known, instance_event_emit, with_endpoints
 from providers.errors import (
     ProviderError,
 )
@@ -50,10 +50,9 @@ def order_poll(*, order_id: int) -> Step:
     ``Step.PROVISION``, so the order fails over to the next offer.
     """
     # The order, its active instance and that instance's lease in one read; no instance: nothing to poll.
-    instance = (
-        Instance.objects.select_related("order", "account", "attempt__lease")
-        .filter(order_id=order_id, active=True)
-        .first()
+    instance = with_endpoints(
+        Instance.objects.select_related("order", "account", "attempt__lease").filter(order_id=order_id, active=True),
+        "order__organization_id",
     )
     if instance is None or instance.order.state != OrderState.PROVISIONING:
         return Step.DONE
@@ -96,6 +95,7 @@ def _instance_running(instance: Instance, public_ip: str) -> None:
                     instance_id=instance.pk,
                     event_type=WebhookEventType.INSTANCE_RUNNING,
                     organization_id=instance.order.organization_id,
+                    endpoints=endpoints_known(instance),
                 )
                 return
     elif (instance.state, instance.public_ip) == (running, public_ip):

@@ -51,7 +51,7 @@ from marketplace.orders.quoting import quote_get
 from marketplace.orders.selectors import order_spent_usd
 from marketplace.orders.transitions import order_transition
 from marketplace.taskkit import enqueue_on_commit
-from marketplace.webhooks.services import order_event_emit
+from marketplace.webhooks.services import endpoints_known, order_event_emit, with_endpoints
 
 
 def _ledger(order: Order, kind: str, **fields: Any) -> None:
@@ -165,7 +165,9 @@ def order_place(
     try:
         with transaction.atomic():
             # The organisation's row is the lock that makes the budget check and the insert one step.
-            locked = Organization.objects.select_for_update().get(pk=organization.pk)
+            locked = with_endpoints(Organization.objects.select_for_update().filter(pk=organization.pk), "pk")
+            if locked is None:
+                raise Organization.DoesNotExist(f"organisation {organization.pk} does not exist")
             warnings = budget_check(locked, adding_per_hour=price, now=now)
             config = launch_config_for(
                 organization=organization,
@@ -216,7 +218,7 @@ def order_place(
             if locked.payment_terms == PaymentTerms.PREPAID:
                 # Before anything launches; PaymentRequired rolls the order back with the rest.
                 order_hold_place(order, locked, now=now)
-            order_event_emit(order=order, previous=None, now=now)
+            order_event_emit(order=order, previous=None, now=now, endpoints=endpoints_known(locked))
             enqueue_on_commit("marketplace.order_provision", order.pk)
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as its replay. Without a key, the

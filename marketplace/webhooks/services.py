@@ -11,14 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import secrets
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, Model, OuterRef, QuerySet
 from django.utils import timezone
 
 from marketplace.launch.selectors import order_connection
@@ -300,11 +301,51 @@ def _instance_json(instance: Instance | None) -> dict[str, Any] | None:
     }
 
 
-def order_event_emit(*, order: Order, previous: str | None, now: dt.datetime | None = None) -> None:
+# Whether a row's organisation has an active endpoint, read as a subquery of a read its step makes anyway
+# (``with_endpoints``): an event that step emits for the row within ENDPOINTS_TRUSTED_S then asks no query of
+# its own. An endpoint receives the events of rows read after it was created; a step that outlasts the window
+# (a slow cloud's calls) asks again. A row read any other way makes its events ask.
+ENDPOINTS_ACTIVE = "webhook_endpoints_active"
+_ENDPOINTS_READ_AT = "_webhook_endpoints_read_at"
+ENDPOINTS_TRUSTED_S = 2.0
+
+_Row = TypeVar("_Row", bound=Model)
+
+
+def with_endpoints(rows: QuerySet[_Row], organization_field: str = "organization_id") -> _Row | None:
+    """The first of ``rows`` (None if none), read with whether the organisation its ``organization_field``
+    names has an active endpoint, for ``endpoints_known``."""
+    exists = Exists(WebhookEndpoint.objects.filter(organization_id=OuterRef(organization_field), active=True))
+    row = rows.annotate(**{ENDPOINTS_ACTIVE: exists}).first()
+    if row is not None:
+        setattr(row, _ENDPOINTS_READ_AT, time.monotonic())
+    return row
+
+
+def endpoints_known(row: Model) -> bool | None:
+    """What ``with_endpoints`` read of ``row``'s organisation's endpoints, while it may be trusted; else None
+    (the event asks)."""
+    read_at = getattr(row, _ENDPOINTS_READ_AT, None)
+    if read_at is None or time.monotonic() - read_at > ENDPOINTS_TRUSTED_S:
+        return None
+    return bool(getattr(row, ENDPOINTS_ACTIVE))
+
+
+def _no_endpoints(organization_id: int, known: bool | None) -> bool:
+    if known is not None:
+        return not known
+    return not WebhookEndpoint.objects.filter(organization_id=organization_id, active=True).exists()
+
+
+def order_event_emit(
+    *, order: Order, previous: str | None, now: dt.datetime | None = None, endpoints: bool | None = None
+) -> None:
     """Queue ``order.<state>`` for the order as the database now has it (read inside the caller's
-    transaction: price and instance may have changed since ``order`` was loaded)."""
-    if not WebhookEndpoint.objects.filter(organization_id=order.organization_id, active=True).exists():
-        return  # the common case costs one query
+    transaction: price and instance may have changed since ``order`` was loaded). ``endpoints``: what the
+    caller's own read said of the organisation's endpoints; without it, an ``order`` read ``with_endpoints``
+    answers (``endpoints_known``), else the check costs one query."""
+    if _no_endpoints(order.organization_id, endpoints if endpoints is not None else endpoints_known(order)):
+        return
     order = Order.objects.select_related("gpu_model", "launch_config").get(pk=order.pk)
     instance = Instance.objects.filter(order_id=order.pk).order_by("-active", "-pk").first()
     now = now or timezone.now()
@@ -332,17 +373,17 @@ def instance_event_emit(
     event_type: str,
     now: dt.datetime | None = None,
     organization_id: int | None = None,
+    endpoints: bool | None = None,
     **extra: Any,
 ) -> None:
     """Queue an ``instance.*`` event for the instance as it now is (read inside the caller's transaction).
     ``organization_id``, the instance's order's organisation, when the caller has it: the check for endpoints
-    then reads their table alone."""
-    endpoints = WebhookEndpoint.objects.filter(active=True)
+    then reads their table alone. ``endpoints``: what the caller's own read said of them (``endpoints_known``),
+    which spares the check."""
     if organization_id is not None:
-        endpoints = endpoints.filter(organization_id=organization_id)
-    else:
-        endpoints = endpoints.filter(organization__orders__instances=instance_id)
-    if not endpoints.exists():
+        if _no_endpoints(organization_id, endpoints):
+            return
+    elif not WebhookEndpoint.objects.filter(active=True, organization__orders__instances=instance_id).exists():
         return  # the common case costs one query
     instance = Instance.objects.select_related("order").get(pk=instance_id)
     now = now or timezone.now()

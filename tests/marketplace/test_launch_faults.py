@@ -107,6 +107,29 @@ def test_an_image_missing_in_a_region_fails_that_attempt_with_the_reason_and_fai
     assert ledger_verify().ok
 
 
+def _order_groups(account, order) -> list[str]:
+    resources = adapter_for_account(account).list_order_resources()
+    return [r.resource_id for r in resources if r.order_ref == order.ref and r.kind == "security_group"]
+
+
+def test_a_first_launch_whose_preparation_was_refused_makes_its_resources_itself_and_goes_on(
+    api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    # The first attempt's security group is made on a thread while the attempt is recorded
+    # (launching._first_launch_prepare). Refused there, it is made by the launch itself, on the same offer.
+    aws_sandbox.faults.inject("credentials", action="CreateSecurityGroup", times=1)
+
+    order = _order(api, django_capture_on_commit_callbacks, {"offer": _t4(aws_account).pk, "max_price_per_hour": "5"})
+
+    attempt = order.attempts.get()
+    assert attempt.outcome == "launched" and attempt.offer_id == _t4(aws_account).pk
+    assert len(aws_sandbox.calls("CreateSecurityGroup")) == 2
+    assert len(aws_sandbox.calls("RunInstances")) == 1
+    assert len(_order_groups(aws_account, order)) == 1  # made once: the refused call made nothing
+    assert boot(order, aws_sandbox) == "running"
+    assert ledger_verify().ok
+
+
 def test_a_machine_that_never_reports_is_terminated_and_the_order_fails_over(
     api, aws_account, aws_sandbox, django_capture_on_commit_callbacks
 ):

@@ -11,8 +11,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -27,19 +28,23 @@ from marketplace.models import (
 )
 from marketplace.orders.transitions import order_transition
 from marketplace.webhooks import destinations, sending
+from marketplace.webhooks import services as webhook_services
 from marketplace.webhooks.destinations import WebhookUrlRefused, destination_check
 from marketplace.webhooks.services import (
     DISABLE_AFTER_DEAD,
     MAX_ATTEMPTS,
     RETRY_DELAYS_S,
     WebhookInvalid,
+    endpoints_known,
     event_body,
+    order_event_emit,
     webhook_deliver,
     webhook_deliveries_due,
     webhook_endpoint_create,
     webhook_event_emit,
     webhook_ping,
     webhook_secret,
+    with_endpoints,
 )
 from marketplace.webhooks.signing import signature_header, signature_verify
 from marketplace.webhooks.tasks import webhooks_sweep_task
@@ -221,6 +226,52 @@ def test_an_order_placed_through_the_api_sends_its_events_in_order(
 
     assert receiver.events()[6:] == ["order.terminating", "instance.terminated", "order.terminated"]
     assert json.loads(receiver.requests[-1]["body"])["data"]["instance"]["terminated_at"] is not None
+
+
+def _endpoint_checks(queries: list[dict]) -> list[str]:
+    """The statements that read the endpoints table on their own (not as a subquery of another read)."""
+    return [q["sql"] for q in queries if 'FROM "marketplace_webhookendpoint"' in q["sql"].split("(", 1)[0]]
+
+
+def test_an_organisation_without_endpoints_pays_no_query_of_its_own_for_them_from_order_to_running_machine(
+    acme, alice, aws_account, aws_sandbox, django_capture_on_commit_callbacks
+):
+    api = APIClient()
+    api.force_authenticate(alice)
+    offer = aws_account.offers.filter(instance_type="g5.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
+
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        response = api.post("/api/v1/orders", {"offer": offer.pk}, format="json")
+
+    assert response.status_code == 201, response.content
+    instance = Order.objects.get(public_id=response.json()["id"]).instance
+    assert instance.running_at is not None  # placed, launched and seen running: four events, none sent
+    # Each event trusted the read its step made anyway (orders/launching.py, readiness.py, services.py).
+    assert _endpoint_checks(queries.captured_queries) == []
+    assert any("webhook_endpoints_active" in q["sql"] for q in queries.captured_queries)
+    assert WebhookDelivery.objects.count() == 0
+
+
+def test_an_event_trusts_its_steps_read_of_the_endpoints_only_for_a_moment(
+    acme, alice, aws_account, receiver, monkeypatch
+):
+    from marketplace.orders.services import PlaceRequest, order_place
+
+    offer = aws_account.offers.filter(instance_type="g5.xlarge").order_by("price_usd").first()
+    placed = order_place(organization=acme, user=alice, request=PlaceRequest(launch=LAUNCH, offer_id=offer.pk)).order
+    read = with_endpoints(Order.objects.filter(pk=placed.pk))
+    _endpoint(acme, alice, receiver.url())  # created after the step read its row
+
+    assert endpoints_known(read) is False
+    order_event_emit(order=read, previous="placed")
+    assert WebhookDelivery.objects.count() == 0  # the row was read before the endpoint existed
+
+    monkeypatch.setattr(webhook_services, "ENDPOINTS_TRUSTED_S", 0.0)  # a step that outlasted the window
+    assert endpoints_known(read) is None
+    order_event_emit(order=read, previous="placed")
+    assert list(WebhookDelivery.objects.values_list("event_type", flat=True)) == ["order.placed"]
+    # A row read any other way never answers for its endpoints.
+    assert endpoints_known(Order.objects.get(pk=placed.pk)) is None
 
 
 def test_an_endpoint_receives_only_the_events_it_subscribed_to(acme, alice, receiver, closed_port):
