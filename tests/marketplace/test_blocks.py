@@ -91,6 +91,26 @@ def test_a_block_ends_with_its_window(acme, alice, aws_sandbox, t4_offer, django
     assert [(a.offer_id, a.outcome) for a in again.attempts.all()] == [(t4_offer.pk, "launched")]
 
 
+def test_each_kind_of_failure_blocks_for_its_own_window(
+    acme, alice, aws_sandbox, t4_offer, django_capture_on_commit_callbacks, settings
+):
+    settings.BLOCK_CAPACITY_S, settings.BLOCK_QUOTA_S = 60, 600
+    aws_sandbox.faults.inject("capacity", instance_type=t4_offer.instance_type, zone=t4_offer.zone, times=1)
+    aws_sandbox.faults.inject("quota", instance_type="g5.xlarge", times=1)
+    _order(acme, alice, t4_offer, django_capture_on_commit_callbacks, aws_sandbox)
+    g5 = t4_offer.account.offers.filter(instance_type="g5.xlarge", pricing_model="on_demand").order_by("price_usd")[0]
+    _order(acme, alice, g5, django_capture_on_commit_callbacks, aws_sandbox)
+    failed = Attempt.objects.filter(outcome=AttemptOutcome.FAILED)
+    assert sorted(failed.values_list("error_class", flat=True)) == ["capacity", "quota"]
+    # Both failed two minutes ago: past the capacity window, within the quota one.
+    failed.update(finished_at=timezone.now() - dt.timedelta(seconds=120))
+
+    blocks = provider_blocks(now=timezone.now())
+
+    assert blocks.zone_types == frozenset()
+    assert blocks.account_regions == frozenset({(g5.account_id, g5.region)})
+
+
 def test_a_zero_window_turns_sharing_off(
     acme, alice, aws_sandbox, t4_offer, django_capture_on_commit_callbacks, settings
 ):
