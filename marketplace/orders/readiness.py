@@ -5,6 +5,7 @@ will not start fails the order, since another machine would fail it the same way
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from decimal import Decimal
@@ -87,7 +88,9 @@ def _instance_running(instance: Instance, public_ip: str) -> None:
     again must not announce it twice); a poll that finds nothing changed writes nothing."""
     running = InstanceState.RUNNING.value
     if instance.running_at is None:
-        with transaction.atomic():
+        endpoints = endpoints_known(instance)
+        # With no endpoint to tell, the conditional update is the whole change, atomic on its own: no BEGIN, COMMIT.
+        with transaction.atomic() if endpoints is not False else contextlib.nullcontext():
             if Instance.objects.filter(pk=instance.pk, running_at__isnull=True).update(
                 running_at=timezone.now(), state=running, public_ip=public_ip
             ):
@@ -95,7 +98,7 @@ def _instance_running(instance: Instance, public_ip: str) -> None:
                     instance_id=instance.pk,
                     event_type=WebhookEventType.INSTANCE_RUNNING,
                     organization_id=instance.order.organization_id,
-                    endpoints=endpoints_known(instance),
+                    endpoints=endpoints,
                 )
                 return
     elif (instance.state, instance.public_ip) == (running, public_ip):
