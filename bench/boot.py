@@ -9,7 +9,8 @@ rules, the Deep Learning AMI from SSM, ``RunInstances`` with the boot script), `
 provider runs the instance, and then the boot: the sandbox (its own process, as a cloud is) starts the lease
 agent from the user data, which phones home over HTTP to the broker (gunicorn, a process of its own), claims its
 token, fetches the secret, checks the GPUs, "starts" the container, finds SSH and reports ready. The
-baseline makes the same provider calls with boto3 alone, the same way, until the instance runs.
+baseline makes the same provider calls with boto3 alone, the same way (the broker's tags, user data as long
+as its boot script but which no agent boots from), until the instance runs.
 
 Goal (issue 39): order to the provider's "running" within 1.5x boto3 alone making the same calls.
 
@@ -27,6 +28,7 @@ What it reports, medians over the runs (each broker run followed by a boto3 run,
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 import statistics
@@ -109,7 +111,17 @@ def _bench(runs: int, spec: object) -> int:
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.launch.keys import ssh_key_add
-    from marketplace.models import Lease, Membership, Offer, Order, OrderState, Organization, OrganizationKind, Role
+    from marketplace.models import (
+        Instance,
+        Lease,
+        Membership,
+        Offer,
+        Order,
+        OrderState,
+        Organization,
+        OrganizationKind,
+        Role,
+    )
     from marketplace.orders.launching import Step, order_provision
     from marketplace.orders.readiness import order_poll
     from marketplace.orders.services import PlaceRequest, order_place
@@ -177,7 +189,18 @@ def _bench(runs: int, spec: object) -> int:
         protocol = (lease.ready_at - lease.claimed_at).total_seconds()
         return provider_running - started, ready - provider_running, ready - started, protocol, tally
 
-    user_data = b"#!/bin/bash\n" + b"# the same size as the broker's boot script\n" * 60
+    def same_size_script(instance_id: str) -> str:
+        """A script as long as the boot script the broker launched ``instance_id`` with, but one no agent boots
+        from (the sandbox's machine would phone home with a token already claimed)."""
+        wire = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        size = len(base64.b64decode(wire["UserData"]["Value"]))
+        script = "#!/bin/bash\n"
+        return script + "#" * (size - len(script) - 1) + "\n"
+
+    def tagged(ref: str, *kinds: str, **more: str) -> list[dict[str, object]]:
+        """The tags the broker puts on what it makes (its order; on the instance, its attempt too)."""
+        tags = [{"Key": "broker:order", "Value": ref}, *({"Key": k, "Value": v} for k, v in more.items())]
+        return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
 
     def sdk_run() -> tuple[float, Tally]:
         with breakdown.measuring() as tally:
@@ -188,17 +211,22 @@ def _bench(runs: int, spec: object) -> int:
         ref = f"ord-{uuid.uuid4().hex}"
         image = ssm.get_parameter(Name=launching.DLAMI_PARAMETER)["Parameter"]["Value"]
         ec2.describe_images(ImageIds=[image])
-        ec2.import_key_pair(KeyName=f"broker-{ref}", PublicKeyMaterial=public_key.encode())
-        group = ec2.create_security_group(GroupName=f"broker-{ref}", Description="bench")["GroupId"]
+        ec2.import_key_pair(KeyName=f"broker-{ref}", PublicKeyMaterial=public_key.encode(),
+                            TagSpecifications=tagged(ref, "key-pair"))  # fmt: skip
+        group = ec2.create_security_group(
+            GroupName=f"broker-{ref}", Description="bench", TagSpecifications=tagged(ref, "security-group")
+        )["GroupId"]
         ec2.authorize_security_group_ingress(
             GroupId=group,
             IpPermissions=[{"IpProtocol": "tcp", "FromPort": p, "ToPort": p,
                             "IpRanges": [{"CidrIp": "198.51.100.0/24"}]} for p in (22, 8000)],
+            TagSpecifications=tagged(ref, "security-group-rule"),
         )  # fmt: skip
         reservation = ec2.run_instances(
             ImageId=image, InstanceType="g4dn.xlarge", MinCount=1, MaxCount=1, KeyName=f"broker-{ref}",
-            SecurityGroupIds=[group], UserData=user_data.decode(), ClientToken=ref[:64],
+            SecurityGroupIds=[group], UserData=user_data, ClientToken=ref[:64],
             Placement={"AvailabilityZone": offer.zone},
+            TagSpecifications=tagged(ref, "instance", "volume", **{"broker:attempt": "1"}),
         )  # fmt: skip
         instance_id = reservation["Instances"][0]["InstanceId"]
         while True:
@@ -213,6 +241,7 @@ def _bench(runs: int, spec: object) -> int:
     )
     print(f"goal: order to the provider's running within {GOAL_RATIO}x boto3 alone making the same calls")
     broker_run()  # unmeasured: the first order builds the SDK clients both sides then reuse
+    user_data = same_size_script(Instance.objects.latest("pk").provider_instance_id)
     sdk_run()
     broker_rows, sdk, sdk_summed = [], [], Tally()
     for _ in range(runs):
