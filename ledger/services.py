@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connection, connections, transaction
 from django.db.models import Count, Min
@@ -32,14 +33,16 @@ class LedgerError(Exception):
     """Raised when an append is attempted outside a transaction or the chain head is inconsistent."""
 
 
-def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> LedgerEntry:
-    """Queue one entry in the caller's transaction; the sequencer chains it once that transaction commits.
+def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> int:
+    """Queue one entry in the caller's transaction and return its id; the sequencer chains it once that
+    transaction commits.
 
     Must run inside the caller's ``transaction.atomic()`` block, so the entry commits or rolls back with the
     change it records. No lock is taken: writers never wait for each other here. The sequencer process
     (``manage.py ledger sequence --follow``) gives committed entries their place in the chain within moments;
     receipts and checkpoints sequence what is queued before they read, and the periodic ``ledger.sequence``
-    task does when no sequencer process runs. The returned entry is queued (``sequence`` None).
+    task does when no sequencer process runs. The id is all a caller gets back: nobody used the queued entry
+    itself, and building a model instance for every change cost more than the database's own work for it.
     """
     # The connection itself, not the ``connection`` proxy: each attribute read through the proxy is a
     # context-local look-up, and every change in the marketplace comes through here.
@@ -50,24 +53,41 @@ def ledger_append(*, kind: str, subject: str, payload: dict[str, Any]) -> Ledger
     payload_hash = sha256_hex(payload_text.encode("utf-8"))
     # Microseconds are dropped so the timestamp survives every database's datetime precision unchanged.
     created_at = timezone.now().replace(microsecond=0)
+    if db.vendor == "postgresql":
+        return _append_prepared(db, [kind, subject, payload_text, payload_hash, created_at])
     # One plain INSERT: the ORM's save machinery (signals, field preparation per call) costs more than the
     # database's own work for a row this small.
     with db.cursor() as cursor:
         cursor.execute(
             _APPEND_SQL, [kind, subject, payload_text, payload_hash, db.ops.adapt_datetimefield_value(created_at)]
         )
-        pk = cursor.fetchone()[0]
-    entry = LedgerEntry(
-        id=pk, kind=kind, subject=subject, payload=payload_text, payload_hash=payload_hash, created_at=created_at
-    )
-    entry._state.adding = False
-    return entry
+        return int(cursor.fetchone()[0])
 
 
 _APPEND_SQL = (
     f"INSERT INTO {LedgerEntry._meta.db_table} (kind, subject, payload, payload_hash, created_at, leaf_hash) "  # noqa: S608 - our table
     "VALUES (%s, %s, %s, %s, %s, '') RETURNING id"
 )
+
+
+def _append_prepared(db: Any, values: list[Any]) -> int:
+    """The append's INSERT as a server-side prepared statement, on the Django connection's own psycopg
+    connection and so in the caller's transaction: Django's cursors bind on the client, quoting every value into
+    the statement's text, which the server then parses and plans again for each change. psycopg prepares it on
+    first use in each session (and again after a rollback, which drops its prepared statements). What Django's
+    cursor does around a statement is kept: a broken transaction refused, errors as Django's, the query logged
+    when queries are being captured."""
+    db.validate_no_broken_transaction()
+    began = time.monotonic()
+    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
+        cursor.execute(_APPEND_SQL, values, prepare=True)
+        row = cursor.fetchone()
+    if db.queries_logged:
+        db.queries_log.append({"sql": f"{_APPEND_SQL} (prepared)", "time": f"{time.monotonic() - began:.3f}"})
+    if row is None:
+        raise LedgerError("the append's INSERT returned no row")
+    return int(row[0])
+
 
 SEQUENCE_BATCH = 2000
 # A call made on someone's behalf (a receipt, a checkpoint) sequences at most this many batches, so a steady
