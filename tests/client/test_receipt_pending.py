@@ -77,9 +77,9 @@ def _change(order_id: str) -> tuple[int, int]:
     """Something happens to the order: one new entry, which no checkpoint covers yet. Its sequence, and the
     newest signed size."""
     with transaction.atomic():
-        entry = ledger_append(kind="test.note", subject=f"order:{order_id}", payload={"note": "changed"})
+        entry_id = ledger_append(kind="test.note", subject=f"order:{order_id}", payload={"note": "changed"})
     ledger_sequence()  # as the sequencer process does moments after the commit
-    sequence = LedgerEntry.objects.get(pk=entry.pk).sequence
+    sequence = LedgerEntry.objects.get(pk=entry_id).sequence
     assert sequence is not None
     return sequence, _newest_signed_size()
 

@@ -6,6 +6,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from ledger.canonical import canonical_bytes, entry_envelope
 from ledger.models import GENESIS_HASH, LedgerEntry, LedgerHead
@@ -21,7 +22,7 @@ def _append(n: int) -> list[LedgerEntry]:
         with transaction.atomic():
             queued.append(ledger_append(kind="test.event", subject=f"thing:{i}", payload={"i": i}))
     ledger_sequence()
-    return [LedgerEntry.objects.get(pk=entry.pk) for entry in queued]
+    return [LedgerEntry.objects.get(pk=entry_id) for entry_id in queued]
 
 
 @pytest.mark.django_db
@@ -47,15 +48,15 @@ def test_append_outside_a_transaction_is_refused():
 @pytest.mark.django_db
 def test_an_entry_is_queued_in_its_change_and_chained_by_the_sequencer():
     with transaction.atomic():
-        entry = ledger_append(kind="test.event", subject="thing:q", payload={"i": 1})
-    stored = LedgerEntry.objects.get(pk=entry.pk)
+        entry_id = ledger_append(kind="test.event", subject="thing:q", payload={"i": 1})
+    stored = LedgerEntry.objects.get(pk=entry_id)
     assert stored.queued and (stored.prev_hash, stored.entry_hash, stored.leaf_hash) == (None, None, "")
     assert ledger_queued()[0] == 1
     assert ledger_verify().ok  # a queued entry is not yet in the chain, and the chain is whole without it
 
     assert ledger_sequence() == 1
 
-    stored = LedgerEntry.objects.get(pk=entry.pk)
+    stored = LedgerEntry.objects.get(pk=entry_id)
     assert stored.sequence == 1 and stored.prev_hash == GENESIS_HASH and len(stored.leaf_hash) == 64
     assert ledger_queued() == (0, None)
     assert ledger_sequence() == 0  # nothing left: a second run chains nothing twice
@@ -78,14 +79,31 @@ def test_a_sequenced_entry_cannot_be_sequenced_again_even_by_raw_sql():
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE ledger_ledgerentry SET sequence = 7 WHERE id = %s", [entry.pk])
     with transaction.atomic():
-        queued = ledger_append(kind="test.event", subject="thing:z", payload={})
+        queued_id = ledger_append(kind="test.event", subject="thing:z", payload={})
     # Only the sequencer's one change is allowed on a queued row: never its content.
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("UPDATE ledger_ledgerentry SET payload = '{}', sequence = 2 WHERE id = %s", [queued.pk])
+        cursor.execute("UPDATE ledger_ledgerentry SET payload = '{}', sequence = 2 WHERE id = %s", [queued_id])
     # Nor half of it: a sequence without its hashes leaves the row in no state the chain knows.
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("UPDATE ledger_ledgerentry SET sequence = 2 WHERE id = %s", [queued.pk])
-    assert LedgerEntry.objects.get(pk=queued.pk).queued and ledger_sequence() == 1 and ledger_verify().ok
+        cursor.execute("UPDATE ledger_ledgerentry SET sequence = 2 WHERE id = %s", [queued_id])
+    assert LedgerEntry.objects.get(pk=queued_id).queued and ledger_sequence() == 1 and ledger_verify().ok
+
+
+@pytest.mark.django_db
+def test_appends_go_on_after_a_rolled_back_change_and_are_counted_as_queries():
+    # On PostgreSQL the append is a prepared statement, which the driver drops at every rollback: the next
+    # append must prepare it again. Captured queries include it, as they would a statement of Django's cursor.
+    with transaction.atomic():
+        ledger_append(kind="test.event", subject="thing:a", payload={"i": 1})
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ledger_append(kind="test.event", subject="thing:b", payload={"i": 2})
+        raise RuntimeError("the change failed")
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        last_id = ledger_append(kind="test.event", subject="thing:c", payload={"i": 3})
+    assert sum("INSERT INTO ledger_ledgerentry" in q["sql"] for q in captured.captured_queries) == 1
+    assert list(LedgerEntry.objects.order_by("id").values_list("subject", flat=True)) == ["thing:a", "thing:c"]
+    assert LedgerEntry.objects.get(pk=last_id).payload == '{"i":3}'
+    assert ledger_sequence() == 2 and ledger_verify().ok
 
 
 @pytest.mark.django_db
