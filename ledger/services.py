@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import secrets
@@ -75,12 +76,20 @@ def _append_prepared(db: Any, values: list[Any]) -> int:
     connection and so in the caller's transaction: Django's cursors bind on the client, quoting every value into
     the statement's text, which the server then parses and plans again for each change. psycopg prepares it on
     first use in each session (and again after a rollback, which drops its prepared statements). What Django's
-    cursor does around a statement is kept: a broken transaction refused, errors as Django's, the query logged
-    when queries are being captured."""
+    cursor does around a statement is kept: a broken transaction refused, errors as Django's, the connection's
+    execute wrappers run, the query logged when queries are being captured."""
     db.validate_no_broken_transaction()
     began = time.monotonic()
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(_APPEND_SQL, values, prepare=True)
+
+        def prepared(sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+            return cursor.execute(sql, params, prepare=True)
+
+        # Through the connection's execute wrappers, as Django's cursor would (a profiler, a query counter).
+        executor: Any = prepared
+        for wrapper in reversed(db.execute_wrappers):
+            executor = functools.partial(wrapper, executor)
+        executor(_APPEND_SQL, values, False, {"connection": db, "cursor": cursor})
         row = cursor.fetchone()
     if db.queries_logged:
         db.queries_log.append({"sql": f"{_APPEND_SQL} (prepared)", "time": f"{time.monotonic() - began:.3f}"})
