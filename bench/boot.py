@@ -64,7 +64,7 @@ def main() -> int:
 
     port = _free_port()
     django_on(
-        args.database, CELERY_BROKER_URL="memory://", BROKER_PUBLIC_URL=f"http://127.0.0.1:{port}",
+        args.database, debug=False, CELERY_BROKER_URL="memory://", BROKER_PUBLIC_URL=f"http://127.0.0.1:{port}",
         BROKER_LEASE_HEARTBEAT_S="60",
     )  # fmt: skip
     # The agents phone home to a web process of its own, as in production (gunicorn, docs/DEPLOY.md), not to a

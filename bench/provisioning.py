@@ -57,7 +57,7 @@ def main() -> int:
     from bench.sync import django_on, sandboxes_serving
 
     # The steps are called directly; the tasks order_place enqueues go nowhere (not to the dev server's queue).
-    django_on(args.database, BROKER_BLOCK_CAPACITY_S="0", CELERY_BROKER_URL="memory://")
+    django_on(args.database, debug=False, BROKER_BLOCK_CAPACITY_S="0", CELERY_BROKER_URL="memory://")
     # The sandbox in a process of its own, as the cloud is remote; its machines wait (no agent phones home).
     with sandboxes_serving("bench-provisioning-sandbox.json", only="aws", boot="hold") as specs:
         return _bench(args.runs, specs[0])

@@ -36,9 +36,12 @@ RAISED_AWS_LIMITS = {"rate_limit.RunInstances": "1000/1000", "rate_limit.RunInst
 sys.path.insert(0, str(ROOT))
 
 
-def django_on(database_url: str, **env: str) -> None:
+def django_on(database_url: str, *, debug: bool = True, **env: str) -> None:
     """Set Django up against ``database_url`` (the benchmark's own database, created when missing) with
-    production settings and ``env`` on top, and migrate it."""
+    ``env`` on top, and migrate it. ``debug=False``: this process then runs as a deployed broker does, without
+    DEBUG's cursor, which logs every statement it runs (a cost only the broker's side of a benchmark would pay).
+    The settings still load as in development, since the sandboxes' machines reach the broker over plain http,
+    which a deployed broker's settings refuse."""
     import psycopg
 
     base, _, name = database_url.rpartition("/")
@@ -53,9 +56,11 @@ def django_on(database_url: str, **env: str) -> None:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    settings.DEBUG = debug
 
 
 @contextlib.contextmanager
