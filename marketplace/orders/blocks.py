@@ -68,6 +68,7 @@ def provider_blocks(*, now: dt.datetime) -> Exclusion:
             error_class__in=sorted(windows),
         )
         .exclude(provider_code=SOLD_OUT)
+        .order_by()  # in no order: the attempts' own ordering would join their orders to sort them
         .select_related("offer")
         .only(
             "error_class",

@@ -313,12 +313,15 @@ _Row = TypeVar("_Row", bound=Model)
 
 
 def with_endpoints(rows: QuerySet[_Row], organization_field: str = "organization_id") -> _Row | None:
-    """The first of ``rows`` (None if none), read with whether the organisation its ``organization_field``
-    names has an active endpoint, for ``endpoints_known``."""
+    """The one row of ``rows``, a unique look-up (None if there is none), read with whether the organisation
+    its ``organization_field`` names has an active endpoint, for ``endpoints_known``."""
     exists = Exists(WebhookEndpoint.objects.filter(organization_id=OuterRef(organization_field), active=True))
-    row = rows.annotate(**{ENDPOINTS_ACTIVE: exists}).first()
-    if row is not None:
-        setattr(row, _ENDPOINTS_READ_AT, time.monotonic())
+    try:
+        # get(), not first(): no ORDER BY for the one row a unique look-up finds.
+        row = rows.annotate(**{ENDPOINTS_ACTIVE: exists}).get()
+    except rows.model.DoesNotExist:
+        return None
+    setattr(row, _ENDPOINTS_READ_AT, time.monotonic())
     return row
 
 
