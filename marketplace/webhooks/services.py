@@ -310,12 +310,18 @@ _ENDPOINTS_READ_AT = "_webhook_endpoints_read_at"
 ENDPOINTS_TRUSTED_S = 2.0
 
 _Row = TypeVar("_Row", bound=Model)
+_endpoints_exist: dict[str, Exists] = {}
 
 
 def with_endpoints(rows: QuerySet[_Row], organization_field: str = "organization_id") -> _Row | None:
     """The one row of ``rows``, a unique look-up (None if there is none), read with whether the organisation
     its ``organization_field`` names has an active endpoint, for ``endpoints_known``."""
-    exists = Exists(WebhookEndpoint.objects.filter(organization_id=OuterRef(organization_field), active=True))
+    exists = _endpoints_exist.get(organization_field)
+    if exists is None:
+        # Built once per field: the expression is never changed by a query using it (annotate resolves a copy).
+        exists = _endpoints_exist[organization_field] = Exists(
+            WebhookEndpoint.objects.filter(organization_id=OuterRef(organization_field), active=True)
+        )
     try:
         # get(), not first(): no ORDER BY for the one row a unique look-up finds.
         row = rows.annotate(**{ENDPOINTS_ACTIVE: exists}).get()
