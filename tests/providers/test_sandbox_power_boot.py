@@ -17,7 +17,7 @@ from providers.community.containers import ContainerRuntime
 from providers.community.executor import LeaseExecutor
 from providers.community.lease_executors import SimulatedExecutor
 from providers.launch import BootSpec, IngressRule
-from sandboxes.boot import Booter, simulated_gpus
+from sandboxes.boot import Booter, BootMode, simulated_gpus
 from sandboxes.faults import FaultRegistry
 from tests.sshkeys import ed25519_public, parsed
 
@@ -101,3 +101,17 @@ def test_a_container_machine_is_stopped_not_removed_and_started_again_as_the_sam
 
     assert f"rm -f {container}" in calls.read_text().splitlines()
     assert os.path.exists(calls) and not Path(first.executor.plan.work_dir).exists()
+
+
+def test_a_machine_stopped_while_it_still_boots_never_starts_its_agent(booter):
+    booter.mode = BootMode.THREAD
+    booter.start_delay_s = 3600.0  # a machine that takes its time to boot (sandboxes serve --boot-delay)
+    machine = booter.boot(instance_id=INSTANCE, user_data=_user_data(), gpus=simulated_gpus("T4", 1, 16))
+    assert machine is not None and machine.thread is not None and machine.thread.is_alive()
+
+    booter.power_off(INSTANCE)
+
+    # The stop ended the wait at once: the thread is gone and the agent never took a step (it would have failed
+    # to phone home to the closed port in its lease).
+    assert not machine.thread.is_alive()
+    assert machine.agent.state == "booting"
