@@ -37,6 +37,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,8 +87,6 @@ def main() -> int:
 
 
 def _until_serving(web: subprocess.Popen[bytes], port: int) -> None:
-    import requests
-
     deadline = time.monotonic() + 60
     while True:
         if web.poll() is not None:
@@ -107,7 +108,7 @@ def _bench(runs: int, spec: object) -> int:
     from django.utils import timezone
 
     from bench.breakdown import Breakdown, Tally
-    from bench.sync import RAISED_AWS_LIMITS
+    from bench.sync import RAISED_AWS_LIMITS, tag_specifications
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.launch.keys import ssh_key_add
@@ -197,10 +198,8 @@ def _bench(runs: int, spec: object) -> int:
         script = "#!/bin/bash\n"
         return script + "#" * (size - len(script) - 1) + "\n"
 
-    def tagged(ref: str, *kinds: str, **more: str) -> list[dict[str, object]]:
-        """The tags the broker puts on what it makes (its order; on the instance, its attempt too)."""
-        tags = [{"Key": "broker:order", "Value": ref}, *({"Key": k, "Value": v} for k, v in more.items())]
-        return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
+    def tagged(ref: str, *kinds: str, **more: str) -> list[dict[str, Any]]:
+        return tag_specifications("broker:order", ref, *kinds, **more)
 
     def sdk_run() -> tuple[float, Tally]:
         with breakdown.measuring() as tally:

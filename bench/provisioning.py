@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import requests
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -65,8 +67,6 @@ def main() -> int:
 
 def _faults(endpoint_url: str, method: str, body: object = None) -> None:
     """Set the served sandbox's faults through its control route (``POST``/``DELETE /_sandbox/faults``)."""
-    import requests
-
     answer = requests.request(method, f"{endpoint_url.rstrip('/')}/_sandbox/faults", json=body, timeout=10)
     answer.raise_for_status()
 
@@ -79,7 +79,7 @@ def _bench(runs: int, spec: Any) -> int:
     from django.utils import timezone
 
     from bench.breakdown import Breakdown, Tally
-    from bench.sync import RAISED_AWS_LIMITS
+    from bench.sync import RAISED_AWS_LIMITS, tag_specifications
     from marketplace.catalog.services import offers_sync
     from marketplace.launch.config import LaunchChoice
     from marketplace.models import Instance, Membership, Offer, OrderState, Organization, OrganizationKind, Role
@@ -185,9 +185,7 @@ def _bench(runs: int, spec: Any) -> int:
         )
 
     def tagged(ref: str, *kinds: str, **more: str) -> list[dict[str, Any]]:
-        """The tags the broker puts on what it makes (its order; on the instance, its attempt too)."""
-        tags = [{"Key": "bench:order", "Value": ref}, *({"Key": k, "Value": v} for k, v in more.items())]
-        return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
+        return tag_specifications("bench:order", ref, *kinds, **more)
 
     def bare_run(zones: list[str]) -> float:
         started = time.perf_counter()

@@ -36,6 +36,13 @@ RAISED_AWS_LIMITS = {"rate_limit.RunInstances": "1000/1000", "rate_limit.RunInst
 sys.path.insert(0, str(ROOT))
 
 
+def tag_specifications(key: str, ref: str, *kinds: str, **more: str) -> list[dict[str, Any]]:
+    """An SDK baseline's ``TagSpecifications``, tagged as the broker tags what it makes: ``key`` naming the
+    order on every resource in ``kinds``, and ``more`` (its attempt, on an instance)."""
+    tags = [{"Key": key, "Value": ref}, *({"Key": k, "Value": v} for k, v in more.items())]
+    return [{"ResourceType": kind, "Tags": tags} for kind in kinds]
+
+
 def django_on(database_url: str, *, debug: bool = True, **env: str) -> None:
     """Set Django up against ``database_url`` (the benchmark's own database, created when missing) with
     ``env`` on top, and migrate it. ``debug=False``: this process then runs as a deployed broker does, without
